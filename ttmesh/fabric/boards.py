@@ -1,0 +1,89 @@
+"""Facts about Tenstorrent chips and boards that no host file states directly.
+
+Sources: shared/reference/tenstorrent.md and the real cluster descriptors. Entries marked
+"unsure" were inferred, not observed; everything else was seen in a real tool or capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VENDOR_ID = 0x1E52
+PCI_DEVICE_IDS = {0x401E: "wormhole_b0", 0xB140: "blackhole", 0xFACA: "grayskull"}
+PCI_DEVICE_FOR_ARCH = {arch: dev for dev, arch in PCI_DEVICE_IDS.items()}
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    name: str  # as tt-umd spells it
+    mgd_name: str  # as tt-metal's mesh graph descriptor spells it
+    eth_channels: int
+    dram_channels: int
+    dram_mb_per_channel: int
+
+
+ARCHS = {
+    "blackhole": ArchFacts("blackhole", "BLACKHOLE", 14, 8, 4096),
+    "wormhole_b0": ArchFacts("wormhole_b0", "WORMHOLE_B0", 16, 6, 2048),
+}
+
+
+def normalize_arch(arch: str) -> str:
+    """tt-umd accepts ``Wormhole`` as well as ``wormhole_b0``."""
+    low = arch.strip().lower()
+    return "wormhole_b0" if low.startswith("wormhole") else low
+
+
+def dram_mb(arch: str, dram_harvesting_mask: int = 0) -> int:
+    """DRAM of one chip: its GDDR channels minus the harvested ones."""
+    facts = ARCHS[normalize_arch(arch)]
+    usable = facts.dram_channels - bin(dram_harvesting_mask & ((1 << facts.dram_channels) - 1)).count(
+        "1"
+    )
+    return usable * facts.dram_mb_per_channel
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    card_type: str  # the driver's tt_card_type
+    umd_board_type: str  # the cluster descriptor's board_type
+    smi_board_type: str  # what tt-smi prints as board_info.board_type (before " L"/" R")
+    arch: str
+    chips: int  # ASICs on the card
+    upi: int  # the board id's product code ((board_id >> 36) & 0xFFFFF); PCI subsystem id
+
+
+CARDS = {
+    c.card_type: c
+    for c in (
+        CardFacts("n150", "n150", "n150", "wormhole_b0", 1, 0x18),
+        CardFacts("n300", "n300", "n300", "wormhole_b0", 2, 0x14),
+        CardFacts("p100a", "p100", "p100a", "blackhole", 1, 0x43),
+        CardFacts("p150a", "p150", "p150a", "blackhole", 1, 0x40),
+        CardFacts("p150b", "p150", "p150b", "blackhole", 1, 0x41),
+        CardFacts("p150c", "p150", "p150c", "blackhole", 1, 0x42),
+        CardFacts("p300a", "p300", "p300a", "blackhole", 2, 0x45),
+        CardFacts("p300b", "p300", "p300b", "blackhole", 2, 0x44),
+        CardFacts("p300c", "p300", "p300c", "blackhole", 2, 0x46),
+        CardFacts("galaxy-wormhole", "ubb", "tt-galaxy-wh", "wormhole_b0", 32, 0x35),
+        CardFacts("galaxy-blackhole", "ubb_blackhole", "tt-galaxy-bh", "blackhole", 32, 0x47),
+    )
+}
+CARD_BY_UPI = {c.upi: c for c in CARDS.values()}
+
+
+def upi(board_id: int) -> int:
+    """The product code in a board id (tt-smi's utils.get_board_type)."""
+    return (board_id >> 36) & 0xFFFFF
+
+
+def card_for_board_id(board_id: int) -> CardFacts | None:
+    return CARD_BY_UPI.get(upi(board_id))
+
+
+def card_dram_mb(card_type: str) -> int | None:
+    """DRAM per chip from the card type alone (a real host without tt_umd)."""
+    card = CARDS.get(card_type)
+    if card is None:
+        return None
+    return 28672 if card_type == "p100a" else dram_mb(card.arch)

@@ -1,0 +1,75 @@
+"""Ethernet links: the ones a host should have against the ones its chips report up.
+
+Expected links come from the topology (the cluster descriptor on a simulated host, tt-umd's
+discovery on hardware; later a recorded last-known-good topology). Observed state comes from
+each chip's ``ETH_LIVE_STATUS`` telemetry: bit ``16 + chan`` set means channel ``chan`` is up.
+A link is up when both ends say so, down when either end's firmware says it is not, unknown
+when the firmware can't tell (no telemetry, or Blackhole firmware older than 19.9 reporting 0).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ttmesh.fabric.devices import Inventory, LinkSpec
+
+UP, DOWN, UNKNOWN = "up", "down", "unknown"
+
+
+@dataclass(frozen=True)
+class LinkState:
+    spec: LinkSpec
+    state: str
+
+    def to_json(self) -> dict:
+        s = self.spec
+        return {
+            "a": {"asic_id": s.a, "chan": s.chan_a},
+            "b": {"asic_id": s.b, "chan": s.chan_b},
+            "state": self.state,
+        }
+
+
+def _fw_reports_links(fw: str | None, arch: str) -> bool:
+    if arch != "blackhole" or not fw:
+        return True
+    try:
+        major, minor = (int(p) for p in fw.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (19, 9)
+
+
+def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[LinkState]:
+    specs = inv.links if specs is None else specs
+    asics = sorted({s.a for s in specs} | {s.b for s in specs})
+    known = {c.asic_id: c for c in inv.chips}
+    status = inv.host.eth_live_status([a for a in asics if a in known])
+    fw = {}
+    for c in inv.chips:
+        lead = c if c.dev_index is not None else known.get(c.via or "")
+        fw[c.asic_id] = inv.host.attr(lead.dev_index, "tt_fw_bundle_ver") if lead and (
+            lead.dev_index is not None) else None
+
+    def end(asic: str, chan: int) -> str:
+        if asic not in known:
+            return DOWN  # the chip is gone
+        value = status.get(asic)
+        if value is None:
+            return UNKNOWN
+        if value == 0 and not _fw_reports_links(fw.get(asic), known[asic].arch):
+            return UNKNOWN
+        return UP if value >> (16 + chan) & 1 else DOWN
+
+    out = []
+    for s in specs:
+        ends = (end(s.a, s.chan_a), end(s.b, s.chan_b))
+        state = DOWN if DOWN in ends else (UNKNOWN if UNKNOWN in ends else UP)
+        out.append(LinkState(s, state))
+    return out
+
+
+def pair_counts(specs: list[LinkSpec]) -> Counter:
+    """Links per unordered chip pair."""
+    return Counter(tuple(sorted((s.a, s.b))) for s in specs)

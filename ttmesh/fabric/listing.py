@@ -1,0 +1,59 @@
+"""``ttmesh ls``: what a host has, in the ``ttmesh.ls/1`` shape (shared/design.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ttmesh.fabric import heartbeat, holders, links
+from ttmesh.fabric.devices import Inventory, discover
+from ttmesh.fabric.host import Host
+
+SCHEMA = "ttmesh.ls/1"
+
+
+def report(host: Host, timeout: float = 1.0) -> dict[str, Any]:
+    inv = discover(host)
+    return build(inv, timeout)
+
+
+def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
+    from ttmesh.launcher import leases
+
+    beats = heartbeat.poll(inv, timeout=timeout)
+    held = leases.probe(inv.host, [c.asic_id for c in inv.chips])
+    chips = []
+    for c in inv.chips:
+        hs = holders.holders(inv, c)
+        lease = held.get(c.asic_id)
+        chips.append(
+            {
+                "asic_id": c.asic_id,
+                "bdf": c.bdf,
+                "dev_index": c.dev_index,
+                "pci_index": c.pci_index,
+                "arch": c.arch,
+                "board_type": c.board_type,
+                "board_id": c.board_id,
+                "mmio": c.mmio,
+                "dram_mb": c.dram_mb,
+                "heartbeat": beats.get(c.asic_id, heartbeat.UNKNOWN),
+                "holders": None if hs is None else [h.to_json() for h in hs],
+                "lease": None if lease is None else {"job": lease.job, "pid": lease.pid},
+                "symmetric_dram_mb": None if lease is None else lease.symmetric_dram_mb,
+                "via": c.via,
+                "umd_id": c.umd_id,
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "host": {
+            "root": str(inv.host.root),
+            "simulated": inv.host.simulated,
+            "driver": inv.driver,
+        },
+        "topology": inv.topology,
+        "chips": chips,
+        "links": [ls.to_json() for ls in links.observe(inv)],
+        "missing": inv.missing,
+        "notes": inv.notes,
+    }

@@ -1,0 +1,508 @@
+"""The simulated host's mechanics: its file tree, its state and how that state moves.
+
+STANDARD LIBRARY ONLY. This file is copied into every simulated root as ``bin/_ttmesh_simcore.py``
+so the ``bin/tt-smi`` stand-in keeps working when the venv that made the root is gone; ttmesh
+itself imports the same code as ``ttmesh.sim.core``.
+
+A simulated root holds what the kernel driver shows on a real host (``sys/``, ``dev/``,
+``proc/driver/``), tt-umd's ``cluster_descriptor.yaml``, the marker ``.ttmesh-sim`` and:
+
+* ``sim/system.json`` - the hardware: chips, boards, links (a stock system model, see system.py);
+* ``sim/state.json``  - everything that changes, written under ``sim/state.lock`` and replaced
+  atomically: chips alive or dead, links down, armed faults, fabric marks, holders.
+
+Dynamic values are computed when read: a live chip's heartbeat advances with the clock, a dead
+chip's is frozen; a holder is listed only while its process lives; a fabric mark whose process
+died without clearing it takes down the links between its chips, as a killed multi-chip tt-metal
+job leaves them on hardware.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+MARKER = ".ttmesh-sim"
+SYSTEM_FILE = "sim/system.json"
+STATE_FILE = "sim/state.json"
+LOCK_FILE = "sim/state.lock"
+STATE_SCHEMA = "ttmesh.simstate/1"
+VENDOR_ID = 0x1E52
+PCI_DEVICE = {"blackhole": 0xB140, "wormhole_b0": 0x401E}
+LINK_SPEED = {"blackhole": "32.0 GT/s PCIe", "wormhole_b0": "16.0 GT/s PCIe"}
+DEFAULT_CONFIG = {"heartbeat_hz": 100.0, "reset_seconds": 0.05}
+FAULT_KINDS = (
+    "link-down",
+    "chip-dead",
+    "reset-fails",
+    "reset-renumbers",
+    "reset-hangs",
+    "hold",
+)
+
+
+class SimError(Exception):
+    """A problem with a simulated root (bad target, missing chip); the message is one line."""
+
+
+def asic_hex(unique_id: int) -> str:
+    return format(int(unique_id), "016x")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 2 :].split()
+    if not rest or rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def proc_alive(pid: int, start: int | None) -> bool:
+    now = proc_start_time(pid)
+    return now is not None and (start is None or now == start)
+
+
+# --------------------------------------------------------------------------- the root
+
+
+class SimRoot:
+    """One simulated host under ``root``; every change goes through :meth:`change`."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self._system: dict[str, Any] | None = None
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def is_sim(self) -> bool:
+        return os.path.isfile(self.path(MARKER))
+
+    # -- system (static)
+
+    @property
+    def system(self) -> dict[str, Any]:
+        if self._system is None:
+            with open(self.path(SYSTEM_FILE)) as f:
+                self._system = json.load(f)
+        return self._system
+
+    def chips(self) -> list[dict[str, Any]]:
+        return self.system["chips"]
+
+    def chip_by_asic(self, asic: str) -> dict[str, Any]:
+        for chip in self.chips():
+            if asic_hex(chip["unique_id"]) == asic:
+                return chip
+        raise SimError(f"no chip {asic} on this simulated host")
+
+    def chip_by_id(self, cid: int) -> dict[str, Any]:
+        for chip in self.chips():
+            if chip["id"] == cid:
+                return chip
+        raise SimError(f"no chip {cid} on this simulated host")
+
+    def chip_by_bdf(self, bdf: str) -> dict[str, Any]:
+        for chip in self.chips():
+            if chip.get("bdf") and chip["bdf"] == bdf.lower():
+                return chip
+        raise SimError(f"no PCI device {bdf} on this simulated host")
+
+    def board_chips(self, chip: dict[str, Any]) -> list[dict[str, Any]]:
+        for board in self.system["boards"]:
+            if chip["id"] in board["chips"]:
+                return [self.chip_by_id(c) for c in board["chips"]]
+        return [chip]
+
+    def links(self) -> list[tuple[str, int, str, int]]:
+        """Local links as (asic_a, chan_a, asic_b, chan_b)."""
+        ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
+        return [(ids[a], ca, ids[b], cb) for a, ca, b, cb in self.system["links"]]
+
+    def remote_links(self) -> list[tuple[str, int, str, int]]:
+        ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
+        return [(ids[a], ca, asic_hex(r), cr) for a, ca, r, cr in self.system["remote_links"]]
+
+    # -- state
+
+    def read_state(self) -> dict[str, Any]:
+        with open(self.path(STATE_FILE)) as f:
+            state = json.load(f)
+        if state.get("schema") != STATE_SCHEMA:
+            raise SimError(f"{self.path(STATE_FILE)}: unknown state schema {state.get('schema')!r}")
+        return state
+
+    @contextlib.contextmanager
+    def change(self) -> Iterator[dict[str, Any]]:
+        """Yield the state under the lock; on a normal exit write it back atomically."""
+        fd = os.open(self.path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state = self.read_state()
+            yield state
+            self._write_state(state)
+        finally:
+            os.close(fd)
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        directory = os.path.dirname(self.path(STATE_FILE))
+        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(state, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path(STATE_FILE))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def initial_state(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        now = time.time()
+        chips = {}
+        for c in self.chips():
+            chips[asic_hex(c["unique_id"])] = {
+                "alive": True,
+                "hb_base": 1000 + c["id"] * 7919,
+                "hb_t0": now,
+                "present": True,
+                "dev": c.get("dev_index"),
+            }
+        return {
+            "schema": STATE_SCHEMA,
+            "config": {**DEFAULT_CONFIG, **(config or {})},
+            "chips": chips,
+            "links_down": [],
+            "faults": {"reset_fails": None, "reset_renumbers": False, "reset_hangs": 0.0,
+                       "permanent": []},
+            "fabric_marks": [],
+            "holders": [],
+            "resets": [],
+        }
+
+    # -- computed views (pure functions of state and the clock)
+
+    @staticmethod
+    def heartbeat(state: dict[str, Any], asic: str, now: float | None = None) -> int:
+        chip = state["chips"][asic]
+        if not chip["alive"]:
+            return int(chip["hb_base"])
+        now = time.time() if now is None else now
+        return int(chip["hb_base"] + max(0.0, now - chip["hb_t0"]) * state["config"]["heartbeat_hz"])
+
+    @staticmethod
+    def link_key(a: str, ca: int, b: str, cb: int) -> str:
+        ends = sorted([f"{a}:{ca}", f"{b}:{cb}"])
+        return f"{ends[0]}-{ends[1]}"
+
+    def dead_marked_chips(self, state: dict[str, Any]) -> list[set[str]]:
+        """Chip sets of fabric marks whose process died without clearing them."""
+        return [
+            set(m["chips"])
+            for m in state["fabric_marks"]
+            if not proc_alive(m["pid"], m.get("start"))
+        ]
+
+    def link_up(self, state: dict[str, Any], link: tuple[str, int, str, int],
+                dead_marks: list[set[str]] | None = None) -> bool:
+        a, ca, b, cb = link
+        if self.link_key(a, ca, b, cb) in state["links_down"]:
+            return False
+        for asic in (a, b):
+            chip = state["chips"].get(asic)
+            if chip is not None and (not chip["alive"] or not chip["present"]):
+                return False
+        marks = self.dead_marked_chips(state) if dead_marks is None else dead_marks
+        return not any(a in m and b in m for m in marks)
+
+    def eth_live_status(self, state: dict[str, Any], asic: str) -> int:
+        """ETH_LIVE_STATUS: low 16 bits channel heartbeat, high 16 bits link up, per channel."""
+        chip = state["chips"][asic]
+        if not chip["alive"] or not chip["present"]:
+            return 0
+        marks = self.dead_marked_chips(state)
+        value = 0
+        for link in self.links() + self.remote_links():
+            a, ca, b, cb = link
+            for here, chan in ((a, ca), (b, cb)):
+                if here != asic:
+                    continue
+                value |= 1 << chan
+                remote = link in self.remote_links()
+                up = (self.link_key(*link) not in state["links_down"]) if remote else self.link_up(
+                    state, link, marks)
+                if up:
+                    value |= 1 << (16 + chan)
+        return value
+
+    def holders(self, state: dict[str, Any], asic: str) -> list[int]:
+        return sorted(
+            {h["pid"] for h in state["holders"]
+             if h["asic"] == asic and proc_alive(h["pid"], h.get("start"))}
+        )
+
+    def dev_of(self, state: dict[str, Any], asic: str) -> int | None:
+        chip = state["chips"][asic]
+        return chip["dev"] if chip["present"] else None
+
+    def asic_of_dev(self, state: dict[str, Any], dev: int) -> str | None:
+        for asic, chip in state["chips"].items():
+            if chip["present"] and chip["dev"] == dev:
+                return asic
+        return None
+
+    # -- changes
+
+    @staticmethod
+    def prune(state: dict[str, Any]) -> None:
+        """Forget holders whose process is gone (dead marks stay: they are the fault)."""
+        state["holders"] = [h for h in state["holders"] if proc_alive(h["pid"], h.get("start"))]
+
+    def add_holder(self, asics: list[str], pid: int, kind: str = "job") -> None:
+        start = proc_start_time(pid)
+        with self.change() as state:
+            self.prune(state)
+            for asic in asics:
+                self.chip_by_asic(asic)
+                state["holders"].append({"pid": pid, "start": start, "asic": asic, "kind": kind})
+
+    def remove_holder(self, pid: int) -> None:
+        with self.change() as state:
+            state["holders"] = [h for h in state["holders"] if h["pid"] != pid]
+            self.prune(state)
+
+    def mark_fabric(self, asics: list[str], pid: int, owner: str = "") -> None:
+        """The fabric between ``asics`` is up, opened by process ``pid``."""
+        start = proc_start_time(pid)
+        with self.change() as state:
+            for asic in asics:
+                self.chip_by_asic(asic)
+            state["fabric_marks"].append(
+                {"pid": pid, "start": start, "chips": sorted(asics), "owner": owner}
+            )
+
+    def clear_fabric(self, pid: int, owner: str | None = None) -> None:
+        """A clean end: the process closed the fabric it opened."""
+        with self.change() as state:
+            state["fabric_marks"] = [
+                m for m in state["fabric_marks"]
+                if not (m["pid"] == pid and (owner is None or m.get("owner") == owner))
+            ]
+
+    # -- the reset a tt-smi -r performs
+
+    def reset(self, asics: list[str], log: Any = None) -> dict[str, Any]:
+        """Reset the PCI devices ``asics`` (with the remote chips on their boards).
+
+        Returns a record of what happened. Like real hardware: a link comes back only when the
+        chips at both ends were reset together; resetting one end leaves it down.
+        """
+        with self.change() as state:
+            config = state["config"]
+            faults = state["faults"]
+            delay = float(config.get("reset_seconds", 0.0)) + float(faults.get("reset_hangs") or 0)
+        if delay > 0:
+            time.sleep(delay)
+        with self.change() as state:
+            faults = state["faults"]
+            targets: list[str] = []
+            for asic in asics:
+                for chip in self.board_chips(self.chip_by_asic(asic)):
+                    h = asic_hex(chip["unique_id"])
+                    if h not in targets:
+                        targets.append(h)
+            record: dict[str, Any] = {"t": time.time(), "targets": targets, "effective": True}
+            failing = faults.get("reset_fails")
+            if failing is not None:
+                times = failing.get("times")
+                if times is None or times > 0:
+                    record["effective"] = False
+                    if times is not None:
+                        failing["times"] = times - 1
+                        if failing["times"] <= 0:
+                            faults["reset_fails"] = None
+                    state["resets"].append(record)
+                    return record
+            now = time.time()
+            reset_set = set(targets)
+            for asic in targets:
+                chip = state["chips"][asic]
+                if asic in faults.get("permanent", []):
+                    chip["alive"] = False
+                    chip["present"] = False
+                    continue
+                chip["present"] = True
+                if not chip["alive"]:
+                    chip["alive"] = True
+                    chip["hb_t0"] = now
+            # Links: both ends reset -> trained again; one end only -> the other fails to train.
+            down = set(state["links_down"])
+            for a, ca, b, cb in self.links():
+                key = self.link_key(a, ca, b, cb)
+                if a in reset_set and b in reset_set:
+                    down.discard(key)
+                elif a in reset_set or b in reset_set:
+                    down.add(key)
+            for a, ca, b, cb in self.remote_links():
+                if a in reset_set:
+                    down.discard(self.link_key(a, ca, b, cb))
+            # Marks of the reset chips are gone; links between chips not reset stay down.
+            marks = []
+            for m in state["fabric_marks"]:
+                dead = not proc_alive(m["pid"], m.get("start"))
+                if dead:
+                    for a, ca, b, cb in self.links():
+                        if a in m["chips"] and b in m["chips"] and (
+                            (a in reset_set) != (b in reset_set)
+                        ):
+                            down.add(self.link_key(a, ca, b, cb))
+                rest = [c for c in m["chips"] if c not in reset_set]
+                if len(rest) >= 2:
+                    marks.append({**m, "chips": rest})
+            state["fabric_marks"] = marks
+            state["links_down"] = sorted(down)
+            if faults.get("reset_renumbers"):
+                faults["reset_renumbers"] = False
+                self._renumber(state, targets)
+                record["renumbered"] = True
+            state["resets"].append(record)
+            self.render(state)
+            return record
+
+    def _renumber(self, state: dict[str, Any], targets: list[str]) -> None:
+        pci = [a for a in targets if state["chips"][a]["present"] and state["chips"][a]["dev"]
+               is not None]
+        numbers = [state["chips"][a]["dev"] for a in pci]
+        if len(pci) >= 2:
+            rotated = numbers[1:] + numbers[:1]
+        else:
+            top = max((c["dev"] for c in state["chips"].values() if c["dev"] is not None),
+                      default=-1)
+            rotated = [top + 1 + i for i in range(len(pci))]
+        for asic, n in zip(pci, rotated):
+            state["chips"][asic]["dev"] = n
+
+    # -- the file tree
+
+    def render(self, state: dict[str, Any]) -> None:
+        """(Re)write the parts of the tree that depend on device numbers and presence."""
+        for rel in ("sys/class/tenstorrent", "dev/tenstorrent", "proc/driver/tenstorrent"):
+            shutil.rmtree(self.path(rel), ignore_errors=True)
+            os.makedirs(self.path(rel), exist_ok=True)
+        os.makedirs(self.path("dev/tenstorrent/by-id"), exist_ok=True)
+        for chip in self.chips():
+            bdf = chip.get("bdf")
+            if not bdf:
+                continue
+            asic = asic_hex(chip["unique_id"])
+            pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
+            shutil.rmtree(os.path.join(pci_dir, "tenstorrent"), ignore_errors=True)
+            n = self.dev_of(state, asic)
+            if n is None:
+                continue
+            node = os.path.join(pci_dir, "tenstorrent", f"tenstorrent!{n}")
+            os.makedirs(node)
+            attrs = {
+                "tt_card_type": chip["card_type"],
+                "tt_serial": format(chip["board_id"], "016x"),
+                "tt_asic_id": asic,
+                "tt_heartbeat": str(self.heartbeat(state, asic)),
+                "tt_fw_bundle_ver": self.system.get("fw_bundle_version", "19.10.0.0"),
+                "tt_aiclk": "1350" if chip["arch"] == "blackhole" else "1000",
+                "tt_therm_trip_count": "0",
+                "dev": f"240:{n}",
+            }
+            for name, value in attrs.items():
+                _write(os.path.join(node, name), value + "\n")
+            os.symlink("../..", os.path.join(node, "device"))
+            os.symlink(
+                f"../../devices/pci0000:00/{bdf}/tenstorrent/tenstorrent!{n}",
+                self.path(f"sys/class/tenstorrent/tenstorrent!{n}"),
+            )
+            _write(self.path(f"dev/tenstorrent/{n}"), "")
+            os.chmod(self.path(f"dev/tenstorrent/{n}"), 0o666)
+            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{chip['arch']}-{asic}"))
+            os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
+            _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
+        self._rewrite_mmio(state)
+
+    def _rewrite_mmio(self, state: dict[str, Any]) -> None:
+        """Keep chips_with_mmio of the cluster descriptor in step with device numbers."""
+        path = self.path("cluster_descriptor.yaml")
+        try:
+            with open(path) as f:
+                lines = f.read().split("\n")
+        except FileNotFoundError:
+            return
+        try:
+            start = lines.index("chips_with_mmio:") + 1
+        except ValueError:
+            return
+        end = start
+        while end < len(lines) and lines[end].startswith("  "):
+            end += 1
+        block = []
+        for chip in sorted(self.chips(), key=lambda c: c["id"]):
+            dev = state["chips"][asic_hex(chip["unique_id"])]["dev"]
+            if chip.get("bdf") and dev is not None:
+                block.append(f"  - {chip['id']}: {dev}")
+        lines[start:end] = block or ["  []"]
+        _write(path, "\n".join(lines))
+
+    def write_static(self) -> None:
+        """The parts of the tree that never change: driver module, PCI devices."""
+        _write(self.path("sys/module/tenstorrent/version"),
+               self.system.get("driver_version", "2.10.0") + "\n")
+        os.makedirs(self.path("sys/bus/pci/devices"), exist_ok=True)
+        for chip in self.chips():
+            bdf = chip.get("bdf")
+            if not bdf:
+                continue
+            pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
+            os.makedirs(pci_dir, exist_ok=True)
+            attrs = {
+                "vendor": f"0x{VENDOR_ID:04x}",
+                "device": f"0x{PCI_DEVICE[chip['arch']]:04x}",
+                "subsystem_vendor": f"0x{VENDOR_ID:04x}",
+                # The board id's product code, which is also what the PCI subsystem id carries.
+                "subsystem_device": f"0x{(chip['board_id'] >> 36) & 0xFFFFF:04x}",
+                "class": "0x120000",
+                "current_link_speed": LINK_SPEED[chip["arch"]],
+                "max_link_speed": LINK_SPEED[chip["arch"]],
+                "current_link_width": "16",
+                "max_link_width": "16",
+            }
+            for name, value in attrs.items():
+                _write(os.path.join(pci_dir, name), value + "\n")
+            link = self.path(f"sys/bus/pci/devices/{bdf}")
+            if not os.path.islink(link):
+                os.symlink(f"../../../devices/pci0000:00/{bdf}", link)
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True

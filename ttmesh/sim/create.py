@@ -1,0 +1,126 @@
+"""Building simulated hosts: ``ttmesh sim create`` and the cached roots behind ``--sim NAME``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ttmesh import __version__
+from ttmesh.errors import bad_input
+from ttmesh.fabric import clusterdesc
+from ttmesh.sim import core
+from ttmesh.sim.system import SystemModel
+
+HERE = Path(__file__).resolve().parent
+TOOLS = {"_ttmesh_simcore.py": HERE / "core.py", "tt-smi": HERE / "tt_smi.py"}
+# What a simulated root holds; only these are removed when it is recreated.
+MANAGED = (
+    "sys",
+    "dev",
+    "proc",
+    "bin",
+    "sim",
+    "cluster_descriptor.yaml",
+    core.MARKER,
+)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ttmesh" / "sim"
+
+
+def read_marker(root: Path) -> dict | None:
+    try:
+        return json.loads((root / core.MARKER).read_text() or "{}")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except ValueError:
+        return {}
+
+
+def create(
+    model: SystemModel, root: Path, *, force: bool = False, config: dict | None = None
+) -> Path:
+    """Write a simulated host of ``model`` under ``root``; refuses to touch anything else."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise bad_input(f"{root} exists and is not a directory", "choose another --root")
+    if root.is_dir() and any(root.iterdir()):
+        if read_marker(root) is None:
+            raise bad_input(
+                f"{root} is not empty and is not a simulated host",
+                "give an empty or new directory",
+            )
+        if not force:
+            raise bad_input(
+                f"{root} is already a simulated host", "add --force to recreate it from scratch"
+            )
+        for name in MANAGED:
+            target = root / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "sim").mkdir()
+    (root / "sim" / "system.json").write_text(json.dumps(model.to_dict(), indent=1) + "\n")
+    sim = core.SimRoot(str(root))
+    state = sim.initial_state(config)
+    sim._write_state(state)
+    sim.write_static()
+    header = [
+        f"Simulated {model.name}: {model.title}" if model.title else f"Simulated {model.name}",
+        f"Written by ttmesh {__version__} from {model.source or 'a system file'}.",
+    ]
+    (root / "cluster_descriptor.yaml").write_text(
+        clusterdesc.dump(model.to_cluster_descriptor(), header)
+    )
+    sim.render(state)
+    install_tools(root)
+    (root / "run" / "lock" / "ttmesh").mkdir(parents=True, exist_ok=True)
+    marker = {"system": model.name, "ttmesh": __version__, "created": time.time()}
+    (root / core.MARKER).write_text(json.dumps(marker) + "\n")
+    return root
+
+
+def install_tools(root: Path) -> None:
+    """Copy the standard-library tools (tt-smi stand-in and its core) into ``root/bin``."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, source in TOOLS.items():
+        target = bin_dir / name
+        tmp = bin_dir / f".{name}.tmp"
+        tmp.write_bytes(source.read_bytes())
+        tmp.chmod(0o755 if name == "tt-smi" else 0o644)
+        os.replace(tmp, target)
+
+
+def refresh_tools(root: Path) -> None:
+    """A root made by another ttmesh version gets this version's tools (its state is kept)."""
+    marker = read_marker(root)
+    if marker is not None and marker.get("ttmesh") != __version__:
+        install_tools(root)
+        marker["ttmesh"] = __version__
+        (root / core.MARKER).write_text(json.dumps(marker) + "\n")
+
+
+def ensure_cached(name: str) -> Path:
+    """The cached simulated host for stock system ``name``, created on first use."""
+    from ttmesh.sim.system import load
+
+    root = cache_root() / name
+    if read_marker(root) is None:
+        model = load(name)
+        if root.exists() and any(root.iterdir()):
+            raise bad_input(
+                f"{root} is in the way of the cached simulated host",
+                f"remove it: rm -r {root}",
+            )
+        create(model, root)
+    else:
+        refresh_tools(root)
+    return root

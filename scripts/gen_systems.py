@@ -70,7 +70,9 @@ def build(name: str, captures: Path) -> dict:
             raise SystemExit(f"{capture}: chip {c.id} is on no board")
         card = boardfacts.card_for_board_id(board.board_id)
         if card is None or board.board_type != card.umd_board_type:
-            raise SystemExit(f"{capture}: board {board.board_id} does not decode as {board.board_type}")
+            raise SystemExit(
+                f"{capture}: board {board.board_id} does not decode as {board.board_type}"
+            )
         bdf = c.bdf
         if c.mmio_dev is not None and bdf is None:
             bus = int(c.bus_id, 16) if c.bus_id else c.id + 1

@@ -37,9 +37,9 @@ def normalize_arch(arch: str) -> str:
 def dram_mb(arch: str, dram_harvesting_mask: int = 0) -> int:
     """DRAM of one chip: its GDDR channels minus the harvested ones."""
     facts = ARCHS[normalize_arch(arch)]
-    usable = facts.dram_channels - bin(dram_harvesting_mask & ((1 << facts.dram_channels) - 1)).count(
-        "1"
-    )
+    usable = facts.dram_channels - bin(
+        dram_harvesting_mask & ((1 << facts.dram_channels) - 1)
+    ).count("1")
     return usable * facts.dram_mb_per_channel
 
 

@@ -160,8 +160,12 @@ def from_dict(data: Any) -> ClusterDescriptor:
     for entry in data.get("ethernet_connections") or []:
         try:
             (a, b) = entry[:2]
-            link = Link(_int(a["chip"], "link"), _int(a["chan"], "link"), _int(b["chip"], "link"),
-                        _int(b["chan"], "link"))
+            link = Link(
+                _int(a["chip"], "link"),
+                _int(a["chan"], "link"),
+                _int(b["chip"], "link"),
+                _int(b["chan"], "link"),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DescriptorError(f"ethernet_connections: malformed entry {entry!r}") from exc
         chip(link.chip_a, "ethernet_connections")
@@ -171,9 +175,12 @@ def from_dict(data: Any) -> ClusterDescriptor:
     for entry in data.get("ethernet_connections_to_remote_devices") or []:
         try:
             (a, b) = entry[:2]
-            remote = RemoteLink(_int(a["chip"], "remote link"), _int(a["chan"], "remote link"),
-                                _int(b["remote_chip_id"], "remote link"),
-                                _int(b["chan"], "remote link"))
+            remote = RemoteLink(
+                _int(a["chip"], "remote link"),
+                _int(a["chan"], "remote link"),
+                _int(b["remote_chip_id"], "remote link"),
+                _int(b["chan"], "remote link"),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DescriptorError(
                 f"ethernet_connections_to_remote_devices: malformed entry {entry!r}"
@@ -184,8 +191,11 @@ def from_dict(data: Any) -> ClusterDescriptor:
     for entry in data.get("boards") or []:
         try:
             fields = {k: v for item in entry for k, v in item.items()}
-            board = Board(_int(fields["board_id"], "boards"), str(fields["board_type"]),
-                          tuple(_int(c, "boards") for c in fields["chips"]))
+            board = Board(
+                _int(fields["board_id"], "boards"),
+                str(fields["board_type"]),
+                tuple(_int(c, "boards") for c in fields["chips"]),
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise DescriptorError(f"boards: malformed entry {entry!r}") from exc
         for cid in board.chips:

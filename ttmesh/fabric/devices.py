@@ -25,7 +25,9 @@ class Chip:
     asic_id: str
     bdf: str | None  # None for a remote chip
     dev_index: int | None  # N of /dev/tenstorrent/N now (never store it)
-    pci_index: int | None  # position in the PCI-address-sorted device list (TT_VISIBLE_DEVICES ints)
+    pci_index: (
+        int | None
+    )  # position in the PCI-address-sorted device list (TT_VISIBLE_DEVICES ints)
     arch: str  # blackhole | wormhole_b0
     board_type: str  # the driver's card type: p300c, n300, galaxy-wormhole, ...
     board_id: str  # 16 hex digits
@@ -143,9 +145,7 @@ def discover(host: Host) -> Inventory:
                 missing.append(asic)  # a PCI chip the topology knows but the driver lost
                 continue
             board = topo.board_of(cd_chip.id)
-            partner = next(
-                (by_umd[o] for o in (board.chips if board else ()) if o in by_umd), None
-            )
+            partner = next((by_umd[o] for o in (board.chips if board else ()) if o in by_umd), None)
             if partner is None:
                 missing.append(asic)
                 continue

@@ -128,7 +128,9 @@ class Host:
     def bdf_of(self, dev: int) -> str | None:
         """The PCI address of /dev/tenstorrent/<dev>: the basename of its ``device`` link."""
         try:
-            return os.path.basename(os.path.realpath(self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device")))
+            return os.path.basename(
+                os.path.realpath(self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device"))
+            )
         except OSError:
             return None
 

@@ -49,8 +49,11 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[LinkSta
     fw = {}
     for c in inv.chips:
         lead = c if c.dev_index is not None else known.get(c.via or "")
-        fw[c.asic_id] = inv.host.attr(lead.dev_index, "tt_fw_bundle_ver") if lead and (
-            lead.dev_index is not None) else None
+        fw[c.asic_id] = (
+            inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")
+            if lead and (lead.dev_index is not None)
+            else None
+        )
 
     def end(asic: str, chan: int) -> str:
         if asic not in known:

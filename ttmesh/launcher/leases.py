@@ -105,7 +105,9 @@ def _open(path: Path, create: bool) -> int | None:
             return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise bad_input(f"{path} is a symbolic link", "remove it; lease files must be plain files")
+            raise bad_input(
+                f"{path} is a symbolic link", "remove it; lease files must be plain files"
+            )
         raise
 
 
@@ -163,7 +165,12 @@ def probe(host: Host, asics: list[str]) -> dict[str, LeaseInfo]:
 
 
 def acquire(
-    host: Host, asics: list[str], job: str, *, cmd: str, symmetric_dram_mb: int | None = None,
+    host: Host,
+    asics: list[str],
+    job: str,
+    *,
+    cmd: str,
+    symmetric_dram_mb: int | None = None,
     labels: dict[str, str] | None = None,
 ) -> LeaseSet:
     """Lease every chip of ``asics`` or none: a chip leased by another job refuses at once."""

@@ -188,8 +188,12 @@ class SimRoot:
             "config": {**DEFAULT_CONFIG, **(config or {})},
             "chips": chips,
             "links_down": [],
-            "faults": {"reset_fails": None, "reset_renumbers": False, "reset_hangs": 0.0,
-                       "permanent": []},
+            "faults": {
+                "reset_fails": None,
+                "reset_renumbers": False,
+                "reset_hangs": 0.0,
+                "permanent": [],
+            },
             "fabric_marks": [],
             "holders": [],
             "resets": [],
@@ -203,7 +207,9 @@ class SimRoot:
         if not chip["alive"]:
             return int(chip["hb_base"])
         now = time.time() if now is None else now
-        return int(chip["hb_base"] + max(0.0, now - chip["hb_t0"]) * state["config"]["heartbeat_hz"])
+        return int(
+            chip["hb_base"] + max(0.0, now - chip["hb_t0"]) * state["config"]["heartbeat_hz"]
+        )
 
     @staticmethod
     def link_key(a: str, ca: int, b: str, cb: int) -> str:
@@ -218,8 +224,12 @@ class SimRoot:
             if not proc_alive(m["pid"], m.get("start"))
         ]
 
-    def link_up(self, state: dict[str, Any], link: tuple[str, int, str, int],
-                dead_marks: list[set[str]] | None = None) -> bool:
+    def link_up(
+        self,
+        state: dict[str, Any],
+        link: tuple[str, int, str, int],
+        dead_marks: list[set[str]] | None = None,
+    ) -> bool:
         a, ca, b, cb = link
         if self.link_key(a, ca, b, cb) in state["links_down"]:
             return False
@@ -244,16 +254,22 @@ class SimRoot:
                     continue
                 value |= 1 << chan
                 remote = link in self.remote_links()
-                up = (self.link_key(*link) not in state["links_down"]) if remote else self.link_up(
-                    state, link, marks)
+                up = (
+                    (self.link_key(*link) not in state["links_down"])
+                    if remote
+                    else self.link_up(state, link, marks)
+                )
                 if up:
                     value |= 1 << (16 + chan)
         return value
 
     def holders(self, state: dict[str, Any], asic: str) -> list[int]:
         return sorted(
-            {h["pid"] for h in state["holders"]
-             if h["asic"] == asic and proc_alive(h["pid"], h.get("start"))}
+            {
+                h["pid"]
+                for h in state["holders"]
+                if h["asic"] == asic and proc_alive(h["pid"], h.get("start"))
+            }
         )
 
     def dev_of(self, state: dict[str, Any], asic: str) -> int | None:
@@ -300,14 +316,15 @@ class SimRoot:
         """A clean end: the process closed the fabric it opened."""
         with self.change() as state:
             state["fabric_marks"] = [
-                m for m in state["fabric_marks"]
+                m
+                for m in state["fabric_marks"]
                 if not (m["pid"] == pid and (owner is None or m.get("owner") == owner))
             ]
 
     # -- the reset a tt-smi -r performs
 
     def reset(self, asics: list[str], log: Any = None) -> dict[str, Any]:
-        """Reset the PCI devices ``asics`` (with the remote chips on their boards).
+        """Reset the PCI devices ``asics`` (with the remote chips behind them).
 
         Returns a record of what happened. Like real hardware: a link comes back only when the
         chips at both ends were reset together; resetting one end leaves it down.
@@ -322,7 +339,11 @@ class SimRoot:
             faults = state["faults"]
             targets: list[str] = []
             for asic in asics:
-                for chip in self.board_chips(self.chip_by_asic(asic)):
+                # A PCI device's reset takes the remote chips behind it (an n300's right chip).
+                lead = self.chip_by_asic(asic)
+                for chip in self.board_chips(lead):
+                    if chip is not lead and chip.get("bdf"):
+                        continue
                     h = asic_hex(chip["unique_id"])
                     if h not in targets:
                         targets.append(h)
@@ -367,8 +388,10 @@ class SimRoot:
                 dead = not proc_alive(m["pid"], m.get("start"))
                 if dead:
                     for a, ca, b, cb in self.links():
-                        if a in m["chips"] and b in m["chips"] and (
-                            (a in reset_set) != (b in reset_set)
+                        if (
+                            a in m["chips"]
+                            and b in m["chips"]
+                            and ((a in reset_set) != (b in reset_set))
                         ):
                             down.add(self.link_key(a, ca, b, cb))
                 rest = [c for c in m["chips"] if c not in reset_set]
@@ -385,16 +408,20 @@ class SimRoot:
             return record
 
     def _renumber(self, state: dict[str, Any], targets: list[str]) -> None:
-        pci = [a for a in targets if state["chips"][a]["present"] and state["chips"][a]["dev"]
-               is not None]
+        pci = [
+            a
+            for a in targets
+            if state["chips"][a]["present"] and state["chips"][a]["dev"] is not None
+        ]
         numbers = [state["chips"][a]["dev"] for a in pci]
         if len(pci) >= 2:
             rotated = numbers[1:] + numbers[:1]
         else:
-            top = max((c["dev"] for c in state["chips"].values() if c["dev"] is not None),
-                      default=-1)
+            top = max(
+                (c["dev"] for c in state["chips"].values() if c["dev"] is not None), default=-1
+            )
             rotated = [top + 1 + i for i in range(len(pci))]
-        for asic, n in zip(pci, rotated):
+        for asic, n in zip(pci, rotated, strict=True):
             state["chips"][asic]["dev"] = n
 
     # -- the file tree
@@ -466,8 +493,10 @@ class SimRoot:
 
     def write_static(self) -> None:
         """The parts of the tree that never change: driver module, PCI devices."""
-        _write(self.path("sys/module/tenstorrent/version"),
-               self.system.get("driver_version", "2.10.0") + "\n")
+        _write(
+            self.path("sys/module/tenstorrent/version"),
+            self.system.get("driver_version", "2.10.0") + "\n",
+        )
         os.makedirs(self.path("sys/bus/pci/devices"), exist_ok=True)
         for chip in self.chips():
             bdf = chip.get("bdf")

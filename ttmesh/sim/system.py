@@ -241,7 +241,7 @@ def validate(model: SystemModel, where: str) -> None:
         used[(r.chip, r.chan)] = f"{r.chip}:{r.chan}-remote"
     for c in model.chips:
         limit = boardfacts.ARCHS[c.arch].eth_channels
-        for (cid, chan) in used:
+        for cid, chan in used:
             if cid == c.id and not 0 <= chan < limit:
                 fail(f"chip {c.id}: channel {chan} out of range 0..{limit - 1}")
 

@@ -1,2 +1,765 @@
 #!/usr/bin/env python3
-print("placeholder")
+"""tt-smi stand-in for a ttmesh simulated host (behaves as tt-smi 6.8.0 does; standard library only).
+
+Installed as ``<root>/bin/tt-smi`` next to ``_ttmesh_simcore.py``; it serves the simulated host
+whose root is the parent of its ``bin/``. Options, messages, exit codes, target grammar and the
+snapshot's shape follow the real tool, including its traps: ``-r`` exits 0 whatever the reset
+did, a target list that matches nothing resets every device, PCI addresses are matched
+case-sensitively, and a chip may come back under another ``/dev/tenstorrent`` number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import pwd
+import re
+import socket
+import sys
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.insert(0, HERE)
+try:  # inside a simulated root
+    import _ttmesh_simcore as core  # type: ignore[import-not-found]
+except ImportError:  # run from the ttmesh package itself
+    from ttmesh.sim import core  # type: ignore[no-redef]
+
+VERSION = "6.8.0"
+SW_VERSIONS = {"tt_smi": VERSION, "pyluwen": "0.10.0", "tt_umd": "0.9.12"}
+RED, PURPLE, BLUE, GREEN, YELLOW, ENDC = (
+    "\033[91m",
+    "\033[95m",
+    "\033[94m",
+    "\033[92m",
+    "\033[93m",
+    "\033[0m",
+)
+DESCRIPTION = (
+    "Tenstorrent System Management Interface (TT-SMI) is a command line utility to interact "
+    "with all Tenstorrent devices on host. The main objective of TT-SMI is to provide a simple "
+    "and easy-to-use interface to display devices, device telemetry, and system information. "
+    "TT-SMI is also used to issue board-level resets."
+)
+NO_DRIVER = (
+    "No Tenstorrent driver detected! Please install driver using tt-kmd: "
+    "https://github.com/tenstorrent/tt-kmd "
+)
+NO_DEVICES = "No Tenstorrent devices detected! Please check your hardware and try again. Exiting..."
+GALAXY_UPI = (0x35, 0x47, 0x202)
+BDF_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
+
+WH_TAGS = [
+    "ENUM_VERSION",
+    "DEVICE_ID",
+    "ASIC_RO",
+    "ASIC_IDD",
+    "BOARD_ID_HIGH",
+    "BOARD_ID_LOW",
+    "ARC0_FW_VERSION",
+    "ARC1_FW_VERSION",
+    "ARC2_FW_VERSION",
+    "ARC3_FW_VERSION",
+    "SPIBOOTROM_FW_VERSION",
+    "ETH_FW_VERSION",
+    "DM_BL_FW_VERSION",
+    "DM_APP_FW_VERSION",
+    "DDR_STATUS",
+    "ETH_STATUS0",
+    "ETH_STATUS1",
+    "PCIE_STATUS",
+    "FAULTS",
+    "ARC0_HEALTH",
+    "ARC1_HEALTH",
+    "ARC2_HEALTH",
+    "ARC3_HEALTH",
+    "FAN_SPEED",
+    "AICLK",
+    "AXICLK",
+    "ARCCLK",
+    "THROTTLER",
+    "VCORE",
+    "ASIC_TEMPERATURE",
+    "VREG_TEMPERATURE",
+    "BOARD_TEMPERATURE",
+    "TDP",
+    "TDC",
+    "VDD_LIMITS",
+    "THM_LIMITS",
+    "WH_FW_DATE",
+    "ASIC_TMON0",
+    "ASIC_TMON1",
+    "MVDDQ_POWER",
+    "GDDR_TRAIN_TEMP0",
+    "GDDR_TRAIN_TEMP1",
+    "BOOT_DATE",
+    "RT_SECONDS",
+    "ETH_DEBUG_STATUS0",
+    "ETH_DEBUG_STATUS1",
+    "TT_FLASH_VERSION",
+    "ETH_LOOPBACK_STATUS",
+    "ETH_LIVE_STATUS",
+    "FW_BUNDLE_VERSION",
+    "NUMBER_OF_TAGS",
+    "INPUT_POWER",
+]
+BH_TAGS = [
+    "BOARD_ID_HIGH",
+    "BOARD_ID_LOW",
+    "ASIC_ID",
+    "HARVESTING_STATE",
+    "UPDATE_TELEM_SPEED",
+    "VCORE",
+    "TDP",
+    "TDC",
+    "VDD_LIMITS",
+    "THM_LIMIT_SHUTDOWN",
+    "ASIC_TEMPERATURE",
+    "VREG_TEMPERATURE",
+    "BOARD_TEMPERATURE",
+    "AICLK",
+    "AXICLK",
+    "ARCCLK",
+    "L2CPUCLK0",
+    "L2CPUCLK1",
+    "L2CPUCLK2",
+    "L2CPUCLK3",
+    "ETH_LIVE_STATUS",
+    "DDR_STATUS",
+    "DDR_SPEED",
+    "ETH_FW_VERSION",
+    "GDDR_FW_VERSION",
+    "DM_APP_FW_VERSION",
+    "DM_BL_FW_VERSION",
+    "FLASH_BUNDLE_VERSION",
+    "CM_FW_VERSION",
+    "L2CPU_FW_VERSION",
+    "FAN_SPEED",
+    "TIMER_HEARTBEAT",
+    "TELEMETRY_ENUM_COUNT",
+    "ENABLED_TENSIX_COL",
+    "ENABLED_ETH",
+    "ENABLED_GDDR",
+    "ENABLED_L2CPU",
+    "PCIE_USAGE",
+    "NOC_TRANSLATION",
+    "FAN_RPM",
+    "GDDR_0_1_TEMP",
+    "GDDR_2_3_TEMP",
+    "GDDR_4_5_TEMP",
+    "GDDR_6_7_TEMP",
+    "GDDR_0_1_CORR_ERRS",
+    "GDDR_2_3_CORR_ERRS",
+    "GDDR_4_5_CORR_ERRS",
+    "GDDR_6_7_CORR_ERRS",
+    "GDDR_UNCORR_ERRS",
+    "MAX_GDDR_TEMP",
+    "ASIC_LOCATION",
+    "BOARD_POWER_LIMIT",
+    "TDC_LIMIT_MAX",
+    "THM_LIMIT_THROTTLE",
+    "TT_FLASH_VERSION",
+    "THERM_TRIP_COUNT",
+    "ASIC_ID_HIGH",
+    "ASIC_ID_LOW",
+    "AICLK_LIMIT_MAX",
+    "TDP_LIMIT_MAX",
+    "AICLK_ARB_MIN",
+    "AICLK_ARB_MAX",
+    "ENABLED_MIN_ARB",
+    "ENABLED_MAX_ARB",
+    "NUMBER_OF_TAGS",
+    "INPUT_POWER",
+]
+SMI_BOARD_TYPE = {
+    0x18: "n150",
+    0x14: "n300",
+    0x35: "tt-galaxy-wh",
+    0x43: "p100a",
+    0x40: "p150a",
+    0x41: "p150b",
+    0x42: "p150c",
+    0x44: "p300b",
+    0x45: "p300a",
+    0x46: "p300c",
+    0x47: "tt-galaxy-bh",
+}
+
+
+def say(color: str, text: str) -> None:
+    print(color, text, ENDC)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=DESCRIPTION)
+    p.add_argument(
+        "-l",
+        "--local",
+        action="store_true",
+        default=False,
+        help="Run on local chips (Wormhole only)",
+    )
+    p.add_argument("-v", "--version", action="version", version=VERSION)
+    p.add_argument(
+        "-s",
+        "--snapshot",
+        action="store_true",
+        default=False,
+        help="Dump snapshot of current tt-smi information to STDOUT",
+    )
+    p.add_argument(
+        "-ls",
+        "--list",
+        action="store_true",
+        default=False,
+        help="List boards on the host and quit. With UMD (default), tables include UMD "
+        "Chip ID, PCI BDF, PCI Dev ID (/dev/tenstorrent/<n>), board type, series, and "
+        "board number.",
+    )
+    p.add_argument(
+        "-f",
+        "--filename",
+        metavar="snapshot filename",
+        nargs="?",
+        default=False,
+        const=None,
+        help="Write snapshot to a file. Default: ~/tt_smi/<timestamp>_snapshot.json",
+    )
+    p.add_argument(
+        "-c",
+        "--compact",
+        action="store_true",
+        default=False,
+        help="Run in compact mode, hiding the sidebar and other static elements",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        default=False,
+        help="Do not access the network; hides the Versions box",
+    )
+    p.add_argument(
+        "-r",
+        "--reset",
+        nargs="*",
+        default=None,
+        metavar="TARGETS",
+        help="Reset targets: UMD logical IDs, PCI BDFs (e.g. 0000:0a:00.0), or "
+        "/dev/tenstorrent/<id>. Use -ls to list devices. Omit targets or use 'all' to "
+        "reset all devices. Do not mix types in one command. With --use_luwen, use BDF "
+        "or /dev/tenstorrent/<id> (not bare integers).",
+    )
+    p.add_argument(
+        "--snapshot_no_tty",
+        action="store_true",
+        default=False,
+        help="Force no-tty behavior in the snapshot to stdout",
+    )
+    p.add_argument(
+        "-glx_reset",
+        "--galaxy_6u_trays_reset",
+        dest="glx_reset",
+        action="store_true",
+        default=False,
+        help="Reset all the ASICs on the galaxy host; prefers no PCIe retimer reset "
+        "(BMC v0.05.22+), falls back to legacy retimer reset",
+    )
+    p.add_argument(
+        "-glx_reset_auto",
+        "--galaxy_6u_trays_reset_auto",
+        dest="glx_reset_auto",
+        action="store_true",
+        default=False,
+        help="Reset all ASICs on the galaxy host, but do auto retries up to 3 times if reset fails",
+    )
+    p.add_argument(
+        "-glx_list_tray_to_device",
+        "--galaxy_6u_list_tray_to_device",
+        dest="glx_list_tray_to_device",
+        action="store_true",
+        default=False,
+        help="List the mapping of devices to trays on the galaxy",
+    )
+    p.add_argument(
+        "--no_reinit", action="store_true", default=False, help="Don't detect devices post reset"
+    )
+    p.add_argument(
+        "--use_luwen",
+        action="store_true",
+        default=False,
+        help="Use deprecated Luwen driver instead of UMD (default).",
+    )
+    p.add_argument(
+        "--eth_train_skip",
+        action="store_true",
+        default=False,
+        help="Skip waiting for Ethernet training post reset.",
+    )
+    return p
+
+
+class Host:
+    """The simulated host this tt-smi serves (``bin/..``, or ``TTMESH_SIM_ROOT``)."""
+
+    def __init__(self) -> None:
+        root = os.environ.get("TTMESH_SIM_ROOT") or os.path.dirname(HERE)
+        self.sim = core.SimRoot(root)
+
+    def driver_version(self) -> str | None:
+        try:
+            with open(self.sim.path("sys/module/tenstorrent/version")) as f:
+                return f.readline().strip()
+        except OSError:
+            return None
+
+    def pci_devices(self, state: dict) -> list[tuple[str, int, str]]:
+        """(bdf, /dev number, asic) of present PCI devices, sorted by PCI address."""
+        out = []
+        for chip in self.sim.chips():
+            asic = core.asic_hex(chip["unique_id"])
+            dev = self.sim.dev_of(state, asic)
+            if chip.get("bdf") and dev is not None:
+                out.append((chip["bdf"], dev, asic))
+        out.sort()
+        visible = os.environ.get("TT_VISIBLE_DEVICES")
+        if visible is None:
+            return out
+        keep = []
+        for i, item in enumerate(out):
+            for entry in (e.strip() for e in visible.split(",") if e.strip()):
+                if (entry.isdigit() and int(entry) == i) or (
+                    not entry.isdigit() and entry in item[0]
+                ):
+                    keep.append(item)
+                    break
+        return keep
+
+    def present_chips(self, state: dict) -> list[dict]:
+        """Chips discovery finds: present PCI chips and the remote chips behind them."""
+        pci = {asic for _, _, asic in self.pci_devices(state)}
+        found = []
+        for chip in sorted(self.sim.chips(), key=lambda c: c["id"]):
+            asic = core.asic_hex(chip["unique_id"])
+            if chip.get("bdf"):
+                if asic in pci:
+                    found.append(chip)
+            else:
+                lead = [c for c in self.sim.board_chips(chip) if c.get("bdf")]
+                if (
+                    lead
+                    and core.asic_hex(lead[0]["unique_id"]) in pci
+                    and state["chips"][asic]["present"]
+                ):
+                    found.append(chip)
+        return found
+
+    def is_galaxy(self) -> bool:
+        return any((c["board_id"] >> 36) & 0xFFFFF in GALAXY_UPI for c in self.sim.chips())
+
+
+# --------------------------------------------------------------------------- reset
+
+
+class TargetError(Exception):
+    pass
+
+
+def parse_targets(raw: list[str]) -> tuple[str, list]:
+    items: list[str] = []
+    for arg in raw:
+        items += [p.strip() for p in arg.split(",") if p.strip()]
+    if not items or (len(items) == 1 and items[0].lower() == "all"):
+        return "ALL", []
+    if any(i.lower() == "all" for i in items):
+        raise TargetError("Use 'all' as the only argument to select all devices")
+    kind = None
+    values: list = []
+    for t in items:
+        if t.startswith("/dev/tenstorrent/"):
+            suffix = t[len("/dev/tenstorrent/") :]
+            if not suffix.isdigit():
+                raise TargetError(f"Invalid path: {t} (expected /dev/tenstorrent/<integer>)")
+            this, value = "DEV_TENSTORRENT_ID", int(suffix)
+        elif BDF_RE.match(t):
+            this, value = "PCI_BDF", t
+        elif t.lstrip("-").isdigit():
+            this, value = "UMD_LOGICAL_ID", int(t)
+        else:
+            raise TargetError(
+                f"Invalid device target: '{t}'. Use UMD logical ID (integer), PCI BDF (e.g. "
+                "0000:0a:00.0), or /dev/tenstorrent/<integer>."
+            )
+        if kind is not None and this != kind:
+            raise TargetError(
+                f"Mixed device target kinds are not allowed. Got '{t}' which is a {this}, but "
+                f"earlier inputs were {kind}. Use only one kind per invocation."
+            )
+        kind = this
+        if value not in values:
+            values.append(value)
+    if kind != "PCI_BDF":
+        values.sort()
+    return kind or "ALL", values
+
+
+def do_reset(host: Host, args: argparse.Namespace) -> int:
+    try:
+        kind, values = parse_targets(args.reset)
+    except TargetError as exc:
+        say(RED, str(exc))
+        return 1
+    if host.is_galaxy():
+        say(
+            YELLOW,
+            "CPLD FW v1.16 or higher is required to use tt-smi -r on Galaxy systems. If "
+            "tt-smi -r fails, please continue to use tt-smi -glx_reset instead and contact your "
+            "system administrator to request a CPLD update.",
+        )
+    state = host.sim.read_state()
+    devices = host.pci_devices(state)
+    by_dev = {dev: asic for _, dev, asic in devices}
+    if kind == "ALL":
+        print(f"Resetting all PCI devices: {sorted(by_dev)}")
+        chosen = list(by_dev.values())
+    elif kind == "UMD_LOGICAL_ID":
+        print(f"Resetting UMD logical IDs: {values}")
+        chosen = [devices[i][2] for i in values if 0 <= i < len(devices)]
+    elif kind == "PCI_BDF":
+        print(f"Resetting PCI BDFs: {values}")
+        chosen = [asic for bdf, _, asic in devices if bdf in values]  # exact, case-sensitive
+    else:
+        print(f"Resetting /dev/tenstorrent IDs: {values}")
+        chosen = [by_dev[v] for v in values if v in by_dev]
+    if not chosen:  # tt-umd: an empty list after filtering means every device
+        chosen = list(by_dev.values())
+    sys.stdout.flush()
+    host.sim.reset(chosen)
+    if not args.no_reinit:
+        say(PURPLE, "Re-initializing boards after reset....")
+    return 0
+
+
+def do_glx_reset(host: Host, args: argparse.Namespace) -> int:
+    state = host.sim.read_state()
+    devices = host.pci_devices(state)
+    say(PURPLE, "Resetting WH Galaxy trays with reset command...")
+    say(BLUE, f"Issuing RESET_PCIE_LINK on {len(devices)} devices before IPMI reset...")
+    say(BLUE, f"Issuing USER_RESET on {len(devices)} devices before IPMI reset...")
+    print("Executing command: sudo ipmitool raw 0x30 0x8B 0xF 0xFF 0x3 0xF")
+    sys.stdout.flush()
+    host.sim.reset([asic for _, _, asic in devices])
+    print(f"{YELLOW}Waiting for 30 seconds: 30{ENDC}")
+    state = host.sim.read_state()
+    devices = host.pci_devices(state)
+    say(BLUE, f"Issuing POST_RESET on {len(devices)} devices after IPMI reset...")
+    say(PURPLE, "Re-initializing boards after reset....")
+    if args.no_reinit:
+        say(GREEN, "Exiting after galaxy reset without re-initializing chips.")
+        return 0
+    say(GREEN, f"Re-initialized {len(devices)} boards after reset. Exiting...")
+    return 0
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+def _ver(value: int) -> str:
+    return ".".join(str((value >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+def _ver_int(text: str) -> int:
+    parts = [int(p) for p in (text.split(".") + ["0"] * 4)[:4]]
+    return (parts[0] << 24) | (parts[1] << 16) | (parts[2] << 8) | parts[3]
+
+
+def device_entry(host: Host, state: dict, chip: dict) -> dict:
+    sim = host.sim
+    asic = core.asic_hex(chip["unique_id"])
+    wormhole = chip["arch"] == "wormhole_b0"
+    remote = not chip.get("bdf")
+    raw_hb = sim.heartbeat(state, asic)
+    eth = sim.eth_live_status(state, asic)
+    fw = _ver_int(sim.system.get("fw_bundle_version", "19.10.0.0"))
+    board_id = chip["board_id"]
+    alive = state["chips"][asic]["alive"]
+    values = {
+        "BOARD_ID_HIGH": board_id >> 32,
+        "BOARD_ID_LOW": board_id & 0xFFFFFFFF,
+        "ETH_LIVE_STATUS": eth,
+        "AICLK": (1000 if wormhole else 1350) if alive else 0,
+        "VCORE": 750,
+        "TDP": 35,
+        "TDC": 32,
+        "ASIC_TEMPERATURE": (45 << 4) if wormhole else (45 << 16),
+        "FAN_SPEED": 0,
+        "FAN_RPM": 2400,
+        "INPUT_POWER": 60,
+        "TT_FLASH_VERSION": 0x03030000,
+        "ETH_FW_VERSION": 0x07000000 if wormhole else 0x010400,
+        "DM_APP_FW_VERSION": 0x0E000000,
+        "DM_BL_FW_VERSION": 0x81020000,
+        "THERM_TRIP_COUNT": 0,
+    }
+    if wormhole:
+        values.update(
+            {
+                "ARC3_HEALTH": raw_hb,
+                "FW_BUNDLE_VERSION": fw,
+                "ARC0_FW_VERSION": 0x02230000,
+                "DDR_STATUS": 0x222222,
+                "WH_FW_DATE": 0x45011200,
+                "VDD_LIMITS": (950 << 16) | 700,
+                "THM_LIMITS": (90 << 16) | 75,
+            }
+        )
+    else:
+        values.update(
+            {
+                "TIMER_HEARTBEAT": raw_hb,
+                "FLASH_BUNDLE_VERSION": fw,
+                "CM_FW_VERSION": 0x00400000,
+                "ASIC_ID": chip["unique_id"] & 0xFFFFFFFF,
+                "ASIC_ID_HIGH": chip["unique_id"] >> 32,
+                "ASIC_ID_LOW": chip["unique_id"] & 0xFFFFFFFF,
+                "DDR_STATUS": 0x55555555,
+                "DDR_SPEED": 16000,
+                "GDDR_FW_VERSION": 0x0002000F,
+                "ENABLED_GDDR": 0xFF,
+                "ASIC_LOCATION": chip.get("asic_location") or 0,
+                "TDP_LIMIT_MAX": 300,
+                "TDC_LIMIT_MAX": 350,
+                "AICLK_LIMIT_MAX": 1350,
+                "THM_LIMIT_THROTTLE": 90,
+                "THM_LIMIT_SHUTDOWN": 110,
+                "BOARD_POWER_LIMIT": 300,
+                "MAX_GDDR_TEMP": 50,
+            }
+        )
+    tags = WH_TAGS if wormhole else BH_TAGS
+    smbus = {t: (hex(values[t]) if t in values else None) for t in tags}
+    smi_type = SMI_BOARD_TYPE.get((board_id >> 36) & 0xFFFFF, "N/A")
+    if wormhole:
+        smi_type += " R" if remote else " L"
+    bdf = chip.get("bdf")
+    speed, width = "N/A", "N/A"
+    if bdf:
+        try:
+            with open(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_speed")) as f:
+                gts = float(f.read().split()[0])
+            speed = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5}.get(gts, "N/A")
+            with open(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_width")) as f:
+                width = f.read().strip()
+        except (OSError, ValueError):
+            pass
+    coords = chip.get("coords")
+    return {
+        "smbus_telem": smbus,
+        "board_info": {
+            "bus_id": "N/A" if remote else bdf,
+            "board_type": smi_type,
+            "board_id": format(board_id, "016x"),
+            "coords": f"({', '.join(str(v) for v in coords)})"
+            if wormhole and coords
+            else ("(0, 0, 0, 0)" if wormhole else "N/A"),
+            "dram_status": True,
+            "dram_speed": "16G" if not wormhole else "12G",
+            "pcie_speed": "N/A" if remote else speed,
+            "pcie_width": "N/A" if remote else width,
+        },
+        "telemetry": {
+            "voltage": f"{values['VCORE'] / 1000:4.2f}",
+            "current": f"{values['TDC'] & 0xFFFF:5.1f}",
+            "power": f"{values['TDP'] & 0xFFFF:5.1f}",
+            "board_power": f"{values['INPUT_POWER']:5.1f}",
+            "aiclk": f"{values['AICLK'] & 0xFFFF:4.0f}",
+            "asic_temperature": f"{45.0:4.1f}",
+            "fan_speed": f"{values['FAN_RPM'] if not wormhole else 0}",
+            # tt-smi divides the raw counter (what sysfs tt_heartbeat shows) by 5 or 6.
+            "heartbeat": str(raw_hb // (5 if wormhole else 6)),
+        },
+        "gddr_telemetry": {
+            "speed": "16G" if not wormhole else "12G",
+            "max_temp": "50" if not wormhole else "N/A",
+            "enabled_mask": "0xff" if not wormhole else "N/A",
+            "channels": [
+                {
+                    "channel": i,
+                    "harvested": False,
+                    "enabled": True,
+                    "training": "pass",
+                    "bist": "pass" if not wormhole else "n/a",
+                    "temp_top": "N/A",
+                    "temp_bottom": "N/A",
+                    "corr_rd": "N/A",
+                    "corr_wr": "N/A",
+                    "uncorr_rd": "N/A",
+                    "uncorr_wr": "N/A",
+                }
+                for i in range(6 if wormhole else 8)
+            ],
+        },
+        "firmwares": {
+            "fw_bundle_version": _ver(fw),
+            "tt_flash_version": _ver(values["TT_FLASH_VERSION"]),
+            "cm_fw": _ver(values["ARC0_FW_VERSION" if wormhole else "CM_FW_VERSION"]),
+            "cm_fw_date": "2025-01-12" if wormhole else "2020-00-64",
+            "eth_fw": "7.0.0" if wormhole else "1.4.0",
+            "dm_bl_fw": _ver(values["DM_BL_FW_VERSION"]),
+            "dm_app_fw": _ver(values["DM_APP_FW_VERSION"]),
+            "gddr_fw": "N/A" if wormhole else "2.15",
+        },
+        "limits": {
+            "vdd_min": "0.70",
+            "vdd_max": "0.95",
+            "tdp_limit": " 300",
+            "tdc_limit": " 350",
+            "asic_fmax": "1350" if not wormhole else "1000",
+            "therm_trip_l1_limit": "110",
+            "thm_limit": " 90",
+            "bus_peak_limit": 0,
+            "fan_rpm_limit": 0,
+            "board_power_limit": 0 if wormhole else " 300",
+        },
+    }
+
+
+def host_info(driver: str) -> dict:
+    distro = "Linux"
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    distro = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory = f"{pages / 1024**3:.2f} GB"
+    except (ValueError, OSError):
+        memory = "N/A"
+    uname = platform.uname()
+    return {
+        "OS": uname.system,
+        "Distro": distro,
+        "Kernel": uname.release,
+        "Hostname": socket.gethostname(),
+        "Platform": uname.machine,
+        "Python": platform.python_version(),
+        "Memory": memory,
+        "Driver": f"TT-KMD {driver}",
+    }
+
+
+def processes(host: Host, state: dict) -> list[dict]:
+    out = []
+    for _, dev, asic in host.pci_devices(state):
+        for pid in host.sim.holders(state, asic):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = " ".join(p.decode(errors="replace") for p in f.read().split(b"\0") if p)
+                user = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+            except (OSError, KeyError):
+                cmd, user = "?", "?"
+            out.append({"pid": pid, "user": user, "device": dev, "cmdline": cmd.strip() or "?"})
+    return sorted(out, key=lambda p: (p["device"], p["pid"]))
+
+
+def snapshot(host: Host, state: dict, chips: list[dict], driver: str) -> str:
+    doc = {
+        "time": datetime.datetime.now().isoformat(),
+        "host_info": host_info(driver),
+        "host_sw_vers": dict(SW_VERSIONS),
+        "device_info": [device_entry(host, state, c) for c in chips],
+        "processes": processes(host, state),
+    }
+    return json.dumps(doc, indent=4)
+
+
+def list_boards(host: Host, state: dict, chips: list[dict]) -> str:
+    by_asic = {asic: (bdf, dev) for bdf, dev, asic in host.pci_devices(state)}
+    lines = [
+        "All available boards on host:",
+        f"{'UMD Chip ID':<12} {'PCI BDF':<14} {'PCI Dev ID':<11} {'Board Type':<14} "
+        f"{'Device Series':<14} {'Board Number'}",
+    ]
+    for umd_id, chip in enumerate(chips):
+        asic = core.asic_hex(chip["unique_id"])
+        bdf, dev = by_asic.get(asic, ("N/A", "N/A"))
+        series = SMI_BOARD_TYPE.get((chip["board_id"] >> 36) & 0xFFFFF, "N/A")
+        board = chip["card_type"].split("-")[0]
+        lines.append(
+            f"{umd_id:<12} {bdf:<14} {dev!s:<11} {board:<14} {series:<14} "
+            f"{format(chip['board_id'], '016x')}"
+        )
+    lines.append("")
+    lines.append("Boards that can be reset:")
+    lines.append(f"{'PCI Dev ID':<11} {'PCI BDF':<14} {'Board Type':<14}")
+    for bdf, dev, asic in host.pci_devices(state):
+        chip = host.sim.chip_by_asic(asic)
+        lines.append(f"{dev!s:<11} {bdf:<14} {chip['card_type']:<14}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    host = Host()
+    driver = host.driver_version()
+    if driver is None:
+        say(RED, NO_DRIVER)
+        return 1
+    if args.reset is not None:
+        return do_reset(host, args)
+    if args.glx_reset or args.glx_reset_auto:
+        if args.glx_reset_auto:
+            say(
+                YELLOW,
+                "This option will auto retry resetting galaxy 6u trays up to 3 times if it fails.",
+            )
+            say(YELLOW, "Trying reset (1/3)...")
+            args.no_reinit = False
+        return do_glx_reset(host, args)
+    state = host.sim.read_state()
+    chips = host.present_chips(state)
+    if not chips:
+        say(RED, NO_DEVICES)
+        return 1
+    if args.list:
+        print(list_boards(host, state, chips))
+        return 0
+    if args.glx_list_tray_to_device:
+        for umd_id, chip in enumerate(chips):
+            print(f"Device {umd_id}: tray {(chip.get('asic_location') or 0) // 8 + 1}")
+        return 0
+    if args.snapshot or args.filename == "-":
+        print(snapshot(host, state, chips, driver))
+        return 0
+    if args.filename is not False:
+        if args.filename in (None, ""):
+            directory = os.path.expanduser("~/tt_smi_logs/")
+            os.makedirs(directory, exist_ok=True)
+            path = (
+                directory
+                + datetime.datetime.now().strftime("%m-%d-%Y_%H:%M:%S")
+                + ("_results.json")
+            )
+        else:
+            path = args.filename
+            os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(snapshot(host, state, chips, driver))
+        say(PURPLE, f"Saved tt-smi log to: {path}")
+        return 0
+    if not sys.stdin.isatty():
+        print(
+            f"{RED}No TTY detected! Interactive shell required.\nUse tt-smi -s for snapshot "
+            f"output.{ENDC}"
+        )
+        return 1
+    print("tt-smi stand-in: the interactive view is not simulated; use tt-smi -s or tt-smi -ls")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

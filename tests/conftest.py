@@ -1,0 +1,114 @@
+"""Shared fixtures: simulated hosts in temporary roots, the CLI, and leak checks.
+
+Every test runs with its own XDG cache (so ``--sim NAME`` builds a fresh cached root) and, at the
+end of the session, the suite checks that no process it started and no lease it took is left.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CAPTURES = REPO / "tests" / "data" / "captures"
+CONFORMANCE = REPO / "scripts" / "conformance"
+STOCK = [
+    "p150",
+    "p300",
+    "quietbox2",
+    "p150x4",
+    "p150x8",
+    "n150",
+    "n300",
+    "t3k",
+    "galaxy-wh",
+    "galaxy-bh",
+]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("TTMESH_ROOT", raising=False)
+    monkeypatch.delenv("TTMESH_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("TT_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture
+def make_sim(tmp_path: Path) -> Callable[..., Path]:
+    """Build a simulated host of a stock system under tmp_path; resets take ~no time."""
+    from ttmesh.sim.create import create
+    from ttmesh.sim.system import load
+
+    def make(system: str = "quietbox2", name: str | None = None, **config: float) -> Path:
+        root = tmp_path / (name or system)
+        create(load(system), root, config={"reset_seconds": 0.0, **config})
+        return root
+
+    return make
+
+
+@pytest.fixture
+def qb2(make_sim: Callable[..., Path]) -> Path:
+    return make_sim("quietbox2")
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: str | Path | None = None,
+) -> Result:
+    """Run the real ``ttmesh`` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ttmesh", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli() -> Callable[..., Result]:
+    return run_cli
+
+
+def _our_processes() -> set[int]:
+    """Descendants of this pytest process (what a test could have leaked)."""
+    import psutil
+
+    me = psutil.Process()
+    return {p.pid for p in me.children(recursive=True)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_leaks() -> Iterator[None]:
+    yield
+    import psutil
+
+    leaked = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if ("ttmesh-sim-hold" in cmd or "ttmesh-test-worker" in cmd) and p.pid != os.getpid():
+            leaked.append(f"{p.pid}: {cmd}")
+    assert not leaked, "processes left behind by the suite:\n" + "\n".join(leaked)

@@ -1,0 +1,3 @@
+from ttmesh.cli import entry
+
+entry()

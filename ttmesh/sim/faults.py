@@ -1,0 +1,236 @@
+"""Fault injection on a simulated host: ``ttmesh sim fault / clear / show``.
+
+Every fault is validated in full before the state changes, so bad input leaves the host as it
+was. Faults model what goes wrong on real machines:
+
+* ``link-down A B [--channel C]`` - Ethernet links between two chips stop training;
+* ``chip-dead X [--permanent]`` - firmware hangs (heartbeat frozen); a reset revives it unless
+  permanent, in which case the chip does not come back from the reset at all;
+* ``reset-fails [--times N]`` - tt-smi -r changes nothing yet still exits 0;
+* ``reset-renumbers`` - the next reset brings chips back under other /dev/tenstorrent numbers;
+* ``reset-hangs SECONDS`` - a reset takes that long;
+* ``hold X`` - a detached process holds the chip until killed or cleared.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.fabric.host import Host
+from ttmesh.sim import core
+
+HOLD_TAG = "ttmesh-sim-hold"
+
+
+def _chip(sim: core.SimRoot, ref: str) -> dict[str, Any]:
+    """A chip by PCI address or unique id (remote chips have only the latter)."""
+    ref = ref.strip().lower()
+    for chip in sim.chips():
+        if chip.get("bdf") == ref or core.asic_hex(chip["unique_id"]) == ref:
+            return chip
+    from ttmesh.sim.system import BDF_RE
+
+    if ":" in ref and not BDF_RE.match(ref):
+        raise bad_input(
+            f"malformed PCI address {ref!r}", "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0"
+        )
+    known = ", ".join(c["bdf"] for c in sim.chips() if c.get("bdf"))
+    raise bad_input(f"no chip {ref} on this simulated host", f"its PCI devices: {known}")
+
+
+def link_down(host: Host, a: str, b: str, channel: int | None = None) -> list[str]:
+    sim = host.sim
+    ca, cb = _chip(sim, a), _chip(sim, b)
+    asic_a, asic_b = core.asic_hex(ca["unique_id"]), core.asic_hex(cb["unique_id"])
+    between = [lk for lk in sim.links() if {lk[0], lk[2]} == {asic_a, asic_b} and asic_a != asic_b]
+    if not between:
+        raise bad_input(
+            f"chips {a} and {b} have no Ethernet link between them",
+            "ttmesh ls shows which chips are linked",
+        )
+    if channel is not None:
+        chosen = [
+            lk
+            for lk in between
+            if (lk[0], lk[1]) == (asic_a, channel) or (lk[2], lk[3]) == (asic_a, channel)
+        ]
+        if not chosen:
+            chans = sorted(lk[1] if lk[0] == asic_a else lk[3] for lk in between)
+            raise bad_input(
+                f"chip {a} has no link to {b} on channel {channel}",
+                f"its channels to {b}: {', '.join(map(str, chans))}",
+            )
+        between = chosen
+    keys = [sim.link_key(*lk) for lk in between]
+    with sim.change() as state:
+        state["links_down"] = sorted(set(state["links_down"]) | set(keys))
+    return keys
+
+
+def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
+    sim = host.sim
+    asic = core.asic_hex(_chip(sim, ref)["unique_id"])
+    with sim.change() as state:
+        chip = state["chips"][asic]
+        if chip["alive"]:
+            chip["hb_base"] = sim.heartbeat(state, asic)
+            chip["alive"] = False
+        if permanent and asic not in state["faults"]["permanent"]:
+            state["faults"]["permanent"].append(asic)
+    return asic
+
+
+def reset_fails(host: Host, times: int | None) -> None:
+    if times is not None and times < 1:
+        raise bad_input(f"--times {times}: must be at least 1", "omit it to fail until cleared")
+    with host.sim.change() as state:
+        state["faults"]["reset_fails"] = {"times": times}
+
+
+def reset_renumbers(host: Host) -> None:
+    with host.sim.change() as state:
+        state["faults"]["reset_renumbers"] = True
+
+
+def reset_hangs(host: Host, seconds: float) -> None:
+    if seconds < 0:
+        raise bad_input(f"reset-hangs {seconds}: seconds cannot be negative")
+    with host.sim.change() as state:
+        state["faults"]["reset_hangs"] = float(seconds)
+
+
+def hold(host: Host, ref: str) -> int:
+    """Start a detached sleeping process and register it as holder of the chip."""
+    sim = host.sim
+    chip = _chip(sim, ref)
+    asic = core.asic_hex(chip["unique_id"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nwhile True: time.sleep(3600)",
+            HOLD_TAG,
+            chip.get("bdf") or asic,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    # Wait until the child exists as itself (its start time is what identifies it later).
+    deadline = time.monotonic() + 2
+    while core.proc_start_time(proc.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sim.add_holder([asic], proc.pid, kind="fault")
+    return proc.pid
+
+
+def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | None) -> dict:
+    for name, value in (("--heartbeat-hz", heartbeat_hz), ("--reset-seconds", reset_seconds)):
+        if value is not None and value < 0:
+            raise bad_input(f"{name} {value}: cannot be negative")
+    if heartbeat_hz is not None and heartbeat_hz == 0:
+        raise bad_input("--heartbeat-hz 0: a live chip's heartbeat must advance")
+    with host.sim.change() as state:
+        now = time.time()
+        if heartbeat_hz is not None:
+            for asic, chip in state["chips"].items():
+                if chip["alive"]:
+                    chip["hb_base"] = host.sim.heartbeat(state, asic, now)
+                    chip["hb_t0"] = now
+            state["config"]["heartbeat_hz"] = float(heartbeat_hz)
+        if reset_seconds is not None:
+            state["config"]["reset_seconds"] = float(reset_seconds)
+        return dict(state["config"])
+
+
+def clear(host: Host) -> dict[str, int]:
+    """Remove every fault: chips alive and present, links up, marks gone, fault holders killed."""
+    sim = host.sim
+    killed = 0
+    with sim.change() as state:
+        now = time.time()
+        for asic, chip in state["chips"].items():
+            if not chip["alive"]:
+                chip["alive"] = True
+                chip["hb_t0"] = now
+            if not chip["present"]:
+                chip["present"] = True
+                if chip["dev"] is None:
+                    chip["dev"] = sim.chip_by_asic(asic).get("dev_index")
+        keep = []
+        for h in state["holders"]:
+            if h.get("kind") == "fault":
+                if core.proc_alive(h["pid"], h.get("start")):
+                    try:
+                        os.kill(h["pid"], signal.SIGKILL)
+                        killed += 1
+                    except ProcessLookupError:
+                        pass
+            else:
+                keep.append(h)
+        state["holders"] = keep
+        cleared = len(state["links_down"]) + len(state["fabric_marks"])
+        state["links_down"] = []
+        state["fabric_marks"] = []
+        state["faults"] = {
+            "reset_fails": None,
+            "reset_renumbers": False,
+            "reset_hangs": 0.0,
+            "permanent": [],
+        }
+        sim.prune(state)
+        sim.render(state)
+    return {"holders_killed": killed, "cleared": cleared}
+
+
+def show(host: Host) -> dict[str, Any]:
+    sim = host.sim
+    state = sim.read_state()
+    dead_marks = sim.dead_marked_chips(state)
+    chips = []
+    for chip in sorted(sim.chips(), key=lambda c: c["id"]):
+        asic = core.asic_hex(chip["unique_id"])
+        st = state["chips"][asic]
+        chips.append(
+            {
+                "asic_id": asic,
+                "bdf": chip.get("bdf"),
+                "dev_index": sim.dev_of(state, asic),
+                "alive": st["alive"],
+                "present": st["present"],
+                "heartbeat": sim.heartbeat(state, asic),
+                "holders": sim.holders(state, asic),
+            }
+        )
+    down = []
+    for lk in sim.links():
+        if not sim.link_up(state, lk, dead_marks):
+            why = "fault" if sim.link_key(*lk) in state["links_down"] else "chip or fabric"
+            down.append(
+                {
+                    "a": {"asic_id": lk[0], "chan": lk[1]},
+                    "b": {"asic_id": lk[2], "chan": lk[3]},
+                    "why": why,
+                }
+            )
+    return {
+        "schema": "ttmesh.simstate-view/1",
+        "root": sim.root,
+        "system": sim.system["name"],
+        "config": state["config"],
+        "chips": chips,
+        "links_down": down,
+        "faults": state["faults"],
+        "fabric_marks": [
+            {**m, "alive": core.proc_alive(m["pid"], m.get("start"))} for m in state["fabric_marks"]
+        ],
+        "resets": len(state["resets"]),
+    }

@@ -148,6 +148,270 @@ def _ls_text(data: dict) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- launch
+
+LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _shape(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    import re
+
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _ranks(value: str | None) -> set[int] | None:
+    if value is None:
+        return None
+    try:
+        return {int(v) for v in value.split(",") if v.strip()}
+    except ValueError:
+        raise bad_input(
+            f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
+        )
+
+
+@main.command("launch", context_settings=LAUNCH_CONTEXT)
+@host_options
+@click.option(
+    "--tp-size",
+    type=int,
+    metavar="N",
+    help="Chips to use; one worker per chip (per board on n300 systems).",
+)
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "nproc",
+    type=int,
+    metavar="N",
+    help="torchrun's spelling: workers on this host (the same as --tp-size on one host).",
+)
+@click.option("--chips", metavar="BDF,...", help="Use exactly these chips (PCI addresses).")
+@click.option("--exclude", metavar="BDF,...", help="Never use these chips.")
+@click.option(
+    "--mesh-shape",
+    metavar="RxC",
+    help="Mesh shape of the chips (default: the squarest the host has).",
+)
+@click.option(
+    "--mesh-layout",
+    default="isolated",
+    show_default=True,
+    type=click.Choice(["isolated", "single-process", "mesh", "multi-mesh"]),
+    help="isolated: each worker its own chip and one-chip descriptor; single-process: one "
+    "worker drives every chip; mesh/multi-mesh: one tt-metal world (needs MPI).",
+)
+@click.option(
+    "--symmetric-dram-mb",
+    type=int,
+    default=2048,
+    show_default=True,
+    metavar="MB",
+    help="LIBTT_SYMMETRIC_DRAM_MB, equal on every rank (DRAM reserved per chip for collectives).",
+)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set for every rank (repeatable).",
+)
+@click.option(
+    "--master-port",
+    "--master_port",
+    type=int,
+    default=0,
+    metavar="PORT",
+    help="torch.distributed's port (default: a free one).",
+)
+@click.option(
+    "--max-restarts",
+    "--max_restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Relaunch every rank up to K times after a failure.",
+)
+@click.option(
+    "--grace",
+    "--shutdown-timeout",
+    "--shutdown_timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL when stopping workers.",
+)
+@click.option(
+    "--ranks-filter",
+    "--local-ranks-filter",
+    "--local_ranks_filter",
+    metavar="R,...",
+    help="Show only these ranks' output on the console (log files get everything).",
+)
+@click.option(
+    "--log-dir",
+    "--log_dir",
+    metavar="DIR",
+    help="Write each rank's stdout and stderr to files in DIR.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
+@click.option(
+    "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
+)
+@click.option(
+    "--no-python", "--no_python", is_flag=True, help="Run COMMAND as is, even if it ends in .py."
+)
+@click.option(
+    "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
+)
+@click.option(
+    "--job-id",
+    "--run-id",
+    "--rdzv-id",
+    "job_id",
+    metavar="ID",
+    help="Name the job (default: generated).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --dry-run: the ttmesh.plan/1 JSON document."
+)
+@click.option(
+    "--show-env", is_flag=True, help="Show --env values in plans and records (hidden by default)."
+)
+@click.option(
+    "--summary-json", metavar="FILE", help="Write the outcome {source, rank, code, reason} to FILE."
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]...")
+def launch_cmd(
+    host: Any,
+    command: tuple[str, ...],
+    tp_size: int | None,
+    nproc: int | None,
+    chips: str | None,
+    exclude: str | None,
+    mesh_shape: str | None,
+    mesh_layout: str,
+    symmetric_dram_mb: int,
+    env_items: tuple[str, ...],
+    master_port: int,
+    max_restarts: int,
+    grace: float,
+    ranks_filter: str | None,
+    log_dir: str | None,
+    quiet: bool,
+    module: bool,
+    no_python: bool,
+    strict_links: bool,
+    job_id: str | None,
+    dry_run: bool,
+    as_json: bool,
+    show_env: bool,
+    summary_json: str | None,
+) -> int:
+    """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
+
+    \b
+    Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/PORT and the rest of torchrun's environment,
+    its chip (TT_VISIBLE_DEVICES, by PCI address), a mesh graph descriptor
+    (TT_MESH_GRAPH_DESC_PATH) and LIBTT_SYMMETRIC_DRAM_MB. The first rank to fail stops the
+    job: every worker's process tree is stopped (SIGTERM, SIGKILL after --grace) and ttmesh
+    exits with that rank's code.
+
+    \b
+    Examples:
+      ttmesh launch --sim quietbox2 --tp-size 4 examples/allreduce.py
+      ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
+      ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
+    """
+    from ttmesh.launcher import launch
+    from ttmesh.launcher.plan import LaunchRequest, parse_env
+    from ttmesh.launcher.supervisor import Options
+
+    if command and command[0] == "--":
+        command = command[1:]
+    if nproc is not None:
+        if nproc <= 0:
+            raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+        if tp_size is not None and tp_size != nproc:
+            raise bad_input(
+                f"--nproc-per-node {nproc} and --tp-size {tp_size} disagree",
+                "on one host they are the same number; give one",
+            )
+        tp_size = nproc
+    if tp_size is None and not chips:
+        raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
+    if max_restarts < 0:
+        raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
+    if grace < 0:
+        raise bad_input(f"--grace {grace}: cannot be negative")
+    if as_json and not dry_run:
+        raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
+    request = LaunchRequest(
+        command=list(command),
+        tp_size=tp_size,  # type: ignore[arg-type]
+        module=module,
+        no_python=no_python,
+        layout=mesh_layout,
+        mesh_shape=_shape(mesh_shape),
+        symmetric_dram_mb=symmetric_dram_mb,
+        env=parse_env(list(env_items)),
+        master_port=master_port,
+        max_restarts=max_restarts,
+        grace=grace,
+        job=job_id or "",
+        strict_links=strict_links,
+    )
+    options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
+    prepared = launch.prepare(request, host, chips, exclude)
+    if dry_run:
+        from ttmesh.render import emit_json
+
+        data = prepared.plan.to_json(show_env)
+        if as_json:
+            emit_json(data)
+        else:
+            click.echo(_plan_text(data))
+        return 0
+    return launch.execute(prepared, options, summary_json)
+
+
+def _plan_text(data: dict) -> str:
+    from ttmesh.render import table
+
+    lines = [
+        f"job {data['job']}: layout {data['layout']}, mesh {data['mesh_shape'][0]}x{data['mesh_shape'][1]}, "
+        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {data['master']['addr']}:{data['master']['port']}"
+    ]
+    if data["grouping"]:
+        lines.append(data["grouping"])
+    rows = [
+        [
+            r["rank"],
+            ",".join(r["bdfs"]),
+            ",".join(r["chips"]),
+            "x".join(map(str, r["coord"])),
+            r["host_rank"],
+            " ".join(r["argv"]),
+        ]
+        for r in data["ranks"]
+    ]
+    lines.append(table(["RANK", "PCI", "CHIPS", "COORD", "HOST RANK", "COMMAND"], rows))
+    for name, path in data["descriptors"].items():
+        lines.append(f"descriptor {name}: {path}")
+    lines.append("environment of rank 0 (what ttmesh sets):")
+    for key, value in sorted(data["ranks"][0]["env"].items()):
+        lines.append(f"  {key}={value}")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- sim
 
 

@@ -128,6 +128,16 @@ def _chip_map(data: dict, key: str) -> dict[int, Any]:
 
 def from_dict(data: Any) -> ClusterDescriptor:
     """Build a descriptor from parsed YAML, checking the structure tt-umd relies on."""
+    try:
+        return _from_dict(data)
+    except DescriptorError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # A value of the wrong shape (a list where a map belongs, ...): still one clear error.
+        raise DescriptorError(f"malformed cluster descriptor: {exc}") from exc
+
+
+def _from_dict(data: Any) -> ClusterDescriptor:
     if not isinstance(data, dict) or "arch" not in data:
         raise DescriptorError("not a cluster descriptor (no 'arch' map)")
     archs = _chip_map(data, "arch")

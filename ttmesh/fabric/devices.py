@@ -88,7 +88,7 @@ def require_driver(host: Host) -> str:
     version = host.driver_version()
     if version is None:
         raise bad_input(
-            f"no Tenstorrent driver on this host ({host.path('sys/module/tenstorrent')} is missing)",
+            f"no Tenstorrent driver on this host ({host.path('sys/module/tenstorrent/version')} is missing)",
             "install tt-kmd, or try ttmesh on a simulated host: --sim quietbox2",
         )
     return version

@@ -127,12 +127,10 @@ class Host:
 
     def bdf_of(self, dev: int) -> str | None:
         """The PCI address of /dev/tenstorrent/<dev>: the basename of its ``device`` link."""
-        try:
-            return os.path.basename(
-                os.path.realpath(self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device"))
-            )
-        except OSError:
+        link = self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device")
+        if not link.exists():
             return None
+        return os.path.basename(os.path.realpath(link))
 
     def pci_attr(self, bdf: str, name: str) -> str | None:
         text = self.read_text(f"sys/bus/pci/devices/{bdf}/{name}")

@@ -216,13 +216,20 @@ class SimRoot:
         ends = sorted([f"{a}:{ca}", f"{b}:{cb}"])
         return f"{ends[0]}-{ends[1]}"
 
+    @staticmethod
+    def mark_dead(mark: dict[str, Any]) -> bool:
+        """A mark is abandoned when its supervisor says so, or when the process that opened
+        the fabric is gone and no live supervisor is there to decide (a clean end clears it)."""
+        if mark.get("abandoned"):
+            return True
+        if proc_alive(mark["pid"], mark.get("start")):
+            return False
+        sup = mark.get("supervisor")
+        return sup is None or not proc_alive(sup, mark.get("supervisor_start"))
+
     def dead_marked_chips(self, state: dict[str, Any]) -> list[set[str]]:
         """Chip sets of fabric marks whose process died without clearing them."""
-        return [
-            set(m["chips"])
-            for m in state["fabric_marks"]
-            if not proc_alive(m["pid"], m.get("start"))
-        ]
+        return [set(m["chips"]) for m in state["fabric_marks"] if self.mark_dead(m)]
 
     def link_up(
         self,
@@ -290,27 +297,54 @@ class SimRoot:
         state["holders"] = [h for h in state["holders"] if proc_alive(h["pid"], h.get("start"))]
 
     def add_holder(self, asics: list[str], pid: int, kind: str = "job") -> None:
-        start = proc_start_time(pid)
+        self.add_holders([(asics, pid)], kind)
+
+    def add_holders(self, holders: list[tuple[list[str], int]], kind: str = "job") -> None:
+        """Register processes as holding chips (as if they had opened their devices)."""
         with self.change() as state:
             self.prune(state)
-            for asic in asics:
-                self.chip_by_asic(asic)
-                state["holders"].append({"pid": pid, "start": start, "asic": asic, "kind": kind})
+            for asics, pid in holders:
+                start = proc_start_time(pid)
+                for asic in asics:
+                    self.chip_by_asic(asic)
+                    state["holders"].append(
+                        {"pid": pid, "start": start, "asic": asic, "kind": kind}
+                    )
 
     def remove_holder(self, pid: int) -> None:
         with self.change() as state:
             state["holders"] = [h for h in state["holders"] if h["pid"] != pid]
             self.prune(state)
 
-    def mark_fabric(self, asics: list[str], pid: int, owner: str = "") -> None:
-        """The fabric between ``asics`` is up, opened by process ``pid``."""
-        start = proc_start_time(pid)
+    def mark_fabric(
+        self, asics: list[str], pid: int, owner: str = "", supervisor: int | None = None
+    ) -> None:
+        """The fabric between ``asics`` is up, opened by process ``pid``.
+
+        With a ``supervisor`` (a ttmesh job), the supervisor decides how the process ended
+        (clear_fabric or abandon_fabric); without one, the process's death abandons the mark.
+        """
+        self.mark_fabric_many([(asics, pid)], owner, supervisor)
+
+    def mark_fabric_many(
+        self, marks: list[tuple[list[str], int]], owner: str = "", supervisor: int | None = None
+    ) -> None:
+        sup_start = proc_start_time(supervisor) if supervisor is not None else None
         with self.change() as state:
-            for asic in asics:
-                self.chip_by_asic(asic)
-            state["fabric_marks"].append(
-                {"pid": pid, "start": start, "chips": sorted(asics), "owner": owner}
-            )
+            for asics, pid in marks:
+                for asic in asics:
+                    self.chip_by_asic(asic)
+                state["fabric_marks"].append(
+                    {
+                        "pid": pid,
+                        "start": proc_start_time(pid),
+                        "chips": sorted(asics),
+                        "owner": owner,
+                        "supervisor": supervisor,
+                        "supervisor_start": sup_start,
+                        "abandoned": False,
+                    }
+                )
 
     def clear_fabric(self, pid: int, owner: str | None = None) -> None:
         """A clean end: the process closed the fabric it opened."""
@@ -320,6 +354,13 @@ class SimRoot:
                 for m in state["fabric_marks"]
                 if not (m["pid"] == pid and (owner is None or m.get("owner") == owner))
             ]
+
+    def abandon_fabric(self, pid: int) -> None:
+        """An abnormal end: the links between the process's chips are left down."""
+        with self.change() as state:
+            for m in state["fabric_marks"]:
+                if m["pid"] == pid:
+                    m["abandoned"] = True
 
     # -- the reset a tt-smi -r performs
 
@@ -385,8 +426,7 @@ class SimRoot:
             # Marks of the reset chips are gone; links between chips not reset stay down.
             marks = []
             for m in state["fabric_marks"]:
-                dead = not proc_alive(m["pid"], m.get("start"))
-                if dead:
+                if self.mark_dead(m):
                     for a, ca, b, cb in self.links():
                         if (
                             a in m["chips"]

@@ -229,8 +229,6 @@ def show(host: Host) -> dict[str, Any]:
         "chips": chips,
         "links_down": down,
         "faults": state["faults"],
-        "fabric_marks": [
-            {**m, "alive": core.proc_alive(m["pid"], m.get("start"))} for m in state["fabric_marks"]
-        ],
+        "fabric_marks": [{**m, "alive": not sim.mark_dead(m)} for m in state["fabric_marks"]],
         "resets": len(state["resets"]),
     }

@@ -147,7 +147,12 @@ def from_dict(data: Any, where: str) -> SystemModel:
                         raw.get("dram_mb")
                         or boardfacts.dram_mb(arch, int(harvesting.get("dram_harvesting_mask", 0)))
                     ),
-                    bus_id=raw.get("bus_id"),
+                    # An unquoted 0x0041 reads as an int; tt-umd writes the bus id as hex text.
+                    bus_id=(
+                        f"0x{raw['bus_id']:04x}"
+                        if isinstance(raw.get("bus_id"), int)
+                        else raw.get("bus_id")
+                    ),
                     asic_location=raw.get("asic_location"),
                     coords=list(raw["coords"]) if raw.get("coords") else None,
                 )
@@ -207,6 +212,10 @@ def validate(model: SystemModel, where: str) -> None:
             )
         if (c.bdf is None) != (c.dev_index is None):
             fail(f"chip {c.id}: a PCI address and a /dev/tenstorrent number go together")
+        if not 0 <= c.unique_id < 1 << 64:
+            fail(f"chip {c.id}: unique id {c.unique_id} is not a 64-bit unsigned number")
+        if c.id < 0 or (c.dev_index is not None and c.dev_index < 0):
+            fail(f"chip {c.id}: chip ids and /dev/tenstorrent numbers are not negative")
     ids = set(seen["id"])
     on_board: dict[int, int] = {}
     for b in model.boards:
@@ -216,6 +225,11 @@ def validate(model: SystemModel, where: str) -> None:
             if cid in on_board:
                 fail(f"chip {cid} is on two boards")
             on_board[cid] = b.board_id
+            chip = model.chip(cid)
+            if chip.board_id != b.board_id:
+                fail(f"chip {cid} has board_id {chip.board_id} but is on board {b.board_id}")
+            if boardfacts.CARDS[chip.card_type].umd_board_type != b.board_type:
+                fail(f"chip {cid}: a {chip.card_type} card is not a {b.board_type} board")
     for c in model.chips:
         if c.id not in on_board:
             fail(f"chip {c.id} is on no board", "tt-umd rejects a chip without a board type")

@@ -372,11 +372,11 @@ def parse_targets(raw: list[str]) -> tuple[str, list]:
         items += [p.strip() for p in arg.split(",") if p.strip()]
     if not items or (len(items) == 1 and items[0].lower() == "all"):
         return "ALL", []
-    if any(i.lower() == "all" for i in items):
-        raise TargetError("Use 'all' as the only argument to select all devices")
     kind = None
     values: list = []
     for t in items:
+        if t.lower() == "all":  # checked in order, like tt-smi's classify_single_input
+            raise TargetError("Use 'all' as the only argument to select all devices")
         if t.startswith("/dev/tenstorrent/"):
             suffix = t[len("/dev/tenstorrent/") :]
             if not suffix.isdigit():
@@ -450,7 +450,11 @@ def do_glx_reset(host: Host, args: argparse.Namespace) -> int:
     print("Executing command: sudo ipmitool raw 0x30 0x8B 0xF 0xFF 0x3 0xF")
     sys.stdout.flush()
     host.sim.reset([asic for _, _, asic in devices])
-    print(f"{YELLOW}Waiting for 30 seconds: 30{ENDC}")
+    # tt-smi's timed_wait(30): "...: 0", then a "\r" rewrite per second up to 30, then a newline
+    print(f"{YELLOW}Waiting for 30 seconds: 0{ENDC}", end="")
+    for i in range(1, 31):
+        print(f"\r{YELLOW}Waiting for 30 seconds: {i}{ENDC}", end="")
+    print()
     state = host.sim.read_state()
     devices = host.pci_devices(state)
     say(BLUE, f"Issuing POST_RESET on {len(devices)} devices after IPMI reset...")
@@ -508,8 +512,8 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
                 "ARC3_HEALTH": raw_hb,
                 "FW_BUNDLE_VERSION": fw,
                 "ARC0_FW_VERSION": 0x02230000,
-                "DDR_STATUS": 0x222222,
-                "WH_FW_DATE": 0x45011200,
+                "DDR_STATUS": 0x02222222,  # bits 24+: speed code 2 = "12G"; low 24: trained
+                "WH_FW_DATE": 0x510C0000,  # 0xYMDDHHMM: 2025-01-12, as cm_fw_date says
                 "VDD_LIMITS": (950 << 16) | 700,
                 "THM_LIMITS": (90 << 16) | 75,
             }
@@ -654,16 +658,34 @@ def host_info(driver: str) -> dict:
 
 def processes(host: Host, state: dict) -> list[dict]:
     out = []
-    for _, dev, asic in host.pci_devices(state):
+    # Every /proc/driver/tenstorrent/<N>: procfs is not filtered by TT_VISIBLE_DEVICES.
+    for chip in host.sim.chips():
+        asic = core.asic_hex(chip["unique_id"])
+        dev = host.sim.dev_of(state, asic)
+        if not chip.get("bdf") or dev is None:
+            continue
         for pid in host.sim.holders(state, asic):
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = " ".join(p.decode(errors="replace") for p in f.read().split(b"\0") if p)
                 user = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
             except (OSError, KeyError):
-                cmd, user = "?", "?"
-            out.append({"pid": pid, "user": user, "device": dev, "cmdline": cmd.strip() or "?"})
+                user = "?"
+            out.append({"pid": pid, "user": user, "device": dev, "cmdline": _cmdline(pid)})
     return sorted(out, key=lambda p: (p["device"], p["pid"]))
+
+
+def _cmdline(pid: int) -> str:
+    """/proc/<pid>/cmdline with NUL and LF as spaces, non-printables as \\xNN, stripped."""
+    for name in ("cmdline", "comm"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                raw = f.read().replace(b"\0", b" ").replace(b"\n", b" ")
+        except OSError:
+            continue
+        text = raw.decode(errors="replace")
+        text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text).strip()
+        if text:
+            return text
+    return "?"
 
 
 def snapshot(host: Host, state: dict, chips: list[dict], driver: str) -> str:

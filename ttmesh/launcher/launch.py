@@ -1,0 +1,288 @@
+"""``ttmesh launch``: from a request to a running, supervised job, and back to an exit code.
+
+:func:`prepare` is everything before anything starts (discovery, chip choice, pre-flight,
+plan); it changes nothing, so ``--dry-run`` stops after it. :func:`execute` takes the plan,
+holds the chips' leases for the job's life (restarts included) and runs the attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ttmesh.errors import bad_input, refused
+from ttmesh.fabric import heartbeat
+from ttmesh.fabric.devices import Chip, Inventory, discover
+from ttmesh.fabric.host import Host
+from ttmesh.launcher import jobs, leases
+from ttmesh.launcher.plan import MPI_LAYOUTS, LaunchPlan, LaunchRequest, build, resolve_command
+from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
+from ttmesh.mesh import memory
+from ttmesh.mesh import select as meshselect
+from ttmesh.render import note
+from ttmesh.sim.system import BDF_RE
+
+
+@dataclass
+class Prepared:
+    plan: LaunchPlan
+    inv: Inventory
+    selection: meshselect.Selection
+
+
+def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
+    if not text:
+        return []
+    by_bdf = inv.by_bdf()
+    out = []
+    for item in (t.strip().lower() for t in text.split(",") if t.strip()):
+        if not BDF_RE.match(item):
+            raise bad_input(
+                f"{flag} {item!r}: not a PCI address", "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0"
+            )
+        if item not in by_bdf:
+            raise bad_input(
+                f"{flag} {item}: no such chip on this host",
+                "chips here: " + ", ".join(sorted(by_bdf)),
+            )
+        chip = by_bdf[item]
+        out.extend(inv.board_peers(chip) if chip.bdf else [chip])
+    return out
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int, addr: str = "127.0.0.1") -> None:
+    if not 0 < port < 65536:
+        raise bad_input(f"--master-port {port}: not a TCP port", "use 1..65535, or omit it")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            raise bad_input(
+                f"--master-port {port} is already in use on {addr}",
+                "pick another port, or omit --master-port to get a free one",
+            )
+
+
+def unavailable_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
+    """(asic -> why it can't be used, asic -> who has it) for dead, held and leased chips."""
+    from ttmesh.fabric import holders as holdermod
+
+    why: dict[str, str] = {}
+    who: dict[str, str] = {}
+    for asic, info in leases.probe(inv.host, [c.asic_id for c in inv.chips]).items():
+        why[asic] = "leased"
+        who[asic] = f"job {info.job or '?'} (pid {info.pid}: {info.cmd or '?'})"
+    for chip in inv.chips:
+        if chip.asic_id in why:
+            continue
+        hs = holdermod.holders(inv, chip)
+        if hs:
+            why[chip.asic_id] = "held"
+            h = hs[0]
+            who[chip.asic_id] = f"pid {h.pid} ({h.user}: {h.cmd})"
+    beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
+    for asic, state in beats.items():
+        if state == heartbeat.FROZEN:
+            why[asic] = "dead"
+            who[asic] = "its heartbeat is frozen (ttmesh reset --chips ...)"
+    return why, who
+
+
+def prepare(
+    req: LaunchRequest,
+    host: Host,
+    chips_arg: str | None = None,
+    exclude_arg: str | None = None,
+    allow_mpi_layouts: bool = False,
+) -> Prepared:
+    inv = discover(host)
+    if not inv.chips:
+        raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
+    chosen = _parse_bdfs(chips_arg, inv, "--chips")
+    excluded = _parse_bdfs(exclude_arg, inv, "--exclude")
+    both = {c.asic_id for c in chosen} & {c.asic_id for c in excluded}
+    if both:
+        chip = inv.chip(sorted(both)[0])
+        raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
+    if req.layout in MPI_LAYOUTS and not allow_mpi_layouts:
+        raise bad_input(
+            f"--mesh-layout {req.layout} forms one tt-metal world across processes, which only an "
+            "MPI launcher can start (each process spawned alone sees a world of one)",
+            "use --mesh-layout isolated or single-process, or see it with ttmesh descriptor",
+        )
+    if req.tp_size is None:
+        req.tp_size = len(chosen) if chosen else 0
+    if req.tp_size <= 0:
+        raise bad_input(
+            f"--tp-size {req.tp_size}: must be a positive number of chips", "e.g. --tp-size 4"
+        )
+    if chosen and len(chosen) != req.tp_size:
+        raise bad_input(
+            f"--chips names {len(chosen)} chip(s) but --tp-size is {req.tp_size}",
+            "give as many chips as --tp-size, or drop --tp-size",
+        )
+    why, who = unavailable_chips(inv)
+    for c in excluded:
+        why.setdefault(c.asic_id, "excluded")
+    labels = {c.asic_id: c.label for c in inv.chips}
+    if chosen:
+        for c in chosen:
+            if c.asic_id in why and why[c.asic_id] != "excluded":
+                raise refused(f"chip {c.label} is {why[c.asic_id]}: {who[c.asic_id]}")
+        gap = meshselect.check_connected(inv, chosen)
+        if gap:
+            raise bad_input(f"--chips are not connected: {gap}", "choose chips linked by Ethernet")
+        sel = meshselect.select(
+            inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
+        )
+    else:
+        try:
+            sel = meshselect.select(inv, req.tp_size, shape=req.mesh_shape, unavailable=why)
+        except Exception as exc:
+            blocked = {a: w for a, w in why.items() if w != "excluded"}
+            if not blocked or getattr(exc, "code", None) != 2:
+                raise
+            # Would an idle host serve it? Then the chips in use are the reason: refuse (exit 3).
+            try:
+                meshselect.select(
+                    inv,
+                    req.tp_size,
+                    shape=req.mesh_shape,
+                    unavailable={a: w for a, w in why.items() if w == "excluded"},
+                )
+            except Exception:
+                raise exc from None
+            first = sorted(blocked)[0]
+            raise refused(
+                f"tp-size {req.tp_size}: not enough free chips; {labels[first]} is "
+                f"{blocked[first]}: {who[first]}"
+                + (f" (and {len(blocked) - 1} more chip(s) in use)" if len(blocked) > 1 else ""),
+                "wait for it, or see ttmesh ls and ttmesh ps",
+            )
+    req.symmetric_dram_mb = memory.plan(
+        req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
+    )
+    argv = resolve_command(req)
+    if req.master_port:
+        check_port(req.master_port, req.master_addr)
+    else:
+        req.master_port = free_port(req.master_addr)
+    if not req.job:
+        req.job = jobs.new_job_id()
+    if not req.run_dir:
+        req.run_dir = str(jobs.runs_dir() / req.job)
+    if not req.cwd:
+        req.cwd = os.getcwd()
+    plan = build(req, inv, sel, argv)
+    return Prepared(plan, inv, sel)
+
+
+def write_files(plan: LaunchPlan) -> None:
+    for sub in ("mesh", "errors", "ready", "fabric"):
+        Path(plan.run_dir, sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+    for path, text in plan.files.items():
+        Path(path).write_text(text)
+
+
+def _clear_attempt_files(plan: LaunchPlan) -> None:
+    for sub in ("errors", "ready", "fabric"):
+        directory = Path(plan.run_dir, sub)
+        for entry in directory.iterdir() if directory.is_dir() else ():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def execute(
+    prepared: Prepared,
+    options: Options,
+    summary_json: str | None = None,
+    restart_backoff: float = 0.2,
+) -> int:
+    plan = prepared.plan
+    held = leases.acquire(
+        prepared.inv.host,
+        plan.all_chips(),
+        plan.job,
+        cmd=" ".join(plan.ranks[0].argv),
+        symmetric_dram_mb=plan.symmetric_dram_mb,
+        labels={c.asic_id: c.label for c in prepared.inv.chips},
+    )
+    results: list[AttemptResult] = []
+    try:
+        write_files(plan)
+        base_env = dict(os.environ)
+        for attempt in range(plan.max_restarts + 1):
+            _clear_attempt_files(plan)
+            result = run_attempt(plan, attempt, options, base_env)
+            results.append(result)
+            if result.code == 0 or result.interrupted:
+                break
+            if attempt < plan.max_restarts:
+                wait = min(restart_backoff * (2**attempt), 10.0)
+                note(
+                    f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
+                    f"restarting every rank in {wait:.1f} s"
+                )
+                time.sleep(wait)
+    finally:
+        jobs.remove(plan.job)
+        held.release()
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+    final = results[-1]
+    _summarize(prepared, results)
+    if summary_json:
+        _write_summary(summary_json, final, results)
+    return final.code
+
+
+def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
+    final = results[-1]
+    plan = prepared.plan
+    if final.code == 0 and len(results) == 1:
+        return
+    if len(results) > 1:
+        for r in results:
+            note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s)")
+    if final.source == "worker" and final.rank is not None:
+        rank = plan.ranks[final.rank]
+        others = [e for e in final.exits if e.rank != final.rank and e.stopped]
+        how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
+        note(
+            f"rank {final.rank} ({', '.join(rank.bdfs)}) {how}"
+            + (f"; stopped {len(others)} other rank(s)" if others else "")
+        )
+        if final.error_message:
+            note(f"rank {final.rank} raised {final.error_message}")
+        if final.stderr_tail:
+            note(f"last lines of rank {final.rank}'s stderr:")
+            for line in final.stderr_tail[-5:]:
+                note(f"  {line}")
+        note(f"exit {final.code}: rank {final.rank}'s exit code")
+    elif final.code != 0:
+        note(f"exit {final.code}: {final.reason}")
+
+
+def _write_summary(path: str, final: AttemptResult, results: list[AttemptResult]) -> None:
+    data = {
+        "source": final.source,
+        "rank": final.rank,
+        "code": final.code,
+        "reason": final.reason,
+        "attempts": [
+            {"attempt": r.attempt, "code": r.code, "rank": r.rank, "reason": r.reason}
+            for r in results
+        ],
+    }
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")

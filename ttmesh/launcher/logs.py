@@ -1,0 +1,113 @@
+"""Workers' output: whole lines, prefixed by rank, never interleaved mid-line.
+
+The supervisor is the only writer to ttmesh's stdout and stderr while a job runs: it reads each
+worker's pipes, cuts complete lines and writes each one with a single ``write`` call, prefixed
+``[r0]`` (coloured on a terminal). ``--ranks-filter`` limits what reaches the console; per-rank
+log files (``--log-dir``) always get everything, without prefixes. The last lines of each rank's
+stderr are kept for the failure summary.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO
+
+COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+MAX_PARTIAL = 64 * 1024
+TAIL_LINES = 20
+
+
+@dataclass
+class Stream:
+    rank: int
+    name: str  # "stdout" | "stderr"
+    buffer: bytes = b""
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    log: IO[bytes] | None = None
+
+
+class Console:
+    def __init__(
+        self,
+        world: int,
+        ranks_filter: set[int] | None = None,
+        log_dir: str | None = None,
+        quiet: bool = False,
+        attempt: int = 0,
+    ) -> None:
+        self.filter = ranks_filter
+        self.quiet = quiet
+        self.colour = {
+            "stdout": os.isatty(1) and not os.environ.get("NO_COLOR"),
+            "stderr": os.isatty(2) and not os.environ.get("NO_COLOR"),
+        }
+        self.width = len(str(max(world - 1, 0)))
+        self.streams: dict[tuple[int, str], Stream] = {}
+        for rank in range(world):
+            for name in ("stdout", "stderr"):
+                stream = Stream(rank, name)
+                if log_dir:
+                    directory = os.path.join(log_dir, f"attempt{attempt}")
+                    os.makedirs(directory, exist_ok=True)
+                    stream.log = open(os.path.join(directory, f"rank{rank}.{name}.log"), "ab")  # noqa: SIM115
+                self.streams[(rank, name)] = stream
+
+    def _prefix(self, rank: int, name: str) -> bytes:
+        tag = f"[r{rank}]".ljust(self.width + 3)
+        if self.colour[name]:
+            tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
+        return (tag + " ").encode()
+
+    def _emit(self, stream: Stream, lines: list[bytes]) -> None:
+        for line in lines:
+            stream.tail.append(line.decode(errors="replace"))
+        if stream.log is not None:
+            stream.log.write(b"".join(line + b"\n" for line in lines))
+            stream.log.flush()
+        if self.quiet or (self.filter is not None and stream.rank not in self.filter):
+            return
+        prefix = self._prefix(stream.rank, stream.name)
+        data = b"".join(prefix + line + b"\n" for line in lines)
+        fd = 1 if stream.name == "stdout" else 2
+        _write_all(fd, data)
+
+    def feed(self, rank: int, name: str, data: bytes) -> None:
+        stream = self.streams[(rank, name)]
+        stream.buffer += data
+        if b"\n" not in stream.buffer and len(stream.buffer) < MAX_PARTIAL:
+            return
+        *lines, rest = stream.buffer.split(b"\n")
+        if len(rest) >= MAX_PARTIAL:
+            lines.append(rest)
+            rest = b""
+        stream.buffer = rest
+        self._emit(stream, lines)
+
+    def close(self, rank: int, name: str) -> None:
+        stream = self.streams[(rank, name)]
+        if stream.buffer:
+            self._emit(stream, [stream.buffer])
+            stream.buffer = b""
+
+    def tail(self, rank: int, name: str = "stderr") -> list[str]:
+        return list(self.streams[(rank, name)].tail)
+
+    def shutdown(self) -> None:
+        for (rank, name), stream in self.streams.items():
+            self.close(rank, name)
+            if stream.log is not None:
+                stream.log.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except BrokenPipeError:
+            return
+        view = view[n:]

@@ -1,0 +1,341 @@
+"""LaunchPlan: what to run, on which chips, with which environment. Pure and printable.
+
+:func:`build` turns a request, the host's inventory and a chip selection into a plan without
+touching anything: the same plan is what ``--dry-run`` prints and what the supervisor executes.
+Files the job needs (mesh graph descriptors) are part of the plan, with their contents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.fabric import boards as boardfacts
+from ttmesh.fabric.devices import Inventory
+from ttmesh.mesh import descriptor as mgd
+from ttmesh.mesh.select import Selection, Unit
+
+SCHEMA = "ttmesh.plan/1"
+LAYOUTS = ("isolated", "single-process", "mesh", "multi-mesh")
+MPI_LAYOUTS = ("mesh", "multi-mesh")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Never inherited from ttmesh's own environment: each rank gets its own (or none).
+RANK_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TT_VISIBLE_DEVICES",
+    "LIBTT_SYMMETRIC_DRAM_MB",
+    "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+)
+RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_")
+
+
+def scrubbed(key: str) -> bool:
+    return key in RANK_VARS or key.startswith(RANK_PREFIXES)
+
+
+@dataclass
+class LaunchRequest:
+    """What the user asked for (the CLI's parsed options)."""
+
+    command: list[str]
+    tp_size: int
+    module: bool = False
+    no_python: bool = False
+    layout: str = "isolated"
+    mesh_shape: tuple[int, int] | None = None
+    symmetric_dram_mb: int = 2048
+    env: list[tuple[str, str]] = field(default_factory=list)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    max_restarts: int = 0
+    grace: float = 5.0
+    job: str = ""
+    run_dir: str = ""
+    strict_links: bool = False
+    python: str = sys.executable
+    cwd: str = ""
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    units: tuple[Unit, ...]
+    chips: tuple[str, ...]  # asic ids
+    bdfs: tuple[str, ...]
+    coord: tuple[int, int]
+    host_rank: int
+    mesh_id: int
+    argv: tuple[str, ...]
+    env: dict[str, str]  # only what ttmesh adds or changes
+
+    @property
+    def joins_chips(self) -> bool:
+        """The worker drives several chips, so it brings their fabric up itself."""
+        return len(self.chips) > 1
+
+
+@dataclass
+class LaunchPlan:
+    job: str
+    layout: str
+    mesh_shape: tuple[int, int]
+    symmetric_dram_mb: int
+    ranks: list[RankPlan]
+    files: dict[str, str]  # path -> contents, written before any worker starts
+    descriptors: dict[str, str]  # name -> path
+    run_dir: str
+    root: str
+    simulated: bool
+    master_addr: str
+    master_port: int
+    max_restarts: int
+    grace: float
+    cwd: str
+    user_env_keys: tuple[str, ...] = ()
+    grouping: str = ""
+
+    def all_chips(self) -> list[str]:
+        return [a for r in self.ranks for a in r.chips]
+
+    def rank_env(self, rank: RankPlan, base: dict[str, str], restart: int = 0) -> dict[str, str]:
+        """The full environment of one rank: ``base`` minus rank variables, plus the plan's."""
+        env = {k: v for k, v in base.items() if not scrubbed(k)}
+        env.update(rank.env)
+        env["TORCHELASTIC_RESTART_COUNT"] = str(restart)
+        if "OMP_NUM_THREADS" not in base:
+            env["OMP_NUM_THREADS"] = "1"
+        return env
+
+    def to_json(self, show_env: bool = False) -> dict[str, Any]:
+        def shown(env: dict[str, str]) -> dict[str, str]:
+            if show_env:
+                return dict(env)
+            return {k: ("***" if k in self.user_env_keys else v) for k, v in env.items()}
+
+        return {
+            "schema": SCHEMA,
+            "job": self.job,
+            "layout": self.layout,
+            "mesh_shape": list(self.mesh_shape),
+            "symmetric_dram_mb": self.symmetric_dram_mb,
+            "descriptors": dict(self.descriptors),
+            "host": {"root": self.root, "simulated": self.simulated},
+            "master": {"addr": self.master_addr, "port": self.master_port},
+            "grace": self.grace,
+            "max_restarts": self.max_restarts,
+            "grouping": self.grouping,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "chips": list(r.chips),
+                    "bdfs": list(r.bdfs),
+                    "coord": list(r.coord),
+                    "host_rank": r.host_rank,
+                    "mesh_id": r.mesh_id,
+                    "argv": list(r.argv),
+                    "env": shown(
+                        {**r.env, "TORCHELASTIC_RESTART_COUNT": "0"}
+                        | ({} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"})
+                    ),
+                }
+                for r in self.ranks
+            ],
+        }
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def resolve_command(req: LaunchRequest) -> list[str]:
+    """torchrun's habits: a ``.py`` first word runs with this Python, ``-m`` runs a module,
+    ``--no-python`` runs the command as is. Checks that what will be run exists."""
+    if not req.command:
+        raise bad_input("no command given", "e.g. ttmesh launch --tp-size 4 train.py")
+    first, rest = req.command[0], list(req.command[1:])
+    if req.module:
+        if req.no_python:
+            raise bad_input("-m and --no-python together", "use one")
+        return [req.python, "-m", first, *rest]
+    if not req.no_python and first.endswith(".py"):
+        path = Path(req.cwd or ".") / first
+        if not path.is_file():
+            raise bad_input(f"script {first} does not exist", "check the path")
+        return [req.python, first, *rest]
+    if "/" in first:
+        path = Path(req.cwd or ".") / first
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise bad_input(f"command {first} does not exist or is not executable")
+        return [first, *rest]
+    if shutil.which(first) is None:
+        raise bad_input(f"command {first!r} not found on PATH", "give a path, or a .py script")
+    return [first, *rest]
+
+
+def parse_env(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY.match(key):
+            raise bad_input(f"--env {item!r}: expected KEY=VALUE", "e.g. --env LOGLEVEL=debug")
+        out.append((key, value))
+    return out
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _one_unit_descriptor(unit: Unit, inv: Inventory, sel: Selection, strict: bool) -> str:
+    arch = boardfacts.ARCHS[inv.chip(unit.chips[0]).arch].mgd_name
+    if unit.size == 1:
+        spec = mgd.MeshSpec("M0", arch, (1, 1), channels=1, policy="RELAXED")
+    else:
+        links = [sel.pair_links.get(tuple(sorted((unit.chips[0], c))), 0) for c in unit.chips[1:]]
+        count = min(links) if links and min(links) else 1
+        spec = mgd.MeshSpec(
+            "M0", arch, (1, unit.size), channels=count, policy="STRICT" if strict else "RELAXED"
+        )
+    return mgd.to_text(
+        mgd.single_mesh(spec), f"ttmesh: one worker's chips ({', '.join(unit.chips)})"
+    )
+
+
+def _whole_descriptor(
+    inv: Inventory, sel: Selection, strict: bool, host_dims: tuple[int, int]
+) -> str:
+    arch = boardfacts.ARCHS[inv.chip(sel.chips[0]).arch].mgd_name
+    spec = mgd.MeshSpec(
+        "M0",
+        arch,
+        sel.shape,
+        sel.dim_types,
+        host_dims,
+        max(sel.channels, 1),
+        "STRICT" if strict else "RELAXED",
+    )
+    return mgd.to_text(
+        mgd.single_mesh(spec),
+        f"ttmesh: {sel.shape[0]}x{sel.shape[1]} mesh of {', '.join(sel.chips)}",
+    )
+
+
+def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
+    if req.layout not in LAYOUTS:
+        raise bad_input(f"unknown layout {req.layout!r}", "one of " + ", ".join(LAYOUTS))
+    run_dir = req.run_dir
+    files: dict[str, str] = {}
+    descriptors: dict[str, str] = {}
+    cache_base = os.environ.get("TT_METAL_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "ttmesh"
+        / "tt-metal-cache"
+    )
+    user_env = dict(req.env)
+
+    if req.layout == "single-process":
+        groups: list[tuple[Unit, ...]] = [tuple(sel.units)]
+    else:
+        groups = [(u,) for u in sel.units]
+    world = len(groups)
+    if req.layout == "single-process":
+        path = f"{run_dir}/mesh/mesh.textproto"
+        files[path] = _whole_descriptor(inv, sel, req.strict_links, (1, 1))
+        descriptors["mesh"] = path
+
+    ranks = []
+    for rank, units in enumerate(groups):
+        chips = tuple(a for u in units for a in u.chips)
+        bdfs = tuple(u.bdf for u in units)
+        if req.layout == "single-process":
+            desc_path = descriptors["mesh"]
+        else:
+            desc_path = f"{run_dir}/mesh/rank{rank}.textproto"
+            files[desc_path] = _one_unit_descriptor(units[0], inv, sel, req.strict_links)
+            descriptors[f"rank{rank}"] = desc_path
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": req.master_addr,
+            "MASTER_PORT": str(req.master_port),
+            "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
+            "TORCHELASTIC_RUN_ID": req.job,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": f"{run_dir}/errors/rank{rank}.json",
+            "TT_VISIBLE_DEVICES": ",".join(bdfs),
+            "TT_MESH_GRAPH_DESC_PATH": desc_path,
+            "TT_MESH_ID": "0",
+            "TT_MESH_HOST_RANK": "0",
+            "LIBTT_SYMMETRIC_DRAM_MB": str(req.symmetric_dram_mb),
+            "TT_METAL_CACHE": f"{cache_base}/rank{rank}",
+            "TTMESH_JOB_ID": req.job,
+            "TTMESH_RANK": str(rank),
+            "TTMESH_READY_FILE": f"{run_dir}/ready/rank{rank}",
+            "TTMESH_FABRIC_FILE": f"{run_dir}/fabric/rank{rank}",
+        }
+        if inv.host.simulated:
+            env["TTMESH_SIM_ROOT"] = str(inv.host.root)
+            env["TTMESH_JOB_CHIPS"] = json.dumps(sel.chips, separators=(",", ":"))
+        env.update(user_env)
+        ranks.append(
+            RankPlan(
+                rank=rank,
+                units=units,
+                chips=chips,
+                bdfs=bdfs,
+                coord=sel.coord_of(chips[0]),
+                host_rank=0,
+                mesh_id=0,
+                argv=tuple(argv),
+                env=env,
+            )
+        )
+    unit_size = max(u.size for u in sel.units)
+    grouping = ""
+    if unit_size > 1:
+        grouping = (
+            f"{len(sel.chips)} chips in {len(sel.units)} boards of {unit_size}: each worker drives "
+            "a whole board (its PCI chip and the remote chip behind it)"
+        )
+    return LaunchPlan(
+        job=req.job,
+        layout=req.layout,
+        mesh_shape=sel.shape,
+        symmetric_dram_mb=req.symmetric_dram_mb,
+        ranks=ranks,
+        files=files,
+        descriptors=descriptors,
+        run_dir=run_dir,
+        root=str(inv.host.root),
+        simulated=inv.host.simulated,
+        master_addr=req.master_addr,
+        master_port=req.master_port,
+        max_restarts=req.max_restarts,
+        grace=req.grace,
+        cwd=req.cwd,
+        user_env_keys=tuple(user_env),
+        grouping=grouping,
+    )

@@ -9,13 +9,14 @@ including its traps: a reset target list that matches nothing resets every devic
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import pytest
 
 from ttmesh.fabric.host import Host
 from ttmesh.sim import core, faults
+from ttmesh.sim.create import create
+from ttmesh.sim.system import SystemModel, load
 
 RED, PURPLE, BLUE, GREEN, YELLOW, ENDC = (
     "\x1b[91m",
@@ -107,6 +110,52 @@ def work(tmp_path: Path) -> Path:
     return path
 
 
+@functools.cache
+def _model(name: str) -> SystemModel:
+    return load(name)
+
+
+def build(root: Path, name: str) -> Path:
+    """A simulated host whose resets take no time (as conftest's make_sim, with models cached)."""
+    create(_model(name), root, config={"reset_seconds": 0.0})
+    return root
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Callable[[str], Path]:
+    return lambda name: build(tmp_path / name, name)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Roots shared by the tests that only read them (one per system and module)."""
+    roots: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in roots:
+            roots[name] = build(tmp_path_factory.mktemp("shared") / name, name)
+        return roots[name]
+
+    return get
+
+
+@pytest.fixture
+def ro(shared: Callable[[str], Path]) -> Iterator[Path]:
+    """The shared QuietBox 2; the test must leave its state file as it found it."""
+    root = shared("quietbox2")
+    before = (root / core.STATE_FILE).read_bytes()
+    yield root
+    assert (root / core.STATE_FILE).read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def no_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = build(tmp_path_factory.mktemp("nodriver") / "quietbox2", "quietbox2")
+    (root / "sys/module/tenstorrent/version").unlink()
+    kill_all(root)
+    return root
+
+
 def system(root: Path) -> dict:
     return json.loads((root / "sim" / "system.json").read_text())
 
@@ -153,20 +202,20 @@ def ls_links(cli: Callable, root: Path) -> dict[frozenset, str]:
 
 
 @pytest.mark.parametrize("flag", ["-v", "--version"])
-def test_version(qb2: Path, work: Path, flag: str) -> None:
-    run = smi(qb2, flag, work=work)
+def test_version(ro: Path, work: Path, flag: str) -> None:
+    run = smi(ro, flag, work=work)
     assert (run.code, run.out, run.err, run.files) == (0, "6.8.0\n", "", [])
 
 
-def test_unknown_option_prints_usage_on_stderr(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "--bogus", work=work)
+def test_unknown_option_prints_usage_on_stderr(ro: Path, work: Path) -> None:
+    run = smi(ro, "--bogus", work=work)
     assert run.code == 2
     assert run.out == ""
     assert run.err == USAGE + "tt-smi: error: unrecognized arguments: --bogus\n"
 
 
-def test_ambiguous_abbreviation(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "--snap", work=work)
+def test_ambiguous_abbreviation(ro: Path, work: Path) -> None:
+    run = smi(ro, "--snap", work=work)
     assert run.code == 2
     assert run.out == ""
     assert run.err == (
@@ -175,20 +224,20 @@ def test_ambiguous_abbreviation(qb2: Path, work: Path) -> None:
     )
 
 
-def test_unambiguous_abbreviation_is_accepted(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "--snapshot_n", "-s", work=work)
+def test_unambiguous_abbreviation_is_accepted(ro: Path, work: Path) -> None:
+    run = smi(ro, "--snapshot_n", "-s", work=work)
     assert list(snapshot(run)) == ["time", "host_info", "host_sw_vers", "device_info", "processes"]
 
 
-def test_no_option_and_no_terminal(qb2: Path, work: Path) -> None:
-    run = smi(qb2, work=work)
+def test_no_option_and_no_terminal(ro: Path, work: Path) -> None:
+    run = smi(ro, work=work)
     assert (run.code, run.out, run.err, run.files) == (1, NO_TTY, "", [])
     # --snapshot_no_tty alone only changes the snapshot's rendering: still no TTY
-    run = smi(qb2, "--snapshot_no_tty", work=work)
+    run = smi(ro, "--snapshot_no_tty", work=work)
     assert (run.code, run.out, run.err, run.files) == (1, NO_TTY, "", [])
 
 
-def test_runs_without_ttmesh_installed(qb2: Path, work: Path, tmp_path: Path) -> None:
+def test_runs_without_ttmesh_installed(ro: Path, work: Path, tmp_path: Path) -> None:
     """bin/tt-smi needs only the standard library and the core copied next to it."""
     env = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1", "TTMESH_SIM_ROOT": ""}
     probe = subprocess.run(
@@ -196,16 +245,16 @@ def test_runs_without_ttmesh_installed(qb2: Path, work: Path, tmp_path: Path) ->
     )
     if probe.returncode == 0:
         pytest.skip("the python3 on PATH has ttmesh installed")
-    run = smi(qb2, "-s", work=work, env=env, fast=False)
+    run = smi(ro, "-s", work=work, env=env, fast=False)
     assert len(snapshot(run)["device_info"]) == 4
 
 
-def test_list(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "-ls", work=work)
+def test_list(ro: Path, work: Path) -> None:
+    run = smi(ro, "-ls", work=work)
     assert run.code == 0
     assert run.err == ""
     assert run.files == []
-    host = Host(qb2)
+    host = Host(ro)
     for n in host.dev_indexes():
         row = next(line for line in run.out.splitlines() if host.bdf_of(n) in line)
         assert re.search(rf"\b{n}\b", row), row
@@ -215,9 +264,9 @@ def test_list(qb2: Path, work: Path) -> None:
 # --------------------------------------------------------------------------- snapshot
 
 
-def test_snapshot_shape_quietbox2(qb2: Path, work: Path) -> None:
+def test_snapshot_shape_quietbox2(ro: Path, work: Path) -> None:
     t0 = datetime.datetime.now()
-    run = smi(qb2, "-s", work=work)
+    run = smi(ro, "-s", work=work)
     t1 = datetime.datetime.now()
     doc = snapshot(run)
     assert run.files == []
@@ -239,7 +288,7 @@ def test_snapshot_shape_quietbox2(qb2: Path, work: Path) -> None:
     assert re.fullmatch(r"\d+\.\d\d [KMGT]B", doc["host_info"]["Memory"])
     assert doc["host_sw_vers"] == {"tt_smi": "6.8.0", "pyluwen": "0.10.0", "tt_umd": "0.9.12"}
     assert doc["processes"] == []
-    chips = chips_by_id(qb2)
+    chips = chips_by_id(ro)
     assert [d["board_info"]["bus_id"] for d in doc["device_info"]] == [c["bdf"] for c in chips]
     for dev in doc["device_info"]:
         assert list(dev) == [
@@ -281,7 +330,7 @@ def test_snapshot_shape_quietbox2(qb2: Path, work: Path) -> None:
         assert all(v is None or re.fullmatch(r"0x[0-9a-f]+", v) for v in smbus.values())
 
 
-def test_snapshot_eth_live_status_matches_links(qb2: Path, work: Path, cli: Callable) -> None:
+def test_snapshot_eth_live_status_matches_links(fresh: Callable, work: Path, cli: Callable) -> None:
     # take one link down so that both set and cleared link bits are checked
     faults.link_down(Host(qb2), "0000:01:00.0", "0000:03:00.0", channel=8)
     doc = snapshot(smi(qb2, "-s", work=work))
@@ -309,9 +358,9 @@ def test_snapshot_eth_live_status_matches_links(qb2: Path, work: Path, cli: Call
     ],
 )
 def test_snapshot_board_types_and_remote_chips(
-    make_sim: Callable, work: Path, system_name: str, types: list[str]
+    shared: Callable, work: Path, system_name: str, types: list[str]
 ) -> None:
-    root = make_sim(system_name)
+    root = shared(system_name)
     doc = snapshot(smi(root, "-s", work=work))
     chips = chips_by_id(root)
     assert [d["board_info"]["board_type"] for d in doc["device_info"]] == types
@@ -328,10 +377,10 @@ def test_snapshot_board_types_and_remote_chips(
 
 @pytest.mark.parametrize("system_name", ["t3k", "quietbox2"])
 def test_snapshot_fields_follow_raw_telemetry(
-    make_sim: Callable, work: Path, system_name: str
+    shared: Callable, work: Path, system_name: str
 ) -> None:
     """Derived fields are computed from smbus_telem as tt-smi 6.8.0 computes them."""
-    root = make_sim(system_name)
+    root = shared(system_name)
     doc = snapshot(smi(root, "-s", work=work))
     upi_names = {0x14: "n300", 0x18: "n150", 0x46: "p300c", 0x45: "p300a", 0x40: "p150a"}
     for dev in doc["device_info"]:
@@ -370,9 +419,9 @@ def test_snapshot_fields_follow_raw_telemetry(
             assert info["dram_speed"] == ("16G" if speed % 1000 == 0 else str(speed))
 
 
-def test_snapshot_agrees_with_sysfs(make_sim: Callable, work: Path) -> None:
+def test_snapshot_agrees_with_sysfs(shared: Callable, work: Path) -> None:
     for name, divisor in (("quietbox2", 6), ("t3k", 5)):
-        root = make_sim(name)
+        root = shared(name)
         host = Host(root)
         devs = host.dev_indexes()
         before = {n: int(host.attr(n, "tt_heartbeat")) for n in devs}
@@ -388,7 +437,7 @@ def test_snapshot_agrees_with_sysfs(make_sim: Callable, work: Path) -> None:
             assert before[n] // divisor <= beat <= after[n] // divisor, (name, n)
 
 
-def test_snapshot_lists_holders_by_dev_number(qb2: Path, work: Path, cli: Callable) -> None:
+def test_snapshot_lists_holders_by_dev_number(fresh: Callable, work: Path, cli: Callable) -> None:
     res = cli("sim", "fault", "--root", str(qb2), "hold", "0000:05:00.0")
     assert res.code == 0, res.err
     pid = int(re.search(r"pid (\d+)", res.out).group(1))
@@ -414,8 +463,8 @@ def test_snapshot_lists_holders_by_dev_number(qb2: Path, work: Path, cli: Callab
 # --------------------------------------------------------------------------- -f
 
 
-def test_snapshot_to_named_file(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "-f", "logs/deep/snap.json", work=work)
+def test_snapshot_to_named_file(ro: Path, work: Path) -> None:
+    run = smi(ro, "-f", "logs/deep/snap.json", work=work)
     assert run.code == 0
     assert run.err == ""
     assert run.out == f"{PURPLE} Saved tt-smi log to: logs/deep/snap.json {ENDC}\n"
@@ -425,9 +474,9 @@ def test_snapshot_to_named_file(qb2: Path, work: Path) -> None:
     assert len(doc["device_info"]) == 4
 
 
-def test_snapshot_to_default_file(qb2: Path, work: Path) -> None:
+def test_snapshot_to_default_file(ro: Path, work: Path) -> None:
     t0 = datetime.datetime.now().replace(microsecond=0)
-    run = smi(qb2, "-f", work=work)
+    run = smi(ro, "-f", work=work)
     t1 = datetime.datetime.now()
     assert run.code == 0 and run.err == ""
     assert len(run.files) == 1
@@ -439,21 +488,21 @@ def test_snapshot_to_default_file(qb2: Path, work: Path) -> None:
     assert len(json.loads((work / rel).read_text())["device_info"]) == 4
 
 
-def test_snapshot_file_dash_is_stdout(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "-f", "-", work=work)
+def test_snapshot_file_dash_is_stdout(ro: Path, work: Path) -> None:
+    run = smi(ro, "-f", "-", work=work)
     assert len(snapshot(run)["device_info"]) == 4
     assert run.files == []
 
 
-def test_snapshot_wins_over_file(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "-s", "-f", "snap.json", work=work)
+def test_snapshot_wins_over_file(ro: Path, work: Path) -> None:
+    run = smi(ro, "-s", "-f", "snap.json", work=work)
     assert len(snapshot(run)["device_info"]) == 4
     assert "Saved tt-smi log" not in run.out
     assert run.files == []
 
 
-def test_snapshot_no_tty_flag(qb2: Path, work: Path) -> None:
-    run = smi(qb2, "-s", "--snapshot_no_tty", work=work)
+def test_snapshot_no_tty_flag(ro: Path, work: Path) -> None:
+    run = smi(ro, "-s", "--snapshot_no_tty", work=work)
     assert len(snapshot(run)["device_info"]) == 4
     assert "\x1b" not in run.out
 
@@ -462,7 +511,7 @@ def test_snapshot_no_tty_flag(qb2: Path, work: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [["-r"], ["-r", "all"], ["--reset", "ALL"], ["-r", ",all,"]])
-def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
+def test_reset_all(fresh: Callable, work: Path, args: list[str]) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -493,7 +542,7 @@ def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
         (["-r", "2,9"], "Resetting UMD logical IDs: [2, 9]", ["0000:05:00.0"]),
     ],
 )
-def test_reset_targets(qb2: Path, work: Path, args: list[str], line: str, reset: list[str]) -> None:
+def test_reset_targets(fresh: Callable, work: Path, args: list[str], line: str, reset: list[str]) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -509,7 +558,7 @@ def test_reset_targets(qb2: Path, work: Path, args: list[str], line: str, reset:
     ],
 )
 def test_reset_matching_nothing_resets_every_device(
-    qb2: Path, work: Path, args: list[str], line: str
+    fresh: Callable, work: Path, args: list[str], line: str
 ) -> None:
     """tt-umd: an empty list after filtering means every device (research note, DANGER)."""
     kill_all(qb2)
@@ -518,8 +567,8 @@ def test_reset_matching_nothing_resets_every_device(
     assert alive_bdfs(qb2) == set(QB2_BDFS)
 
 
-def test_reset_upper_case_bdf_matches_nothing(make_sim: Callable, work: Path) -> None:
-    root = make_sim("p150x4")  # has 0000:c1:00.0
+def test_reset_upper_case_bdf_matches_nothing(fresh: Callable, work: Path) -> None:
+    root = fresh("p150x4")  # has 0000:c1:00.0
     all_bdfs = {c["bdf"] for c in system(root)["chips"]}
     kill_all(root)
     run = smi(root, "-r", "0000:C1:00.0", work=work)
@@ -531,7 +580,7 @@ def test_reset_upper_case_bdf_matches_nothing(make_sim: Callable, work: Path) ->
     assert alive_bdfs(root) == {"0000:c1:00.0"}
 
 
-def test_reset_no_reinit(qb2: Path, work: Path) -> None:
+def test_reset_no_reinit(fresh: Callable, work: Path) -> None:
     kill_all(qb2)
     run = smi(qb2, "-r", "0000:03:00.0", "--no_reinit", work=work)
     assert (run.code, run.err) == (0, "")
@@ -563,17 +612,13 @@ def test_reset_no_reinit(qb2: Path, work: Path) -> None:
         ),
     ],
 )
-def test_reset_bad_targets(qb2: Path, work: Path, args: list[str], message: str) -> None:
-    kill_all(qb2)
-    n = resets(qb2)
-    run = smi(qb2, *args, work=work)
+def test_reset_bad_targets(ro: Path, work: Path, args: list[str], message: str) -> None:
+    run = smi(ro, *args, work=work)  # ro: the state file is checked to be unchanged
     assert (run.code, run.out, run.err, run.files) == (1, f"{RED} {message} {ENDC}\n", "", [])
-    assert resets(qb2) == n
-    assert alive_bdfs(qb2) == set()
 
 
-def test_galaxy_reset_sequence(make_sim: Callable, work: Path) -> None:
-    root = make_sim("galaxy-wh")
+def test_galaxy_reset_sequence(fresh: Callable, work: Path) -> None:
+    root = fresh("galaxy-wh")
     n = len(Host(root).dev_indexes())
     assert n == 32
     wait = f"{YELLOW}Waiting for 30 seconds: 0{ENDC}"
@@ -618,19 +663,16 @@ def test_galaxy_reset_sequence(make_sim: Callable, work: Path) -> None:
     "args",
     [["-s"], ["-r"], ["-r", "foo"], ["-r", "0000:01:00.0"], ["-ls"], ["-f", "x.json"], []],
 )
-def test_no_driver(qb2: Path, work: Path, args: list[str]) -> None:
-    (qb2 / "sys/module/tenstorrent/version").unlink()
-    kill_all(qb2)
-    n = resets(qb2)
-    run = smi(qb2, *args, work=work)
+def test_no_driver(no_driver: Path, work: Path, args: list[str]) -> None:
+    state = (no_driver / core.STATE_FILE).read_bytes()
+    run = smi(no_driver, *args, work=work)
     assert (run.code, run.out, run.err, run.files) == (1, NO_DRIVER, "", [])
-    assert resets(qb2) == n
-    assert alive_bdfs(qb2) == set()
+    assert (no_driver / core.STATE_FILE).read_bytes() == state  # nothing was reset
+    assert alive_bdfs(no_driver) == set()
 
 
-def test_no_driver_still_parses_arguments(qb2: Path, work: Path) -> None:
-    (qb2 / "sys/module/tenstorrent/version").unlink()
-    assert smi(qb2, "-v", work=work).out == "6.8.0\n"
-    run = smi(qb2, "--bogus", work=work)
+def test_no_driver_still_parses_arguments(no_driver: Path, work: Path) -> None:
+    assert smi(no_driver, "-v", work=work).out == "6.8.0\n"
+    run = smi(no_driver, "--bogus", work=work)
     assert (run.code, run.out) == (2, "")
     assert run.err.endswith("tt-smi: error: unrecognized arguments: --bogus\n")

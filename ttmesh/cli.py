@@ -412,6 +412,43 @@ def _plan_text(data: dict) -> str:
     return "\n".join(lines)
 
 
+@main.command("ps", context_settings=CONTEXT)
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.ps/1 JSON document.")
+@click.option("--all-hosts", is_flag=True, help="Jobs on every root, not only this host's.")
+def ps_cmd(host: Any, as_json: bool, all_hosts: bool) -> None:
+    """List running ttmesh jobs: id, chips, ranks and their PIDs, command, start time."""
+    import time
+
+    from ttmesh.launcher import jobs
+
+    records = jobs.running(None if all_hosts else str(host.root))
+    if as_json:
+        from ttmesh.render import emit_json
+
+        emit_json({"schema": "ttmesh.ps/1", "jobs": records})
+        return
+    from ttmesh.render import table
+
+    rows = []
+    for r in records:
+        ranks = r.get("ranks", [])
+        rows.append(
+            [
+                r["job"],
+                r["pid"],
+                len(ranks),
+                ",".join(b for rank in ranks for b in rank.get("bdfs", [])),
+                time.strftime("%H:%M:%S", time.localtime(r.get("started", 0))),
+                " ".join(r.get("command", [])),
+            ]
+        )
+    if not rows:
+        click.echo("no ttmesh jobs running")
+        return
+    click.echo(table(["JOB", "PID", "RANKS", "CHIPS", "STARTED", "COMMAND"], rows))
+
+
 # --------------------------------------------------------------------------- sim
 
 

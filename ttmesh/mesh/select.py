@@ -209,14 +209,22 @@ def select(
     full = full_shape(inv)
     shapes = [shape] if shape else candidate_shapes(n, full)
     for sh in shapes:
-        best = _best_embedding(graph, sh, allowed, n, unit_of, order_key, inv)
+        best = _best_embedding(graph, sh, allowed, n, unit_of, order_key, inv, full)
         if best is not None:
             return best
     return _fail(inv, n, shape, allowed, graph, unit_of, order_key)
 
 
-def _best_embedding(graph, shape, allowed, n, unit_of, order_key, inv) -> Selection | None:
-    if shape[0] * shape[1] != n:
+def fits(shape: tuple[int, int], full: tuple[int, int] | None) -> bool:
+    """A sub-mesh must be a block of the host's own mesh (a 1x3 line is no part of a 2x2)."""
+    if full is None:
+        return True
+    (r, c), (fr, fc) = shape, full
+    return (r <= fr and c <= fc) or (r <= fc and c <= fr)
+
+
+def _best_embedding(graph, shape, allowed, n, unit_of, order_key, inv, full=None) -> Selection | None:  # noqa: ANN001
+    if shape[0] * shape[1] != n or not fits(shape, full):
         return None
     best: tuple | None = None
     best_grid = None
@@ -275,7 +283,7 @@ def possible_sizes(inv: Inventory, allowed: list[str]) -> list[int]:
     sizes = []
     for k in range(1, len(allowed) + 1):
         for sh in candidate_shapes(k, full):
-            if _best_embedding(graph, sh, allowed, k, unit_of, order_key, inv) is not None:
+            if _best_embedding(graph, sh, allowed, k, unit_of, order_key, inv, full) is not None:
                 sizes.append(k)
                 break
     return sizes

@@ -1,0 +1,532 @@
+"""ttmesh launch end to end: real processes on a simulated QuietBox 2.
+
+Supervision tests use the standard-library worker tests/workers/tw.py (fast on 2 cores); only
+the torchrun-contract test imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+TW = str(REPO / "tests" / "workers" / "tw.py")
+TAG = "ttmesh-test-worker"
+QB2_BDFS = {"0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def read_pids(directory: Path, suffix: str) -> dict[str, int]:
+    return {p.name.split(".")[0]: int(p.read_text()) for p in directory.glob(f"*.{suffix}")}
+
+
+def start(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "launch", "--root", str(root), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def worker(*actions: str) -> list[str]:
+    return ["--", sys.executable, TW, TAG, *actions]
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+@pytest.mark.torch
+def test_allreduce_env_and_chips(qb2: Path, tmp_path: Path) -> None:
+    """4-rank gloo all-reduce; each rank sees exactly ttmesh's environment and its own chip."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "import torch, torch.distributed as dist\n"
+        "env = dict(os.environ)\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "env['ALLREDUCE'] = str(t.item())\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.json'), 'w')"
+        ".write(json.dumps(env))\n"
+    )
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "4",
+        str(script),
+        env={"TT_VISIBLE_DEVICES": "bogus", "RANK": "99", "TT_MESH_ID": "7", "OMP_NUM_THREADS": "3"},
+        timeout=120,
+    )
+    assert res.code == 0, res.err
+    envs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert {e["TT_VISIBLE_DEVICES"] for e in envs} == QB2_BDFS
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(ports) == 1
+    job = envs[0]["TTMESH_JOB_ID"]
+    for r, e in enumerate(envs):
+        assert e["ALLREDUCE"] == "10.0"
+        expected = {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "4",
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(r),
+            "ROLE_WORLD_SIZE": "4",
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": "127.0.0.1",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": job,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TT_MESH_ID": "0",
+            "TT_MESH_HOST_RANK": "0",
+            "LIBTT_SYMMETRIC_DRAM_MB": "2048",
+            "TTMESH_JOB_ID": job,
+            "TTMESH_RANK": str(r),
+            "TTMESH_SIM_ROOT": str(qb2),
+            "OMP_NUM_THREADS": "3",  # set by the user: kept
+        }
+        for key, value in expected.items():
+            assert e[key] == value, (r, key, e.get(key))
+        assert e["TORCHELASTIC_ERROR_FILE"].endswith(f"/errors/rank{r}.json")
+        assert e["TTMESH_READY_FILE"].endswith(f"/ready/rank{r}")
+        assert e["TTMESH_FABRIC_FILE"].endswith(f"/fabric/rank{r}")
+        assert e["TT_METAL_CACHE"].endswith(f"/rank{r}")
+        assert e["TT_MESH_GRAPH_DESC_PATH"].endswith(f"/mesh/rank{r}.textproto")
+        assert int(e["MASTER_PORT"]) > 0
+    # The run directory (descriptors, error files) is gone after the job.
+    assert not Path(envs[0]["TT_MESH_GRAPH_DESC_PATH"]).exists()
+
+
+def test_omp_default_and_env_option(qb2: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ttmesh",
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "2",
+            "--env",
+            "FOO=bar=baz",
+            *worker(f"env={tmp_path}", "exit=0"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    for r in range(2):
+        e = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert e["OMP_NUM_THREADS"] == "1"
+        assert e["FOO"] == "bar=baz"
+
+
+def test_descriptor_files_are_one_chip_meshes(qb2: Path, tmp_path: Path) -> None:
+    script = tmp_path / "desc.py"
+    script.write_text(
+        "import os, shutil\n"
+        f"shutil.copy(os.environ['TT_MESH_GRAPH_DESC_PATH'], {str(tmp_path)!r} + '/d' + os.environ['RANK'])\n"
+    )
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", str(script))
+    assert res.code == 0, res.err
+    from ttmesh.mesh import descriptor as mgd
+
+    for r in range(2):
+        graph = mgd.parse((tmp_path / f"d{r}").read_text())
+        assert graph.instances == [("M0", 0)]
+        assert graph.meshes[0].dims == (1, 1)
+        assert graph.meshes[0].arch == "BLACKHOLE"
+
+
+# --------------------------------------------------------------------------- failure
+
+
+def test_failing_rank_code_and_teardown(qb2: Path, tmp_path: Path) -> None:
+    """A rank exiting 3: ttmesh exits 3, every other worker and its grandchild are gone."""
+    t0 = time.monotonic()
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "4",
+        "--grace",
+        "3",
+        "--summary-json",
+        str(tmp_path / "summary.json"),
+        *worker(f"pids={tmp_path}", f"child={tmp_path}", "fail-after=2:0.5:3"),
+    )
+    elapsed = time.monotonic() - t0
+    assert res.code == 3, res.err
+    assert elapsed < 3 + 5, elapsed  # never the whole grace: the others die on SIGTERM
+    pids = list(read_pids(tmp_path, "pid").values()) + list(read_pids(tmp_path, "child").values())
+    assert len(pids) == 8
+    assert not [p for p in pids if alive(p)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["source"] == "worker" and summary["rank"] == 2 and summary["code"] == 3
+    assert "rank 2" in summary["reason"]
+    last = res.err.strip().splitlines()[-1]
+    assert last.startswith("ttmesh: exit 3"), res.err
+    assert "rank 2 failing on purpose" in res.err
+    assert "0000:" in res.err  # names the failing rank's chip
+
+
+def test_grandchild_of_failed_rank_is_killed(qb2: Path, tmp_path: Path) -> None:
+    """torchrun leaves the grandchildren of a crashed worker running; ttmesh does not."""
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        *worker(f"pids={tmp_path}", f"child={tmp_path}", f"setsid={tmp_path}", "fail-rank=1:5"),
+    )
+    assert res.code == 5, res.err
+    kids = list(read_pids(tmp_path, "child").values()) + list(
+        read_pids(tmp_path, "setsid").values()
+    )
+    assert kids and not [p for p in kids if alive(p)]
+
+
+def test_signal_death_code(qb2: Path, tmp_path: Path) -> None:
+    script = tmp_path / "kill.py"
+    script.write_text(
+        "import os, signal\nif os.environ['RANK'] == '0': os.kill(os.getpid(), signal.SIGSEGV)\nimport time; time.sleep(30)\n"
+    )
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", str(script))
+    assert res.code == 128 + signal.SIGSEGV
+    assert "SIGSEGV" in res.err
+
+
+def test_ignoring_sigterm_is_killed_after_grace(qb2: Path, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--grace",
+        "1",
+        *worker(f"pids={tmp_path}", "ignore-term", "fail-after=0:0.3:4"),
+    )
+    elapsed = time.monotonic() - t0
+    assert res.code == 4, res.err
+    assert 1.0 <= elapsed < 6, elapsed
+    assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
+
+
+def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
+    proc = start(
+        qb2,
+        "--tp-size",
+        "4",
+        *worker(f"pids={tmp_path}", f"child={tmp_path}", f"setsid={tmp_path}"),
+    )
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "setsid")) == 4, what="workers to start")
+        wait_for(lambda: len(read_pids(tmp_path, "child")) == 4, what="grandchildren")
+        pids = [
+            *read_pids(tmp_path, "pid").values(),
+            *read_pids(tmp_path, "child").values(),
+            *read_pids(tmp_path, "setsid").values(),
+        ]
+        assert all(alive(p) for p in pids)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not [p for p in pids if alive(p)], timeout=2.0, what="every process gone")
+    finally:
+        proc.kill()
+        proc.communicate()
+    # The lease died with the job: a new job can take the chips at once.
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", *worker("exit=0"))
+    assert res.code == 0, res.err
+
+
+def test_sigint_stops_gracefully_then_kills(qb2: Path, tmp_path: Path) -> None:
+    proc = start(qb2, "--tp-size", "2", "--grace", "30", *worker(f"pids={tmp_path}", "on-term=0"))
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert len(list(tmp_path.glob("*.term"))) == 2  # each worker saw SIGTERM
+    assert "interrupted" in err
+
+
+def test_second_sigint_kills_at_once(qb2: Path, tmp_path: Path) -> None:
+    proc = start(qb2, "--tp-size", "2", "--grace", "60", *worker(f"pids={tmp_path}", "ignore-term"))
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        while "interrupted" not in proc.stderr.readline():  # the first one is being handled
+            pass
+        assert proc.poll() is None  # workers ignore SIGTERM; the grace is 60 s
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
+
+
+def test_usr1_is_forwarded(qb2: Path, tmp_path: Path) -> None:
+    proc = start(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}", f"usr1={tmp_path}"))
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: len(list(tmp_path.glob("*.usr1"))) == 2, what="SIGUSR1 at each worker")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+# --------------------------------------------------------------------------- leases and ps
+
+
+def test_second_job_on_leased_chips_is_refused(qb2: Path, tmp_path: Path) -> None:
+    first = start(qb2, "--tp-size", "4", "--job-id", "first-job", *worker(f"pids={tmp_path}"))
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 4, what="first job")
+        t0 = time.monotonic()
+        second = run_cli("launch", "--root", str(qb2), "--tp-size", "2", *worker("exit=0"))
+        assert time.monotonic() - t0 < 10
+        assert second.code == 3, second.err
+        assert "first-job" in second.err and str(first.pid) in second.err
+        explicit = run_cli(
+            "launch", "--root", str(qb2), "--chips", "0000:01:00.0", *worker("exit=0")
+        )
+        assert explicit.code == 3 and "first-job" in explicit.err
+        ps = run_cli("ps", "--root", str(qb2), "--json")
+        assert ps.code == 0, ps.err
+        jobs = json.loads(ps.out)["jobs"]
+        assert [j["job"] for j in jobs] == ["first-job"]
+        assert sorted(r["pid"] for r in jobs[0]["ranks"]) == sorted(
+            read_pids(tmp_path, "pid").values()
+        )
+        ls = json.loads(run_cli("ls", "--root", str(qb2), "--json").out)
+        assert {c["lease"]["job"] for c in ls["chips"]} == {"first-job"}
+        assert {c["symmetric_dram_mb"] for c in ls["chips"]} == {2048}
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
+    ls = json.loads(run_cli("ls", "--root", str(qb2), "--json").out)
+    assert all(c["lease"] is None for c in ls["chips"])
+    assert json.loads(run_cli("ps", "--root", str(qb2), "--json").out)["jobs"] == []
+
+
+def test_two_jobs_share_the_host_on_different_chips(qb2: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    first = start(qb2, "--tp-size", "2", *worker(f"env={a}", f"pids={a}"))
+    try:
+        wait_for(lambda: len(read_pids(a, "pid")) == 2, what="first job")
+        res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", *worker(f"env={b}", "exit=0"))
+        assert res.code == 0, res.err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
+    chips_a = {json.loads(p.read_text())["TT_VISIBLE_DEVICES"] for p in a.glob("*.json")}
+    chips_b = {json.loads(p.read_text())["TT_VISIBLE_DEVICES"] for p in b.glob("*.json")}
+    assert len(chips_a) == 2 and len(chips_b) == 2 and not chips_a & chips_b
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_output_is_prefixed_whole_lines(qb2: Path, tmp_path: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", *worker("lines=200", "exit=0"))
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert len(lines) == 800
+    for line in lines:
+        prefix, _, rest = line.partition(" ")
+        assert prefix in ("[r0]", "[r1]", "[r2]", "[r3]"), line[:40]
+        assert rest.startswith(f"rank{prefix[2]}-line") and rest.endswith("x" * 300), line[:60]
+
+
+def test_ranks_filter_and_log_dir(qb2: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--local-ranks-filter",
+        "1",
+        "--log-dir",
+        str(logs),
+        *worker("lines=3", "exit=0"),
+    )
+    assert res.code == 0, res.err
+    assert {line.split()[0] for line in res.out.splitlines()} == {"[r1]"}
+    assert len((logs / "attempt0" / "rank0.stdout.log").read_text().splitlines()) == 3
+
+
+# --------------------------------------------------------------------------- dry run and bad input
+
+
+def test_dry_run_json(qb2: Path) -> None:
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "4",
+        "--dry-run",
+        "--json",
+        "--env",
+        "SECRET=xyz",
+        *worker("exit=0"),
+    )
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)
+    assert plan["schema"] == "ttmesh.plan/1"
+    assert plan["layout"] == "isolated" and plan["mesh_shape"] == [2, 2]
+    assert plan["symmetric_dram_mb"] == 2048
+    assert [r["rank"] for r in plan["ranks"]] == [0, 1, 2, 3]
+    assert {b for r in plan["ranks"] for b in r["bdfs"]} == QB2_BDFS
+    assert all(r["env"]["SECRET"] == "***" for r in plan["ranks"])
+    assert not Path(plan["descriptors"]["rank0"]).exists()  # nothing written
+    shown = json.loads(
+        run_cli(
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "1",
+            "--dry-run",
+            "--json",
+            "--show-env",
+            "--env",
+            "SECRET=xyz",
+            *worker("exit=0"),
+        ).out
+    )
+    assert shown["ranks"][0]["env"]["SECRET"] == "xyz"
+
+
+def test_n300_boards_group_chips(make_sim) -> None:
+    root = make_sim("t3k")
+    res = run_cli(
+        "launch", "--root", str(root), "--tp-size", "4", "--dry-run", "--json", *worker("exit=0")
+    )
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)
+    assert len(plan["ranks"]) == 2
+    assert all(len(r["chips"]) == 2 and len(r["bdfs"]) == 1 for r in plan["ranks"])
+    assert "boards of 2" in plan["grouping"]
+    odd = run_cli("launch", "--root", str(root), "--tp-size", "3", *worker("exit=0"))
+    assert odd.code == 2 and "multiple of 2" in odd.err
+
+
+def _busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tp-size", "0"], "--tp-size 0"),
+        (["--tp-size", "-2"], "--tp-size -2"),
+        (["--tp-size", "abc"], "abc"),
+        (["--tp-size", "5"], "tp-size 5"),
+        (["--tp-size", "3"], "tp-size 3"),
+        (["--chips", "0000:09:00.0"], "no such chip"),
+        (["--chips", "0000:1:00"], "not a PCI address"),
+        (["--tp-size", "2", "--exclude", "0000:01:00.0", "--chips", "0000:01:00.0"], "both"),
+        (["--tp-size", "2", "--env", "NOEQUALS"], "KEY=VALUE"),
+        (["--tp-size", "2", "--symmetric-dram-mb", "0"], "positive"),
+        (["--tp-size", "2", "--symmetric-dram-mb", "40000"], "at most"),
+        (["--tp-size", "2", "--mesh-layout", "mesh"], "MPI"),
+        (["--tp-size", "2", "--mesh-shape", "2by2"], "ROWSxCOLS"),
+        (["--chips", "0000:01:00.0,0000:07:00.0"], "not connected"),
+    ],
+)
+def test_bad_input(qb2: Path, args: list[str], needle: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), *args, *worker("exit=0"))
+    assert res.code == 2, (res.code, res.err)
+    lines = [l for l in res.err.splitlines() if l.startswith("ttmesh:")]
+    assert len(lines) == 1 and needle in lines[0], res.err
+    assert "Traceback" not in res.err
+    _assert_idle(qb2)
+
+
+def test_bad_command_and_port(qb2: Path) -> None:
+    for args, needle in (
+        (["--tp-size", "2", "missing.py"], "does not exist"),
+        (["--tp-size", "2", "--", "no-such-command-xyz"], "not found"),
+        (["--tp-size", "2"], "no command"),
+    ):
+        res = run_cli("launch", "--root", str(qb2), *args)
+        assert res.code == 2 and needle in res.err, res.err
+    with _busy_port() as s:
+        port = s.getsockname()[1]
+        res = run_cli(
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "2",
+            "--master-port",
+            str(port),
+            *worker("exit=0"),
+        )
+    assert res.code == 2 and "in use" in res.err, res.err
+    _assert_idle(qb2)
+
+
+def _assert_idle(root: Path) -> None:
+    """Nothing started, no lease held, no job recorded."""
+    ls = json.loads(run_cli("ls", "--root", str(root), "--json").out)
+    assert all(c["lease"] is None and c["holders"] == [] for c in ls["chips"])
+    assert json.loads(run_cli("ps", "--root", str(root), "--json").out)["jobs"] == []

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
 
 TW = str(REPO / "tests" / "workers" / "tw.py")
@@ -84,7 +83,12 @@ def test_allreduce_env_and_chips(qb2: Path, tmp_path: Path) -> None:
         "--tp-size",
         "4",
         str(script),
-        env={"TT_VISIBLE_DEVICES": "bogus", "RANK": "99", "TT_MESH_ID": "7", "OMP_NUM_THREADS": "3"},
+        env={
+            "TT_VISIBLE_DEVICES": "bogus",
+            "RANK": "99",
+            "TT_MESH_ID": "7",
+            "OMP_NUM_THREADS": "3",
+        },
         timeout=120,
     )
     assert res.code == 0, res.err
@@ -495,7 +499,7 @@ def _busy_port() -> socket.socket:
 def test_bad_input(qb2: Path, args: list[str], needle: str) -> None:
     res = run_cli("launch", "--root", str(qb2), *args, *worker("exit=0"))
     assert res.code == 2, (res.code, res.err)
-    lines = [l for l in res.err.splitlines() if l.startswith("ttmesh:")]
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
     assert len(lines) == 1 and needle in lines[0], res.err
     assert "Traceback" not in res.err
     _assert_idle(qb2)

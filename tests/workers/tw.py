@@ -73,10 +73,8 @@ def main(args):
             term_code = int(value)
             signal.signal(signal.SIGTERM, on_term)
         elif key == "usr1":
-            signal.signal(
-                signal.SIGUSR1,
-                lambda *_: write(os.path.join(value, f"rank{rank}.usr1"), "1"),
-            )
+            usr1_path = os.path.join(value, f"rank{rank}.usr1")
+            signal.signal(signal.SIGUSR1, lambda *_, p=usr1_path: write(p, "1"))
         elif key == "lines":
             for i in range(int(value)):
                 text = f"rank{rank}-line{i}-" + "x" * 300 + "\n"

@@ -133,6 +133,12 @@ def prepare(
             f"--chips names {len(chosen)} chip(s) but --tp-size is {req.tp_size}",
             "give as many chips as --tp-size, or drop --tp-size",
         )
+    if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
+        r, c = req.mesh_shape
+        raise bad_input(
+            f"--mesh-shape {r}x{c} has {r * c} chips but --tp-size is {req.tp_size}",
+            "make ROWS x COLS equal the chip count",
+        )
     why, who = unavailable_chips(inv)
     for c in excluded:
         why.setdefault(c.asic_id, "excluded")

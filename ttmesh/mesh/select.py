@@ -223,7 +223,9 @@ def fits(shape: tuple[int, int], full: tuple[int, int] | None) -> bool:
     return (r <= fr and c <= fc) or (r <= fc and c <= fr)
 
 
-def _best_embedding(graph, shape, allowed, n, unit_of, order_key, inv, full=None) -> Selection | None:  # noqa: ANN001
+def _best_embedding(
+    graph, shape, allowed, n, unit_of, order_key, inv, full=None
+) -> Selection | None:
     if shape[0] * shape[1] != n or not fits(shape, full):
         return None
     best: tuple | None = None

@@ -51,13 +51,13 @@ def resolve_host(sim_name: str | None, root: str | None) -> Any:
     if sim_name and root and not os.environ.get("TTMESH_ROOT") == root:
         raise bad_input("--sim and --root both given", "use one: --sim NAME or --root DIR")
     if sim_name:
-        from ttmesh.sim.create import ensure_cached
+        from ttmesh.sim.roots import ensure_cached
 
         host = Host(ensure_cached(sim_name))
     else:
         host = Host(root or "/")
         if host.simulated:
-            from ttmesh.sim.create import refresh_tools
+            from ttmesh.sim.roots import refresh_tools
 
             refresh_tools(host.root)
     if host.simulated:
@@ -676,4 +676,12 @@ def run(args: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(run())
+    code = run()
+    # Leave without the interpreter's teardown (tens of milliseconds of module cleanup that
+    # delays a launcher's exit): everything ttmesh writes is flushed or closed by now.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    os._exit(code)

@@ -6,7 +6,11 @@ Sources: shared/reference/tenstorrent.md and the real cluster descriptors. Entri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# A PCI address as the kernel writes it: domain:bus:device.function, lower-case hex.
+BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 VENDOR_ID = 0x1E52
 PCI_DEVICE_IDS = {0x401E: "wormhole_b0", 0xB140: "blackhole", 0xFACA: "grayskull"}

@@ -9,8 +9,10 @@ writes the same layout, key order and quoting as tt-umd so our files read like r
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +235,45 @@ def loads(text: str) -> ClusterDescriptor:
 
 def load(path: str | Path) -> ClusterDescriptor:
     return loads(Path(path).read_text())
+
+
+def to_plain(cd: ClusterDescriptor) -> dict[str, Any]:
+    return asdict(cd)
+
+
+def from_plain(data: dict[str, Any]) -> ClusterDescriptor:
+    return ClusterDescriptor(
+        chips={int(k): CDChip(**v) for k, v in data["chips"].items()},
+        links=[Link(**x) for x in data["links"]],
+        remote_links=[RemoteLink(**x) for x in data["remote_links"]],
+        boards=[Board(b["board_id"], b["board_type"], tuple(b["chips"])) for b in data["boards"]],
+        io_device_type=data["io_device_type"],
+        extra=data["extra"],
+    )
+
+
+def load_cached(path: Path, cache: Path) -> ClusterDescriptor:
+    """:func:`load`, remembering the parsed result in ``cache`` (JSON) while the file is unchanged.
+
+    Parsing YAML costs tens of milliseconds on every launch; the cache is keyed by the file's
+    modification time and size, so a rewritten descriptor is parsed again.
+    """
+    st = path.stat()
+    key = [st.st_mtime_ns, st.st_size, str(path)]
+    try:
+        data = json.loads(cache.read_text())
+        if data.get("key") == key:
+            return from_plain(data["descriptor"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    cd = load(path)
+    try:
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "descriptor": to_plain(cd)}))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return cd
 
 
 # --------------------------------------------------------------------------- writing

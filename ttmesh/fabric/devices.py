@@ -198,7 +198,8 @@ def _topology(host: Host) -> tuple[clusterdesc.ClusterDescriptor | None, str, li
     path = host.cluster_descriptor_path()
     if path is not None:
         try:
-            return clusterdesc.load(path), "cluster-descriptor", []
+            cache = host.path("sim/cluster_descriptor.parsed.json")
+            return clusterdesc.load_cached(path, cache), "cluster-descriptor", []
         except clusterdesc.DescriptorError as exc:
             raise bad_input(f"{path}: {exc}", "recreate the simulated host: ttmesh sim create")
     if host.simulated:

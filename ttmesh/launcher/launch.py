@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ttmesh.errors import bad_input, refused
 from ttmesh.fabric import heartbeat
+from ttmesh.fabric.boards import BDF_RE
 from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.fabric.host import Host
 from ttmesh.launcher import jobs, leases
@@ -26,7 +27,6 @@ from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
-from ttmesh.sim.system import BDF_RE
 
 
 @dataclass

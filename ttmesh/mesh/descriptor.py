@@ -14,8 +14,11 @@ graph descriptor of type FABRIC.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 SCHEMA_TEXT = r"""
@@ -216,8 +219,35 @@ def single_mesh(spec: MeshSpec) -> MeshGraph:
     return MeshGraph([spec], [(spec.name, 0)])
 
 
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ttmesh" / "mgd"
+
+
 def to_text(graph: MeshGraph, comment: str = "") -> str:
-    """The protobuf text tt-metal reads, preceded by ``# `` comment lines."""
+    """The protobuf text tt-metal reads, preceded by ``# `` comment lines.
+
+    Rendering imports protobuf (tens of milliseconds); the text of a given graph never changes,
+    so it is remembered on disk and later launches skip the import.
+    """
+    key = hashlib.sha256(f"{SCHEMA_TEXT}\n{graph!r}\n{comment}".encode()).hexdigest()[:32]
+    cached = _cache_dir() / f"{key}.textproto"
+    try:
+        return cached.read_text()
+    except OSError:
+        pass
+    text = _render(graph, comment)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{key}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return text
+
+
+def _render(graph: MeshGraph, comment: str) -> str:
     from google.protobuf import text_format
 
     msg = _message_class()()

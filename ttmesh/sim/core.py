@@ -73,6 +73,11 @@ def proc_start_time(pid: int) -> int | None:
     return int(rest[19])
 
 
+def _or_gone(start: int | None) -> int:
+    """A start time to record for a process; -1 (matches no process) when it is gone."""
+    return -1 if start is None else start
+
+
 def proc_alive(pid: int, start: int | None) -> bool:
     now = proc_start_time(pid)
     return now is not None and (start is None or now == start)
@@ -307,6 +312,8 @@ class SimRoot:
                 start = proc_start_time(pid)
                 for asic in asics:
                     self.chip_by_asic(asic)
+                    if start is None:  # gone already: holds nothing (recorded without a start
+                        continue  # time, it would match whichever process reuses the PID)
                     state["holders"].append(
                         {"pid": pid, "start": start, "asic": asic, "kind": kind}
                     )
@@ -337,7 +344,8 @@ class SimRoot:
                 state["fabric_marks"].append(
                     {
                         "pid": pid,
-                        "start": proc_start_time(pid),
+                        # gone already: -1 never matches, so a reused PID does not revive it
+                        "start": _or_gone(proc_start_time(pid)),
                         "chips": sorted(asics),
                         "owner": owner,
                         "supervisor": supervisor,

@@ -12,6 +12,7 @@ from ttmesh import __version__
 from ttmesh.errors import bad_input
 from ttmesh.fabric import clusterdesc
 from ttmesh.sim import core
+from ttmesh.sim.roots import read_marker
 from ttmesh.sim.system import SystemModel
 
 HERE = Path(__file__).resolve().parent
@@ -26,20 +27,6 @@ MANAGED = (
     "cluster_descriptor.yaml",
     core.MARKER,
 )
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ttmesh" / "sim"
-
-
-def read_marker(root: Path) -> dict | None:
-    try:
-        return json.loads((root / core.MARKER).read_text() or "{}")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except ValueError:
-        return {}
 
 
 def create(
@@ -97,30 +84,3 @@ def install_tools(root: Path) -> None:
         tmp.write_bytes(source.read_bytes())
         tmp.chmod(0o755 if name == "tt-smi" else 0o644)
         os.replace(tmp, target)
-
-
-def refresh_tools(root: Path) -> None:
-    """A root made by another ttmesh version gets this version's tools (its state is kept)."""
-    marker = read_marker(root)
-    if marker is not None and marker.get("ttmesh") != __version__:
-        install_tools(root)
-        marker["ttmesh"] = __version__
-        (root / core.MARKER).write_text(json.dumps(marker) + "\n")
-
-
-def ensure_cached(name: str) -> Path:
-    """The cached simulated host for stock system ``name``, created on first use."""
-    from ttmesh.sim.system import load
-
-    root = cache_root() / name
-    if read_marker(root) is None:
-        model = load(name)
-        if root.exists() and any(root.iterdir()):
-            raise bad_input(
-                f"{root} is in the way of the cached simulated host",
-                f"remove it: rm -r {root}",
-            )
-        create(model, root)
-    else:
-        refresh_tools(root)
-    return root

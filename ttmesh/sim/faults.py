@@ -14,6 +14,7 @@ was. Faults model what goes wrong on real machines:
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -34,7 +35,7 @@ def _chip(sim: core.SimRoot, ref: str) -> dict[str, Any]:
     for chip in sim.chips():
         if chip.get("bdf") == ref or core.asic_hex(chip["unique_id"]) == ref:
             return chip
-    from ttmesh.sim.system import BDF_RE
+    from ttmesh.fabric.boards import BDF_RE
 
     if ":" in ref and not BDF_RE.match(ref):
         raise bad_input(
@@ -99,6 +100,8 @@ def reset_renumbers(host: Host) -> None:
 
 
 def reset_hangs(host: Host, seconds: float) -> None:
+    if not math.isfinite(seconds):  # inf would make tt-smi -r crash (sleep overflow)
+        raise bad_input(f"reset-hangs {seconds}: give a finite number of seconds")
     if seconds < 0:
         raise bad_input(f"reset-hangs {seconds}: seconds cannot be negative")
     with host.sim.change() as state:
@@ -134,6 +137,8 @@ def hold(host: Host, ref: str) -> int:
 
 def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | None) -> dict:
     for name, value in (("--heartbeat-hz", heartbeat_hz), ("--reset-seconds", reset_seconds)):
+        if value is not None and not math.isfinite(value):  # nan/inf break every reader
+            raise bad_input(f"{name} {value}: give a finite number")
         if value is not None and value < 0:
             raise bad_input(f"{name} {value}: cannot be negative")
     if heartbeat_hz is not None and heartbeat_hz == 0:

@@ -7,7 +7,6 @@ channel. The stock files are generated from real cluster descriptors by ``script
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -17,7 +16,7 @@ from ttmesh.errors import bad_input
 from ttmesh.fabric import boards as boardfacts
 from ttmesh.fabric.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink
 
-BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+BDF_RE = boardfacts.BDF_RE
 
 
 @dataclass(frozen=True)

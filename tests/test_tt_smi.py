@@ -594,6 +594,23 @@ def test_reset_matching_nothing_resets_every_device(
     assert alive_bdfs(qb2) == set(QB2_BDFS)
 
 
+@pytest.mark.parametrize(
+    ("visible", "args", "line", "reset"),
+    [
+        ("0000:05:00.0", [], "Resetting all PCI devices: [3]", {"0000:05:00.0"}),
+        # UMD ids index the visible devices in PCI order
+        ("0000:07:00.0,0000:05:00.0", ["1"], "Resetting UMD logical IDs: [1]", {"0000:07:00.0"}),
+    ],
+)
+def test_reset_honours_visible_devices(
+    qb2: Path, work: Path, visible: str, args: list[str], line: str, reset: set[str]
+) -> None:
+    kill_all(qb2)
+    run = smi(qb2, "-r", *args, work=work, env={"TT_VISIBLE_DEVICES": visible})
+    assert (run.code, run.out, run.err) == (0, line + "\n" + REINIT, "")
+    assert alive_bdfs(qb2) == reset
+
+
 def test_reset_upper_case_bdf_matches_nothing(fresh: Callable, work: Path) -> None:
     root = fresh("p150x4")  # has 0000:c1:00.0
     all_bdfs = {c["bdf"] for c in system(root)["chips"]}

@@ -556,7 +556,7 @@ def fault_reset_renumbers(host: Any) -> None:
     click.echo("reset-renumbers: armed for the next reset")
 
 
-@sim_fault.command("reset-hangs", context_settings=CONTEXT)
+@sim_fault.command("reset-hangs", context_settings={**CONTEXT, "ignore_unknown_options": True})
 @click.argument("seconds", type=float)
 @click.pass_obj
 def fault_reset_hangs(host: Any, seconds: float) -> None:

@@ -106,7 +106,10 @@ def prepare(
     chips_arg: str | None = None,
     exclude_arg: str | None = None,
     allow_mpi_layouts: bool = False,
+    descriptor_only: bool = False,
 ) -> Prepared:
+    """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
+    descriptors without a command, a port or availability checks (``ttmesh descriptor``)."""
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
@@ -123,7 +126,17 @@ def prepare(
             "use --mesh-layout isolated or single-process, or see it with ttmesh descriptor",
         )
     if req.tp_size is None:
-        req.tp_size = len(chosen) if chosen else 0
+        if chosen:
+            req.tp_size = len(chosen)
+        elif req.nproc:
+            per = (
+                max(len(u.chips) for u in meshselect.units_of(inv))
+                if req.layout == "isolated"
+                else 1
+            )
+            req.tp_size = req.nproc * per
+        else:
+            req.tp_size = 0
     if req.tp_size <= 0:
         raise bad_input(
             f"--tp-size {req.tp_size}: must be a positive number of chips", "e.g. --tp-size 4"
@@ -139,7 +152,7 @@ def prepare(
             f"--mesh-shape {r}x{c} has {r * c} chips but --tp-size is {req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
-    why, who = unavailable_chips(inv)
+    why, who = ({}, {}) if descriptor_only else unavailable_chips(inv)
     for c in excluded:
         why.setdefault(c.asic_id, "excluded")
     labels = {c.asic_id: c.label for c in inv.chips}
@@ -180,11 +193,14 @@ def prepare(
     req.symmetric_dram_mb = memory.plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
     )
-    argv = resolve_command(req)
-    if req.master_port:
-        check_port(req.master_port, req.master_addr)
+    if descriptor_only:
+        argv: list[str] = []
     else:
-        req.master_port = free_port(req.master_addr)
+        argv = resolve_command(req)
+        if req.master_port:
+            check_port(req.master_port, req.master_addr)
+        else:
+            req.master_port = free_port(req.master_addr)
     if not req.job:
         req.job = jobs.new_job_id()
     if not req.run_dir:

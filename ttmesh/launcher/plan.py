@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric import boards as boardfacts
 from ttmesh.fabric.devices import Inventory
-from ttmesh.mesh import descriptor as mgd
+from ttmesh.mesh import layout
+from ttmesh.mesh.layout import LAYOUTS, MPI_LAYOUTS  # noqa: F401 - re-exported for the CLI
 from ttmesh.mesh.select import Selection, Unit
 
 SCHEMA = "ttmesh.plan/1"
-LAYOUTS = ("isolated", "single-process", "mesh", "multi-mesh")
-MPI_LAYOUTS = ("mesh", "multi-mesh")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Never inherited from ttmesh's own environment: each rank gets its own (or none).
@@ -70,6 +68,7 @@ class LaunchRequest:
     job: str = ""
     run_dir: str = ""
     strict_links: bool = False
+    nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
     python: str = sys.executable
     cwd: str = ""
 
@@ -85,6 +84,7 @@ class RankPlan:
     mesh_id: int
     argv: tuple[str, ...]
     env: dict[str, str]  # only what ttmesh adds or changes
+    block_shape: tuple[int, int] = (1, 1)
 
     @property
     def joins_chips(self) -> bool:
@@ -97,6 +97,8 @@ class LaunchPlan:
     job: str
     layout: str
     mesh_shape: tuple[int, int]
+    dim_types: tuple[str, str]
+    host_dims: tuple[int, int]
     symmetric_dram_mb: int
     ranks: list[RankPlan]
     files: dict[str, str]  # path -> contents, written before any worker starts
@@ -135,6 +137,8 @@ class LaunchPlan:
             "job": self.job,
             "layout": self.layout,
             "mesh_shape": list(self.mesh_shape),
+            "dim_types": list(self.dim_types),
+            "host_topology": list(self.host_dims),
             "symmetric_dram_mb": self.symmetric_dram_mb,
             "descriptors": dict(self.descriptors),
             "host": {"root": self.root, "simulated": self.simulated},
@@ -148,6 +152,7 @@ class LaunchPlan:
                     "chips": list(r.chips),
                     "bdfs": list(r.bdfs),
                     "coord": list(r.coord),
+                    "block": list(r.block_shape),
                     "host_rank": r.host_rank,
                     "mesh_id": r.mesh_id,
                     "argv": list(r.argv),
@@ -202,73 +207,27 @@ def parse_env(items: list[str]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- building
 
 
-def _one_unit_descriptor(unit: Unit, inv: Inventory, sel: Selection, strict: bool) -> str:
-    arch = boardfacts.ARCHS[inv.chip(unit.chips[0]).arch].mgd_name
-    if unit.size == 1:
-        spec = mgd.MeshSpec("M0", arch, (1, 1), channels=1, policy="RELAXED")
-    else:
-        links = [sel.pair_links.get(tuple(sorted((unit.chips[0], c))), 0) for c in unit.chips[1:]]
-        count = min(links) if links and min(links) else 1
-        spec = mgd.MeshSpec(
-            "M0", arch, (1, unit.size), channels=count, policy="STRICT" if strict else "RELAXED"
-        )
-    return mgd.to_text(
-        mgd.single_mesh(spec), f"ttmesh: one worker's chips ({', '.join(unit.chips)})"
-    )
-
-
-def _whole_descriptor(
-    inv: Inventory, sel: Selection, strict: bool, host_dims: tuple[int, int]
-) -> str:
-    arch = boardfacts.ARCHS[inv.chip(sel.chips[0]).arch].mgd_name
-    spec = mgd.MeshSpec(
-        "M0",
-        arch,
-        sel.shape,
-        sel.dim_types,
-        host_dims,
-        max(sel.channels, 1),
-        "STRICT" if strict else "RELAXED",
-    )
-    return mgd.to_text(
-        mgd.single_mesh(spec),
-        f"ttmesh: {sel.shape[0]}x{sel.shape[1]} mesh of {', '.join(sel.chips)}",
-    )
-
-
 def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
-    if req.layout not in LAYOUTS:
-        raise bad_input(f"unknown layout {req.layout!r}", "one of " + ", ".join(LAYOUTS))
+    sp = layout.split(sel, req.layout, req.nproc)
     run_dir = req.run_dir
-    files: dict[str, str] = {}
-    descriptors: dict[str, str] = {}
+    texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
+    files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
+    if sp.layout == "isolated":
+        descriptors = {f"rank{r}": f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
+    else:
+        descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
     cache_base = os.environ.get("TT_METAL_CACHE") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         / "ttmesh"
         / "tt-metal-cache"
     )
     user_env = dict(req.env)
-
-    if req.layout == "single-process":
-        groups: list[tuple[Unit, ...]] = [tuple(sel.units)]
-    else:
-        groups = [(u,) for u in sel.units]
-    world = len(groups)
-    if req.layout == "single-process":
-        path = f"{run_dir}/mesh/mesh.textproto"
-        files[path] = _whole_descriptor(inv, sel, req.strict_links, (1, 1))
-        descriptors["mesh"] = path
-
+    world = len(sp.blocks)
     ranks = []
-    for rank, units in enumerate(groups):
-        chips = tuple(a for u in units for a in u.chips)
-        bdfs = tuple(u.bdf for u in units)
-        if req.layout == "single-process":
-            desc_path = descriptors["mesh"]
-        else:
-            desc_path = f"{run_dir}/mesh/rank{rank}.textproto"
-            files[desc_path] = _one_unit_descriptor(units[0], inv, sel, req.strict_links)
-            descriptors[f"rank{rank}"] = desc_path
+    for block in sp.blocks:
+        rank = block.rank
+        mesh_id, host_rank = layout.mesh_ids(sp, block)
+        desc_path = f"{run_dir}/mesh/{of_rank[rank]}"
         env = {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
@@ -285,10 +244,10 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             "TORCHELASTIC_RUN_ID": req.job,
             "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TORCHELASTIC_ERROR_FILE": f"{run_dir}/errors/rank{rank}.json",
-            "TT_VISIBLE_DEVICES": ",".join(bdfs),
+            "TT_VISIBLE_DEVICES": ",".join(block.bdfs),
             "TT_MESH_GRAPH_DESC_PATH": desc_path,
-            "TT_MESH_ID": "0",
-            "TT_MESH_HOST_RANK": "0",
+            "TT_MESH_ID": str(mesh_id),
+            "TT_MESH_HOST_RANK": str(host_rank),
             "LIBTT_SYMMETRIC_DRAM_MB": str(req.symmetric_dram_mb),
             "TT_METAL_CACHE": f"{cache_base}/rank{rank}",
             "TTMESH_JOB_ID": req.job,
@@ -303,14 +262,15 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         ranks.append(
             RankPlan(
                 rank=rank,
-                units=units,
-                chips=chips,
-                bdfs=bdfs,
-                coord=sel.coord_of(chips[0]),
-                host_rank=0,
-                mesh_id=0,
+                units=block.units,
+                chips=block.chips,
+                bdfs=block.bdfs,
+                coord=block.origin,
+                host_rank=host_rank,
+                mesh_id=mesh_id,
                 argv=tuple(argv),
                 env=env,
+                block_shape=block.shape,
             )
         )
     unit_size = max(u.size for u in sel.units)
@@ -320,10 +280,17 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             f"{len(sel.chips)} chips in {len(sel.units)} boards of {unit_size}: each worker drives "
             "a whole board (its PCI chip and the remote chip behind it)"
         )
+    if sp.layout == "mesh":
+        grouping = (grouping + "; " if grouping else "") + (
+            f"one {sel.shape[0]}x{sel.shape[1]} mesh over {world} processes, host_topology "
+            f"{sp.host_dims[0]}x{sp.host_dims[1]}"
+        )
     return LaunchPlan(
         job=req.job,
         layout=req.layout,
         mesh_shape=sel.shape,
+        dim_types=sel.dim_types,
+        host_dims=sp.host_dims,
         symmetric_dram_mb=req.symmetric_dram_mb,
         ranks=ranks,
         files=files,

@@ -1,0 +1,92 @@
+"""Cluster descriptors for tt-metal's mock mode (``TT_METAL_MOCK_CLUSTER_DESC_PATH``).
+
+On a simulated host, a job's tt-metal processes map their meshes onto these files instead of
+hardware. A single process gets the whole host; in a mesh over several processes each rank gets
+a file holding only its own chips, renumbered from 0 (unique ids, arch, harvesting, board and
+PCI address kept), the links between its own chips, and every link to another rank's chip as a
+link to a remote device named by unique id. Each file has a distinct name: tt-metal takes the
+basename as the host's name. Links the simulator has down are left out, as discovery on a real
+host would not find them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ttmesh.fabric import clusterdesc as cdm
+from ttmesh.fabric.host import Host
+
+
+def _live(host: Host) -> cdm.ClusterDescriptor:
+    path = host.cluster_descriptor_path()
+    if path is None:
+        raise ValueError(f"{host.root} has no cluster descriptor (not a simulated host?)")
+    cd = cdm.load(path)
+    sim = host.sim
+    state = sim.read_state()
+    marks = sim.dead_marked_chips(state)
+    ids = {c.id: c.asic_id for c in cd.chips.values()}
+    links = [
+        lk
+        for lk in cd.links
+        if sim.link_up(state, (ids[lk.chip_a], lk.chan_a, ids[lk.chip_b], lk.chan_b), marks)
+    ]
+    return replace(cd, links=links)
+
+
+def whole_host(host: Host, header: str = "") -> str:
+    """The host's descriptor as discovery would find it now (links down left out)."""
+    cd = _live(host)
+    lines = [header] if header else []
+    return cdm.dump(cd, [*lines, f"ttmesh: mock cluster of {host.root}, links down left out"])
+
+
+def for_chips(host: Host, asics: list[str], header: str = "") -> str:
+    """One rank's view: its chips renumbered from 0, other ranks' chips as remote devices."""
+    cd = _live(host)
+    by_asic = {c.asic_id: c for c in cd.chips.values()}
+    missing = [a for a in asics if a not in by_asic]
+    if missing:
+        raise ValueError(f"chips not in {host.root}'s descriptor: {', '.join(missing)}")
+    old_ids = sorted(by_asic[a].id for a in asics)  # keep the host's relative order
+    new_id = {old: i for i, old in enumerate(old_ids)}
+    mine = set(old_ids)
+    chips = {}
+    dev = 0
+    for old in old_ids:
+        chip = cd.chips[old]
+        chips[new_id[old]] = replace(
+            chip, id=new_id[old], mmio_dev=(dev if chip.mmio_dev is not None else None)
+        )
+        if chip.mmio_dev is not None:
+            dev += 1
+    links, remote = [], []
+    for lk in cd.links:
+        a_in, b_in = lk.chip_a in mine, lk.chip_b in mine
+        if a_in and b_in:
+            links.append(cdm.Link(new_id[lk.chip_a], lk.chan_a, new_id[lk.chip_b], lk.chan_b))
+        elif a_in:
+            uid = cd.chips[lk.chip_b].unique_id
+            if uid is not None:
+                remote.append(cdm.RemoteLink(new_id[lk.chip_a], lk.chan_a, uid, lk.chan_b))
+        elif b_in:
+            uid = cd.chips[lk.chip_a].unique_id
+            if uid is not None:
+                remote.append(cdm.RemoteLink(new_id[lk.chip_b], lk.chan_b, uid, lk.chan_a))
+    for r in cd.remote_links:
+        if r.chip in mine:
+            remote.append(replace(r, chip=new_id[r.chip]))
+    boards = []
+    for b in cd.boards:
+        kept = tuple(new_id[c] for c in b.chips if c in mine)
+        if kept:
+            boards.append(cdm.Board(b.board_id, b.board_type, kept))
+    out = cdm.ClusterDescriptor(
+        chips=chips,
+        links=links,
+        remote_links=remote,
+        boards=boards,
+        io_device_type=cd.io_device_type,
+    )
+    lines = [header] if header else []
+    return cdm.dump(out, [*lines, f"ttmesh: mock cluster for chips {', '.join(asics)}"])

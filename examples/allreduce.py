@@ -40,6 +40,7 @@ def main() -> None:
     chip = os.environ.get("TT_VISIBLE_DEVICES", "?")
     status = "ok" if value.item() == expected else f"WRONG (expected {expected})"
     print(f"rank {rank}/{world} chip {chip}: all_reduce = {value.item():g} {status}", flush=True)
+    dist.barrier()  # rank 0 hosts the rendezvous store: nobody leaves before everyone is done
     dist.destroy_process_group()
     if value.item() != expected:
         raise SystemExit(1)

@@ -73,6 +73,8 @@ def test_allreduce_env_and_chips(qb2: Path, tmp_path: Path) -> None:
         "t = torch.tensor([float(dist.get_rank() + 1)])\n"
         "dist.all_reduce(t)\n"
         "env['ALLREDUCE'] = str(t.item())\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
         f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.json'), 'w')"
         ".write(json.dumps(env))\n"
     )

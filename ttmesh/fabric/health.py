@@ -1,0 +1,653 @@
+"""``ttmesh check``: is the host fit to run a job? Chips, holders, leases and Ethernet links.
+
+A chip is healthy when its driver node exists, its heartbeat advances (polled up to ``timeout``,
+about 1 s) and no process outside the ttmesh job that leases it holds it. A chip the topology
+expects but the host lost is an error. Every expected link is up, down or unknown: down is an
+error; unknown, and a chip pair with fewer links than its peers, are warnings (errors with
+``strict``). Every problem carries one ``fix`` line a user can act on.
+
+Expected links come from the simulated host's cluster descriptor or, on a real host, from
+discovery merged with the last known-good topology (:mod:`ttmesh.fabric.known_good`).
+
+:func:`check` is the full report; :func:`preflight` is the cheap subset ``ttmesh launch`` runs on
+the chips it is about to use (sysfs and telemetry only, heartbeats of those chips only).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.fabric import heartbeat, holders, known_good, links
+from ttmesh.fabric.boards import BDF_RE
+from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
+from ttmesh.fabric.host import Host
+
+SCHEMA = "ttmesh.check/1"
+ERROR, WARNING = "error", "warning"
+ASIC_HEX = 16
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # "error" | "warning"
+    what: str
+    fix: str
+    kind: str = ""  # missing, driver-node, heartbeat, holder, lease, link-down, link-unknown, ...
+    chips: tuple[str, ...] = ()  # asic ids involved
+
+    def to_json(self) -> dict[str, str]:
+        return {"severity": self.severity, "what": self.what, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class HeldBy:
+    pid: int
+    user: str
+    cmd: str
+    start: int | None
+    job: str | None  # the ttmesh job the process belongs to, if any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "user": self.user, "cmd": self.cmd, "job": self.job}
+
+    @property
+    def who(self) -> str:
+        return f"pid {self.pid} ({self.user}: {self.cmd})"
+
+
+@dataclass
+class ChipHealth:
+    asic_id: str
+    bdf: str | None
+    dev_index: int | None
+    board_type: str | None
+    present: bool  # the host lists it (False: the topology expects it, the host lost it)
+    driver_node: bool  # /dev/tenstorrent/N (a remote chip: its partner's) exists
+    heartbeat: str  # alive | frozen | unknown
+    holders: list[HeldBy] | None  # None: cannot be known (permissions)
+    lease: dict[str, Any] | None  # {"job", "pid"}
+    healthy: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "asic_id": self.asic_id,
+            "bdf": self.bdf,
+            "dev_index": self.dev_index,
+            "board_type": self.board_type,
+            "present": self.present,
+            "driver_node": self.driver_node,
+            "heartbeat": self.heartbeat,
+            "holders": None if self.holders is None else [h.to_json() for h in self.holders],
+            "lease": self.lease,
+            "healthy": self.healthy,
+        }
+
+
+@dataclass
+class HealthReport:
+    chips: list[ChipHealth]
+    links: list[links.LinkState]
+    problems: list[Problem]
+    topology: str = ""
+    recorded: Path | None = None  # the known-good record written by this check, if any
+
+    @property
+    def healthy(self) -> bool:
+        return not any(p.severity == ERROR for p in self.problems)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "healthy": self.healthy,
+            "chips": [c.to_json() for c in self.chips],
+            "links": [ls.to_json() for ls in self.links],
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+@dataclass
+class Expected:
+    """What the host should have: links (merged), chips it lost, names of chips it lost."""
+
+    links: list[LinkSpec]
+    missing: list[str]
+    names: dict[str, str] = field(default_factory=dict)  # lost chip -> its PCI address
+    vouched: dict[frozenset, int] | None = None  # pair -> links a complete source confirms
+    store: Path | None = None  # where known-good records go (None: not used)
+
+
+# --------------------------------------------------------------------------- expected topology
+
+
+def _store(inv: Inventory, known_good_dir: Path | bool | None) -> Path | None:
+    if known_good_dir is None:  # automatic: real hosts only (a simulated descriptor is complete)
+        return None if inv.host.simulated else known_good.store_dir()
+    if known_good_dir is False or known_good_dir is True:
+        return known_good.store_dir() if known_good_dir else None
+    return Path(known_good_dir)
+
+
+def _descriptor_bdfs(host: Host) -> dict[str, str]:
+    path = host.cluster_descriptor_path()
+    if path is None:
+        return {}
+    from ttmesh.fabric import clusterdesc
+
+    try:
+        cd = clusterdesc.load_cached(path, host.path("sim/cluster_descriptor.parsed.json"))
+    except (clusterdesc.DescriptorError, OSError):
+        return {}
+    return {c.asic_id: c.bdf for c in cd.chips.values() if c.asic_id and c.bdf}
+
+
+def expected(inv: Inventory, known_good_dir: Path | bool | None = None) -> Expected:
+    """The links and chips ``inv``'s host should have.
+
+    ``known_good_dir``: None picks automatically (records on real hosts, none on simulated
+    ones), False disables records, a path uses records there.
+    """
+    store = _store(inv, known_good_dir)
+    record = None
+    if store is not None:
+        record = known_good.find([c.asic_id for c in inv.chips] + list(inv.missing), store)
+    merged, missing = known_good.merge(inv, record)
+    names = {a: b for a, b in _descriptor_bdfs(inv.host).items() if a in missing}
+    if record is not None:
+        for asic in missing:
+            bdf = record.chips.get(asic, {}).get("bdf")
+            if bdf and asic not in names:
+                names[asic] = bdf
+    vouched: dict[frozenset, int] | None
+    if inv.topology == "cluster-descriptor" and record is None:
+        vouched = None  # the descriptor is the whole topology
+    else:
+        vouched = dict(record.pairs) if record is not None else {}
+    return Expected(merged, missing, names, vouched, store)
+
+
+# --------------------------------------------------------------------------- naming
+
+
+def chip_name(inv: Inventory, asic: str, names: dict[str, str] | None = None) -> str:
+    """A PCI address; ``remote <asic> (via <bdf>)``; or a lost chip's address or unique id."""
+    for c in inv.chips:
+        if c.asic_id == asic:
+            if c.bdf:
+                return c.bdf
+            partner = next((p for p in inv.chips if p.asic_id == c.via), None)
+            return f"remote {asic}" + (f" (via {partner.bdf})" if partner and partner.bdf else "")
+    bdf = (names or {}).get(asic)
+    return f"{bdf} ({asic})" if bdf else asic
+
+
+def pci_lead(inv: Inventory, chip: Chip) -> Chip | None:
+    """The PCI device a chip is reached through: itself, or a remote chip's partner."""
+    if chip.bdf:
+        return chip
+    return next((c for c in inv.chips if c.asic_id == chip.via and c.bdf), None)
+
+
+def root_flag(host: Host) -> str:
+    return "" if host.root == Path("/") else f" --root {host.root}"
+
+
+def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpec]) -> str | None:
+    """``ttmesh reset --chips ...`` for the expanded set of ``asics`` (present chips only)."""
+    from ttmesh.fabric.reset import expand
+
+    present = {c.asic_id for c in inv.chips}
+    wanted = [a for a in asics if a in present]
+    if not wanted:
+        return None
+    chosen = expand(inv, wanted, link_specs)
+    bdfs: list[str] = []
+    for c in inv.chips:
+        if c.asic_id in chosen:
+            lead = pci_lead(inv, c)
+            if lead is not None and lead.bdf and lead.bdf not in bdfs:
+                bdfs.append(lead.bdf)
+    return f"ttmesh reset{root_flag(inv.host)} --chips {','.join(bdfs)}" if bdfs else None
+
+
+def parse_chips(
+    inv: Inventory, text: str | None, flag: str = "--chips", extra: dict[str, str] | None = None
+) -> list[str] | None:
+    """``--chips``: PCI addresses (any case) or unique ids of remote chips -> asic ids.
+
+    ``extra`` maps more names to asic ids (e.g. PCI addresses of chips the host lost).
+    None when ``text`` is None; bad input (exit 2) for a malformed or unknown chip.
+    """
+    if text is None:
+        return None
+    by_name: dict[str, str] = {}
+    for c in inv.chips:
+        by_name[c.asic_id] = c.asic_id
+        if c.bdf:
+            by_name[c.bdf] = c.asic_id
+    for name, asic in (extra or {}).items():
+        by_name.setdefault(name.lower(), asic)
+    out: list[str] = []
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not items:
+        raise bad_input(f"{flag} {text!r}: no chip named", "e.g. --chips 0000:01:00.0")
+    for item in items:
+        is_asic = len(item) == ASIC_HEX and all(ch in "0123456789abcdef" for ch in item)
+        if not BDF_RE.match(item) and not is_asic:
+            raise bad_input(
+                f"{flag} {item!r}: not a PCI address",
+                "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0 (or a remote chip's 16-digit unique id)",
+            )
+        if item not in by_name:
+            known = ", ".join(sorted(c.bdf for c in inv.chips if c.bdf)) or "none"
+            raise bad_input(f"{flag} {item}: no such chip on this host", f"chips here: {known}")
+        if by_name[item] not in out:
+            out.append(by_name[item])
+    return out
+
+
+# --------------------------------------------------------------------------- processes and jobs
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rfind(b")") + 2 :].split()[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def owning_pid(pid: int, owners: Iterable[int]) -> int | None:
+    """The first of ``owners`` that is ``pid`` or one of its ancestors."""
+    wanted = set(owners)
+    seen: set[int] = set()
+    current: int | None = pid
+    while current and current not in seen and len(seen) < 256:
+        if current in wanted:
+            return current
+        seen.add(current)
+        current = _ppid(current)
+    return None
+
+
+def lease_owners(host: Host, asics: list[str]) -> tuple[dict[str, Any], dict[int, str]]:
+    """(asic -> LeaseInfo for leased chips, lease-holder pid -> job) on this host."""
+    from ttmesh.launcher import leases
+
+    held = leases.probe(host, asics)
+    owners = {info.pid: (info.job or "?") for info in held.values() if info.pid}
+    return held, owners
+
+
+def held_by(inv: Inventory, chip: Chip, owners: dict[int, str]) -> list[HeldBy] | None:
+    found = holders.holders(inv, chip)
+    if found is None:
+        return None
+    out = []
+    for h in found:
+        owner = owning_pid(h.pid, owners)
+        out.append(HeldBy(h.pid, h.user, h.cmd, h.start, owners.get(owner) if owner else None))
+    return out
+
+
+# --------------------------------------------------------------------------- check
+
+
+def _escalate(severity: str, strict: bool) -> str:
+    return ERROR if strict and severity == WARNING else severity
+
+
+def _link_problems(
+    inv: Inventory,
+    states: list[links.LinkState],
+    exp: Expected,
+    strict: bool,
+) -> list[Problem]:
+    out: list[Problem] = []
+    by_pair: dict[frozenset, list[links.LinkState]] = {}
+    for st in states:
+        by_pair.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
+    known = {c.asic_id: c for c in inv.chips}
+    for pair, group in by_pair.items():
+        a, b = sorted(pair, key=lambda x: chip_name(inv, x, exp.names))
+        na, nb = chip_name(inv, a, exp.names), chip_name(inv, b, exp.names)
+        for state in (links.DOWN, links.UNKNOWN):
+            bad = [s for s in group if s.state == state]
+            if not bad:
+                continue
+            chans = ", ".join(
+                f"ch{s.spec.chan_a if s.spec.a == a else s.spec.chan_b}"
+                f"<->ch{s.spec.chan_b if s.spec.a == a else s.spec.chan_a}"
+                for s in bad
+            )
+            what = f"{len(bad)} of {len(group)} link(s) between {na} and {nb} {'are' if len(bad) > 1 else 'is'} {state} ({chans})"
+            lost = [x for x in (a, b) if x not in known]
+            if state == links.DOWN:
+                if lost:
+                    fix = f"power-cycle the host: the driver lost {chip_name(inv, lost[0], exp.names)}"
+                else:
+                    fix = reset_fix(inv, [a, b], exp.links) or "ttmesh reset"
+                out.append(Problem(ERROR, what, fix, "link-down", (a, b)))
+            else:
+                fix = _unknown_fix(inv, [known[x] for x in (a, b) if x in known])
+                out.append(
+                    Problem(_escalate(WARNING, strict), what, fix, "link-unknown", (a, b))
+                )
+    out.extend(_pair_count_problems(inv, exp, states, strict))
+    return out
+
+
+def _unknown_fix(inv: Inventory, chips: list[Chip]) -> str:
+    for c in chips:
+        lead = pci_lead(inv, c)
+        fw = inv.host.attr(lead.dev_index, "tt_fw_bundle_ver") if lead and lead.dev_index is not None else None
+        if c.arch == "blackhole" and fw and not links._fw_reports_links(fw, c.arch):
+            return f"update the firmware of {c.label} to 19.9 or later (it is {fw}; older Blackhole firmware cannot report link state)"
+    return "install the hardware extra to read link telemetry: pip install 'ttmesh[hw]'"
+
+
+def _pair_count_problems(
+    inv: Inventory, exp: Expected, states: list[links.LinkState], strict: bool
+) -> list[Problem]:
+    """Pairs with fewer links than most pairs of their architecture, no complete source vouching."""
+    if exp.vouched is None:
+        return []
+    counts = links.pair_counts([s.spec for s in states])
+    arch = {c.asic_id: c.arch for c in inv.chips}
+    by_arch: dict[str, Counter] = {}
+    for pair, n in counts.items():
+        by_arch.setdefault(arch.get(pair[0], "?"), Counter())[n] += 1
+    norm = {
+        a: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for a, c in by_arch.items() if c
+    }
+    out = []
+    for pair, n in sorted(counts.items()):
+        want = norm.get(arch.get(pair[0], "?"), n)
+        if n >= want or exp.vouched.get(frozenset(pair)) == n:
+            continue  # as many as its peers, or as many as when the host was last healthy
+        na, nb = chip_name(inv, pair[0], exp.names), chip_name(inv, pair[1], exp.names)
+        fix = reset_fix(inv, list(pair), exp.links) or "ttmesh reset"
+        out.append(
+            Problem(
+                _escalate(WARNING, strict),
+                f"{na} and {nb} have {n} link(s) between them; most chip pairs here have {want}",
+                f"check the cable between them, then {fix}",
+                "link-count",
+                tuple(pair),
+            )
+        )
+    return out
+
+
+def check(
+    inv: Inventory,
+    chips: Iterable[str] | None = None,
+    strict: bool = False,
+    timeout: float = 1.0,
+    *,
+    known_good_dir: Path | bool | None = None,
+) -> HealthReport:
+    """Health of ``inv``'s host (or of ``chips``, asic ids, and the links touching them).
+
+    On a real host (or with ``known_good_dir``) a full check that finds every chip present and
+    every expected link up records the topology as known good.
+    """
+    exp = expected(inv, known_good_dir)
+    selected = None if chips is None else set(chips)
+    present = [c for c in inv.chips if selected is None or c.asic_id in selected]
+    missing = [a for a in exp.missing if selected is None or a in selected]
+    specs = [
+        lk for lk in exp.links if selected is None or lk.a in selected or lk.b in selected
+    ]
+    leased, owners = lease_owners(inv.host, [c.asic_id for c in inv.chips])
+    beats = heartbeat.poll(inv, present, timeout=timeout) if present else {}
+    problems: list[Problem] = []
+    report_chips: list[ChipHealth] = []
+    seen_holders: set[tuple[int, str]] = set()
+    for c in present:
+        lead = pci_lead(inv, c)
+        node = bool(lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists())
+        lease = leased.get(c.asic_id)
+        hs = held_by(inv, c, owners)
+        ch = ChipHealth(
+            c.asic_id,
+            c.bdf,
+            c.dev_index,
+            c.board_type,
+            True,
+            node,
+            beats.get(c.asic_id, heartbeat.UNKNOWN),
+            hs,
+            None if lease is None else {"job": lease.job, "pid": lease.pid},
+        )
+        name = chip_name(inv, c.asic_id)
+        fix_reset = reset_fix(inv, [c.asic_id], exp.links) or "ttmesh reset"
+        if not node:
+            ch.healthy = False
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"{name} has no driver node ({inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'} is missing)",
+                    "reload the driver (sudo modprobe -r tenstorrent && sudo modprobe tenstorrent) or check /dev permissions",
+                    "driver-node",
+                    (c.asic_id,),
+                )
+            )
+        if ch.heartbeat == heartbeat.FROZEN:
+            ch.healthy = False
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"{name}: heartbeat frozen (its firmware is not running)",
+                    fix_reset,
+                    "heartbeat",
+                    (c.asic_id,),
+                )
+            )
+        elif ch.heartbeat == heartbeat.UNKNOWN:
+            sev = _escalate(WARNING, strict)
+            ch.healthy = ch.healthy and sev != ERROR
+            problems.append(
+                Problem(
+                    sev,
+                    f"{name}: heartbeat cannot be read",
+                    "install the hardware extra to read firmware telemetry: pip install 'ttmesh[hw]'",
+                    "heartbeat-unknown",
+                    (c.asic_id,),
+                )
+            )
+        if hs is None:
+            sev = _escalate(WARNING, strict)
+            ch.healthy = ch.healthy and sev != ERROR
+            problems.append(
+                Problem(
+                    sev,
+                    f"{name}: cannot tell which processes hold it",
+                    "run ttmesh check as root (or use driver >= 2.5, which lists them in /proc/driver/tenstorrent)",
+                    "holders-unknown",
+                    (c.asic_id,),
+                )
+            )
+        for h in hs or []:
+            if lease is not None and h.job is not None and h.job == (lease.job or "?"):
+                continue  # a worker of the job that leases the chip
+            ch.healthy = False
+            key = (h.pid, lead.asic_id if lead else c.asic_id)
+            if key in seen_holders:
+                continue  # an n300's two chips share one device: name the holder once
+            seen_holders.add(key)
+            if h.job is not None:
+                what = f"{name} is held by {h.who}, a worker of ttmesh job {h.job}, which does not lease it"
+                fix = f"stop job {h.job} (see ttmesh ps)"
+            elif lease is not None:
+                what = f"{name} is leased by ttmesh job {lease.job} but held by {h.who} outside it"
+                fix = f"stop pid {h.pid} ({h.user}: {h.cmd})"
+            else:
+                what = f"{name} is held by {h.who}"
+                fix = f"stop pid {h.pid} ({h.user}: {h.cmd})"
+            problems.append(Problem(ERROR, what, fix, "holder", (c.asic_id,)))
+        report_chips.append(ch)
+    for asic in missing:
+        name = chip_name(inv, asic, exp.names)
+        report_chips.append(
+            ChipHealth(asic, exp.names.get(asic), None, None, False, False, heartbeat.UNKNOWN, None, None, False)
+        )
+        problems.append(
+            Problem(
+                ERROR,
+                f"chip {name} is in the topology but the host lost it",
+                f"power-cycle the host: the driver lost {name}, and a reset cannot reach a device that is gone",
+                "missing",
+                (asic,),
+            )
+        )
+    states = links.observe(inv, specs)
+    problems.extend(_link_problems(inv, states, exp, strict))
+    if not specs and inv.topology == "none" and exp.vouched is not None and not exp.links:
+        problems.append(
+            Problem(
+                _escalate(WARNING, strict),
+                "Ethernet links not checked: no topology for this host ("
+                + "; ".join(inv.notes or ["no discovery"])
+                + ")",
+                "install the hardware extra for tt-umd's discovery: pip install 'ttmesh[hw]'",
+                "no-topology",
+            )
+        )
+    problems.sort(key=lambda p: p.severity != ERROR)
+    report = HealthReport(report_chips, states, problems, inv.topology)
+    if (
+        exp.store is not None
+        and selected is None
+        and not missing
+        and inv.chips
+        and all(s.state == links.UP for s in states)
+        and not any(p.kind == "link-count" for p in problems)
+    ):
+        report.recorded = known_good.save(inv, exp.links, exp.store)
+    return report
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def preflight(
+    inv: Inventory,
+    asics: Sequence[str],
+    allow_holders_pids: Iterable[int] = (),
+    *,
+    timeout: float = 1.0,
+) -> list[Problem]:
+    """What stands between ``asics`` and a launch on them; errors mean "refuse".
+
+    Reads sysfs and telemetry only (no tt-smi); polls heartbeats of ``asics`` only, and checks
+    only the links between them. A holder or lease is allowed when its PID, or an ancestor of
+    it, is in ``allow_holders_pids`` or is this process (the launcher's own workers and leases).
+    Takes a few tens of milliseconds on a simulated host with 100 Hz heartbeats.
+    """
+    allowed = {int(p) for p in allow_holders_pids} | {os.getpid()}
+    wanted = list(dict.fromkeys(asics))
+    exp = expected(inv)
+    by_asic = {c.asic_id: c for c in inv.chips}
+    chips = [by_asic[a] for a in wanted if a in by_asic]
+    problems: list[Problem] = []
+    for asic in wanted:
+        if asic not in by_asic:
+            name = chip_name(inv, asic, exp.names)
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"chip {name} is not on this host (the driver lists no such chip)",
+                    "power-cycle the host if it was there before; see ttmesh ls",
+                    "missing",
+                    (asic,),
+                )
+            )
+    from ttmesh.launcher import leases
+
+    for asic, info in leases.probe(inv.host, [c.asic_id for c in chips]).items():
+        if info.pid is not None and owning_pid(info.pid, allowed) is not None:
+            continue
+        problems.append(
+            Problem(
+                ERROR,
+                f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} (pid {info.pid}: {info.cmd or '?'})",
+                "wait for that job to end (see ttmesh ps), or choose other chips",
+                "lease",
+                (asic,),
+            )
+        )
+    seen: set[tuple[int, str]] = set()
+    for c in chips:
+        lead = pci_lead(inv, c)
+        if lead is None or lead.dev_index is None or not inv.host.dev_node(lead.dev_index).exists():
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"{chip_name(inv, c.asic_id)} has no driver node",
+                    "reload the driver (sudo modprobe -r tenstorrent && sudo modprobe tenstorrent)",
+                    "driver-node",
+                    (c.asic_id,),
+                )
+            )
+            continue
+        for h in holders.holders(inv, c) or []:
+            if owning_pid(h.pid, allowed) is not None or (h.pid, lead.asic_id) in seen:
+                continue
+            seen.add((h.pid, lead.asic_id))
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"{chip_name(inv, c.asic_id)} is held by pid {h.pid} ({h.user}: {h.cmd})",
+                    f"stop pid {h.pid} ({h.user}: {h.cmd})",
+                    "holder",
+                    (c.asic_id,),
+                )
+            )
+    beats = heartbeat.poll(inv, chips, timeout=timeout) if chips else {}
+    for asic, state in beats.items():
+        if state == heartbeat.FROZEN:
+            problems.append(
+                Problem(
+                    ERROR,
+                    f"{chip_name(inv, asic)}: heartbeat frozen (its firmware is not running)",
+                    reset_fix(inv, [asic], exp.links) or "ttmesh reset",
+                    "heartbeat",
+                    (asic,),
+                )
+            )
+        elif state == heartbeat.UNKNOWN:
+            problems.append(
+                Problem(
+                    WARNING,
+                    f"{chip_name(inv, asic)}: heartbeat cannot be read",
+                    "install the hardware extra: pip install 'ttmesh[hw]'",
+                    "heartbeat-unknown",
+                    (asic,),
+                )
+            )
+    inside = set(wanted)
+    specs = [lk for lk in exp.links if lk.a in inside and lk.b in inside]
+    if specs:
+        states = [s for s in links.observe(inv, specs)]
+        for p in _link_problems(inv, states, exp, strict=False):
+            if p.kind in ("link-down", "link-unknown"):
+                problems.append(p)
+    problems.sort(key=lambda p: p.severity != ERROR)
+    return problems

@@ -272,6 +272,19 @@ def _ranks(value: str | None) -> set[int] | None:
     "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
 )
 @click.option(
+    "--launcher",
+    type=click.Choice(["direct", "mpi"]),
+    default=None,
+    help="How ranks start: direct (one process each, the default) or mpi (one MPMD mpirun, the "
+    "default for --mesh-layout mesh/multi-mesh: tt-metal worlds form through MPI).",
+)
+@click.option(
+    "--workdir",
+    metavar="DIR",
+    help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
+    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set; '.' keeps yours.",
+)
+@click.option(
     "--job-id",
     "--run-id",
     "--rdzv-id",
@@ -315,6 +328,8 @@ def launch_cmd(
     as_json: bool,
     show_env: bool,
     summary_json: str | None,
+    launcher: str | None,
+    workdir: str | None,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -362,6 +377,8 @@ def launch_cmd(
         job=job_id or "",
         strict_links=strict_links,
         nproc=nproc,
+        launcher=launcher or ("mpi" if mesh_layout in ("mesh", "multi-mesh") else "direct"),
+        workdir=os.path.abspath(workdir) if workdir else "",
     )
     options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
     prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)
@@ -801,6 +818,12 @@ def sim_config(host: Any, heartbeat_hz: float | None, reset_seconds: float | Non
 
     config = faults.set_config(host, heartbeat_hz, reset_seconds)
     click.echo(", ".join(f"{k}={v:g}" for k, v in sorted(config.items())))
+
+
+from ttmesh.commands.fabric_cmds import check_cmd, reset_cmd  # noqa: E402
+
+main.add_command(check_cmd, "check")
+main.add_command(reset_cmd, "reset")
 
 
 # --------------------------------------------------------------------------- entry point

@@ -182,13 +182,13 @@ def expected(inv: Inventory, known_good_dir: Path | bool | None = None) -> Expec
 
 
 def chip_name(inv: Inventory, asic: str, names: dict[str, str] | None = None) -> str:
-    """A PCI address; ``remote <asic> (via <bdf>)``; or a lost chip's address or unique id."""
+    """A PCI address; ``remote <asic> via <bdf>``; or a lost chip's address or unique id."""
     for c in inv.chips:
         if c.asic_id == asic:
             if c.bdf:
                 return c.bdf
             partner = next((p for p in inv.chips if p.asic_id == c.via), None)
-            return f"remote {asic}" + (f" (via {partner.bdf})" if partner and partner.bdf else "")
+            return f"remote {asic}" + (f" via {partner.bdf}" if partner and partner.bdf else "")
     bdf = (names or {}).get(asic)
     return f"{bdf} ({asic})" if bdf else asic
 
@@ -346,9 +346,7 @@ def _link_problems(
                 out.append(Problem(ERROR, what, fix, "link-down", (a, b)))
             else:
                 fix = _unknown_fix(inv, [known[x] for x in (a, b) if x in known])
-                out.append(
-                    Problem(_escalate(WARNING, strict), what, fix, "link-unknown", (a, b))
-                )
+                out.append(Problem(_escalate(WARNING, strict), what, fix, "link-unknown", (a, b)))
     out.extend(_pair_count_problems(inv, exp, states, strict))
     return out
 
@@ -356,7 +354,11 @@ def _link_problems(
 def _unknown_fix(inv: Inventory, chips: list[Chip]) -> str:
     for c in chips:
         lead = pci_lead(inv, c)
-        fw = inv.host.attr(lead.dev_index, "tt_fw_bundle_ver") if lead and lead.dev_index is not None else None
+        fw = (
+            inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")
+            if lead and lead.dev_index is not None
+            else None
+        )
         if c.arch == "blackhole" and fw and not links._fw_reports_links(fw, c.arch):
             return f"update the firmware of {c.label} to 19.9 or later (it is {fw}; older Blackhole firmware cannot report link state)"
     return "install the hardware extra to read link telemetry: pip install 'ttmesh[hw]'"
@@ -373,15 +375,13 @@ def _pair_count_problems(
     by_arch: dict[str, Counter] = {}
     for pair, n in counts.items():
         by_arch.setdefault(arch.get(pair[0], "?"), Counter())[n] += 1
-    norm = {
-        a: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for a, c in by_arch.items() if c
-    }
+    norm = {a: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for a, c in by_arch.items() if c}
     out = []
     for pair, n in sorted(counts.items()):
         want = norm.get(arch.get(pair[0], "?"), n)
         if n >= want or exp.vouched.get(frozenset(pair)) == n:
             continue  # as many as its peers, or as many as when the host was last healthy
-        na, nb = chip_name(inv, pair[0], exp.names), chip_name(inv, pair[1], exp.names)
+        na, nb = sorted(chip_name(inv, x, exp.names) for x in pair)
         fix = reset_fix(inv, list(pair), exp.links) or "ttmesh reset"
         out.append(
             Problem(
@@ -412,9 +412,7 @@ def check(
     selected = None if chips is None else set(chips)
     present = [c for c in inv.chips if selected is None or c.asic_id in selected]
     missing = [a for a in exp.missing if selected is None or a in selected]
-    specs = [
-        lk for lk in exp.links if selected is None or lk.a in selected or lk.b in selected
-    ]
+    specs = [lk for lk in exp.links if selected is None or lk.a in selected or lk.b in selected]
     leased, owners = lease_owners(inv.host, [c.asic_id for c in inv.chips])
     beats = heartbeat.poll(inv, present, timeout=timeout) if present else {}
     problems: list[Problem] = []
@@ -422,7 +420,9 @@ def check(
     seen_holders: set[tuple[int, str]] = set()
     for c in present:
         lead = pci_lead(inv, c)
-        node = bool(lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists())
+        node = bool(
+            lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists()
+        )
         lease = leased.get(c.asic_id)
         hs = held_by(inv, c, owners)
         ch = ChipHealth(
@@ -506,7 +506,18 @@ def check(
     for asic in missing:
         name = chip_name(inv, asic, exp.names)
         report_chips.append(
-            ChipHealth(asic, exp.names.get(asic), None, None, False, False, heartbeat.UNKNOWN, None, None, False)
+            ChipHealth(
+                asic,
+                exp.names.get(asic),
+                None,
+                None,
+                False,
+                False,
+                heartbeat.UNKNOWN,
+                None,
+                None,
+                False,
+            )
         )
         problems.append(
             Problem(
@@ -587,7 +598,8 @@ def preflight(
         problems.append(
             Problem(
                 ERROR,
-                f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} (pid {info.pid}: {info.cmd or '?'})",
+                f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} "
+                f"(pid {info.pid}: {holders.one_line(info.cmd or '') or '?'})",
                 "wait for that job to end (see ttmesh ps), or choose other chips",
                 "lease",
                 (asic,),

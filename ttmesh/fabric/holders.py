@@ -27,12 +27,20 @@ class Holder:
         return {"pid": self.pid, "user": self.user, "cmd": self.cmd}
 
 
+def one_line(text: str) -> str:
+    """A command line as one printable line (as tt-smi shows it): newlines and tabs become
+    spaces, other control characters \\xNN; an argument like ``-c "a\\nb"`` stays on one line."""
+    text = text.replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text).strip()
+
+
 def describe(pid: int) -> Holder:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = " ".join(p.decode(errors="replace") for p in f.read().split(b"\0") if p)
     except OSError:
         cmd = "?"
+    cmd = one_line(cmd)
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
         try:

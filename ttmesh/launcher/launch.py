@@ -119,12 +119,18 @@ def prepare(
     if both:
         chip = inv.chip(sorted(both)[0])
         raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
-    if req.layout in MPI_LAYOUTS and not allow_mpi_layouts:
+    if req.launcher not in ("direct", "mpi"):
+        raise bad_input(f"--launcher {req.launcher!r}: use direct or mpi")
+    if req.layout in MPI_LAYOUTS and req.launcher != "mpi" and not allow_mpi_layouts:
         raise bad_input(
             f"--mesh-layout {req.layout} forms one tt-metal world across processes, which only an "
             "MPI launcher can start (each process spawned alone sees a world of one)",
-            "use --mesh-layout isolated or single-process, or see it with ttmesh descriptor",
+            "drop --launcher direct (mesh layouts start under mpirun), or use isolated/single-process",
         )
+    if req.launcher == "mpi" and not descriptor_only:
+        from ttmesh.launcher import mpi
+
+        req.mpirun = mpi.find_mpirun(req.mpirun or None)
     if req.tp_size is None:
         if chosen:
             req.tp_size = len(chosen)
@@ -207,12 +213,27 @@ def prepare(
         req.run_dir = str(jobs.runs_dir() / req.job)
     if not req.cwd:
         req.cwd = os.getcwd()
+    if host.simulated and not descriptor_only:
+        req.mocks = mock_clusters(host, sel, req)
     plan = build(req, inv, sel, argv)
     return Prepared(plan, inv, sel)
 
 
+def mock_clusters(host: Host, sel: meshselect.Selection, req: LaunchRequest) -> dict[int, str]:
+    """tt-metal's view of a simulated host per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
+    from ttmesh.mesh import layout, mock
+
+    sp = layout.split(sel, req.layout, req.nproc)
+    if req.layout == "single-process":
+        return {0: mock.whole_host(host, f"ttmesh job {req.job}")}
+    return {
+        b.rank: mock.for_chips(host, list(b.chips), f"ttmesh job {req.job}, rank {b.rank}")
+        for b in sp.blocks
+    }
+
+
 def write_files(plan: LaunchPlan) -> None:
-    for sub in ("mesh", "errors", "ready", "fabric"):
+    for sub in ("mesh", "errors", "ready", "fabric", "mock"):
         Path(plan.run_dir, sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     for path, text in plan.files.items():
         Path(path).write_text(text)

@@ -16,6 +16,7 @@ from typing import IO
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 MAX_PARTIAL = 64 * 1024
+LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
 TAIL_LINES = 20
 
 
@@ -36,6 +37,7 @@ class Console:
         log_dir: str | None = None,
         quiet: bool = False,
         attempt: int = 0,
+        launcher: bool = False,
     ) -> None:
         self.filter = ranks_filter
         self.quiet = quiet
@@ -45,16 +47,19 @@ class Console:
         }
         self.width = len(str(max(world - 1, 0)))
         self.streams: dict[tuple[int, str], Stream] = {}
-        for rank in range(world):
+        for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
                 stream = Stream(rank, name)
                 if log_dir:
                     directory = os.path.join(log_dir, f"attempt{attempt}")
                     os.makedirs(directory, exist_ok=True)
-                    stream.log = open(os.path.join(directory, f"rank{rank}.{name}.log"), "ab")  # noqa: SIM115
+                    base = "mpirun" if rank == LAUNCHER else f"rank{rank}"
+                    stream.log = open(os.path.join(directory, f"{base}.{name}.log"), "ab")  # noqa: SIM115
                 self.streams[(rank, name)] = stream
 
     def _prefix(self, rank: int, name: str) -> bytes:
+        if rank == LAUNCHER:
+            return b"[mpirun] "
         tag = f"[r{rank}]".ljust(self.width + 3)
         if self.colour[name]:
             tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
@@ -66,7 +71,10 @@ class Console:
         if stream.log is not None:
             stream.log.write(b"".join(line + b"\n" for line in lines))
             stream.log.flush()
-        if self.quiet or (self.filter is not None and stream.rank not in self.filter):
+        hidden = (
+            self.filter is not None and stream.rank not in self.filter and stream.rank != LAUNCHER
+        )
+        if self.quiet or hidden:
             return
         prefix = self._prefix(stream.rank, stream.name)
         data = b"".join(prefix + line + b"\n" for line in lines)

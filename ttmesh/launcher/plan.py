@@ -69,6 +69,10 @@ class LaunchRequest:
     run_dir: str = ""
     strict_links: bool = False
     nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
+    launcher: str = "direct"  # direct | mpi
+    mpirun: str = ""
+    workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
+    mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
     python: str = sys.executable
     cwd: str = ""
 
@@ -85,6 +89,7 @@ class RankPlan:
     argv: tuple[str, ...]
     env: dict[str, str]  # only what ttmesh adds or changes
     block_shape: tuple[int, int] = (1, 1)
+    workdir: str = ""  # the rank's working directory when not the user's (tt-metal worlds)
 
     @property
     def joins_chips(self) -> bool:
@@ -113,6 +118,13 @@ class LaunchPlan:
     cwd: str
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
+    launcher: str = "direct"  # direct | mpi
+    mpirun: str = ""
+
+    @property
+    def fabric_at_start(self) -> bool:
+        """The job's layout joins chips, so its workers bring the fabric between them up."""
+        return self.layout != "isolated" or any(r.joins_chips for r in self.ranks)
 
     def all_chips(self) -> list[str]:
         return [a for r in self.ranks for a in r.chips]
@@ -146,6 +158,7 @@ class LaunchPlan:
             "grace": self.grace,
             "max_restarts": self.max_restarts,
             "grouping": self.grouping,
+            "launcher": self.launcher,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -183,7 +196,8 @@ def resolve_command(req: LaunchRequest) -> list[str]:
         path = Path(req.cwd or ".") / first
         if not path.is_file():
             raise bad_input(f"script {first} does not exist", "check the path")
-        return [req.python, first, *rest]
+        # Absolute, so a rank started in another working directory (MPI) still finds it.
+        return [req.python, str(path.resolve()), *rest]
     if "/" in first:
         path = Path(req.cwd or ".") / first
         if not path.is_file() or not os.access(path, os.X_OK):
@@ -258,6 +272,18 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         if inv.host.simulated:
             env["TTMESH_SIM_ROOT"] = str(inv.host.root)
             env["TTMESH_JOB_CHIPS"] = json.dumps(sel.chips, separators=(",", ":"))
+        if rank in req.mocks:
+            mock_path = f"{run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
+            files[mock_path] = req.mocks[rank]
+            env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = mock_path
+        workdir = req.workdir
+        if workdir == "" and req.launcher == "mpi":
+            # tt-metal writes generated/fabric/... under the working directory: a world of its
+            # own gets a directory of its own, so concurrent jobs don't overwrite each other.
+            workdir = f"{run_dir}/work"
+        if workdir:
+            env["TT_RUN_ORIGINAL_CWD"] = req.cwd
+            env["TTMESH_ORIGINAL_CWD"] = req.cwd
         env.update(user_env)
         ranks.append(
             RankPlan(
@@ -271,6 +297,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
                 argv=tuple(argv),
                 env=env,
                 block_shape=block.shape,
+                workdir=workdir,
             )
         )
     unit_size = max(u.size for u in sel.units)
@@ -305,4 +332,6 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         cwd=req.cwd,
         user_env_keys=tuple(user_env),
         grouping=grouping,
+        launcher=req.launcher,
+        mpirun=req.mpirun,
     )

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ttmesh.launcher import procs
-from ttmesh.launcher.logs import Console
+from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -204,6 +204,9 @@ class Guardian:
         self.selector = selectors.DefaultSelector()
         self.open_streams: dict[int, tuple[int, str]] = {}
         self.start = time.monotonic()
+        self.mpi_pid: int | None = None  # the MPI start mode's mpirun
+        self.demux = None
+        self.sim_registered = False
 
     # -- setup
 
@@ -217,15 +220,50 @@ class Guardian:
         self.selector.register(self.wake_r, selectors.EVENT_READ, "signals")
         self.selector.register(self.alive_fd, selectors.EVENT_READ, "front")
 
+    def _watch_output(self, proc: subprocess.Popen, rank: int) -> None:
+        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            assert stream is not None
+            fd = os.dup(stream.fileno())
+            stream.close()
+            os.set_blocking(fd, False)
+            self.open_streams[fd] = (rank, name)
+            self.selector.register(fd, selectors.EVENT_READ, "output")
+
+    def _spawn_mpi(self) -> None:
+        from ttmesh.launcher import mpi
+
+        assert self.console is not None
+        console = self.console
+        self.demux = mpi.Demux(console.feed)
+        for rank in self.plan.ranks:
+            if rank.workdir:
+                os.makedirs(rank.workdir, exist_ok=True)
+        try:
+            proc = mpi.start(self, self.plan.mpirun)
+        except OSError as exc:
+            self._emit(f"cannot start mpirun ({self.plan.mpirun}): {exc.strerror}")
+            self.exits[0] = RankExit(0, -1, 127, f"mpirun could not start ({exc.strerror})", False)
+            self.first_failure = self.exits[0]
+            return
+        proc.returncode = 0
+        self.mpi_pid = proc.pid
+        self.running.update(r.rank for r in self.plan.ranks)
+        self._watch_output(proc, LAUNCHER)
+
     def _spawn(self) -> None:
+        if self.plan.launcher == "mpi":
+            self._spawn_mpi()
+            return
         preexec = procs.pdeathsig_preexec(self.pid)
         for rank in self.plan.ranks:
             env = self.plan.rank_env(rank, self.base_env, self.attempt)
             try:
+                if rank.workdir:
+                    os.makedirs(rank.workdir, exist_ok=True)
                 proc = subprocess.Popen(
                     list(rank.argv),
                     env=env,
-                    cwd=self.plan.cwd or None,
+                    cwd=rank.workdir or self.plan.cwd or None,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -246,33 +284,42 @@ class Guardian:
             self.by_pid[proc.pid] = rank
             self.pids[rank.rank] = proc.pid
             self.running.add(rank.rank)
-            for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                assert stream is not None
-                fd = os.dup(stream.fileno())
-                stream.close()
-                os.set_blocking(fd, False)
-                self.open_streams[fd] = (rank.rank, name)
-                self.selector.register(fd, selectors.EVENT_READ, "output")
+            self._watch_output(proc, rank.rank)
 
     def _register_sim(self) -> None:
-        if not self.plan.simulated:
+        """On a simulated host, the workers hold their chips; a layout that joins chips has
+        brought their fabric up (one mark per worker, over every chip of the job when the
+        workers form one tt-metal world)."""
+        if not self.plan.simulated or self.sim_registered:
             return
+        if self.mpi_pid is not None:
+            from ttmesh.launcher import mpi
+
+            self.pids.update(mpi.rank_pids(self.mpi_pid, len(self.plan.ranks)))
+            if len(self.pids) < len(self.plan.ranks) and self.running:
+                return  # not all ranks started yet: try again on the next tick
         from ttmesh.sim.core import SimRoot
 
         self.sim = SimRoot(self.plan.root)
+        self.sim_registered = True
         holders = [
             (list(r.chips), self.pids[r.rank]) for r in self.plan.ranks if r.rank in self.pids
         ]
         if holders:
             self.sim.add_holders(holders)
+        world = self.plan.layout in ("mesh", "multi-mesh")
         joined = [
-            (list(r.chips), self.pids[r.rank])
+            (self.plan.all_chips() if world else list(r.chips), self.pids[r.rank])
             for r in self.plan.ranks
-            if r.joins_chips and r.rank in self.pids
+            if (world or r.joins_chips) and r.rank in self.pids
         ]
         if joined:
             self.sim.mark_fabric_many(joined, owner=self.plan.job, supervisor=self.pid)
-            self.fabric_seen.update(r.rank for r in self.plan.ranks if r.joins_chips)
+            self.fabric_seen.update(
+                r.rank for r in self.plan.ranks if (world or r.joins_chips) and r.rank in self.pids
+            )
+        if self.mpi_pid is not None:
+            self._write_record()
 
     # -- the loop
 
@@ -286,6 +333,7 @@ class Guardian:
             self.options.log_dir,
             self.options.quiet,
             self.attempt,
+            launcher=self.plan.launcher == "mpi",
         )
         self._spawn()
         self._register_sim()
@@ -306,6 +354,8 @@ class Guardian:
                     self._on_front_gone()
                 else:
                     self._on_output(key.fd)
+            if not self.sim_registered:
+                self._register_sim()
             self._poll_fabric()
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline and not self.killed:
@@ -318,7 +368,11 @@ class Guardian:
         waits = []
         if self.deadline is not None and not self.killed:
             waits.append(max(0.0, self.deadline - time.monotonic()))
-        if self.sim is not None and self.running and len(self.fabric_seen) < len(self.plan.ranks):
+        if (
+            self.plan.simulated
+            and self.running
+            and (not self.sim_registered or len(self.fabric_seen) < len(self.plan.ranks))
+        ):
             waits.append(FABRIC_POLL)
         if not self.running:
             waits.append(SWEEP_POLL)
@@ -348,6 +402,9 @@ class Guardian:
 
     def _reap(self) -> None:
         for pid, status in procs.reap_all():
+            if pid == self.mpi_pid:
+                self._mpirun_ended(status)
+                continue
             rank = self.by_pid.get(pid)
             if rank is None:
                 continue  # an orphaned descendant re-parented to us
@@ -386,14 +443,20 @@ class Guardian:
             return
         except OSError:
             data = b""
+        assert self.console is not None
         if data:
-            assert self.console is not None
-            self.console.feed(rank, name, data)
+            if rank == LAUNCHER and self.demux is not None:
+                self.demux.data(name, data)
+            else:
+                self.console.feed(rank, name, data)
             return
         self.selector.unregister(fd)
         os.close(fd)
         del self.open_streams[fd]
-        assert self.console is not None
+        if rank == LAUNCHER and self.demux is not None:
+            self.demux.flush()
+            for r in self.plan.ranks:
+                self.console.close(r.rank, name)
         self.console.close(rank, name)
 
     def _drain_output(self) -> None:
@@ -413,7 +476,47 @@ class Guardian:
     # -- stopping
 
     def _groups(self) -> list[int]:
-        return list(self.pids.values())
+        groups = list(self.pids.values())
+        if self.mpi_pid is not None:
+            groups.append(self.mpi_pid)
+        return groups
+
+    def _mpirun_ended(self, status: int) -> None:
+        """mpirun is gone: every rank is. Its report names the first rank that failed."""
+        assert self.demux is not None
+        self.demux.flush()
+        code = procs.exit_code(status)
+        failed = self.demux.first_failure()
+        if code != 0 and failed is None:
+            failed = (0, code) if len(self.plan.ranks) == 1 else None
+        for rank in self.plan.ranks:
+            if rank.rank not in self.running:
+                continue
+            pid = self.pids.get(rank.rank, -1)
+            if failed is not None and rank.rank == failed[0]:
+                how = procs.describe_status(
+                    (failed[1] - 128) if failed[1] > 128 else (failed[1] << 8)
+                )
+                ended = RankExit(rank.rank, pid, failed[1], how, False)
+            elif code == 0:
+                ended = RankExit(rank.rank, pid, 0, "exited with code 0", False)
+            else:
+                ended = RankExit(rank.rank, pid, 143, "stopped by mpirun", True)
+            self.exits[rank.rank] = ended
+            if self.sim is not None and rank.rank in self.fabric_seen and pid > 0:
+                if code == 0:
+                    self.sim.clear_fabric(pid)
+                else:
+                    self.sim.abandon_fabric(pid)
+        self.running.clear()
+        if code != 0 and self.first_failure is None and self.stop_reason is None:
+            if failed is not None:
+                self.first_failure = self.exits[failed[0]]
+            else:
+                self.first_failure = RankExit(
+                    -1, self.mpi_pid or -1, code, f"mpirun {procs.describe_status(status)}", False
+                )
+            self._begin_stop(None, None)
 
     def _begin_stop(self, reason: str | None, code: int | None) -> None:
         if reason is not None and self.stop_reason is None:
@@ -526,6 +629,18 @@ class Guardian:
                 duration=duration,
             )
         assert self.console is not None
+        if failure.rank < 0:  # the launcher itself failed
+            return AttemptResult(
+                self.attempt,
+                failure.code,
+                "ttmesh",
+                None,
+                failure.how,
+                exits,
+                fabric,
+                stderr_tail=self.console.tail(LAUNCHER)[-10:],
+                duration=duration,
+            )
         error = _error_message(self.plan.ranks[failure.rank].env["TORCHELASTIC_ERROR_FILE"])
         return AttemptResult(
             self.attempt,

@@ -221,12 +221,16 @@ def descriptors(
     spec = mgd.MeshSpec(
         "M0", arch, bshape, channels=inner if len(sp.blocks[0].chips) > 1 else 1, policy=policy
     )
+    # ttnn 0.81.1 in mock mode binds no intermesh connection between Blackhole chips ("Found 0
+    # intermesh connections, but 4 were requested" on a QuietBox 2), while Wormhole (T3K) binds
+    # them: connections are STRICT only where tt-metal can check them.
+    conn_policy = "RELAXED" if arch == "BLACKHOLE" else policy
     connections = []
     for i, a in enumerate(sp.blocks):
         for b in sp.blocks[i + 1 :]:
             count = _links_between(sel, a, b)
             if count:
-                connections.append(mgd.Connection(a.rank, b.rank, count, policy))
+                connections.append(mgd.Connection(a.rank, b.rank, count, conn_policy))
     graph = mgd.MeshGraph([spec], [("M0", b.rank) for b in sp.blocks], connections)
     names["mesh.textproto"] = mgd.to_text(
         graph, f"ttmesh: {len(sp.blocks)} meshes of {bshape[0]}x{bshape[1]} in one FABRIC graph"

@@ -21,7 +21,7 @@ def _live(host: Host) -> cdm.ClusterDescriptor:
     path = host.cluster_descriptor_path()
     if path is None:
         raise ValueError(f"{host.root} has no cluster descriptor (not a simulated host?)")
-    cd = cdm.load(path)
+    cd = cdm.load_cached(path, host.path("sim/cluster_descriptor.parsed.json"))
     sim = host.sim
     state = sim.read_state()
     marks = sim.dead_marked_chips(state)

@@ -1,0 +1,1 @@
+"""Click commands kept outside ``ttmesh.cli`` (registered there with ``main.add_command``)."""

@@ -1,0 +1,841 @@
+"""The safe reset: expand the chip set, refuse or stop holders, ``tt-smi -r``, verify, retry.
+
+Three layers, kept apart so each can be tested alone:
+
+* **planning** (pure: plain data in, plain data out): :func:`expand`, :func:`plan`,
+  :func:`pci_targets`, :func:`smi_argv`, :func:`blockers`. Whole boards and every chip
+  Ethernet-linked to the set, transitively, are reset together: resetting one end of a link
+  leaves the other end failing to train. The tt-smi argv only ever names PCI addresses that
+  exist right now, lower-case (tt-smi matches them exactly, and a target list that matches
+  nothing makes it reset EVERY device).
+* **processes** (signals and subprocesses): :func:`stop_processes`, :func:`wait_released`,
+  :func:`find_tt_smi`, :func:`run_tt_smi`. Holders get SIGTERM, then SIGKILL, each only while the
+  PID still has the start time it had when found; tt-smi runs from an argv list with stdin
+  closed, its output captured and its whole process group killed at the timeout.
+* **verification and the loop**: :func:`observe`, :func:`execute`, :func:`recover`. tt-smi's exit
+  code says nothing, so after every attempt the host is discovered again (``/dev/tenstorrent``
+  numbers may change: chips are followed by unique id and PCI address), and the set is
+  recovered when every chip is back, its heartbeat advances and the links between its chips are
+  up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input, failed, refused
+from ttmesh.fabric import health, heartbeat, holders, links
+from ttmesh.fabric.boards import BDF_RE
+from ttmesh.fabric.devices import Inventory, LinkSpec, discover
+from ttmesh.fabric.health import ERROR, WARNING, Problem
+from ttmesh.fabric.host import Host
+from ttmesh.sim.core import proc_start_time
+
+SCHEMA = "ttmesh.reset/1"
+DEFAULT_TIMEOUT = 120.0  # seconds for one tt-smi run (a reset with Ethernet training)
+DEFAULT_RETRIES = 2
+DEFAULT_BACKOFF = 1.0  # seconds before the first retry, doubling, at most MAX_BACKOFF
+MAX_BACKOFF = 30.0
+STOP_GRACE = 5.0  # SIGTERM -> SIGKILL
+RELEASE_TIMEOUT = 10.0  # until the driver lists no holder after they were stopped
+REAL_SETTLE = 10.0  # after tt-smi, how long chips may take to show up healthy on hardware
+
+Log = Callable[[str], None]
+
+# chip statuses in the report, worst first
+GONE, FROZEN, LINKS_DOWN, UNKNOWN, OK = "gone", "frozen", "links down", "unknown", "ok"
+
+
+# =========================================================================== planning (pure)
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    requested: tuple[str, ...]  # asic ids asked for
+    chips: tuple[str, ...]  # asic ids to reset (expanded), in the host's order
+    why: dict[str, str]  # asic -> why it is in the set
+    galaxy: bool  # tt-smi -glx_reset (every chip of the system)
+    expanded: bool  # False with --no-expand
+    links: tuple[LinkSpec, ...]  # expected links between chips of the set (verified after)
+    outside: tuple[LinkSpec, ...]  # expected links from the set to chips outside it
+    warnings: tuple[Problem, ...] = ()
+    names: dict[str, str] = field(default_factory=dict)  # asic -> how to name it
+
+    def name(self, asic: str) -> str:
+        return self.names.get(asic, asic)
+
+    def describe(self) -> str:
+        """``resetting 4 chip(s): A (asked), B (Ethernet-linked to A), ...``"""
+        parts = [f"{self.name(a)} ({self.why[a]})" for a in self.chips]
+        return f"resetting {len(self.chips)} chip(s): " + ", ".join(parts)
+
+
+def expand(
+    inv: Inventory,
+    asics: Iterable[str],
+    link_specs: Sequence[LinkSpec],
+    *,
+    follow_links: bool = True,
+) -> dict[str, str]:
+    """``asics`` plus their board peers and, transitively, every chip linked to the set.
+
+    Board peers are the chips behind the same PCI device (an n300's remote chip); they are
+    always reset with it. A p300's two chips are separate PCI devices: they join through their
+    Ethernet links. Returns asic -> why, in the inventory's order.
+    """
+    order = {c.asic_id: i for i, c in enumerate(inv.chips)}
+    adjacent: dict[str, list[str]] = {}
+    for lk in link_specs:
+        if lk.a in order and lk.b in order and lk.a != lk.b:
+            adjacent.setdefault(lk.a, []).append(lk.b)
+            adjacent.setdefault(lk.b, []).append(lk.a)
+    why: dict[str, str] = {}
+    queue: list[str] = []
+    for asic in asics:
+        if asic in order and asic not in why:
+            why[asic] = "asked"
+            queue.append(asic)
+    while queue:
+        asic = queue.pop(0)
+        name = health.chip_name(inv, asic)
+        for peer in inv.board_peers(inv.chip(asic)):
+            if peer.asic_id not in why:
+                why[peer.asic_id] = f"same board as {name}"
+                queue.append(peer.asic_id)
+        if follow_links:
+            for other in adjacent.get(asic, []):
+                if other not in why:
+                    why[other] = f"Ethernet-linked to {name}"
+                    queue.append(other)
+    return dict(sorted(why.items(), key=lambda kv: order[kv[0]]))
+
+
+def is_galaxy(inv: Inventory) -> bool:
+    return any(c.board_type.startswith("galaxy") for c in inv.chips)
+
+
+def plan(
+    inv: Inventory,
+    requested: Sequence[str] | None = None,
+    *,
+    no_expand: bool = False,
+    link_specs: Sequence[LinkSpec] | None = None,
+) -> ResetPlan:
+    """The chips a reset of ``requested`` (asic ids; None = every chip) must take."""
+    if no_expand and requested is None:
+        raise bad_input(
+            "--no-expand needs --chips",
+            "name the chips to reset alone, e.g. --chips 0000:01:00.0 --no-expand",
+        )
+    if not inv.chips:
+        raise bad_input("no Tenstorrent chips on this host to reset", "see ttmesh ls")
+    exp = health.expected(inv)
+    specs = list(exp.links if link_specs is None else link_specs)
+    asked = [c.asic_id for c in inv.chips] if requested is None else list(requested)
+    why = expand(inv, asked, specs, follow_links=not no_expand)
+    galaxy = is_galaxy(inv)
+    warnings: list[Problem] = []
+    if galaxy:
+        for c in inv.chips:
+            why.setdefault(c.asic_id, "Galaxy: tt-smi -glx_reset resets every chip of the system")
+        order = {c.asic_id: i for i, c in enumerate(inv.chips)}
+        why = dict(sorted(why.items(), key=lambda kv: order[kv[0]]))
+    chips = tuple(why)
+    inside = set(chips)
+    between = tuple(lk for lk in specs if lk.a in inside and lk.b in inside)
+    outside = tuple(lk for lk in specs if (lk.a in inside) != (lk.b in inside))
+    names = {c.asic_id: health.chip_name(inv, c.asic_id) for c in inv.chips}
+    if no_expand and not galaxy:
+        peers = sorted(
+            {lk.b if lk.a in inside else lk.a for lk in outside}, key=lambda a: names.get(a, a)
+        )
+        if peers:
+            warnings.append(
+                Problem(
+                    WARNING,
+                    f"--no-expand: not resetting the chips linked to this set "
+                    f"({', '.join(names.get(a, a) for a in peers)}); the {len(outside)} link(s) "
+                    "to them will stay down until both ends are reset together",
+                    "reset linked chips together: drop --no-expand",
+                    "no-expand",
+                )
+            )
+        else:
+            warnings.append(
+                Problem(
+                    WARNING,
+                    "--no-expand: resetting only the chips named",
+                    "none needed: no other chip is linked to them",
+                    "no-expand",
+                )
+            )
+    lost = [a for a in exp.missing if any(a in (lk.a, lk.b) for lk in outside)] or (
+        list(exp.missing) if requested is None else []
+    )
+    for asic in lost:
+        warnings.append(
+            Problem(
+                WARNING,
+                f"chip {health.chip_name(inv, asic, exp.names)} is missing from "
+                "the host: a reset cannot reach it",
+                "power-cycle the host to bring it back",
+                "missing",
+                (asic,),
+            )
+        )
+    return ResetPlan(
+        tuple(asked), chips, why, galaxy, not no_expand, between, outside, tuple(warnings), names
+    )
+
+
+def pci_targets(inv: Inventory, chips: Iterable[str]) -> list[str]:
+    """PCI addresses (as the driver lists them now) of the devices behind ``chips``."""
+    wanted = set(chips)
+    out: list[str] = []
+    for c in inv.chips:
+        if c.asic_id not in wanted:
+            continue
+        lead = health.pci_lead(inv, c)  # a remote chip is reset through its PCI partner
+        if lead is not None and lead.bdf and lead.bdf not in out:
+            out.append(lead.bdf)
+    return out
+
+
+def smi_argv(
+    tool: str, bdfs: Sequence[str], present: Iterable[str], *, galaxy: bool = False
+) -> list[str]:
+    """``tt-smi -r A,B`` naming only existing, lower-case PCI addresses (ValueError otherwise).
+
+    tt-smi resets EVERY device when none of its targets match (an unknown or upper-case
+    address, an empty list), so this refuses to build such a command.
+    """
+    if galaxy:
+        return [tool, "-glx_reset"]
+    existing = set(present)
+    chosen = list(dict.fromkeys(bdfs))
+    if not chosen:
+        raise ValueError(
+            "no PCI device of the set exists now (tt-smi -r without a match resets every device)"
+        )
+    for bdf in chosen:
+        if not BDF_RE.fullmatch(bdf):
+            raise ValueError(f"{bdf!r} is not a lower-case PCI address tt-smi would match")
+        if bdf not in existing:
+            raise ValueError(f"{bdf} does not exist now; tt-smi would skip it")
+    return [tool, "-r", ",".join(chosen)]
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Why a chip of the set may not be reset now."""
+
+    kind: str  # "lease" (another job's), "job" (a ttmesh job's worker), "holder", "unknown"
+    asic: str
+    name: str
+    pid: int | None = None
+    user: str = "?"
+    cmd: str = "?"
+    job: str | None = None
+    start: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "lease":
+            return f"{self.name} is leased by ttmesh job {self.job or '?'} (pid {self.pid}: {self.cmd})"
+        if self.kind == "job":
+            return (
+                f"{self.name} is held by pid {self.pid} ({self.user}: {self.cmd}), "
+                f"a worker of ttmesh job {self.job}"
+            )
+        if self.kind == "unknown":
+            return f"cannot tell which processes hold {self.name} (permissions)"
+        return f"{self.name} is held by pid {self.pid} ({self.user}: {self.cmd})"
+
+
+def blockers(
+    inv: Inventory, chips: Iterable[str], *, own_pids: Iterable[int] | None = None
+) -> list[Blocker]:
+    """Leases of other jobs and holders of ``chips``.
+
+    ``own_pids`` (default: this process) are ours: their leases don't block, and processes
+    descending from them count as plain holders (``--force`` may stop them), not as another
+    job's workers.
+    """
+    own = {os.getpid()} if own_pids is None else set(own_pids)
+    wanted = list(dict.fromkeys(chips))
+    leased, owners = health.lease_owners(inv.host, [c.asic_id for c in inv.chips])
+    others = {pid: job for pid, job in owners.items() if pid not in own}
+    out: list[Blocker] = []
+    for asic in wanted:
+        info = leased.get(asic)
+        if info is not None and info.pid not in own:
+            out.append(
+                Blocker(
+                    "lease",
+                    asic,
+                    health.chip_name(inv, asic),
+                    info.pid,
+                    cmd=holders.one_line(info.cmd or "") or "?",
+                    job=info.job,
+                )
+            )
+    seen: set[tuple[int, str]] = set()
+    by_asic = {c.asic_id: c for c in inv.chips}
+    for asic in wanted:
+        chip = by_asic.get(asic)
+        if chip is None:
+            continue
+        lead = health.pci_lead(inv, chip)
+        if lead is None:
+            continue
+        found = health.held_by(inv, lead, others)
+        name = health.chip_name(inv, lead.asic_id)
+        if found is None:
+            if (-1, lead.asic_id) not in seen:
+                seen.add((-1, lead.asic_id))
+                out.append(Blocker("unknown", lead.asic_id, name))
+            continue
+        for h in found:
+            if (h.pid, lead.asic_id) in seen:
+                continue
+            seen.add((h.pid, lead.asic_id))
+            out.append(
+                Blocker(
+                    "job" if h.job else "holder",
+                    lead.asic_id,
+                    name,
+                    h.pid,
+                    h.user,
+                    h.cmd,
+                    h.job,
+                    h.start,
+                )
+            )
+    return out
+
+
+# =========================================================================== processes
+
+
+def _same_process(pid: int, start: int | None) -> bool:
+    return start is not None and proc_start_time(pid) == start
+
+
+def stop_processes(
+    targets: Sequence[Blocker], grace: float = STOP_GRACE, log: Log | None = None
+) -> list[str]:
+    """SIGTERM each holder, SIGKILL what is left after ``grace``; what could not be stopped.
+
+    Before every signal the PID must still have the start time it had when found, so a PID
+    reused by another process is never signalled.
+    """
+    say = log or (lambda _m: None)
+    pending: dict[int, Blocker] = {}
+    problems: list[str] = []
+    for b in targets:
+        if b.pid is None or b.pid in pending:
+            continue
+        if b.start is None:
+            problems.append(f"pid {b.pid}: its start time is unknown, not signalling it")
+            continue
+        pending[b.pid] = b
+
+    def alive() -> dict[int, Blocker]:
+        return {p: b for p, b in pending.items() if _same_process(p, b.start)}
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        pending = alive()
+        for pid, b in pending.items():
+            if _same_process(pid, b.start):
+                say(f"stopping pid {pid} ({b.user}: {b.cmd}) with {sig.name}")
+                with contextlib.suppress(ProcessLookupError):
+                    try:
+                        os.kill(pid, sig)
+                    except PermissionError:
+                        problems.append(f"pid {pid} ({b.user}: {b.cmd}): not allowed to signal it")
+        deadline = time.monotonic() + wait
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not alive():
+            return problems
+    problems.extend(f"pid {p} ({b.user}: {b.cmd}) survived SIGKILL" for p, b in alive().items())
+    return problems
+
+
+def wait_released(
+    inv: Inventory, chips: Iterable[str], timeout: float = RELEASE_TIMEOUT
+) -> list[str]:
+    """Poll until the driver lists no holder of ``chips``; names of chips still held."""
+    wanted = set(chips)
+    leads = []
+    for c in inv.chips:
+        if c.asic_id in wanted:
+            lead = health.pci_lead(inv, c)
+            if lead is not None and lead not in leads:
+                leads.append(lead)
+    deadline = time.monotonic() + timeout
+    while True:
+        held = [
+            lead.bdf or lead.asic_id
+            for lead in leads
+            if lead.dev_index is not None and inv.host.holder_pids(lead.dev_index)
+        ]
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.01)
+
+
+def find_tt_smi(host: Host, explicit: str | None = None) -> str:
+    """``--tt-smi PATH``, ``$TTMESH_TT_SMI``, a simulated root's ``bin/tt-smi``, or PATH.
+
+    PATH is used for the real host (``/``) only: a real tt-smi resets this machine's chips,
+    whatever root ttmesh was pointed at.
+    """
+    hint = "install it: pip install tt-smi (or give --tt-smi PATH)"
+    for source, value in (
+        ("--tt-smi", explicit),
+        ("TTMESH_TT_SMI", os.environ.get("TTMESH_TT_SMI")),
+    ):
+        if value:
+            path = Path(value)
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise bad_input(
+                    f"tt-smi not found: {source} {value} is not an executable file", hint
+                )
+            if host.simulated and path.resolve().is_relative_to(host.root):
+                host.check_trusted(path)
+            return str(path)
+    if host.simulated:
+        path = host.path("bin/tt-smi")
+        if path.is_file():
+            host.check_trusted(path)
+            return str(path)
+        raise bad_input(f"tt-smi not found: the simulated host has no {path}", hint)
+    if host.root == Path("/"):
+        found = shutil.which("tt-smi")
+        if found:
+            return found
+        raise bad_input("tt-smi not found on PATH", hint)
+    raise bad_input(
+        f"tt-smi not found for root {host.root} (a tt-smi on PATH would reset this machine's chips)",
+        "give --tt-smi PATH",
+    )
+
+
+@dataclass
+class SmiRun:
+    argv: list[str]
+    code: int | None  # None: it did not finish (timed out, or could not start)
+    timed_out: bool
+    seconds: float
+    output: str
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def run_tt_smi(argv: Sequence[str], timeout: float, *, sim_root: str | None = None) -> SmiRun:
+    """Run tt-smi (argv list, stdin closed, output captured) in its own process group.
+
+    At ``timeout`` the whole group is killed and the process reaped: no zombie, no orphan.
+    """
+    env = dict(os.environ)
+    env["TT_LOGGER_LEVEL"] = "error"
+    if sim_root:
+        env["TTMESH_SIM_ROOT"] = sim_root
+    else:
+        env.pop("TTMESH_SIM_ROOT", None)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        return SmiRun(list(argv), None, False, 0.0, f"cannot run {argv[0]}: {exc.strerror}")
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a descendant left the group and kept the pipe
+            proc.kill()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait()
+            out = b""
+    except BaseException:
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    seconds = time.monotonic() - t0
+    text = (out or b"").decode(errors="replace")
+    return SmiRun(list(argv), None if timed_out else proc.returncode, timed_out, seconds, text)
+
+
+# =========================================================================== verification
+
+
+@dataclass
+class ChipState:
+    asic: str
+    bdf: str | None
+    dev: int | None
+    status: str  # ok | unknown | links down | frozen | gone
+    detail: str = ""
+
+
+def observe(
+    host: Host,
+    chips: Sequence[str],
+    link_specs: Sequence[LinkSpec],
+    *,
+    bdfs: dict[str, str | None] | None = None,
+    timeout: float = 1.0,
+    names: dict[str, str] | None = None,
+) -> tuple[Inventory, dict[str, ChipState], list[str], list[str]]:
+    """Discover again and judge ``chips``: (inventory, state per chip, what is wrong, notes).
+
+    ``bdfs`` are the PCI addresses the chips had before: each must be back, holding the same
+    chip. Heartbeats and links that cannot be read are notes, not failures.
+    """
+    inv = discover(host)
+    by_asic = {c.asic_id: c for c in inv.chips}
+    names = dict(names or {})
+    present = [by_asic[a] for a in chips if a in by_asic]
+    beats = heartbeat.poll(inv, present, timeout=timeout) if present else {}
+    states = links.observe(inv, list(link_specs))
+    down: dict[str, int] = {}
+    unknown_links = 0
+    wrong: list[str] = []
+    notes: list[str] = []
+    pairs: dict[frozenset, list[links.LinkState]] = {}
+    for st in states:
+        pairs.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
+        if st.state == links.DOWN:
+            for end in (st.spec.a, st.spec.b):
+                down[end] = down.get(end, 0) + 1
+        elif st.state == links.UNKNOWN:
+            unknown_links += 1
+    result: dict[str, ChipState] = {}
+    for asic in chips:
+        name = names.get(asic) or health.chip_name(inv, asic)
+        chip = by_asic.get(asic)
+        want_bdf = (bdfs or {}).get(asic)
+        if chip is None or (want_bdf and chip.bdf != want_bdf):
+            result[asic] = ChipState(asic, want_bdf, None, GONE, "not listed by the driver")
+            wrong.append(f"{name} did not come back (the driver does not list it)")
+            continue
+        beat = beats.get(asic, heartbeat.UNKNOWN)
+        if beat == heartbeat.FROZEN:
+            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, FROZEN, "heartbeat frozen")
+            wrong.append(f"{name}: heartbeat frozen")
+        elif down.get(asic):
+            result[asic] = ChipState(
+                asic, chip.bdf, chip.dev_index, LINKS_DOWN, f"{down[asic]} link(s) down"
+            )
+        elif beat == heartbeat.UNKNOWN:
+            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, UNKNOWN, "heartbeat unknown")
+            notes.append(f"{name}: heartbeat cannot be read, not verified")
+        else:
+            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, OK)
+    for pair, group in pairs.items():
+        bad = [s for s in group if s.state == links.DOWN]
+        if bad:
+            a, b = sorted(pair, key=lambda x: names.get(x) or health.chip_name(inv, x))
+            na = names.get(a) or health.chip_name(inv, a)
+            nb = names.get(b) or health.chip_name(inv, b)
+            wrong.append(f"{len(bad)} of {len(group)} link(s) between {na} and {nb} down")
+    if unknown_links:
+        notes.append(f"{unknown_links} link(s) of the set report no state, not verified")
+    return inv, result, wrong, notes
+
+
+# =========================================================================== the loop
+
+
+@dataclass
+class Attempt:
+    number: int
+    argv: list[str]
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+    verified: bool
+    still_wrong: list[str]
+    output: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.number,
+            "argv": self.argv,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "seconds": round(self.seconds, 3),
+            "verified": self.verified,
+            "still_wrong": self.still_wrong,
+        }
+
+
+@dataclass
+class ResetOutcome:
+    plan: ResetPlan
+    recovered: bool
+    chips: list[dict[str, Any]]
+    attempts: list[Attempt]
+    problems: list[Problem]
+    seconds: float = 0.0
+    stopped: list[int] = field(default_factory=list)  # holder PIDs stopped (--force)
+
+    @property
+    def code(self) -> int:
+        return 0 if self.recovered else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "recovered": self.recovered,
+            "chips": self.chips,
+            "attempts": [a.to_json() for a in self.attempts],
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+def check_blockers(
+    inv: Inventory,
+    p: ResetPlan,
+    *,
+    force: bool,
+    own_pids: Iterable[int] | None = None,
+) -> list[Blocker]:
+    """Refuse (exit 3) for another job's lease or worker, or for holders without ``force``.
+
+    Returns the holders ``force`` may stop.
+    """
+    found = blockers(inv, p.chips, own_pids=own_pids)
+    hard = [b for b in found if b.kind in ("lease", "job")]
+    if hard:
+        more = f" (and {len(hard) - 1} more)" if len(hard) > 1 else ""
+        raise refused(
+            hard[0].describe() + more,
+            "ttmesh reset never touches another job's chips, even with --force: wait for it "
+            "to end (see ttmesh ps)",
+        )
+    soft = [b for b in found if b.kind in ("holder", "unknown")]
+    if soft and not force:
+        more = f" (and {len(soft) - 1} more)" if len(soft) > 1 else ""
+        hint = (
+            f"stop pid {soft[0].pid} ({soft[0].user}: {soft[0].cmd}), or add --force to stop it "
+            "(SIGTERM, then SIGKILL)"
+            if soft[0].kind == "holder"
+            else "run as root to see the holders, or add --force to reset anyway"
+        )
+        raise refused(soft[0].describe() + more, hint)
+    return [b for b in soft if b.kind == "holder"]
+
+
+def execute(
+    host: Host,
+    inv: Inventory,
+    p: ResetPlan,
+    tool: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    retries: int = DEFAULT_RETRIES,
+    force: bool = False,
+    log: Log | None = None,
+    backoff: float = DEFAULT_BACKOFF,
+    settle: float | None = None,
+    stop_grace: float = STOP_GRACE,
+    heartbeat_timeout: float = 1.0,
+    own_pids: Iterable[int] | None = None,
+) -> ResetOutcome:
+    """Steps 2-4 for a plan: refuse or stop holders, reset, verify, retry; never raises for
+    a reset that did not work (that is ``recovered=False``), only for refusals (exit 3)."""
+    say = log or (lambda _m: None)
+    t0 = time.monotonic()
+    to_stop = check_blockers(inv, p, force=force, own_pids=own_pids)
+    stopped: list[int] = []
+    if to_stop:
+        trouble = stop_processes(to_stop, stop_grace, say)
+        if trouble:
+            raise failed("could not stop the holders: " + "; ".join(trouble), "stop them by hand")
+        stopped = sorted({b.pid for b in to_stop if b.pid is not None})
+        say("waiting until the driver lists no holder")
+        still = wait_released(inv, p.chips)
+        if still:
+            raise failed(f"{', '.join(still)} still held after stopping its holders")
+    if settle is None:
+        settle = 0.0 if host.simulated else REAL_SETTLE  # a simulated reset ends with tt-smi
+    sim_root = str(host.root) if host.simulated else None
+    bdf_before = {a: inv.chip(a).bdf for a in p.chips}
+    say("reading the chips' state before the reset")
+    _, before, _, _ = observe(
+        host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
+    )
+    current = inv
+    attempts: list[Attempt] = []
+    after = before
+    notes: list[str] = []
+    for number in range(1, retries + 2):
+        present = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
+        targets = [b for b in pci_targets(current, p.chips) if b in present]
+        try:
+            argv = smi_argv(tool, targets, present, galaxy=p.galaxy)
+        except ValueError as exc:
+            attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
+            break
+        say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
+        run = run_tt_smi(argv, timeout, sim_root=sim_root)
+        if run.timed_out:
+            say(f"tt-smi timed out after {timeout:g} s; killed it")
+        deadline = time.monotonic() + (0.0 if run.timed_out else settle)
+        while True:
+            current, after, wrong, notes = observe(
+                host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
+            )
+            if not wrong or time.monotonic() >= deadline:
+                break
+            say("waiting for: " + "; ".join(wrong))
+            time.sleep(0.25)
+        if run.timed_out:
+            wrong = [f"tt-smi timed out after {timeout:g} s (killed)", *wrong]
+        elif run.code is None:
+            wrong = [run.output.strip() or "tt-smi did not run", *wrong]
+        attempts.append(
+            Attempt(
+                number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong, run.output
+            )
+        )
+        if not wrong:
+            say(f"verified after attempt {number}")
+            break
+        if number <= retries:
+            wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
+            say(
+                f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s"
+            )
+            time.sleep(wait)
+    recovered = bool(attempts) and attempts[-1].verified
+    chips = [
+        {
+            "bdf": bdf_before.get(a) or (before[a].bdf if a in before else None),
+            "asic_id": a,
+            "before": before[a].status if a in before else GONE,
+            "after": after[a].status if a in after else GONE,
+            "dev_before": before[a].dev if a in before else None,
+            "dev_after": after[a].dev if a in after else None,
+        }
+        for a in p.chips
+    ]
+    problems = _problems(host, p, current, attempts, after, notes, timeout)
+    return ResetOutcome(p, recovered, chips, attempts, problems, time.monotonic() - t0, stopped)
+
+
+def _problems(
+    host: Host,
+    p: ResetPlan,
+    inv: Inventory,
+    attempts: list[Attempt],
+    after: dict[str, ChipState],
+    notes: list[str],
+    timeout: float,
+) -> list[Problem]:
+    out = list(p.warnings)
+    last = attempts[-1] if attempts else None
+    again = f"ttmesh reset{health.root_flag(host)} --chips " + ",".join(
+        pci_targets(inv, p.chips) or [p.name(a) for a in p.chips]
+    )
+    if last is not None and not last.verified:
+        for what in last.still_wrong:
+            if "timed out" in what:
+                fix = f"give tt-smi longer: --timeout {max(timeout * 2, 60):g}"
+            elif "did not come back" in what:
+                fix = "power-cycle the host: a reset cannot bring back a device the driver lost"
+            elif "tt-smi" in what or not last.argv:
+                fix = "check tt-smi by hand: tt-smi -ls"
+            else:
+                fix = f"{again} --retries 4, and power-cycle the host if it persists"
+            out.append(Problem(ERROR, what, fix, "reset"))
+    for note in notes:
+        out.append(Problem(WARNING, note, "install the hardware extra: pip install 'ttmesh[hw]'"))
+    present = {c.asic_id for c in inv.chips}
+    reachable = [lk for lk in p.outside if lk.a in present and lk.b in present]
+    if reachable and last is not None:
+        states = links.observe(inv, reachable)
+        n = sum(1 for s in states if s.state == links.DOWN)
+        if n:
+            out.append(
+                Problem(
+                    WARNING,
+                    f"{n} link(s) from the reset chips to chips outside the set are down",
+                    f"ttmesh reset{health.root_flag(host)} (without --no-expand)",
+                    "link-down",
+                )
+            )
+    out.sort(key=lambda pr: pr.severity != ERROR)
+    return out
+
+
+def recover(
+    host: Host,
+    asics: Sequence[str] | None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    retries: int = DEFAULT_RETRIES,
+    force: bool = False,
+    log: Log | None = None,
+    expand_set: bool = True,
+    tt_smi: str | None = None,
+    backoff: float = DEFAULT_BACKOFF,
+    settle: float | None = None,
+) -> ResetOutcome:
+    """Reset ``asics`` (None: every chip) safely and verify them; for the launcher after a crash.
+
+    Expands the set, refuses (TTMeshError, exit code 3) when another job leases or works on a
+    chip of it or, without ``force``, when a process holds one; leases and workers of this
+    process are ours and do not block. Raises TTMeshError (exit 2) when tt-smi is missing.
+    Returns the outcome: ``recovered`` is True only when verified.
+    """
+    if timeout <= 0:
+        raise bad_input(f"timeout {timeout}: must be positive")
+    if retries < 0:
+        raise bad_input(f"retries {retries}: cannot be negative")
+    inv = discover(host)
+    p = plan(inv, asics, no_expand=not expand_set)
+    tool = find_tt_smi(host, tt_smi)
+    if log is not None:
+        log(p.describe())
+        for warning in p.warnings:
+            log(f"warning: {warning.what}")
+    return execute(
+        host,
+        inv,
+        p,
+        tool,
+        timeout=timeout,
+        retries=retries,
+        force=force,
+        log=log,
+        backoff=backoff,
+        settle=settle,
+    )

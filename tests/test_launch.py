@@ -469,7 +469,7 @@ def test_n300_boards_group_chips(make_sim) -> None:
     assert all(len(r["chips"]) == 2 and len(r["bdfs"]) == 1 for r in plan["ranks"])
     assert "boards of 2" in plan["grouping"]
     odd = run_cli("launch", "--root", str(root), "--tp-size", "3", *worker("exit=0"))
-    assert odd.code == 2 and "multiple of 2" in odd.err
+    assert odd.code == 2 and "boards of 2" in odd.err
 
 
 def _busy_port() -> socket.socket:

@@ -493,7 +493,7 @@ def _busy_port() -> socket.socket:
         (["--tp-size", "2", "--env", "NOEQUALS"], "KEY=VALUE"),
         (["--tp-size", "2", "--symmetric-dram-mb", "0"], "positive"),
         (["--tp-size", "2", "--symmetric-dram-mb", "40000"], "at most"),
-        (["--tp-size", "2", "--mesh-layout", "mesh"], "MPI"),
+        (["--tp-size", "2", "--mesh-layout", "mesh", "--launcher", "direct"], "MPI"),
         (["--tp-size", "2", "--mesh-shape", "2by2"], "ROWSxCOLS"),
         (["--chips", "0000:01:00.0,0000:07:00.0"], "not connected"),
     ],

@@ -279,6 +279,12 @@ def _ranks(value: str | None) -> set[int] | None:
     "default for --mesh-layout mesh/multi-mesh: tt-metal worlds form through MPI).",
 )
 @click.option(
+    "--rank-binding",
+    metavar="FILE.yaml",
+    help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
+    "descriptor, under mpirun, with ttmesh's environment and supervision added.",
+)
+@click.option(
     "--workdir",
     metavar="DIR",
     help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
@@ -330,6 +336,7 @@ def launch_cmd(
     summary_json: str | None,
     launcher: str | None,
     workdir: str | None,
+    rank_binding: str | None,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -354,7 +361,12 @@ def launch_cmd(
         command = command[1:]
     if nproc is not None and nproc <= 0:
         raise bad_input(f"--nproc-per-node {nproc}: must be positive")
-    if tp_size is None and nproc is None and not chips:
+    binding = None
+    if rank_binding:
+        from ttmesh.launcher.adapters import ttrun
+
+        binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
+    if tp_size is None and nproc is None and not chips and binding is None:
         raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
     if max_restarts < 0:
         raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
@@ -377,8 +389,11 @@ def launch_cmd(
         job=job_id or "",
         strict_links=strict_links,
         nproc=nproc,
-        launcher=launcher or ("mpi" if mesh_layout in ("mesh", "multi-mesh") else "direct"),
+        launcher=launcher
+        or ("mpi" if mesh_layout in ("mesh", "multi-mesh") or binding is not None else "direct"),
         workdir=os.path.abspath(workdir) if workdir else "",
+        binding=binding,
+        environ=dict(os.environ),
     )
     options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
     prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)

@@ -120,7 +120,7 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
     return value
 
 
-@click.command("reset", context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.command("reset", context_settings=CONTEXT)
 @host_options
 @click.option(
     "--chips",

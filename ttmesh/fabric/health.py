@@ -164,7 +164,7 @@ def expected(inv: Inventory, known_good_dir: Path | bool | None = None) -> Expec
     if store is not None:
         record = known_good.find([c.asic_id for c in inv.chips] + list(inv.missing), store)
     merged, missing = known_good.merge(inv, record)
-    names = {a: b for a, b in _descriptor_bdfs(inv.host).items() if a in missing}
+    names = {a: b for a, b in _descriptor_bdfs(inv.host).items() if a in missing} if missing else {}
     if record is not None:
         for asic in missing:
             bdf = record.chips.get(asic, {}).get("bdf")

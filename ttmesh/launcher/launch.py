@@ -113,6 +113,22 @@ def prepare(
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
+    if req.binding is not None:
+        from ttmesh.launcher.adapters import ttrun
+
+        if chips_arg or exclude_arg or req.mesh_shape:
+            raise bad_input(
+                "--rank-binding decides the chips", "drop --chips/--exclude/--mesh-shape"
+            )
+        req.binding_units = ttrun.rank_units(req.binding, inv, meshselect.units_of(inv))
+        chips_arg = ",".join(u.bdf for units in req.binding_units for u in units)
+        n = sum(u.size for units in req.binding_units for u in units)
+        if req.tp_size not in (None, n):
+            raise bad_input(
+                f"--tp-size {req.tp_size} but {req.binding.path} gives its ranks {n} chips",
+                "drop --tp-size with --rank-binding",
+            )
+        req.tp_size = n
     chosen = _parse_bdfs(chips_arg, inv, "--chips")
     excluded = _parse_bdfs(exclude_arg, inv, "--exclude")
     both = {c.asic_id for c in chosen} & {c.asic_id for c in excluded}
@@ -167,11 +183,14 @@ def prepare(
             if c.asic_id in why and why[c.asic_id] != "excluded":
                 raise refused(f"chip {c.label} is {why[c.asic_id]}: {who[c.asic_id]}")
         gap = meshselect.check_connected(inv, chosen)
-        if gap:
+        if req.binding is not None:
+            sel = meshselect.as_given(inv, [c.asic_id for c in chosen])
+        elif gap:
             raise bad_input(f"--chips are not connected: {gap}", "choose chips linked by Ethernet")
-        sel = meshselect.select(
-            inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
-        )
+        else:
+            sel = meshselect.select(
+                inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
+            )
     else:
         try:
             sel = meshselect.select(inv, req.tp_size, shape=req.mesh_shape, unavailable=why)
@@ -223,6 +242,13 @@ def mock_clusters(host: Host, sel: meshselect.Selection, req: LaunchRequest) -> 
     """tt-metal's view of a simulated host per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
     from ttmesh.mesh import layout, mock
 
+    if req.binding is not None:
+        return {
+            i: mock.for_chips(
+                host, [a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}"
+            )
+            for i, units in enumerate(req.binding_units)
+        }
     sp = layout.split(sel, req.layout, req.nproc)
     if req.layout == "single-process":
         return {0: mock.whole_host(host, f"ttmesh job {req.job}")}

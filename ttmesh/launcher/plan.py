@@ -73,6 +73,9 @@ class LaunchRequest:
     mpirun: str = ""
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
+    binding: Any = None  # a tt-run rank-binding file (adapters.ttrun.BindingFile)
+    binding_units: list = field(default_factory=list)  # each binding rank's units
+    environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
     python: str = sys.executable
     cwd: str = ""
 
@@ -221,15 +224,43 @@ def parse_env(items: list[str]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- building
 
 
+def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
+    """A tt-run rank binding decides the ranks: one block per binding, its chips as given."""
+    bf = req.binding
+    blocks = []
+    for b, units in zip(bf.bindings, req.binding_units, strict=True):
+        chips = tuple(a for u in units for a in u.chips)
+        coords = tuple(sel.coord_of(a) for a in chips)
+        blocks.append(
+            layout.Block(
+                rank=b.rank,
+                origin=coords[0],
+                shape=(1, len(chips)),
+                host_coord=(0, 0),
+                host_rank=b.mesh_host_rank or 0,
+                coords=coords,
+                chips=chips,
+                units=tuple(units),
+            )
+        )
+    return layout.Split("rank-binding", (1, 1), blocks)
+
+
 def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
-    sp = layout.split(sel, req.layout, req.nproc)
     run_dir = req.run_dir
-    texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
-    files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
-    if sp.layout == "isolated":
-        descriptors = {f"rank{r}": f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
+    if req.binding is not None:
+        sp = _binding_split(req, sel)
+        files: dict[str, str] = {}
+        of_rank = {b.rank: "" for b in sp.blocks}
+        descriptors = {"mesh": req.binding.mesh_graph_desc_path}
     else:
-        descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
+        sp = layout.split(sel, req.layout, req.nproc)
+        texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
+        files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
+        if sp.layout == "isolated":
+            descriptors = {f"rank{r}": f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
+        else:
+            descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
     cache_base = os.environ.get("TT_METAL_CACHE") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         / "ttmesh"
@@ -241,7 +272,9 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
     for block in sp.blocks:
         rank = block.rank
         mesh_id, host_rank = layout.mesh_ids(sp, block)
-        desc_path = f"{run_dir}/mesh/{of_rank[rank]}"
+        desc_path = (
+            descriptors["mesh"] if req.binding is not None else f"{run_dir}/mesh/{of_rank[rank]}"
+        )
         env = {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
@@ -284,6 +317,15 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         if workdir:
             env["TT_RUN_ORIGINAL_CWD"] = req.cwd
             env["TTMESH_ORIGINAL_CWD"] = req.cwd
+        if req.binding is not None:
+            from ttmesh.launcher.adapters import ttrun
+
+            binding = req.binding.bindings[rank]
+            env.update(ttrun.binding_env(binding, req.binding, req.environ, req.cwd))
+            env["TT_VISIBLE_DEVICES"] = ",".join(block.bdfs)  # by PCI address, whatever was given
+            mesh_id, host_rank = binding.mesh_id, binding.mesh_host_rank or 0
+            if binding.mesh_host_rank is None:
+                env.pop("TT_MESH_HOST_RANK", None)
         env.update(user_env)
         ranks.append(
             RankPlan(
@@ -314,7 +356,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         )
     return LaunchPlan(
         job=req.job,
-        layout=req.layout,
+        layout=sp.layout,
         mesh_shape=sel.shape,
         dim_types=sel.dim_types,
         host_dims=sp.host_dims,

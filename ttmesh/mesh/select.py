@@ -75,10 +75,10 @@ def link_graph(inv: Inventory) -> dict[str, Counter]:
 
 
 def candidate_shapes(n: int, full: tuple[int, int] | None = None) -> list[tuple[int, int]]:
-    """Shapes of n chips, most square first; rows <= cols unless the host's own mesh is taller."""
+    """Shapes of n chips, most square first, rows <= cols; the whole host keeps its own shape
+    (8x4 for a whole Galaxy, but 2x4 for 8 of its chips, as on a T3K)."""
     shapes = [(r, n // r) for r in range(1, n + 1) if n % r == 0]
-    tall = full is not None and full[0] > full[1]
-    shapes.sort(key=lambda s: (max(s) / min(s), (s[0] < s[1]) if tall else (s[0] > s[1])))
+    shapes.sort(key=lambda s: (s != full, max(s) / min(s), s[0] > s[1]))
     return shapes
 
 
@@ -186,25 +186,28 @@ def select(
     units = units_of(inv)
     unit_of = {a: u for u in units for a in u.chips}
     unit_size = max((u.size for u in units), default=1)
-    if n % unit_size:
-        raise bad_input(
-            f"tp-size {n}: chips on this host come in boards of {unit_size} (a process drives "
-            f"a whole {inv.chips[0].board_type} board)",
-            f"use a multiple of {unit_size}",
-        )
     order_key = {c.asic_id: i for i, c in enumerate(inv.chips)}
     if chips is not None:
         allowed = sorted(chips, key=order_key.__getitem__)
     else:
         allowed = [c.asic_id for c in inv.chips if c.asic_id not in unavailable]
+    if n % unit_size:
+        raise bad_input(
+            f"tp-size {n}: chips on this host come in boards of {unit_size} (a process drives "
+            f"a whole {inv.chips[0].board_type} board)",
+            "possible: " + (", ".join(map(str, possible_sizes(inv, allowed))) or "none"),
+        )
     if n > len(allowed):
         free = len(allowed)
         why = Counter(unavailable.values())
         detail = ", ".join(f"{k} {v}" for k, v in why.items())
+        sizes = possible_sizes(inv, allowed)
         raise bad_input(
             f"tp-size {n}: only {free} of {len(inv.chips)} chips are free"
             + (f" ({detail} unavailable)" if detail else ""),
-            f"ask for at most {free}" if free else "wait for the chips to be free",
+            ("possible: " + ", ".join(map(str, sizes)))
+            if sizes
+            else "wait for the chips to be free",
         )
     full = full_shape(inv)
     shapes = [shape] if shape else candidate_shapes(n, full)
@@ -318,3 +321,21 @@ def check_connected(inv: Inventory, chips: list[Chip]) -> str | None:
     if not missing:
         return None
     return f"{missing[0].label} has no Ethernet link to {', '.join(c.label for c in chips if c.asic_id in seen)}"
+
+
+def as_given(inv: Inventory, chips: list[str]) -> Selection:
+    """The chips a rank binding names, as they are: their mesh if they form one, else a line."""
+    try:
+        return select(inv, len(chips), chips=chips)
+    except Exception:
+        units = [u for u in units_of(inv) if u.chips[0] in chips]
+        grid = {(0, i): a for i, a in enumerate(chips)}
+        return Selection(
+            shape=(1, len(chips)),
+            grid=grid,
+            order=list(grid),
+            units=units,
+            dim_types=("LINE", "LINE"),
+            channels=0,
+            pair_links={},
+        )

@@ -8,9 +8,15 @@ handed to tt-run (or to ``ttmesh launch --rank-binding``) unchanged.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ttmesh.errors import bad_input
+from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.plan import LaunchPlan
+from ttmesh.mesh.select import Unit
 
 
 def rank_binding(plan: LaunchPlan, mesh_graph_desc_path: str) -> dict[str, Any]:
@@ -39,3 +45,148 @@ def dump(data: dict[str, Any], header: str = "") -> str:
 
     head = "".join(f"# {line}\n" for line in header.splitlines())
     return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+# --------------------------------------------------------------------------- reading tt-run files
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class Binding:
+    rank: int
+    mesh_id: int
+    mesh_host_rank: int | None
+    env_overrides: dict[str, str]
+
+
+@dataclass
+class BindingFile:
+    path: str
+    bindings: list[Binding]
+    global_env: dict[str, str]
+    mesh_graph_desc_path: str
+
+
+def _expand(value: str, environ: dict[str, str], where: str) -> str:
+    """tt-run expands ${VAR}; an unset variable is an error here, not a silent literal."""
+
+    def sub(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in environ:
+            raise bad_input(
+                f"{where}: ${{{name}}} is not set", f"export {name}=... or edit the file"
+            )
+        return environ[name]
+
+    return _VAR.sub(sub, value)
+
+
+def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
+    """Read and check a tt-run rank-binding file the way tt-run's own model does."""
+    from ttmesh import yamlio
+
+    try:
+        data = yamlio.load_file(path)
+    except FileNotFoundError:
+        raise bad_input(f"rank binding {path} does not exist")
+    except ValueError as exc:
+        raise bad_input(f"{path}: not valid YAML: {exc}")
+    if not isinstance(data, dict) or not isinstance(data.get("rank_bindings"), list):
+        raise bad_input(f"{path}: no rank_bindings list", "see tt-run's rank-binding format")
+    bindings = []
+    for i, raw in enumerate(data["rank_bindings"]):
+        where = f"{path}: rank_bindings[{i}]"
+        if not isinstance(raw, dict) or "rank" not in raw or "mesh_id" not in raw:
+            raise bad_input(f"{where}: needs rank and mesh_id")
+        try:
+            rank, mesh_id = int(raw["rank"]), int(raw["mesh_id"])
+            host_rank = None if raw.get("mesh_host_rank") is None else int(raw["mesh_host_rank"])
+        except (TypeError, ValueError):
+            raise bad_input(f"{where}: rank, mesh_id and mesh_host_rank must be integers")
+        if rank < 0 or mesh_id < 0 or (host_rank is not None and host_rank < 0):
+            raise bad_input(f"{where}: rank, mesh_id and mesh_host_rank cannot be negative")
+        overrides = raw.get("env_overrides") or {}
+        if not isinstance(overrides, dict):
+            raise bad_input(f"{where}: env_overrides must be a map")
+        expanded = {str(k): _expand(str(v), environ, where) for k, v in overrides.items()}
+        bindings.append(Binding(rank, mesh_id, host_rank, expanded))
+    ranks = sorted(b.rank for b in bindings)
+    if len(set(ranks)) != len(ranks):
+        raise bad_input(f"{path}: a rank appears twice in rank_bindings")
+    if ranks != list(range(len(ranks))):
+        missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        raise bad_input(
+            f"{path}: ranks must run 0..{len(ranks) - 1} without gaps (missing {missing})"
+        )
+    global_env = {
+        str(k): _expand(str(v), environ, f"{path}: global_env")
+        for k, v in (data.get("global_env") or {}).items()
+    }
+    mgd = data.get("mesh_graph_desc_path")
+    if not mgd:
+        raise bad_input(f"{path}: no mesh_graph_desc_path")
+    mgd_path = Path(_expand(str(mgd), environ, f"{path}: mesh_graph_desc_path")).expanduser()
+    if not mgd_path.is_absolute():
+        candidates = (
+            [Path(environ["TT_METAL_HOME"]) / mgd_path] if environ.get("TT_METAL_HOME") else []
+        )
+        candidates += [Path(cwd) / mgd_path, Path(path).resolve().parent / mgd_path]
+        mgd_path = next((c for c in candidates if c.is_file()), candidates[-1])
+    if not mgd_path.is_file():
+        raise bad_input(f"{path}: mesh graph descriptor {mgd} not found")
+    return BindingFile(
+        path, sorted(bindings, key=lambda b: b.rank), global_env, str(mgd_path.resolve())
+    )
+
+
+def rank_units(bf: BindingFile, inv: Inventory, units: list[Unit]) -> list[tuple[Unit, ...]]:
+    """Each rank's chips, from the TT_VISIBLE_DEVICES of its env_overrides."""
+    by_bdf = {u.bdf: u for u in units}
+    by_index = {c.pci_index: c.bdf for c in inv.chips if c.bdf}
+    taken: dict[str, int] = {}
+    out = []
+    for b in bf.bindings:
+        visible = b.env_overrides.get("TT_VISIBLE_DEVICES")
+        if not visible:
+            raise bad_input(
+                f"{bf.path}: rank {b.rank} has no TT_VISIBLE_DEVICES in env_overrides",
+                "ttmesh gives each rank its chips: name them by PCI address",
+            )
+        chosen: list[Unit] = []
+        for item in (v.strip() for v in visible.split(",") if v.strip()):
+            bdf = by_index.get(int(item)) if item.isdigit() else item.lower()
+            if bdf not in by_bdf:
+                raise bad_input(
+                    f"{bf.path}: rank {b.rank}: TT_VISIBLE_DEVICES entry {item!r} is no chip here",
+                    "chips here: " + ", ".join(sorted(by_bdf)),
+                )
+            if bdf in taken and taken[bdf] != b.rank:
+                raise bad_input(f"{bf.path}: {bdf} is given to ranks {taken[bdf]} and {b.rank}")
+            taken[bdf] = b.rank
+            if by_bdf[bdf] not in chosen:
+                chosen.append(by_bdf[bdf])
+        out.append(tuple(chosen))
+    return out
+
+
+def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) -> dict[str, str]:
+    """What tt-run gives the rank (its managed variables, global_env, env_overrides)."""
+    home = environ.get("TT_METAL_HOME", cwd)
+    env = {
+        "TT_MESH_ID": str(b.mesh_id),
+        "TT_MESH_GRAPH_DESC_PATH": bf.mesh_graph_desc_path,
+        "TT_METAL_HOME": home,
+        "TT_RUN_ORIGINAL_CWD": cwd,
+        "TT_RUN_RANK": str(b.rank),
+    }
+    # tt-run defaults TT_METAL_RUNTIME_ROOT to the launch directory, where an installed ttnn
+    # wheel then looks for its SoC descriptors and fails ("SoC descriptor file does not
+    # exist"); ttmesh passes it only when you set it.
+    if "TT_METAL_RUNTIME_ROOT" in environ:
+        env["TT_METAL_RUNTIME_ROOT"] = environ["TT_METAL_RUNTIME_ROOT"]
+    if b.mesh_host_rank is not None:
+        env["TT_MESH_HOST_RANK"] = str(b.mesh_host_rank)
+    env.update(bf.global_env)
+    env.update(b.env_overrides)
+    return env

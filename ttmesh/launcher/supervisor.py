@@ -205,6 +205,7 @@ class Guardian:
         self.open_streams: dict[int, tuple[int, str]] = {}
         self.start = time.monotonic()
         self.mpi_pid: int | None = None  # the MPI start mode's mpirun
+        self.launcher_error: str | None = None  # mpirun could not start the ranks
         self.demux = None
         self.sim_registered = False
 
@@ -290,14 +291,17 @@ class Guardian:
         """On a simulated host, the workers hold their chips; a layout that joins chips has
         brought their fabric up (one mark per worker, over every chip of the job when the
         workers form one tt-metal world)."""
-        if not self.plan.simulated or self.sim_registered:
-            return
-        if self.mpi_pid is not None:
+        if self.mpi_pid is not None and len(self.pids) < len(self.plan.ranks) and self.running:
             from ttmesh.launcher import mpi
 
             self.pids.update(mpi.rank_pids(self.mpi_pid, len(self.plan.ranks)))
-            if len(self.pids) < len(self.plan.ranks) and self.running:
+            if len(self.pids) < len(self.plan.ranks):
                 return  # not all ranks started yet: try again on the next tick
+            if not self.plan.simulated:
+                self.sim_registered = True
+                self._write_record()
+        if not self.plan.simulated or self.sim_registered:
+            return
         from ttmesh.sim.core import SimRoot
 
         self.sim = SimRoot(self.plan.root)
@@ -368,10 +372,14 @@ class Guardian:
         waits = []
         if self.deadline is not None and not self.killed:
             waits.append(max(0.0, self.deadline - time.monotonic()))
+        watching = self.plan.simulated or self.mpi_pid is not None
         if (
-            self.plan.simulated
+            watching
             and self.running
-            and (not self.sim_registered or len(self.fabric_seen) < len(self.plan.ranks))
+            and (
+                not self.sim_registered
+                or (self.plan.simulated and len(self.fabric_seen) < len(self.plan.ranks))
+            )
         ):
             waits.append(FABRIC_POLL)
         if not self.running:
@@ -436,6 +444,8 @@ class Guardian:
         self._kill_all()
 
     def _on_output(self, fd: int) -> None:
+        if fd not in self.open_streams:
+            return  # already drained and closed while this event was pending
         rank, name = self.open_streams[fd]
         try:
             data = os.read(fd, 65536)
@@ -484,8 +494,20 @@ class Guardian:
     def _mpirun_ended(self, status: int) -> None:
         """mpirun is gone: every rank is. Its report names the first rank that failed."""
         assert self.demux is not None
+        # Read what mpirun said before judging: its report may still sit in the pipes.
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and any(
+            r == LAUNCHER for r, _ in self.open_streams.values()
+        ):
+            for key, _ in self.selector.select(0.05):
+                if key.data == "output" and self.open_streams.get(key.fd, (0,))[0] == LAUNCHER:
+                    self._on_output(key.fd)
         self.demux.flush()
         code = procs.exit_code(status)
+        if code != 0 and not self.pids and self.stop_reason is None:
+            # mpirun failed before any rank existed: the launcher, not a worker, failed.
+            said = "".join(self.demux.text).strip().splitlines()
+            self.launcher_error = said[-1] if said else procs.describe_status(status)
         failed = self.demux.first_failure()
         if code != 0 and failed is None:
             failed = (0, code) if len(self.plan.ranks) == 1 else None
@@ -611,6 +633,18 @@ class Guardian:
                 "ttmesh",
                 None,
                 self.stop_reason,
+                exits,
+                fabric,
+                interrupted=True,
+                duration=duration,
+            )
+        if self.launcher_error is not None:
+            return AttemptResult(
+                self.attempt,
+                2,
+                "ttmesh",
+                None,
+                f"mpirun failed to start the ranks: {self.launcher_error}",
                 exits,
                 fabric,
                 interrupted=True,

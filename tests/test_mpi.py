@@ -1,0 +1,306 @@
+"""The MPI start mode and tt-run rank bindings: real mpirun, standard-library workers.
+
+Needs Open MPI's mpirun (Debian: openmpi-bin; .ci/run installs it). tt-metal itself is exercised
+in tests/test_conformance_mpi.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from ttmesh.launcher.logs import LAUNCHER
+from ttmesh.launcher.mpi import Demux
+
+TW = str(REPO / "tests" / "workers" / "tw.py")
+TAG = "ttmesh-test-worker"
+needs_mpirun = pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
+)
+
+
+def worker(*actions: str) -> list[str]:
+    return ["--", sys.executable, TW, TAG, *actions]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_demux_splits_tagged_chunks_into_ranks() -> None:
+    got: list[tuple[int, str, bytes]] = []
+    d = Demux(lambda r, n, b: got.append((r, n, b)))
+    d.data("stderr", b"[1,2]<stderr>:err from[1,0]<stderr>:err from 0\n[1,2]<stderr>: 2\n")
+    d.data("stderr", b"----\nProcess name: [[588,1],1]\n  Exit code:    3\n")
+    d.data("stdout", b"[1,1]<stdout>:hel")
+    d.data("stdout", b"lo\n[1,")
+    d.data("stdout", b"0]<stdout>:x\n")
+    d.flush()
+    by_rank: dict[tuple[int, str], bytes] = {}
+    for r, n, b in got:
+        by_rank[(r, n)] = by_rank.get((r, n), b"") + b
+    assert by_rank[(2, "stderr")] == b"err from 2\n"
+    assert by_rank[(0, "stderr")] == b"err from 0\n"
+    assert by_rank[(1, "stdout")] == b"hello\n"
+    assert by_rank[(0, "stdout")] == b"x\n"
+    assert b"Exit code:    3" in by_rank[(LAUNCHER, "stderr")]
+    assert d.first_failure() == (1, 3)
+
+
+def test_demux_reads_signal_reports() -> None:
+    d = Demux(lambda *_: None)
+    d.data(
+        "stderr",
+        b"mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 11 "
+        b"(Segmentation fault).\n",
+    )
+    assert d.first_failure() == (1, 139)
+
+
+def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "--mesh-layout", "mesh",
+                  "--dry-run", "--json", *worker("exit=0"))
+    assert res.code in (0, 2), res.err
+    if res.code == 2:
+        assert "mpirun" in res.err
+        pytest.skip("no mpirun here")
+    plan = json.loads(res.out)
+    assert plan["launcher"] == "mpi" and plan["layout"] == "mesh"
+    from ttmesh.fabric.devices import discover
+    from ttmesh.fabric.host import Host
+    from ttmesh.launcher import launch, mpi
+    from ttmesh.launcher.plan import LaunchRequest
+
+    req = LaunchRequest(command=[sys.executable, TW, TAG], tp_size=4, layout="mesh",
+                        launcher="mpi", no_python=True)
+    prepared = launch.prepare(req, Host(qb2))
+    argv, env = mpi.mpirun_argv("/usr/bin/mpirun", prepared.plan, {"RANK": "9", "PATH": "/bin"}, 1)
+    assert argv[:4] == ["/usr/bin/mpirun", "--tag-output", "--bind-to", "none"]
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+    assert ("--oversubscribe" in argv) == (4 > (os.cpu_count() or 1))
+    assert argv.count(":") == 3 and argv.count("-np") == 4
+    assert "RANK" not in env and env["PATH"] == "/bin"  # rank variables never inherited
+    sections = " ".join(argv).split(" : ")
+    for r, section in enumerate(sections):
+        assert f"-x RANK={r} " in section
+        assert "-x TT_MESH_ID=0 " in section
+        assert "-x TORCHELASTIC_RESTART_COUNT=1 " in section
+        assert f"-x TT_MESH_HOST_RANK={prepared.plan.ranks[r].host_rank} " in section
+        assert "--wdir " in section  # a working directory of the job's own
+    assert discover(Host(qb2)).chips  # the host is untouched
+
+
+# --------------------------------------------------------------------------- real mpirun
+
+
+@needs_mpirun
+def test_mpi_job_output_env_and_failure(qb2: Path, tmp_path: Path) -> None:
+    res = run_cli(
+        "launch", "--root", str(qb2), "--tp-size", "4", "--launcher", "mpi", "--workdir", ".",
+        "--summary-json", str(tmp_path / "s.json"),
+        *worker(f"env={tmp_path}", f"pids={tmp_path}", f"child={tmp_path}", "lines=3",
+                "fail-after=2:0.5:3"),
+        timeout=60,
+    )
+    assert res.code == 3, res.err
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert (summary["source"], summary["rank"], summary["code"]) == ("worker", 2, 3)
+    assert "rank 2 failing on purpose" in res.err
+    lines = [ln for ln in res.out.splitlines() if ln]
+    assert len(lines) == 12
+    for line in lines:
+        prefix, _, rest = line.partition(" ")
+        assert rest.startswith(f"rank{prefix[2]}-line"), line[:50]
+    envs = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)}
+    for r, e in envs.items():
+        assert e["OMPI_COMM_WORLD_RANK"] == str(r) == e["RANK"]
+        assert e["WORLD_SIZE"] == "4"
+        assert e["TT_METAL_MOCK_CLUSTER_DESC_PATH"].endswith(f"rank{r}_cluster_descriptor.yaml")
+    assert len({e["TT_VISIBLE_DEVICES"] for e in envs.values()}) == 4
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")] + [
+        int(p.read_text()) for p in tmp_path.glob("*.child")
+    ]
+    wait_for(lambda: not [p for p in pids if alive(p)], timeout=5, what="every rank gone")
+
+
+@needs_mpirun
+def test_sigkill_of_ttmesh_takes_mpirun_and_ranks(qb2: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "4",
+         "--launcher", "mpi", "--workdir", ".",
+         *worker(f"pids={tmp_path}", f"setsid={tmp_path}")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.setsid"))) == 4, what="ranks")
+        pids = [int(p.read_text()) for p in (*tmp_path.glob("*.pid"), *tmp_path.glob("*.setsid"))]
+        mpiruns = subprocess.run(["pgrep", "-f", "mpirun --tag-output"], capture_output=True,
+                                 text=True).stdout.split()
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not [p for p in pids if alive(p)], timeout=2.0, what="ranks gone")
+        wait_for(lambda: not [int(p) for p in mpiruns if alive(int(p))], timeout=2.0,
+                 what="mpirun gone")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_mpirun
+def test_interrupt_stops_an_mpi_job(qb2: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "2",
+         "--launcher", "mpi", "--workdir", ".", *worker(f"pids={tmp_path}")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="ranks")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert not [p for p in (int(f.read_text()) for f in tmp_path.glob("*.pid")) if alive(p)]
+
+
+@needs_mpirun
+def test_mpi_job_leases_holders_and_fabric(qb2: Path, tmp_path: Path) -> None:
+    """A mesh over 4 processes brings the fabric up between all its chips: a killed rank
+    leaves the links down, as on hardware; the leases and holders show while it runs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "4",
+         "--mesh-layout", "mesh", "--job-id", "mpi-job", "--workdir", ".",
+         *worker(f"pids={tmp_path}")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 4, what="ranks")
+
+        def listed() -> dict:
+            return json.loads(run_cli("ls", "--root", str(qb2), "--json").out)
+
+        wait_for(lambda: all(c["holders"] for c in listed()["chips"]), what="holders registered")
+        ls = listed()
+        assert {c["lease"]["job"] for c in ls["chips"]} == {"mpi-job"}
+        ps = json.loads(run_cli("ps", "--root", str(qb2), "--json").out)["jobs"]
+        assert [j["job"] for j in ps] == ["mpi-job"]
+        assert sorted(r["pid"] for r in ps[0]["ranks"]) == sorted(
+            int(p.read_text()) for p in tmp_path.glob("*.pid")
+        )
+        os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    ls = json.loads(run_cli("ls", "--root", str(qb2), "--json").out)
+    assert {link["state"] for link in ls["links"]} == {"down"}
+
+
+# --------------------------------------------------------------------------- rank bindings
+
+
+def _binding(tmp_path: Path, ranks: list[dict], **extra: object) -> Path:
+    import yaml
+
+    mgd = tmp_path / "m.textproto"
+    mgd.write_text("# placeholder\n")
+    path = tmp_path / "bind.yaml"
+    path.write_text(yaml.safe_dump({"rank_bindings": ranks, "mesh_graph_desc_path": str(mgd),
+                                    **extra}))
+    return path
+
+
+@needs_mpirun
+def test_rank_binding_env(qb2: Path, tmp_path: Path) -> None:
+    path = _binding(
+        tmp_path,
+        [
+            {"rank": 0, "mesh_id": 0, "mesh_host_rank": 1,
+             "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0", "FOO": "${HOME}/x"}},
+            {"rank": 1, "mesh_id": 0, "mesh_host_rank": 0,
+             "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+        ],
+        global_env={"BAR": "b"},
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_cli("launch", "--root", str(qb2), "--rank-binding", str(path), "--workdir", ".",
+                  *worker(f"env={out}", "exit=0"), env={"TT_METAL_RUNTIME_ROOT": "/rt"})
+    assert res.code == 0, res.err
+    e0 = json.loads((out / "rank0.json").read_text())
+    e1 = json.loads((out / "rank1.json").read_text())
+    assert e0["TT_VISIBLE_DEVICES"] == "0000:03:00.0" and e1["TT_VISIBLE_DEVICES"] == "0000:01:00.0"
+    assert (e0["TT_MESH_HOST_RANK"], e1["TT_MESH_HOST_RANK"]) == ("1", "0")
+    assert e0["TT_MESH_ID"] == "0" and e0["TT_RUN_RANK"] == "0" and e1["TT_RUN_RANK"] == "1"
+    assert e0["TT_MESH_GRAPH_DESC_PATH"] == str(tmp_path / "m.textproto")
+    assert e0["FOO"] == os.environ["HOME"] + "/x" and e0["BAR"] == "b"
+    assert e0["TT_RUN_ORIGINAL_CWD"] == os.getcwd() and e0["TT_METAL_RUNTIME_ROOT"] == "/rt"
+    assert e0["RANK"] == "0" and e0["LIBTT_SYMMETRIC_DRAM_MB"] == "2048"
+
+
+@pytest.mark.parametrize(
+    "ranks, needle",
+    [
+        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+          {"rank": 2, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0"}}],
+         "without gaps"),
+        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:0f:00.0"}}],
+         "no chip here"),
+        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+          {"rank": 1, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}}],
+         "given to ranks"),
+        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"X": "${TTMESH_SURELY_UNSET_VAR}",
+                                                      "TT_VISIBLE_DEVICES": "0000:01:00.0"}}],
+         "is not set"),
+        ([{"rank": 0, "mesh_id": 0}], "no TT_VISIBLE_DEVICES"),
+    ],
+)
+def test_bad_rank_bindings(qb2: Path, tmp_path: Path, ranks: list, needle: str) -> None:
+    path = _binding(tmp_path, ranks)
+    res = run_cli("launch", "--root", str(qb2), "--rank-binding", str(path), *worker("exit=0"))
+    assert res.code == 2, res.err
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
+    assert len(lines) == 1 and needle in lines[0], res.err
+
+
+def test_bad_launcher_and_missing_mpirun(qb2: Path, tmp_path: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "slurm",
+                  *worker("exit=0"))
+    assert res.code == 2 and "slurm" in res.err
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
+                  *worker("exit=0"), env={"TTMESH_MPIRUN": "/nonexistent/mpirun",
+                                          "PATH": "/nonexistent"})
+    assert res.code == 2 and "apt-get install openmpi-bin" in res.err, res.err
+    bad = tmp_path / "mpirun"
+    bad.write_text("#!/bin/sh\necho 'mpirun: cannot start the daemon' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
+                  *worker("exit=0"), env={"TTMESH_MPIRUN": str(bad)})
+    assert res.code == 2, res.err
+    assert res.err.strip().splitlines()[-1] == (
+        "ttmesh: exit 2: mpirun failed to start the ranks: mpirun: cannot start the daemon"
+    )

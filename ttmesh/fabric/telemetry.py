@@ -1,0 +1,128 @@
+"""What a real host's chips report beyond sysfs: topology, Ethernet status, remote heartbeats.
+
+The kernel driver shows PCI devices only. Remote chips (behind an n300's PCI chip), Ethernet
+links and their live status come from the chips' firmware, read through tt-umd (the ``hw``
+extra): ``TopologyDiscovery`` for the cluster descriptor, each device's firmware info provider
+for ``ETH_LIVE_STATUS`` bits and heartbeats. Without tt-umd these are unknown, and said so:
+never reported as "no links" or "down".
+
+tt-umd reads the machine it runs on, so only the root ``/`` is read this way; any other
+non-simulated root answers unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Any
+
+from ttmesh.fabric import clusterdesc
+from ttmesh.fabric.host import Host
+
+NO_UMD = "remote chips and Ethernet links are not visible without tt-umd: pip install 'ttmesh[hw]'"
+
+
+def _umd() -> Any | None:
+    try:
+        import tt_umd
+    except ImportError:
+        return None
+    return tt_umd
+
+
+def _options(umd: Any, remote: bool = True) -> Any:
+    opts = umd.TopologyDiscoveryOptions()
+    ignore = umd.TopologyDiscoveryOptions.Action.IGNORE
+    # As tt-smi does: a firmware mismatch or a dead Ethernet core must not abort discovery.
+    for name in (
+        "eth_fw_mismatch_action",
+        "eth_fw_heartbeat_failure",
+        "cmfw_mismatch_action",
+        "unexpected_routing_firmware_config",
+    ):
+        with contextlib.suppress(AttributeError):
+            setattr(opts, name, ignore)
+    with contextlib.suppress(AttributeError):
+        opts.discover_remote_devices = remote
+    return opts
+
+
+def umd_topology(host: Host) -> tuple[clusterdesc.ClusterDescriptor | None, str, list[str]]:
+    """The host's cluster descriptor from tt-umd's topology discovery (real hosts only)."""
+    if str(host.root) != "/":
+        return None, "none", [f"{host.root} is not this machine's root: no topology to discover"]
+    umd = _umd()
+    if umd is None:
+        return None, "none", [NO_UMD]
+    os.environ.setdefault("TT_LOGGER_LEVEL", "error")
+    try:
+        cd = umd.TopologyDiscovery.create_cluster_descriptor(_options(umd))
+        with tempfile.TemporaryDirectory(prefix="ttmesh-umd-") as tmp:
+            path = cd.serialize_to_file(os.path.join(tmp, "cluster_descriptor.yaml"))
+            return clusterdesc.load(path), "tt_umd", []
+    except Exception as exc:  # noqa: BLE001 - tt-umd raises its own exception types
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, "none", [f"tt-umd topology discovery failed: {first}"]
+
+
+def _devices(umd: Any) -> dict[str, Any]:
+    """asic id -> tt-umd device, for every chip tt-umd can reach."""
+    cd, devices = umd.TopologyDiscovery.discover(_options(umd))
+    ids = cd.get_chip_unique_ids()
+    return {format(ids[chip], "016x"): dev for chip, dev in devices.items() if chip in ids}
+
+
+def eth_live_status(host: Host, asics: list[str]) -> dict[str, int | None]:
+    """ETH_LIVE_STATUS-shaped bits per chip (bit 16+c: channel c up), None when unknown."""
+    unknown: dict[str, int | None] = {a: None for a in asics}
+    umd = _umd()
+    if umd is None or str(host.root) != "/":
+        return unknown
+    try:
+        devices = _devices(umd)
+    except Exception:  # noqa: BLE001
+        return unknown
+    out = dict(unknown)
+    for asic in asics:
+        dev = devices.get(asic)
+        if dev is None:
+            continue
+        with contextlib.suppress(Exception):
+            out[asic] = status_bits(dev.get_firmware_info_provider())
+    return out
+
+
+def status_bits(provider: Any) -> int | None:
+    """Fold the provider's per-channel lists (index = channel) into ETH_LIVE_STATUS bits."""
+    links = provider.get_eth_link_status_per_core()
+    if links is None:
+        return None  # firmware older than 19.9 cannot tell
+    beats = provider.get_eth_heartbeat_status_per_core() or []
+    value = 0
+    for chan, (_core, up) in enumerate(links):
+        if up:
+            value |= 1 << (16 + chan)
+    for chan, (_core, alive) in enumerate(beats):
+        if alive:
+            value |= 1 << chan
+    return value
+
+
+def remote_heartbeats(host: Host, asics: list[str]) -> dict[str, int | None]:
+    """Firmware heartbeat counters of chips without a driver node of their own."""
+    unknown: dict[str, int | None] = {a: None for a in asics}
+    umd = _umd()
+    if umd is None or str(host.root) != "/":
+        return unknown
+    try:
+        devices = _devices(umd)
+    except Exception:  # noqa: BLE001
+        return unknown
+    out = dict(unknown)
+    for asic in asics:
+        dev = devices.get(asic)
+        if dev is not None:
+            with contextlib.suppress(Exception):
+                out[asic] = dev.get_firmware_info_provider().get_heartbeat()
+    return out

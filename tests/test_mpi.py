@@ -82,8 +82,18 @@ def test_demux_reads_signal_reports() -> None:
 
 
 def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
-    res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "--mesh-layout", "mesh",
-                  "--dry-run", "--json", *worker("exit=0"))
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "4",
+        "--mesh-layout",
+        "mesh",
+        "--dry-run",
+        "--json",
+        *worker("exit=0"),
+    )
     assert res.code in (0, 2), res.err
     if res.code == 2:
         assert "mpirun" in res.err
@@ -95,13 +105,14 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
     from ttmesh.launcher import launch, mpi
     from ttmesh.launcher.plan import LaunchRequest
 
-    req = LaunchRequest(command=[sys.executable, TW, TAG], tp_size=4, layout="mesh",
-                        launcher="mpi", no_python=True)
+    req = LaunchRequest(
+        command=[sys.executable, TW, TAG], tp_size=4, layout="mesh", launcher="mpi", no_python=True
+    )
     prepared = launch.prepare(req, Host(qb2))
     argv, env = mpi.mpirun_argv("/usr/bin/mpirun", prepared.plan, {"RANK": "9", "PATH": "/bin"}, 1)
     assert argv[:4] == ["/usr/bin/mpirun", "--tag-output", "--bind-to", "none"]
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
-    assert ("--oversubscribe" in argv) == (4 > (os.cpu_count() or 1))
+    assert ("--oversubscribe" in argv) == ((os.cpu_count() or 1) < 4)
     assert argv.count(":") == 3 and argv.count("-np") == 4
     assert "RANK" not in env and env["PATH"] == "/bin"  # rank variables never inherited
     sections = " ".join(argv).split(" : ")
@@ -120,10 +131,24 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
 @needs_mpirun
 def test_mpi_job_output_env_and_failure(qb2: Path, tmp_path: Path) -> None:
     res = run_cli(
-        "launch", "--root", str(qb2), "--tp-size", "4", "--launcher", "mpi", "--workdir", ".",
-        "--summary-json", str(tmp_path / "s.json"),
-        *worker(f"env={tmp_path}", f"pids={tmp_path}", f"child={tmp_path}", "lines=3",
-                "fail-after=2:0.5:3"),
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "4",
+        "--launcher",
+        "mpi",
+        "--workdir",
+        ".",
+        "--summary-json",
+        str(tmp_path / "s.json"),
+        *worker(
+            f"env={tmp_path}",
+            f"pids={tmp_path}",
+            f"child={tmp_path}",
+            "lines=3",
+            "fail-after=2:0.5:3",
+        ),
         timeout=60,
     )
     assert res.code == 3, res.err
@@ -150,21 +175,36 @@ def test_mpi_job_output_env_and_failure(qb2: Path, tmp_path: Path) -> None:
 @needs_mpirun
 def test_sigkill_of_ttmesh_takes_mpirun_and_ranks(qb2: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "4",
-         "--launcher", "mpi", "--workdir", ".",
-         *worker(f"pids={tmp_path}", f"setsid={tmp_path}")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "ttmesh",
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "4",
+            "--launcher",
+            "mpi",
+            "--workdir",
+            ".",
+            *worker(f"pids={tmp_path}", f"setsid={tmp_path}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.setsid"))) == 4, what="ranks")
         pids = [int(p.read_text()) for p in (*tmp_path.glob("*.pid"), *tmp_path.glob("*.setsid"))]
-        mpiruns = subprocess.run(["pgrep", "-f", "mpirun --tag-output"], capture_output=True,
-                                 text=True).stdout.split()
+        mpiruns = subprocess.run(
+            ["pgrep", "-f", "mpirun --tag-output"], capture_output=True, text=True
+        ).stdout.split()
         proc.kill()
         proc.wait()
         wait_for(lambda: not [p for p in pids if alive(p)], timeout=2.0, what="ranks gone")
-        wait_for(lambda: not [int(p) for p in mpiruns if alive(int(p))], timeout=2.0,
-                 what="mpirun gone")
+        wait_for(
+            lambda: not [int(p) for p in mpiruns if alive(int(p))], timeout=2.0, what="mpirun gone"
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -173,9 +213,24 @@ def test_sigkill_of_ttmesh_takes_mpirun_and_ranks(qb2: Path, tmp_path: Path) -> 
 @needs_mpirun
 def test_interrupt_stops_an_mpi_job(qb2: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "2",
-         "--launcher", "mpi", "--workdir", ".", *worker(f"pids={tmp_path}")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ttmesh",
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "2",
+            "--launcher",
+            "mpi",
+            "--workdir",
+            ".",
+            *worker(f"pids={tmp_path}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="ranks")
@@ -192,10 +247,26 @@ def test_mpi_job_leases_holders_and_fabric(qb2: Path, tmp_path: Path) -> None:
     """A mesh over 4 processes brings the fabric up between all its chips: a killed rank
     leaves the links down, as on hardware; the leases and holders show while it runs."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "4",
-         "--mesh-layout", "mesh", "--job-id", "mpi-job", "--workdir", ".",
-         *worker(f"pids={tmp_path}")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ttmesh",
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "4",
+            "--mesh-layout",
+            "mesh",
+            "--job-id",
+            "mpi-job",
+            "--workdir",
+            ".",
+            *worker(f"pids={tmp_path}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 4, what="ranks")
@@ -229,8 +300,9 @@ def _binding(tmp_path: Path, ranks: list[dict], **extra: object) -> Path:
     mgd = tmp_path / "m.textproto"
     mgd.write_text("# placeholder\n")
     path = tmp_path / "bind.yaml"
-    path.write_text(yaml.safe_dump({"rank_bindings": ranks, "mesh_graph_desc_path": str(mgd),
-                                    **extra}))
+    path.write_text(
+        yaml.safe_dump({"rank_bindings": ranks, "mesh_graph_desc_path": str(mgd), **extra})
+    )
     return path
 
 
@@ -239,17 +311,34 @@ def test_rank_binding_env(qb2: Path, tmp_path: Path) -> None:
     path = _binding(
         tmp_path,
         [
-            {"rank": 0, "mesh_id": 0, "mesh_host_rank": 1,
-             "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0", "FOO": "${HOME}/x"}},
-            {"rank": 1, "mesh_id": 0, "mesh_host_rank": 0,
-             "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+            {
+                "rank": 0,
+                "mesh_id": 0,
+                "mesh_host_rank": 1,
+                "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0", "FOO": "${HOME}/x"},
+            },
+            {
+                "rank": 1,
+                "mesh_id": 0,
+                "mesh_host_rank": 0,
+                "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"},
+            },
         ],
         global_env={"BAR": "b"},
     )
     out = tmp_path / "out"
     out.mkdir()
-    res = run_cli("launch", "--root", str(qb2), "--rank-binding", str(path), "--workdir", ".",
-                  *worker(f"env={out}", "exit=0"), env={"TT_METAL_RUNTIME_ROOT": "/rt"})
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--rank-binding",
+        str(path),
+        "--workdir",
+        ".",
+        *worker(f"env={out}", "exit=0"),
+        env={"TT_METAL_RUNTIME_ROOT": "/rt"},
+    )
     assert res.code == 0, res.err
     e0 = json.loads((out / "rank0.json").read_text())
     e1 = json.loads((out / "rank1.json").read_text())
@@ -265,17 +354,37 @@ def test_rank_binding_env(qb2: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "ranks, needle",
     [
-        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
-          {"rank": 2, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0"}}],
-         "without gaps"),
-        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:0f:00.0"}}],
-         "no chip here"),
-        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
-          {"rank": 1, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}}],
-         "given to ranks"),
-        ([{"rank": 0, "mesh_id": 0, "env_overrides": {"X": "${TTMESH_SURELY_UNSET_VAR}",
-                                                      "TT_VISIBLE_DEVICES": "0000:01:00.0"}}],
-         "is not set"),
+        (
+            [
+                {"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+                {"rank": 2, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:03:00.0"}},
+            ],
+            "without gaps",
+        ),
+        (
+            [{"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:0f:00.0"}}],
+            "no chip here",
+        ),
+        (
+            [
+                {"rank": 0, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+                {"rank": 1, "mesh_id": 0, "env_overrides": {"TT_VISIBLE_DEVICES": "0000:01:00.0"}},
+            ],
+            "given to ranks",
+        ),
+        (
+            [
+                {
+                    "rank": 0,
+                    "mesh_id": 0,
+                    "env_overrides": {
+                        "X": "${TTMESH_SURELY_UNSET_VAR}",
+                        "TT_VISIBLE_DEVICES": "0000:01:00.0",
+                    },
+                }
+            ],
+            "is not set",
+        ),
         ([{"rank": 0, "mesh_id": 0}], "no TT_VISIBLE_DEVICES"),
     ],
 )
@@ -288,18 +397,36 @@ def test_bad_rank_bindings(qb2: Path, tmp_path: Path, ranks: list, needle: str) 
 
 
 def test_bad_launcher_and_missing_mpirun(qb2: Path, tmp_path: Path) -> None:
-    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "slurm",
-                  *worker("exit=0"))
+    res = run_cli(
+        "launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "slurm", *worker("exit=0")
+    )
     assert res.code == 2 and "slurm" in res.err
-    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
-                  *worker("exit=0"), env={"TTMESH_MPIRUN": "/nonexistent/mpirun",
-                                          "PATH": "/nonexistent"})
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--launcher",
+        "mpi",
+        *worker("exit=0"),
+        env={"TTMESH_MPIRUN": "/nonexistent/mpirun", "PATH": "/nonexistent"},
+    )
     assert res.code == 2 and "apt-get install openmpi-bin" in res.err, res.err
     bad = tmp_path / "mpirun"
     bad.write_text("#!/bin/sh\necho 'mpirun: cannot start the daemon' >&2\nexit 1\n")
     bad.chmod(0o755)
-    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
-                  *worker("exit=0"), env={"TTMESH_MPIRUN": str(bad)})
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--launcher",
+        "mpi",
+        *worker("exit=0"),
+        env={"TTMESH_MPIRUN": str(bad)},
+    )
     assert res.code == 2, res.err
     assert res.err.strip().splitlines()[-1] == (
         "ttmesh: exit 2: mpirun failed to start the ranks: mpirun: cannot start the daemon"

@@ -20,10 +20,10 @@ class FakeProvider:
     def __init__(self, up: list[bool], beats: list[bool] | None, heartbeat: int) -> None:
         self.up, self.beats, self.heartbeat = up, beats, heartbeat
 
-    def get_eth_link_status_per_core(self):  # noqa: ANN201
+    def get_eth_link_status_per_core(self):
         return None if self.up is None else [((i, 0), v) for i, v in enumerate(self.up)]
 
-    def get_eth_heartbeat_status_per_core(self):  # noqa: ANN201
+    def get_eth_heartbeat_status_per_core(self):
         return None if self.beats is None else [((i, 0), v) for i, v in enumerate(self.beats)]
 
     def get_heartbeat(self) -> int:

@@ -61,7 +61,7 @@ def umd_topology(host: Host) -> tuple[clusterdesc.ClusterDescriptor | None, str,
         with tempfile.TemporaryDirectory(prefix="ttmesh-umd-") as tmp:
             path = cd.serialize_to_file(os.path.join(tmp, "cluster_descriptor.yaml"))
             return clusterdesc.load(path), "tt_umd", []
-    except Exception as exc:  # noqa: BLE001 - tt-umd raises its own exception types
+    except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None, "none", [f"tt-umd topology discovery failed: {first}"]
 
@@ -81,7 +81,7 @@ def eth_live_status(host: Host, asics: list[str]) -> dict[str, int | None]:
         return unknown
     try:
         devices = _devices(umd)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return unknown
     out = dict(unknown)
     for asic in asics:
@@ -117,7 +117,7 @@ def remote_heartbeats(host: Host, asics: list[str]) -> dict[str, int | None]:
         return unknown
     try:
         devices = _devices(umd)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return unknown
     out = dict(unknown)
     for asic in asics:

@@ -279,6 +279,28 @@ def _ranks(value: str | None) -> set[int] | None:
     "default for --mesh-layout mesh/multi-mesh: tt-metal worlds form through MPI).",
 )
 @click.option(
+    "--auto-reset",
+    is_flag=True,
+    help="When pre-flight finds the chips unhealthy (links down, a hung chip), recover them with "
+    "tt-smi -r, verify, then start.",
+)
+@click.option(
+    "--reset-on-failure",
+    is_flag=True,
+    help="After an abnormal end, always reset the job's chips (default: only when links are down).",
+)
+@click.option(
+    "--ready-timeout",
+    type=float,
+    metavar="S",
+    help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
+    "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
+)
+@click.option(
+    "--ready-pattern", metavar="REGEX", help="A line of output that means a rank is ready."
+)
+@click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
+@click.option(
     "--rank-binding",
     metavar="FILE.yaml",
     help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
@@ -337,6 +359,11 @@ def launch_cmd(
     launcher: str | None,
     workdir: str | None,
     rank_binding: str | None,
+    auto_reset: bool,
+    reset_on_failure: bool,
+    ready_timeout: float | None,
+    ready_pattern: str | None,
+    tt_smi: str | None,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -394,7 +421,18 @@ def launch_cmd(
         workdir=os.path.abspath(workdir) if workdir else "",
         binding=binding,
         environ=dict(os.environ),
+        ready_timeout=ready_timeout,
+        ready_pattern=ready_pattern,
     )
+    if ready_timeout is not None and ready_timeout <= 0:
+        raise bad_input(f"--ready-timeout {ready_timeout}: must be positive")
+    if ready_pattern is not None:
+        import re
+
+        try:
+            re.compile(ready_pattern)
+        except re.error as exc:
+            raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
     options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
     prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)
     if dry_run:
@@ -406,7 +444,10 @@ def launch_cmd(
         else:
             click.echo(_plan_text(data))
         return 0
-    return launch.execute(prepared, options, summary_json)
+    recovery = launch.Recovery(
+        auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
+    )
+    return launch.execute(prepared, options, summary_json, recovery=recovery)
 
 
 def _plan_text(data: dict) -> str:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttmesh.errors import bad_input, refused
+from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.boards import BDF_RE
 from ttmesh.fabric.devices import Chip, Inventory, discover
@@ -273,13 +273,95 @@ def _clear_attempt_files(plan: LaunchPlan) -> None:
                 entry.unlink()
 
 
+@dataclass
+class Recovery:
+    """What to do about the chips before and after attempts (ttmesh launch's health options)."""
+
+    auto_reset: bool = False  # pre-flight found a problem: reset, re-check, then start
+    reset_on_failure: bool = False  # reset after any abnormal end, links down or not
+    timeout: float = 120.0
+    retries: int = 2
+    tt_smi: str | None = None
+    preflight: bool = True
+
+
+def _preflight(prepared: Prepared, recovery: Recovery) -> None:
+    """Refuse (exit 3) to start on chips that are unhealthy, unless --auto-reset fixes them."""
+    from ttmesh.errors import refused as refuse
+    from ttmesh.fabric import health
+
+    plan = prepared.plan
+    inv = prepared.inv
+    problems = [p for p in health.preflight(inv, plan.all_chips()) if p.severity == "error"]
+    if problems and recovery.auto_reset and all(p.kind != "leased" for p in problems):
+        note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
+        outcome = _reset(prepared, recovery, plan.all_chips())
+        if outcome is not None and outcome.recovered:
+            fresh = discover(inv.host)
+            prepared.inv = fresh
+            problems = [
+                p for p in health.preflight(fresh, plan.all_chips()) if p.severity == "error"
+            ]
+    if problems:
+        for p in problems[1:]:
+            note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
+        first = problems[0]
+        raise refuse(f"pre-flight: {first.what}", first.fix or "see ttmesh check")
+
+
+def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
+    from ttmesh.errors import TTMeshError
+    from ttmesh.fabric import reset
+
+    try:
+        outcome = reset.recover(
+            prepared.inv.host,
+            asics,
+            timeout=recovery.timeout,
+            retries=recovery.retries,
+            force=False,
+            log=lambda m: note(f"reset: {m}"),
+            tt_smi=recovery.tt_smi,
+        )
+    except TTMeshError as exc:
+        note(f"reset refused: {exc}")
+        return None
+    if outcome.recovered:
+        note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
+    else:
+        for p in outcome.problems[:3]:
+            note(f"reset: still wrong: {p.what}")
+    return outcome
+
+
+def _after_crash(prepared: Prepared, recovery: Recovery, result: AttemptResult) -> None:
+    """A job that brought the fabric up and ended abnormally may have left links down."""
+    plan = prepared.plan
+    if result.code == 0:
+        return
+    if not (plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure):
+        return
+    from ttmesh.fabric import health
+
+    inv = discover(prepared.inv.host)
+    prepared.inv = inv
+    down = [p for p in health.preflight(inv, plan.all_chips()) if p.severity == "error"]
+    if not down and not recovery.reset_on_failure:
+        return
+    why = down[0].what if down else "--reset-on-failure"
+    note(f"the job ended abnormally after bringing the fabric up ({why}): resetting its chips")
+    _reset(prepared, recovery, plan.all_chips())
+
+
 def execute(
     prepared: Prepared,
     options: Options,
     summary_json: str | None = None,
     restart_backoff: float = 0.2,
+    recovery: Recovery | None = None,
 ) -> int:
     plan = prepared.plan
+    recovery = recovery or Recovery()
     held = leases.acquire(
         prepared.inv.host,
         plan.all_chips(),
@@ -290,13 +372,18 @@ def execute(
     )
     results: list[AttemptResult] = []
     try:
+        if recovery.preflight:
+            _preflight(prepared, recovery)
         write_files(plan)
         base_env = dict(os.environ)
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
             result = run_attempt(plan, attempt, options, base_env)
             results.append(result)
-            if result.code == 0 or result.interrupted:
+            if result.code == 0:
+                break
+            _after_crash(prepared, recovery, result)
+            if result.interrupted:
                 break
             if attempt < plan.max_restarts:
                 wait = min(restart_backoff * (2**attempt), 10.0)
@@ -305,6 +392,12 @@ def execute(
                     f"restarting every rank in {wait:.1f} s"
                 )
                 time.sleep(wait)
+                if recovery.preflight:
+                    try:
+                        _preflight(prepared, Recovery(**{**recovery.__dict__, "auto_reset": True}))
+                    except TTMeshError as exc:
+                        note(f"not restarting: {exc}")
+                        break
     finally:
         jobs.remove(plan.job)
         held.release()

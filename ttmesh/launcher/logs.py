@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -46,6 +47,7 @@ class Console:
             "stderr": os.isatty(2) and not os.environ.get("NO_COLOR"),
         }
         self.width = len(str(max(world - 1, 0)))
+        self.on_line: Callable[[int, str], None] | None = None
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
@@ -67,7 +69,10 @@ class Console:
 
     def _emit(self, stream: Stream, lines: list[bytes]) -> None:
         for line in lines:
-            stream.tail.append(line.decode(errors="replace"))
+            text = line.decode(errors="replace")
+            stream.tail.append(text)
+            if self.on_line is not None:
+                self.on_line(stream.rank, text)
         if stream.log is not None:
             stream.log.write(b"".join(line + b"\n" for line in lines))
             stream.log.flush()

@@ -73,6 +73,8 @@ class LaunchRequest:
     mpirun: str = ""
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
+    ready_timeout: float | None = None  # every rank ready within this, or the job is hung
+    ready_pattern: str | None = None  # a line of output that means "ready"
     binding: Any = None  # a tt-run rank-binding file (adapters.ttrun.BindingFile)
     binding_units: list = field(default_factory=list)  # each binding rank's units
     environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
@@ -123,6 +125,8 @@ class LaunchPlan:
     grouping: str = ""
     launcher: str = "direct"  # direct | mpi
     mpirun: str = ""
+    ready_timeout: float | None = None
+    ready_pattern: str | None = None
 
     @property
     def fabric_at_start(self) -> bool:
@@ -162,6 +166,7 @@ class LaunchPlan:
             "max_restarts": self.max_restarts,
             "grouping": self.grouping,
             "launcher": self.launcher,
+            "ready_timeout": self.ready_timeout,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -376,4 +381,6 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         grouping=grouping,
         launcher=req.launcher,
         mpirun=req.mpirun,
+        ready_timeout=req.ready_timeout,
+        ready_pattern=req.ready_pattern,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from ttmesh.launcher.plan import LaunchPlan, RankPlan
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 FABRIC_POLL = 0.05
+HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
 
 
@@ -61,6 +63,7 @@ class AttemptResult:
     stderr_tail: list[str] = field(default_factory=list)
     error_message: str | None = None
     duration: float = 0.0
+    hung: bool = False  # no failure, but not ready in time: restartable
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,6 +209,12 @@ class Guardian:
         self.start = time.monotonic()
         self.mpi_pid: int | None = None  # the MPI start mode's mpirun
         self.launcher_error: str | None = None  # mpirun could not start the ranks
+        self.ready: set[int] = set()
+        self.hung = False
+        self.ready_deadline = (
+            self.start + plan.ready_timeout if plan.ready_timeout is not None else None
+        )
+        self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
         self.demux = None
         self.sim_registered = False
 
@@ -339,6 +348,8 @@ class Guardian:
             self.attempt,
             launcher=self.plan.launcher == "mpi",
         )
+        if self.ready_re is not None:
+            self.console.on_line = self._on_line
         self._spawn()
         self._register_sim()
         self._write_record()
@@ -361,6 +372,7 @@ class Guardian:
             if not self.sim_registered:
                 self._register_sim()
             self._poll_fabric()
+            self._watch_ready()
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline and not self.killed:
                 self._kill_all()
@@ -372,6 +384,8 @@ class Guardian:
         waits = []
         if self.deadline is not None and not self.killed:
             waits.append(max(0.0, self.deadline - time.monotonic()))
+        if self.ready_deadline is not None and self.running and not self.hung:
+            waits.append(min(FABRIC_POLL, max(0.0, self.ready_deadline - time.monotonic())))
         watching = self.plan.simulated or self.mpi_pid is not None
         if (
             watching
@@ -571,6 +585,33 @@ class Guardian:
         procs.signal_pids(fresh, signal.SIGTERM)
         return False
 
+    # -- readiness (hang detection)
+
+    def _on_line(self, rank: int, line: str) -> None:
+        if rank >= 0 and self.ready_re is not None and self.ready_re.search(line):
+            self.ready.add(rank)
+
+    def _watch_ready(self) -> None:
+        if self.ready_deadline is None or self.hung or self.stop_reason or self.first_failure:
+            return
+        for rank in self.plan.ranks:
+            if rank.rank not in self.ready and os.path.exists(rank.env["TTMESH_READY_FILE"]):
+                self.ready.add(rank.rank)
+        waiting = [
+            r.rank for r in self.plan.ranks if r.rank not in self.ready and r.rank in self.running
+        ]
+        if waiting and time.monotonic() >= self.ready_deadline:
+            self.hung = True
+            names = ", ".join(str(r) for r in waiting)
+            self._emit(
+                f"rank(s) {names} not ready after {self.plan.ready_timeout:g} s: "
+                "treating the job as hung in bring-up"
+            )
+            self._begin_stop(
+                f"hung in bring-up: rank(s) {names} not ready after {self.plan.ready_timeout:g} s",
+                HUNG,
+            )
+
     # -- fabric marks on a simulated host
 
     def _check_fabric(self, rank: RankPlan) -> None:
@@ -635,8 +676,9 @@ class Guardian:
                 self.stop_reason,
                 exits,
                 fabric,
-                interrupted=True,
+                interrupted=not self.hung,
                 duration=duration,
+                hung=self.hung,
             )
         if self.launcher_error is not None:
             return AttemptResult(

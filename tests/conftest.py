@@ -112,3 +112,24 @@ def _no_leaks() -> Iterator[None]:
         if ("ttmesh-sim-hold" in cmd or "ttmesh-test-worker" in cmd) and p.pid != os.getpid():
             leaked.append(f"{p.pid}: {cmd}")
     assert not leaked, "processes left behind by the suite:\n" + "\n".join(leaked)
+
+
+@pytest.fixture(scope="session")
+def ttnn_python() -> str:
+    """A Python 3.12 with ttnn (the conformance cache's venv, installed on first use)."""
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$1" && printf %s "$TTNN_PY"',
+            "bash",
+            str(CONFORMANCE / "_ttnn-env.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode == 3:
+        pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()

@@ -27,7 +27,29 @@ from ttmesh.errors import bad_input
 )
 @click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
-def check_cmd(host: Any, chips: str | None, strict: bool, as_json: bool) -> int:
+@click.option(
+    "--active",
+    is_flag=True,
+    help="Also run a small ttnn program on the chips as one mesh (status bits can say up while "
+    "the fabric still fails). On a simulated host tt-metal stops at its control plane.",
+)
+@click.option("--ttnn-python", metavar="PATH", help="A Python with ttnn installed (3.10 or 3.12).")
+@click.option(
+    "--mesh-layout",
+    type=click.Choice(["single-process", "mesh", "multi-mesh"]),
+    default="single-process",
+    show_default=True,
+    help="With --active: probe as one process, or as one process per chip under MPI.",
+)
+def check_cmd(
+    host: Any,
+    chips: str | None,
+    strict: bool,
+    as_json: bool,
+    active: bool,
+    ttnn_python: str | None,
+    mesh_layout: str,
+) -> int:
     """Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.
 
     \b
@@ -54,13 +76,38 @@ def check_cmd(host: Any, chips: str | None, strict: bool, as_json: bool) -> int:
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)
+    python = None
+    if active:
+        from ttmesh.fabric import active as activemod
+
+        python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
     report = health.check(inv, selected, strict=strict)
+    probe = None
+    if active and report.healthy:
+        bdfs = None
+        if selected is not None:
+            chosen = [c for c in inv.chips if c.asic_id in set(selected)]
+            bdfs = sorted({c.bdf or inv.chip(c.via).bdf for c in chosen if c.bdf or c.via})
+        probe = activemod.run(host, bdfs, python, layout=mesh_layout)  # type: ignore[arg-type]
     if as_json:
         from ttmesh.render import emit_json
 
-        emit_json(report.to_json())
+        data = report.to_json()
+        if active:
+            data["active"] = (
+                probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}
+            )
+            data["healthy"] = bool(report.healthy and probe and probe.ok)
+        emit_json(data)
     else:
         click.echo(_check_text(report))
+        if probe is not None:
+            click.echo(
+                f"active probe ({probe.layout}): {'ok' if probe.ok else 'FAILED'}: {probe.reason}"
+            )
+    if probe is not None and not probe.ok:
+        sys.stderr.write(f"ttmesh: unhealthy: the active probe failed: {probe.reason}\n")
+        return 1
     if not report.healthy:
         errors = report.errors
         sys.stderr.write(

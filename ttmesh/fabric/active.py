@@ -1,0 +1,143 @@
+"""``ttmesh check --active``: ask tt-metal itself whether the fabric between the chips works.
+
+Status bits can say "up" while the fabric still fails to come up. The active probe runs a small
+ttnn program (ttmesh/probes/ttnn_mesh_probe.py) as a ttmesh job, supervised and under a
+timeout: on hardware it opens the chips as one mesh with the fabric on and runs a tiny
+collective; on a simulated host tt-metal maps the mesh onto the simulator's cluster descriptor
+and stops at the control plane. ttnn has wheels for Python 3.10 and 3.12 only, so it runs in a
+separate interpreter (``--ttnn-python``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.fabric.host import Host
+
+PROBE = Path(__file__).resolve().parent.parent / "probes" / "ttnn_mesh_probe.py"
+GET_TTNN = (
+    "ttnn has wheels for Python 3.10 and 3.12: python3.12 -m venv ~/ttnn && ~/ttnn/bin/pip "
+    "install ttnn, then --ttnn-python ~/ttnn/bin/python (or set TTMESH_TTNN_PYTHON)"
+)
+
+
+@dataclass
+class ActiveResult:
+    ok: bool
+    code: int
+    layout: str
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "code": self.code,
+            "layout": self.layout,
+            "ranks": self.ranks,
+            "reason": self.reason,
+        }
+
+
+def _has_ttnn(python: str) -> bool:
+    try:
+        return (
+            subprocess.run(
+                [python, "-c", "import ttnn"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=120,
+                env={**os.environ, "TT_LOGGER_LEVEL": "error"},
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_ttnn_python(explicit: str | None = None) -> str:
+    """--ttnn-python, TTMESH_TTNN_PYTHON, the conformance cache's venv, or this Python."""
+    if explicit:
+        if not shutil.which(explicit) and not os.access(explicit, os.X_OK):
+            raise bad_input(f"--ttnn-python {explicit}: no such interpreter", GET_TTNN)
+        if not _has_ttnn(explicit):
+            raise bad_input(f"{explicit} cannot import ttnn", GET_TTNN)
+        return explicit
+    candidates = [os.environ.get("TTMESH_TTNN_PYTHON", "")]
+    cache = os.environ.get("TTMESH_CONFORMANCE_CACHE") or os.path.expanduser(
+        "~/.cache/ttmesh-conformance"
+    )
+    candidates.append(os.path.join(cache, "ttnn", "bin", "python"))
+    for python in filter(None, candidates):
+        if os.access(python, os.X_OK) and _has_ttnn(python):
+            return python
+    raise bad_input("no Python with ttnn found for the active probe", GET_TTNN)
+
+
+def run(
+    host: Host,
+    bdfs: list[str] | None,
+    python: str,
+    *,
+    layout: str = "single-process",
+    timeout: float = 120.0,
+) -> ActiveResult:
+    """Run the probe as a ttmesh job on ``bdfs`` (None: every chip) and read its verdict."""
+    from ttmesh.fabric.devices import discover
+    from ttmesh.launcher import launch
+    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.supervisor import Options
+
+    inv = discover(host)
+    chips = bdfs if bdfs else [c.bdf for c in inv.chips if c.bdf]
+    n = sum(len(inv.board_peers(inv.by_bdf()[b])) for b in chips if b in inv.by_bdf())
+    req = LaunchRequest(
+        command=[python, str(PROBE)],
+        tp_size=n or len(chips),
+        no_python=True,
+        layout=layout,
+        launcher="mpi" if layout in ("mesh", "multi-mesh") else "direct",
+        ready_timeout=timeout,
+        ready_pattern=r"^PROBE ",
+        env=[("TT_LOGGER_LEVEL", "error"), ("LOGURU_LEVEL", "INFO")],
+        strict_links=True,
+        grace=2.0,
+    )
+    with tempfile.TemporaryDirectory(prefix="ttmesh-active-") as logs:
+        prepared = launch.prepare(req, host, ",".join(chips))
+        code = launch.execute(
+            prepared, Options(quiet=True, log_dir=logs), recovery=launch.Recovery(preflight=True)
+        )
+        ranks = []
+        for path in sorted(Path(logs).glob("attempt*/rank*.stdout.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("PROBE "):
+                    try:
+                        ranks.append(json.loads(line[6:]))
+                    except ValueError:
+                        pass
+    failed = [r for r in ranks if "error" in r]
+    if code == 0 and ranks and not failed:
+        shapes = {tuple(r.get("global", ())) for r in ranks}
+        return ActiveResult(
+            True,
+            0,
+            layout,
+            ranks,
+            f"tt-metal mapped the mesh {' '.join('x'.join(map(str, s)) for s in shapes)}",
+        )
+    reason = (
+        failed[0]["error"]
+        if failed
+        else ("the probe timed out" if code == 124 else f"the probe exited with code {code}")
+    )
+    return ActiveResult(False, code or 1, layout, ranks, reason)

@@ -87,6 +87,9 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-"))
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "OMP_NUM_THREADS": "1"}
+    # Both launchers run as users run them: with Python's bytecode cache (torch's wheel ships
+    # .pyc files; an editable ttmesh writes its own on the warm-up run below).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     ttmesh = [sys.executable, "-m", "ttmesh", "launch", "--sim", "quietbox2", "--tp-size", "4"]
     torch = [torchrun, "--standalone", "--nproc-per-node", "4"]
     subprocess.run([*ttmesh, "--", "true"], env=env, capture_output=True)  # build the cached root

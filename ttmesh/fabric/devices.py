@@ -68,6 +68,7 @@ class Inventory:
     topology: str  # "cluster-descriptor" | "tt_umd" | "none"
     missing: list[str] = field(default_factory=list)  # asic ids the topology has but the host lost
     notes: list[str] = field(default_factory=list)
+    beats: dict[str, str] = field(default_factory=dict)  # heartbeat states seen at discovery time
 
     def chip(self, asic: str) -> Chip:
         for c in self.chips:

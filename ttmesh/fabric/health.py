@@ -564,13 +564,15 @@ def preflight(
     allow_holders_pids: Iterable[int] = (),
     *,
     timeout: float = 1.0,
+    beats: dict[str, str] | None = None,
 ) -> list[Problem]:
     """What stands between ``asics`` and a launch on them; errors mean "refuse".
 
     Reads sysfs and telemetry only (no tt-smi); polls heartbeats of ``asics`` only, and checks
     only the links between them. A holder or lease is allowed when its PID, or an ancestor of
     it, is in ``allow_holders_pids`` or is this process (the launcher's own workers and leases).
-    Takes a few tens of milliseconds on a simulated host with 100 Hz heartbeats.
+    Takes a few tens of milliseconds on a simulated host with 100 Hz heartbeats. ``beats``:
+    heartbeat states just polled by the caller; chips already seen alive are not polled again.
     """
     allowed = {int(p) for p in allow_holders_pids} | {os.getpid()}
     wanted = list(dict.fromkeys(asics))
@@ -632,7 +634,10 @@ def preflight(
                     (c.asic_id,),
                 )
             )
-    beats = heartbeat.poll(inv, chips, timeout=timeout) if chips else {}
+    known = dict(beats or {})
+    todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE]
+    known.update(heartbeat.poll(inv, todo, timeout=timeout) if todo else {})
+    beats = {c.asic_id: known[c.asic_id] for c in chips if c.asic_id in known}
     for asic, state in beats.items():
         if state == heartbeat.FROZEN:
             problems.append(

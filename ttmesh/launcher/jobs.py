@@ -18,12 +18,15 @@ from ttmesh.sim.core import proc_alive, proc_start_time
 
 
 def jobs_dir() -> Path:
+    """Per-user runtime state: $XDG_RUNTIME_DIR, else a RAM-backed /dev/shm, else the temp dir
+    (a job's run directory is written and removed on every launch: keep it off slow disks)."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isdir(base):
-        path = Path(base) / "ttmesh" / "jobs"
-    else:
-        path = Path(tempfile.gettempdir()) / f"ttmesh-{os.getuid()}" / "jobs"
-    return path
+        return Path(base) / "ttmesh" / "jobs"
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return shm / f"ttmesh-{os.getuid()}" / "jobs"
+    return Path(tempfile.gettempdir()) / f"ttmesh-{os.getuid()}" / "jobs"
 
 
 def runs_dir() -> Path:

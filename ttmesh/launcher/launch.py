@@ -93,6 +93,7 @@ def unavailable_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
             h = hs[0]
             who[chip.asic_id] = f"pid {h.pid} ({h.user}: {h.cmd})"
     beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
+    inv.beats = beats  # seen alive now: pre-flight need not poll these again
     for asic, state in beats.items():
         if state == heartbeat.FROZEN:
             why[asic] = "dead"
@@ -292,7 +293,9 @@ def _preflight(prepared: Prepared, recovery: Recovery) -> None:
 
     plan = prepared.plan
     inv = prepared.inv
-    problems = [p for p in health.preflight(inv, plan.all_chips()) if p.severity == "error"]
+    problems = [
+        p for p in health.preflight(inv, plan.all_chips(), beats=inv.beats) if p.severity == "error"
+    ]
     if problems and recovery.auto_reset and all(p.kind != "leased" for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = _reset(prepared, recovery, plan.all_chips())

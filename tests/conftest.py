@@ -101,6 +101,18 @@ def _our_processes() -> set[int]:
     return {p.pid for p in me.children(recursive=True)}
 
 
+SESSION = f"{os.getpid()}-{os.urandom(4).hex()}"
+os.environ["TTMESH_TEST_SESSION"] = SESSION  # inherited by everything the suite starts
+
+
+def _ours(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"TTMESH_TEST_SESSION={SESSION}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_leaks() -> Iterator[None]:
     yield
@@ -109,7 +121,8 @@ def _no_leaks() -> Iterator[None]:
     leaked = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("ttmesh-sim-hold" in cmd or "ttmesh-test-worker" in cmd) and p.pid != os.getpid():
+        tagged = "ttmesh-sim-hold" in cmd or "ttmesh-test-worker" in cmd
+        if tagged and p.pid != os.getpid() and _ours(p.pid):
             leaked.append(f"{p.pid}: {cmd}")
     assert not leaked, "processes left behind by the suite:\n" + "\n".join(leaked)
 

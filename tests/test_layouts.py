@@ -310,18 +310,23 @@ def check_plan(data: dict, layout_name: str) -> None:
     if layout_name == "mesh":
         assert sorted(r["host_rank"] for r in ranks) == list(range(len(ranks)))
     blocks = sorted(tuple(r["coord"]) for r in ranks)
-    assert len(blocks) == hr * hc == len(set(blocks))
+    assert len(blocks) == len(set(blocks))  # every worker its own block
+    if layout_name == "mesh":
+        assert len(blocks) == hr * hc
+    else:
+        assert (hr, hc) == (1, 1)
 
 
 @pytest.mark.parametrize(
     ("lay", "extra", "topology", "workers", "chips_each"),
     [
-        ("isolated", [], [2, 2], 4, 1),
+        # host_topology is the descriptor's: only the mesh layout splits one mesh over processes.
+        ("isolated", [], [1, 1], 4, 1),
         ("single-process", [], [1, 1], 1, 4),
         ("mesh", [], [2, 2], 4, 1),
-        ("multi-mesh", [], [2, 2], 4, 1),
+        ("multi-mesh", [], [1, 1], 4, 1),
         ("mesh", ["--nproc-per-node", "2"], [2, 1], 2, 2),
-        ("multi-mesh", ["--nproc-per-node", "2"], [2, 1], 2, 2),
+        ("multi-mesh", ["--nproc-per-node", "2"], [1, 1], 2, 2),
     ],
 )
 def test_dry_run_json_per_layout(

@@ -364,7 +364,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         layout=sp.layout,
         mesh_shape=sel.shape,
         dim_types=sel.dim_types,
-        host_dims=sp.host_dims,
+        host_dims=sp.host_dims if sp.layout == "mesh" else (1, 1),
         symmetric_dram_mb=req.symmetric_dram_mb,
         ranks=ranks,
         files=files,

@@ -256,13 +256,18 @@ def _best_embedding(
 
 def _selection(graph, shape, grid, unit_of, pairs) -> Selection:
     order = ring_order(shape)
-    # Keep rank 0 on the chip first in PCI order among the mesh corners' start: rotate the ring
-    # so it starts at (0, 0), which ring_order already does.
     units: list[Unit] = []
     for coord in order:
         unit = unit_of.get(grid[coord])
         if unit is not None and unit not in units:
             units.append(unit)
+    dim_types = _dim_types(graph, grid, shape)
+    rows, cols = shape
+    # A RING dimension's wrap-around pairs are neighbours too: they count for the channels.
+    if dim_types[0] == "RING":
+        pairs = [*pairs, *(((rows - 1, c), (0, c)) for c in range(cols))]
+    if dim_types[1] == "RING":
+        pairs = [*pairs, *(((r, cols - 1), (r, 0)) for r in range(rows))]
     pair_links = {}
     for a, b in pairs:
         key = tuple(sorted((grid[a], grid[b])))
@@ -273,7 +278,7 @@ def _selection(graph, shape, grid, unit_of, pairs) -> Selection:
         grid=grid,
         order=order,
         units=units,
-        dim_types=_dim_types(graph, grid, shape),
+        dim_types=dim_types,
         channels=channels,
         pair_links=pair_links,  # type: ignore[arg-type]
     )

@@ -536,3 +536,32 @@ def _assert_idle(root: Path) -> None:
     ls = json.loads(run_cli("ls", "--root", str(root), "--json").out)
     assert all(c["lease"] is None and c["holders"] == [] for c in ls["chips"])
     assert json.loads(run_cli("ps", "--root", str(root), "--json").out)["jobs"] == []
+
+
+@pytest.mark.torch
+def test_summary_names_the_recorded_exception(qb2: Path, tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import os\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise ValueError('boom at step 7')\n"
+        "    import time; time.sleep(30)\n"
+        "main()\n"
+    )
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--summary-json",
+        str(tmp_path / "s.json"),
+        str(script),
+        timeout=120,
+    )
+    assert res.code == 1, res.err
+    assert "ttmesh: rank 1 raised ValueError: boom at step 7" in res.err
+    assert json.loads((tmp_path / "s.json").read_text())["rank"] == 1

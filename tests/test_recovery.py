@@ -311,3 +311,58 @@ def test_sigterm_to_ttmesh_is_a_graceful_stop(qb2: Path, tmp_path: Path) -> None
         proc.kill()
     assert proc.returncode == 143, err
     assert len(list(tmp_path.glob("*.term"))) == 2
+
+
+def test_summary_json_when_nothing_starts(qb2: Path, tmp_path: Path) -> None:
+    """Pre-flight refusal (3) and bad input (2) still leave the outcome for scripts."""
+    assert run_cli("sim", "fault", "--root", str(qb2), "chip-dead", "0000:01:00.0").code == 0
+    out = tmp_path / "s.json"
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--chips",
+        "0000:01:00.0",
+        "--summary-json",
+        str(out),
+        *worker("exit=0"),
+    )
+    assert res.code == 3, res.err
+    data = json.loads(out.read_text())
+    assert (data["source"], data["rank"], data["code"]) == ("ttmesh", None, 3)
+    assert "0000:01:00.0" in data["reason"]
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "9",
+        "--summary-json",
+        str(out),
+        *worker("exit=0"),
+    )
+    assert res.code == 2 and json.loads(out.read_text())["code"] == 2
+
+
+def test_nproc_alone_splits_the_whole_mesh(qb2: Path) -> None:
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--nproc-per-node",
+        "2",
+        "--mesh-layout",
+        "mesh",
+        "--dry-run",
+        "--json",
+        *worker("exit=0"),
+    )
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)
+    assert plan["mesh_shape"] == [2, 2] and len(plan["ranks"]) == 2
+    assert all(len(r["chips"]) == 2 for r in plan["ranks"])
+
+
+def test_fault_help_needs_no_simulated_root() -> None:
+    res = run_cli("sim", "fault", "link-down", "--help")
+    assert res.code == 0 and "BDF_A BDF_B" in res.out

@@ -434,7 +434,12 @@ def launch_cmd(
         except re.error as exc:
             raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
     options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
-    prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)
+    try:
+        prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)
+    except TTMeshError as exc:
+        if summary_json and not dry_run:
+            launch.write_refusal(summary_json, exc)
+        raise
     if dry_run:
         from ttmesh.render import emit_json
 
@@ -732,8 +737,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
     """
-    host.sim  # noqa: B018 - refuses a root that is not simulated, before any KIND runs
-    ctx.obj = host
+    ctx.obj = host  # each KIND refuses a root that is not simulated (so --help works anywhere)
 
 
 @sim_fault.command("link-down", context_settings=CONTEXT)

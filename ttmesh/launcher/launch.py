@@ -151,13 +151,10 @@ def prepare(
     if req.tp_size is None:
         if chosen:
             req.tp_size = len(chosen)
-        elif req.nproc:
-            per = (
-                max(len(u.chips) for u in meshselect.units_of(inv))
-                if req.layout == "isolated"
-                else 1
-            )
-            req.tp_size = req.nproc * per
+        elif req.nproc and req.layout == "isolated":
+            req.tp_size = req.nproc * max(len(u.chips) for u in meshselect.units_of(inv))
+        elif req.nproc:  # workers sharing one mesh: the host's whole mesh, as ttmesh descriptor
+            req.tp_size = len(inv.chips)
         else:
             req.tp_size = 0
     if req.tp_size <= 0:
@@ -376,7 +373,12 @@ def execute(
     results: list[AttemptResult] = []
     try:
         if recovery.preflight:
-            _preflight(prepared, recovery)
+            try:
+                _preflight(prepared, recovery)
+            except TTMeshError as exc:
+                if summary_json:
+                    write_refusal(summary_json, exc)
+                raise
         write_files(plan)
         base_env = dict(os.environ)
         for attempt in range(plan.max_restarts + 1):
@@ -437,6 +439,13 @@ def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
         note(f"exit {final.code}: rank {final.rank}'s exit code")
     elif final.code != 0:
         note(f"exit {final.code}: {final.reason}")
+
+
+def write_refusal(path: str, exc: TTMeshError) -> None:
+    """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why."""
+    data = {"source": "ttmesh", "rank": None, "code": exc.code, "reason": str(exc), "attempts": []}
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _write_summary(path: str, final: AttemptResult, results: list[AttemptResult]) -> None:

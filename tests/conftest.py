@@ -146,3 +146,37 @@ def ttnn_python() -> str:
         pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+TW = str(REPO / "tests" / "workers" / "tw.py")  # the standard-library test worker
+TAG = "ttmesh-test-worker"  # in every test worker's argv, so leaks can be found
+
+
+def worker(*actions: str) -> list[str]:
+    """``-- python tw.py TAG ACTION...``: a launch command running the test worker."""
+    return ["--", sys.executable, TW, TAG, *actions]
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    """Poll until ``predicate()`` holds (an awaited condition, with a deadline)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)

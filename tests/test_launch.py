@@ -16,28 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import alive, run_cli, wait_for, worker
 
-TW = str(REPO / "tests" / "workers" / "tw.py")
-TAG = "ttmesh-test-worker"
 QB2_BDFS = {"0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def read_pids(directory: Path, suffix: str) -> dict[str, int]:
@@ -52,10 +33,6 @@ def start(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
         text=True,
         env={**os.environ, **(env or {})},
     )
-
-
-def worker(*actions: str) -> list[str]:
-    return ["--", sys.executable, TW, TAG, *actions]
 
 
 # --------------------------------------------------------------------------- the contract

@@ -12,40 +12,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import TAG, TW, alive, run_cli, wait_for, worker
 
 from ttmesh.launcher.logs import LAUNCHER
 from ttmesh.launcher.mpi import Demux
 
-TW = str(REPO / "tests" / "workers" / "tw.py")
-TAG = "ttmesh-test-worker"
 needs_mpirun = pytest.mark.skipif(
     shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
 )
-
-
-def worker(*actions: str) -> list[str]:
-    return ["--", sys.executable, TW, TAG, *actions]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------- pure parts

@@ -10,22 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, run_cli
-
-TW = str(REPO / "tests" / "workers" / "tw.py")
-TAG = "ttmesh-test-worker"
-
-
-def worker(*actions: str) -> list[str]:
-    return ["--", sys.executable, TW, TAG, *actions]
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+from conftest import REPO, TAG, run_cli, wait_for, worker
 
 
 def links(root: Path) -> set[str]:

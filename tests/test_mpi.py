@@ -412,3 +412,38 @@ def test_bad_launcher_and_missing_mpirun(qb2: Path, tmp_path: Path) -> None:
     assert res.err.strip().splitlines()[-1] == (
         "ttmesh: exit 2: mpirun failed to start the ranks: mpirun: cannot start the daemon"
     )
+
+
+@needs_mpirun
+def test_interrupt_before_the_ranks_are_known(qb2: Path, tmp_path: Path) -> None:
+    """A SIGINT that arrives while mpirun is still starting its ranks stops the job cleanly."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ttmesh",
+            "launch",
+            "--root",
+            str(qb2),
+            "--tp-size",
+            "4",
+            "--launcher",
+            "mpi",
+            "--workdir",
+            ".",
+            *worker(f"pids={tmp_path}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        proc.stderr.readline()  # "simulated host: ..." : the launch is under way
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "supervisor error" not in err
+    assert not [p for p in (int(f.read_text()) for f in tmp_path.glob("*.pid")) if alive(p)]

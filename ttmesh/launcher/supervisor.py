@@ -419,7 +419,11 @@ class Guardian:
                 if self.stop_reason is None:
                     self._begin_stop("terminated (SIGTERM)", 128 + signal.SIGTERM)
             elif sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-                procs.signal_groups([self.pids[r] for r in self.running], sig)
+                # Under MPI the rank PIDs may not all be known yet: mpirun forwards the rest.
+                targets = [self.pids[r] for r in self.running if r in self.pids]
+                if self.mpi_pid is not None:
+                    targets.append(self.mpi_pid)
+                procs.signal_groups(targets, sig)
         self._reap()
 
     def _reap(self) -> None:
@@ -559,7 +563,7 @@ class Guardian:
             self.stop_reason, self.stop_code = reason, code
         if self.deadline is None:
             self.deadline = time.monotonic() + self.plan.grace
-            self.signalled.update(self.pids[r] for r in self.running)
+            self.signalled.update(self.pids[r] for r in self.running if r in self.pids)
             procs.signal_groups(self._groups(), signal.SIGTERM)
 
     def _kill_all(self) -> None:

@@ -6,12 +6,15 @@ end of the session, the suite checks that no process it started and no lease it 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,17 +54,19 @@ def _isolated_cache(
 
 
 @pytest.fixture
-def make_sim(tmp_path: Path) -> Callable[..., Path]:
-    """Build a simulated host of a stock system under tmp_path; resets take ~no time."""
+def make_sim(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Build a simulated host of a stock system (on tmpfs when there is one, else under
+    tmp_path); resets take ~no time."""
     from ttmesh.sim.create import create
-    from ttmesh.sim.system import load
 
-    def make(system: str = "quietbox2", name: str | None = None, **config: float) -> Path:
-        root = tmp_path / (name or system)
-        create(load(system), root, config={"reset_seconds": 0.0, **config})
-        return root
+    with scratch(tmp_path / "roots") as base:
 
-    return make
+        def make(system: str = "quietbox2", name: str | None = None, **config: float) -> Path:
+            root = base / (name or system)
+            create(stock_model(system), root, config={"reset_seconds": 0.0, **config})
+            return root
+
+        yield make
 
 
 @pytest.fixture
@@ -186,3 +191,41 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.01)
+
+
+def until(cond: Callable[[], object], timeout: float) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes; its last answer."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
+@functools.cache
+def stock_model(name: str) -> Any:
+    """A stock system model, loaded once per session."""
+    from ttmesh.sim.system import load
+
+    return load(name)
+
+
+@contextlib.contextmanager
+def scratch(fallback: Path) -> Iterator[Path]:
+    """tmpfs for simulated roots when there is one (many small files), else ``fallback``."""
+    import shutil
+    import tempfile
+
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        path = Path(tempfile.mkdtemp(prefix="ttmesh-test-", dir="/dev/shm"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    else:
+        fallback.mkdir(parents=True, exist_ok=True)
+        yield fallback

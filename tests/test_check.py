@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import until as _until
 
 from ttmesh.fabric import health, known_good
 from ttmesh.fabric.devices import discover
@@ -61,6 +63,8 @@ sys.stdin.readline()
 
 # --------------------------------------------------------------------------- helpers
 
+until = functools.partial(_until, timeout=5.0)
+
 
 @pytest.fixture(autouse=True)
 def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -69,15 +73,6 @@ def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     monkeypatch.delenv("TTMESH_TOPOLOGY_DIR", raising=False)
     return state
-
-
-def until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def asic(root: Path, bdf: str) -> str:

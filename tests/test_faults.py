@@ -12,20 +12,20 @@ import functools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import scratch
+from conftest import stock_model as _model
+from conftest import until as _until
 
 from ttmesh.sim import core
 from ttmesh.sim.create import create
-from ttmesh.sim.system import SystemModel, load
 
 # QuietBox 2: two p300 boards (01+03, 05+07) cabled as a ring: 01-03, 05-07, 03-07, 01-05.
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -34,34 +34,7 @@ BDFS = {C01, C03, C05, C07}
 
 # --------------------------------------------------------------------------- helpers
 
-
-def until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-
-
-@functools.cache
-def _model(name: str) -> SystemModel:
-    return load(name)
-
-
-@contextlib.contextmanager
-def scratch(fallback: Path) -> Iterator[Path]:
-    """tmpfs for simulated roots when there is one (many small files), else ``fallback``."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="ttmesh-test-", dir="/dev/shm"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        fallback.mkdir(parents=True, exist_ok=True)
-        yield fallback
+until = functools.partial(_until, timeout=5.0)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ the tests see what tt-smi was asked to do, not only what ttmesh says.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import until as _until
 
 from ttmesh.fabric import health, reset
 from ttmesh.fabric.devices import discover
@@ -37,20 +39,13 @@ CHIP_KEYS = ["bdf", "asic_id", "before", "after", "dev_before", "dev_after"]
 
 # --------------------------------------------------------------------------- helpers
 
+until = functools.partial(_until, timeout=5.0)
+
 
 @pytest.fixture(autouse=True)
 def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("TTMESH_TT_SMI", raising=False)
-
-
-def until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def sim_of(root: Path) -> core.SimRoot:

@@ -8,25 +8,24 @@ deadline.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import scratch
+from conftest import stock_model as _model
+from conftest import until as _until
 
 from ttmesh.fabric.host import Host
 from ttmesh.sim import core
 from ttmesh.sim.create import create
-from ttmesh.sim.system import SystemModel, load
 
 A, B = "0000:01:00.0", "0000:03:00.0"  # QuietBox 2: linked by two links (one p300)
 WORKER_TAG = "ttmesh-test-worker"  # conftest reports any such process left behind
@@ -51,35 +50,7 @@ if mode == "clean":
 
 # --------------------------------------------------------------------------- helpers
 
-
-def until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
-    """Poll ``cond`` until it holds or ``timeout`` passes; its last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-
-
-@functools.cache
-def _model(name: str) -> SystemModel:
-    return load(name)
-
-
-@contextlib.contextmanager
-def scratch(fallback: Path) -> Iterator[Path]:
-    """tmpfs for simulated roots when there is one (many small files), else ``fallback``."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="ttmesh-test-", dir="/dev/shm"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        fallback.mkdir(parents=True, exist_ok=True)
-        yield fallback
+until = functools.partial(_until, timeout=3.0)
 
 
 @pytest.fixture

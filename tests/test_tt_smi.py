@@ -8,27 +8,24 @@ including its traps: a reset target list that matches nothing resets every devic
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import scratch
+from conftest import stock_model as _model
 
 from ttmesh.fabric.host import Host
 from ttmesh.sim import core, faults
 from ttmesh.sim.create import create
-from ttmesh.sim.system import SystemModel, load
 
 RED, PURPLE, BLUE, GREEN, YELLOW, ENDC = (
     "\x1b[91m",
@@ -113,30 +110,10 @@ def work(tmp_path: Path) -> Path:
     return path
 
 
-@functools.cache
-def _model(name: str) -> SystemModel:
-    return load(name)
-
-
 def build(root: Path, name: str) -> Path:
     """A simulated host whose resets take no time (as conftest's make_sim, with models cached)."""
     create(_model(name), root, config={"reset_seconds": 0.0})
     return root
-
-
-@contextlib.contextmanager
-def scratch(fallback: Path) -> Iterator[Path]:
-    """A directory for simulated roots: tmpfs when there is one (a simulated host is many small
-    files, rewritten by every reset: much faster than a disk), else ``fallback``."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="ttmesh-test-", dir="/dev/shm"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        fallback.mkdir(parents=True, exist_ok=True)
-        yield fallback
 
 
 @pytest.fixture

@@ -189,7 +189,9 @@ def _ranks(value: str | None) -> set[int] | None:
     "nproc",
     type=int,
     metavar="N",
-    help="torchrun's spelling: workers on this host (the same as --tp-size on one host).",
+    help="Workers on this host (torchrun's flag). Default: one per chip (per board on n300 "
+    "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
+    "(alone, it splits the host's whole mesh).",
 )
 @click.option("--chips", metavar="BDF,...", help="Use exactly these chips (PCI addresses).")
 @click.option("--exclude", metavar="BDF,...", help="Never use these chips.")

@@ -20,7 +20,6 @@ job leaves them on hardware.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -95,9 +94,6 @@ class SimRoot:
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
-
-    def is_sim(self) -> bool:
-        return os.path.isfile(self.path(MARKER))
 
     # -- system (static)
 
@@ -287,12 +283,6 @@ class SimRoot:
     def dev_of(self, state: dict[str, Any], asic: str) -> int | None:
         chip = state["chips"][asic]
         return chip["dev"] if chip["present"] else None
-
-    def asic_of_dev(self, state: dict[str, Any], dev: int) -> str | None:
-        for asic, chip in state["chips"].items():
-            if chip["present"] and chip["dev"] == dev:
-                return asic
-        return None
 
     # -- changes
 
@@ -575,11 +565,3 @@ def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
-
-
-def pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True

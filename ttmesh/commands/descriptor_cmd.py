@@ -1,0 +1,168 @@
+"""``ttmesh descriptor``: the mesh graph descriptors (and tt-run bindings) a launch would use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ttmesh.cli import CONTEXT, _shape, host_options
+from ttmesh.errors import bad_input
+
+
+@click.command("descriptor", context_settings=CONTEXT)
+@host_options
+@click.option("--tp-size", type=int, metavar="N", help="Chips in the mesh (default: every chip).")
+@click.option(
+    "--mesh-shape", metavar="RxC", help="Mesh shape (default: the squarest the host has)."
+)
+@click.option(
+    "--mesh-layout",
+    default="single-process",
+    show_default=True,
+    type=click.Choice(["isolated", "single-process", "mesh", "multi-mesh"]),
+    help="How the mesh is split over processes (see ttmesh launch --help).",
+)
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "nproc",
+    type=int,
+    metavar="N",
+    help="Processes the mesh is split over (mesh, multi-mesh).",
+)
+@click.option("--chips", metavar="BDF,...", help="Use exactly these chips.")
+@click.option("--exclude", metavar="BDF,...", help="Never use these chips.")
+@click.option(
+    "--strict-links", is_flag=True, help="STRICT channel policy: exactly the links the host has."
+)
+@click.option(
+    "--per-rank",
+    is_flag=True,
+    help="Show each rank's mesh ids and chips (and, with -o on a "
+    "simulated host, write each rank's mock cluster descriptor).",
+)
+@click.option(
+    "-o", "--output", "out_dir", metavar="DIR", help="Write the files to DIR instead of printing."
+)
+@click.option(
+    "--export-rank-binding", metavar="FILE.yaml", help="Also write tt-run's rank-binding YAML."
+)
+def descriptor_cmd(
+    host: Any,
+    tp_size: int | None,
+    mesh_shape: str | None,
+    mesh_layout: str,
+    nproc: int | None,
+    chips: str | None,
+    exclude: str | None,
+    strict_links: bool,
+    per_rank: bool,
+    out_dir: str | None,
+    export_rank_binding: str | None,
+) -> None:
+    """Write tt-metal mesh graph descriptors for a set of chips, as ttmesh launch would.
+
+    \b
+    Examples:
+      ttmesh descriptor --sim quietbox2                       # the whole 2x2 mesh, one process
+      ttmesh descriptor --sim galaxy-wh --tp-size 8 --strict-links
+      ttmesh descriptor --sim quietbox2 --mesh-layout mesh --per-rank -o /tmp/qb2
+      ttmesh descriptor --sim t3k --mesh-layout multi-mesh --export-rank-binding bind.yaml -o out
+    """
+    from pathlib import Path
+
+    from ttmesh.launcher import launch
+    from ttmesh.launcher.plan import LaunchRequest
+
+    if nproc is not None and nproc <= 0:
+        raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+    if export_rank_binding and not out_dir:
+        raise bad_input(
+            "--export-rank-binding needs -o DIR", "the binding points at the written descriptor"
+        )
+    if tp_size is None and not chips:
+        from ttmesh.fabric.devices import discover
+
+        tp_size = len(discover(host).chips)
+    target = Path(out_dir).resolve() if out_dir else Path("/nonexistent")
+    request = LaunchRequest(
+        command=[],
+        tp_size=tp_size,  # type: ignore[arg-type]
+        layout=mesh_layout,
+        mesh_shape=_shape(mesh_shape),
+        strict_links=strict_links,
+        nproc=nproc,
+        job="descriptor",
+        run_dir=str(target).removesuffix("/mesh"),
+    )
+    prepared = launch.prepare(
+        request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True
+    )
+    plan = prepared.plan
+    files = {Path(p).name: text for p, text in plan.files.items()}
+    mocks: dict[str, str] = {}
+    if per_rank and host.simulated and out_dir:
+        from ttmesh.mesh import mock
+
+        for r in plan.ranks:
+            mocks[f"rank{r.rank}_cluster_descriptor.yaml"] = mock.for_chips(
+                host, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
+            )
+    if out_dir:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in {**files, **mocks}.items():
+            (target / name).write_text(text)
+            click.echo(str(target / name))
+        if export_rank_binding:
+            from ttmesh.launcher.adapters import ttrun
+
+            plan_for_files = _relocate(plan, target)
+            desc = str(
+                target / ("mesh.textproto" if "mesh.textproto" in files else "rank0.textproto")
+            )
+            data = ttrun.rank_binding(plan_for_files, desc)
+            Path(export_rank_binding).write_text(
+                ttrun.dump(data, "ttmesh: rank bindings for tt-run")
+            )
+            click.echo(str(Path(export_rank_binding).resolve()))
+    else:
+        for name, text in files.items():
+            if len(files) > 1:
+                click.echo(f"# ---- {name}")
+            click.echo(text, nl=False)
+    if per_rank:
+        from ttmesh.render import table
+
+        rows = [
+            [
+                r.rank,
+                ",".join(r.bdfs),
+                r.mesh_id,
+                r.host_rank,
+                "x".join(map(str, r.coord)),
+                ",".join(r.chips),
+            ]
+            for r in plan.ranks
+        ]
+        click.echo(
+            table(
+                ["RANK", "TT_VISIBLE_DEVICES", "TT_MESH_ID", "TT_MESH_HOST_RANK", "COORD", "CHIPS"],
+                rows,
+            ),
+            err=not out_dir,
+        )
+
+
+def _relocate(plan: Any, target: Any) -> Any:
+    """The plan with its descriptor paths pointing into ``target`` (where -o wrote them)."""
+    import dataclasses
+
+    ranks = []
+    for r in plan.ranks:
+        env = dict(r.env)
+        env["TT_MESH_GRAPH_DESC_PATH"] = str(
+            target / env["TT_MESH_GRAPH_DESC_PATH"].rsplit("/", 1)[-1]
+        )
+        ranks.append(dataclasses.replace(r, env=env))
+    return dataclasses.replace(plan, ranks=ranks)

@@ -1,0 +1,204 @@
+"""``ttmesh sim``: build simulated hosts, inject faults, show and clear them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ttmesh.cli import CONTEXT, host_options
+
+
+@click.group("sim", context_settings=CONTEXT)
+def sim_group() -> None:
+    """Simulated hosts: the same files and tt-smi as a real machine, with fault injection."""
+
+
+@sim_group.command("systems", context_settings=CONTEXT)
+def sim_systems() -> None:
+    """List the stock systems a simulated host can be."""
+    from ttmesh.render import table
+    from ttmesh.sim.system import load, stock_names
+
+    rows = []
+    for name in stock_names():
+        model = load(name)
+        rows.append([name, len(model.chips), model.arch, model.title])
+    click.echo(table(["SYSTEM", "CHIPS", "ARCH", "DESCRIPTION"], rows))
+
+
+@sim_group.command("create", context_settings=CONTEXT)
+@click.option(
+    "--system",
+    "system",
+    required=True,
+    metavar="NAME|FILE",
+    help="A stock system (ttmesh sim systems) or a system YAML file.",
+)
+@click.option("--root", "root", required=True, metavar="DIR", help="Where to build the host.")
+@click.option("--force", is_flag=True, help="Recreate DIR if it already is a simulated host.")
+def sim_create(system: str, root: str, force: bool) -> None:
+    """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in."""
+    from pathlib import Path
+
+    from ttmesh.sim.create import create
+    from ttmesh.sim.system import load
+
+    model = load(system)
+    path = create(model, Path(root), force=force)
+    click.echo(f"simulated {model.name} ({len(model.chips)} chips) at {path}")
+
+
+@sim_group.group("fault", context_settings=CONTEXT)
+@host_options
+@click.pass_context
+def sim_fault(ctx: click.Context, host: Any) -> None:
+    """Inject a fault into a simulated host (see each KIND's --help).
+
+    \b
+    Examples:
+      ttmesh sim fault --sim quietbox2 link-down 0000:01:00.0 0000:05:00.0
+      ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
+      ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
+    """
+    ctx.obj = host  # each KIND refuses a root that is not simulated (so --help works anywhere)
+
+
+@sim_fault.command("link-down", context_settings=CONTEXT)
+@click.argument("chip_a", metavar="BDF_A")
+@click.argument("chip_b", metavar="BDF_B")
+@click.option("--channel", type=int, metavar="C", help="Only the link on chip A's channel C.")
+@click.pass_obj
+def fault_link_down(host: Any, chip_a: str, chip_b: str, channel: int | None) -> None:
+    """Take the Ethernet links between two linked chips down (all, or one channel)."""
+    from ttmesh.sim import faults
+
+    keys = faults.link_down(host, chip_a, chip_b, channel)
+    click.echo(f"link-down: {len(keys)} link(s) between {chip_a} and {chip_b}")
+
+
+@sim_fault.command("chip-dead", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.option("--permanent", is_flag=True, help="A reset does not bring it back (chip gone).")
+@click.pass_obj
+def fault_chip_dead(host: Any, chip: str, permanent: bool) -> None:
+    """Freeze a chip's heartbeat (its firmware hangs); its links go down."""
+    from ttmesh.sim import faults
+
+    faults.chip_dead(host, chip, permanent)
+    click.echo(f"chip-dead: {chip}{' (permanent)' if permanent else ''}")
+
+
+@sim_fault.command("reset-fails", context_settings=CONTEXT)
+@click.option(
+    "--times", type=int, metavar="N", help="Fail the next N resets (default: until cleared)."
+)
+@click.pass_obj
+def fault_reset_fails(host: Any, times: int | None) -> None:
+    """Make tt-smi -r change nothing (while still exiting 0, as the real one does)."""
+    from ttmesh.sim import faults
+
+    faults.reset_fails(host, times)
+    click.echo(f"reset-fails: {'until cleared' if times is None else f'next {times} reset(s)'}")
+
+
+@sim_fault.command("reset-renumbers", context_settings=CONTEXT)
+@click.pass_obj
+def fault_reset_renumbers(host: Any) -> None:
+    """The next reset brings chips back under other /dev/tenstorrent numbers."""
+    from ttmesh.sim import faults
+
+    faults.reset_renumbers(host)
+    click.echo("reset-renumbers: armed for the next reset")
+
+
+@sim_fault.command("reset-hangs", context_settings={**CONTEXT, "ignore_unknown_options": True})
+@click.argument("seconds", type=float)
+@click.pass_obj
+def fault_reset_hangs(host: Any, seconds: float) -> None:
+    """Make every reset take SECONDS (for timeout handling)."""
+    from ttmesh.sim import faults
+
+    faults.reset_hangs(host, seconds)
+    click.echo(f"reset-hangs: resets take {seconds:g} s")
+
+
+@sim_fault.command("hold", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.pass_obj
+def fault_hold(host: Any, chip: str) -> None:
+    """Start a detached process that holds the chip until killed or `sim clear`."""
+    from ttmesh.sim import faults
+
+    pid = faults.hold(host, chip)
+    click.echo(f"hold: pid {pid} holds {chip}")
+
+
+@sim_group.command("clear", context_settings=CONTEXT)
+@host_options
+def sim_clear(host: Any) -> None:
+    """Remove every fault: chips alive, links up, fabric marks and fault holders gone."""
+    from ttmesh.sim import faults
+
+    done = faults.clear(host)
+    click.echo(f"cleared ({done['holders_killed']} holder process(es) stopped)")
+
+
+@sim_group.command("show", context_settings=CONTEXT)
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
+def sim_show(host: Any, as_json: bool) -> None:
+    """Show a simulated host's state: chips, links down, armed faults, fabric marks."""
+    from ttmesh.render import emit_json, table
+    from ttmesh.sim import faults
+
+    view = faults.show(host)
+    if as_json:
+        emit_json(view)
+        return
+    rows = [
+        [
+            c["dev_index"],
+            c["bdf"] or "remote",
+            c["asic_id"],
+            "alive" if c["alive"] else "dead",
+            "yes" if c["present"] else "GONE",
+            ",".join(map(str, c["holders"])) or "-",
+        ]
+        for c in view["chips"]
+    ]
+    click.echo(f"{view['system']} at {view['root']}")
+    click.echo(table(["DEV", "PCI", "ASIC", "FIRMWARE", "PRESENT", "HOLDERS"], rows))
+    click.echo(f"links down: {len(view['links_down'])}")
+    for link in view["links_down"]:
+        a, b = link["a"], link["b"]
+        click.echo(
+            f"  {a['asic_id']} ch{a['chan']} <-> {b['asic_id']} ch{b['chan']} ({link['why']})"
+        )
+    f = view["faults"]
+    armed = []
+    if f["reset_fails"]:
+        times = f["reset_fails"].get("times")
+        armed.append(f"reset-fails ({'until cleared' if times is None else f'{times} more'})")
+    if f["reset_renumbers"]:
+        armed.append("reset-renumbers")
+    if f["reset_hangs"]:
+        armed.append(f"reset-hangs {f['reset_hangs']:g}s")
+    if f["permanent"]:
+        armed.append("permanently dead: " + ", ".join(f["permanent"]))
+    click.echo("armed: " + (", ".join(armed) or "none"))
+    for m in view["fabric_marks"]:
+        status = "open" if m["alive"] else "ABANDONED (links down)"
+        click.echo(f"fabric mark: pid {m['pid']} {status}: {', '.join(m['chips'])}")
+
+
+@sim_group.command("config", context_settings=CONTEXT)
+@host_options
+@click.option("--heartbeat-hz", type=float, help="How fast live chips' heartbeats advance.")
+@click.option("--reset-seconds", type=float, help="How long a simulated reset takes.")
+def sim_config(host: Any, heartbeat_hz: float | None, reset_seconds: float | None) -> None:
+    """Show or change a simulated host's timing."""
+    from ttmesh.sim import faults
+
+    config = faults.set_config(host, heartbeat_hz, reset_seconds)
+    click.echo(", ".join(f"{k}={v:g}" for k, v in sorted(config.items())))

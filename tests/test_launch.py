@@ -542,3 +542,33 @@ def test_summary_names_the_recorded_exception(qb2: Path, tmp_path: Path) -> None
     assert res.code == 1, res.err
     assert "ttmesh: rank 1 raised ValueError: boom at step 7" in res.err
     assert json.loads((tmp_path / "s.json").read_text())["rank"] == 1
+
+
+def test_sigkill_of_the_guardian_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
+    """The guardian is killed (not ttmesh): workers die with it, and what they started,
+    setsid included, is re-parented to the ttmesh process and swept."""
+    proc = start(
+        qb2,
+        "--tp-size",
+        "2",
+        *worker(f"pids={tmp_path}", f"child={tmp_path}", f"setsid={tmp_path}"),
+    )
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "setsid")) == 2, what="workers")
+        wait_for(lambda: len(read_pids(tmp_path, "child")) == 2, what="grandchildren")
+        pids = [
+            *read_pids(tmp_path, "pid").values(),
+            *read_pids(tmp_path, "child").values(),
+            *read_pids(tmp_path, "setsid").values(),
+        ]
+        import psutil
+
+        (guardian,) = [c.pid for c in psutil.Process(proc.pid).children()]
+        os.kill(guardian, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=20)
+        wait_for(lambda: not [p for p in pids if alive(p)], timeout=2.0, what="all gone")
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert "the supervisor killed by SIGKILL" in err

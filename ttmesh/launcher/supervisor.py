@@ -90,6 +90,8 @@ def run_attempt(
     """Run one attempt of the job (every rank once) and return how it ended."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # If the guardian itself dies, what it left is re-parented here and swept below.
+    procs.set_subreaper()
     alive_r, alive_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = os.fork()
@@ -105,6 +107,8 @@ def run_attempt(
         except BaseException:
             with contextlib.suppress(Exception):
                 sys.stderr.write("ttmesh: supervisor error:\n" + traceback.format_exc())
+            with contextlib.suppress(Exception):
+                _kill_tree(os.getpid())  # a broken guardian still leaves nothing behind
         finally:
             os._exit(code)
     os.close(alive_r)
@@ -160,17 +164,21 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _sweep_orphans() -> None:
-    """Whatever reached the front (it is a subreaper) after the guardian ended is killed."""
-    me = os.getpid()
-    for _ in range(50):
-        left = procs.live_descendants(me)
+def _kill_tree(root: int) -> None:
+    """SIGKILL every descendant of ``root`` until none is left (orphans re-parent to it)."""
+    for _ in range(200):
+        left = procs.live_descendants(root)
         if not left:
             break
         procs.signal_pids(left, signal.SIGKILL)
         procs.reap_all()
         time.sleep(0.01)
     procs.reap_all()
+
+
+def _sweep_orphans() -> None:
+    """Whatever reached the front (it is a subreaper) after the guardian ended is killed."""
+    _kill_tree(os.getpid())
 
 
 # --------------------------------------------------------------------------- guardian

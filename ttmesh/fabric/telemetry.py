@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from ttmesh.fabric import clusterdesc
@@ -73,24 +74,29 @@ def _devices(umd: Any) -> dict[str, Any]:
     return {format(ids[chip], "016x"): dev for chip, dev in devices.items() if chip in ids}
 
 
-def eth_live_status(host: Host, asics: list[str]) -> dict[str, int | None]:
-    """ETH_LIVE_STATUS-shaped bits per chip (bit 16+c: channel c up), None when unknown."""
-    unknown: dict[str, int | None] = {a: None for a in asics}
+def _per_chip(
+    host: Host, asics: list[str], read: Callable[[Any], int | None]
+) -> dict[str, int | None]:
+    """``read(firmware info provider)`` for each chip tt-umd reaches; None where it can't tell."""
+    out: dict[str, int | None] = {a: None for a in asics}
     umd = _umd()
     if umd is None or str(host.root) != "/":
-        return unknown
+        return out
     try:
         devices = _devices(umd)
     except Exception:
-        return unknown
-    out = dict(unknown)
+        return out
     for asic in asics:
         dev = devices.get(asic)
-        if dev is None:
-            continue
-        with contextlib.suppress(Exception):
-            out[asic] = status_bits(dev.get_firmware_info_provider())
+        if dev is not None:
+            with contextlib.suppress(Exception):
+                out[asic] = read(dev.get_firmware_info_provider())
     return out
+
+
+def eth_live_status(host: Host, asics: list[str]) -> dict[str, int | None]:
+    """ETH_LIVE_STATUS-shaped bits per chip (bit 16+c: channel c up), None when unknown."""
+    return _per_chip(host, asics, status_bits)
 
 
 def status_bits(provider: Any) -> int | None:
@@ -111,18 +117,4 @@ def status_bits(provider: Any) -> int | None:
 
 def remote_heartbeats(host: Host, asics: list[str]) -> dict[str, int | None]:
     """Firmware heartbeat counters of chips without a driver node of their own."""
-    unknown: dict[str, int | None] = {a: None for a in asics}
-    umd = _umd()
-    if umd is None or str(host.root) != "/":
-        return unknown
-    try:
-        devices = _devices(umd)
-    except Exception:
-        return unknown
-    out = dict(unknown)
-    for asic in asics:
-        dev = devices.get(asic)
-        if dev is not None:
-            with contextlib.suppress(Exception):
-                out[asic] = dev.get_firmware_info_provider().get_heartbeat()
-    return out
+    return _per_chip(host, asics, lambda provider: provider.get_heartbeat())

@@ -247,6 +247,25 @@ def to_text(graph: MeshGraph, comment: str = "") -> str:
     return text
 
 
+def _number(msg: Any, field: str, name: str) -> int:
+    """The number of enum value ``name`` of ``msg.field``."""
+    return msg.DESCRIPTOR.fields_by_name[field].enum_type.values_by_name[name].number
+
+
+def _name(msg: Any, field: str, number: int) -> str:
+    return msg.DESCRIPTOR.fields_by_name[field].enum_type.values_by_number[number].name
+
+
+def _set_channels(channels: Any, count: int, policy: str) -> None:
+    channels.count = count
+    channels.policy = _number(channels, "policy", policy)
+
+
+def _policy(channels: Any) -> str:
+    """A Channels message's policy; tt-metal's default when absent is RELAXED."""
+    return _name(channels, "policy", channels.policy) if channels.HasField("policy") else "RELAXED"
+
+
 def _render(graph: MeshGraph, comment: str) -> str:
     from google.protobuf import text_format
 
@@ -254,22 +273,13 @@ def _render(graph: MeshGraph, comment: str) -> str:
     for m in graph.meshes:
         md = msg.mesh_descriptors.add()
         md.name = m.name
-        md.arch = md.DESCRIPTOR.fields_by_name["arch"].enum_type.values_by_name[m.arch].number
+        md.arch = _number(md, "arch", m.arch)
         md.device_topology.dims.extend(m.dims)
         if any(t != "LINE" for t in m.dim_types):
-            md.device_topology.dim_types.extend(
-                md.device_topology.DESCRIPTOR.fields_by_name["dim_types"]
-                .enum_type.values_by_name[t]
-                .number
-                for t in m.dim_types
-            )
+            topo = md.device_topology
+            topo.dim_types.extend(_number(topo, "dim_types", t) for t in m.dim_types)
         md.host_topology.dims.extend(m.host_dims)
-        md.channels.count = m.channels
-        md.channels.policy = (
-            md.channels.DESCRIPTOR.fields_by_name["policy"]
-            .enum_type.values_by_name[m.policy]
-            .number
-        )
+        _set_channels(md.channels, m.channels, m.policy)
     if graph.is_graph:
         gd = msg.graph_descriptors.add()
         gd.name = graph.graph_name
@@ -285,12 +295,7 @@ def _render(graph: MeshGraph, comment: str) -> str:
                 ref = conn.nodes.add().mesh
                 ref.mesh_descriptor = names[mid]
                 ref.mesh_id = mid
-            conn.channels.count = c.channels
-            conn.channels.policy = (
-                conn.channels.DESCRIPTOR.fields_by_name["policy"]
-                .enum_type.values_by_name[c.policy]
-                .number
-            )
+            _set_channels(conn.channels, c.channels, c.policy)
         top = msg.top_level_instance.graph
         top.graph_descriptor = graph.graph_name
         top.graph_id = 0
@@ -315,32 +320,22 @@ def parse(text: str) -> MeshGraph:
     meshes = []
     for md in msg.mesh_descriptors:
         topo = md.device_topology
-        types = [
-            topo.DESCRIPTOR.fields_by_name["dim_types"].enum_type.values_by_number[t].name
-            for t in topo.dim_types
-        ]
+        types = [_name(topo, "dim_types", t) for t in topo.dim_types]
         dims = tuple(topo.dims)
         if len(dims) != 2:
             raise DescriptorError(
                 f"mesh {md.name}: ttmesh handles 2-D meshes, got dims {list(dims)}"
             )
         types += ["LINE"] * (2 - len(types))
-        policy = "RELAXED"
-        if md.channels.HasField("policy"):
-            policy = (
-                md.channels.DESCRIPTOR.fields_by_name["policy"]
-                .enum_type.values_by_number[md.channels.policy]
-                .name
-            )
         meshes.append(
             MeshSpec(
                 name=md.name,
-                arch=md.DESCRIPTOR.fields_by_name["arch"].enum_type.values_by_number[md.arch].name,
+                arch=_name(md, "arch", md.arch),
                 dims=(dims[0], dims[1]),
                 dim_types=(types[0], types[1]),
                 host_dims=tuple(md.host_topology.dims) or (1, 1),  # type: ignore[arg-type]
                 channels=md.channels.count,
-                policy=policy,
+                policy=_policy(md.channels),
             )
         )
     top = msg.top_level_instance
@@ -355,12 +350,5 @@ def parse(text: str) -> MeshGraph:
         ids = [n.mesh.mesh_id for n in c.nodes]
         if len(ids) != 2 or any(n.WhichOneof("node_ref") != "mesh" for n in c.nodes):
             raise DescriptorError(f"graph {graph.name}: only mesh-to-mesh connections are modelled")
-        policy = "RELAXED"
-        if c.channels.HasField("policy"):
-            policy = (
-                c.channels.DESCRIPTOR.fields_by_name["policy"]
-                .enum_type.values_by_number[c.channels.policy]
-                .name
-            )
-        connections.append(Connection(ids[0], ids[1], c.channels.count, policy))
+        connections.append(Connection(ids[0], ids[1], c.channels.count, _policy(c.channels)))
     return MeshGraph(meshes, instances, connections, graph.name)

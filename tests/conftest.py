@@ -229,3 +229,20 @@ def scratch(fallback: Path) -> Iterator[Path]:
     else:
         fallback.mkdir(parents=True, exist_ok=True)
         yield fallback
+
+
+def start_launch(
+    root: Path,
+    *args: str,
+    stdout: int = subprocess.PIPE,
+    stderr: int = subprocess.PIPE,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """``ttmesh launch --root ROOT ARGS`` as a running process (text pipes by default)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "launch", "--root", str(root), *args],
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )

@@ -37,24 +37,9 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="session")
-def mgd_dir() -> Path:
+def mgd_dir(ttnn_python: str) -> Path:
     """tt-metal's stock mesh graph descriptors, from the cached ttnn wheel (installed if needed)."""
-    proc = subprocess.run(
-        [
-            "bash",
-            "-c",
-            'source "$1" && printf %s "$TTNN_PY"',
-            "bash",
-            str(CONFORMANCE / "_ttnn-env.sh"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    ttnn_py = proc.stdout.strip()
+    ttnn_py = ttnn_python
     proc = subprocess.run(
         [ttnn_py, "-c", "import ttnn, os; print(os.path.dirname(ttnn.__file__))"],
         capture_output=True,

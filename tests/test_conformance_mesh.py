@@ -46,27 +46,6 @@ SHAPES = {
 QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 
 
-@pytest.fixture(scope="session")
-def ttnn_py() -> str:
-    """The conformance Python 3.12 with ttnn (installed into the cache on first use)."""
-    proc = subprocess.run(
-        [
-            "bash",
-            "-c",
-            'source "$1" && printf %s "$TTNN_PY"',
-            "bash",
-            str(CONFORMANCE / "_ttnn-env.sh"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
-
-
 def _run(*argv: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
 
@@ -102,7 +81,7 @@ def descriptor(root: Path, out: Path, *args: str) -> Path:
 
 @pytest.mark.parametrize("name", STOCK)
 def test_whole_system_descriptor_fits_the_system(
-    name: str, ttnn_py: str, make_sim: Callable[..., Path], tmp_path: Path
+    name: str, ttnn_python: str, make_sim: Callable[..., Path], tmp_path: Path
 ) -> None:
     root = make_sim(name)
     desc = descriptor(root, tmp_path / "mesh.textproto", "--strict-links")
@@ -111,7 +90,7 @@ def test_whole_system_descriptor_fits_the_system(
     accepted(mgd_check(root / "cluster_descriptor.yaml", desc), SHAPES[name])
 
 
-def test_quietbox2_with_a_link_down_is_refused(ttnn_py: str, qb2: Path, tmp_path: Path) -> None:
+def test_quietbox2_with_a_link_down_is_refused(ttnn_python: str, qb2: Path, tmp_path: Path) -> None:
     """One of the two 01-05 links down: STRICT 2 channels no longer fit; RELAXED still does
     (so the refusal is the link count, not a broken file)."""
     strict = descriptor(qb2, tmp_path / "strict.textproto", "--strict-links")
@@ -133,7 +112,7 @@ def test_quietbox2_with_a_link_down_is_refused(ttnn_py: str, qb2: Path, tmp_path
 
 
 def test_quietbox2_descriptor_does_not_fit_uncabled_p300s(
-    ttnn_py: str, qb2: Path, tmp_path: Path
+    ttnn_python: str, qb2: Path, tmp_path: Path
 ) -> None:
     strict = descriptor(qb2, tmp_path / "strict.textproto", "--strict-links")
     line = refused(mgd_check(CAPTURES / "p300x2-disconnected.yaml", strict))
@@ -154,7 +133,7 @@ def test_sub_mesh_fits_the_whole_host(
     name: str,
     args: list[str],
     shape: tuple[int, int],
-    ttnn_py: str,
+    ttnn_python: str,
     make_sim: Callable[..., Path],
     tmp_path: Path,
 ) -> None:
@@ -201,7 +180,7 @@ def mpi_check(desc: Path, specs: list[str]) -> tuple[int, list[dict], str]:
 
 
 def test_mpi_quietbox2_one_mesh_over_four_processes(
-    ttnn_py: str, qb2: Path, tmp_path: Path
+    ttnn_python: str, qb2: Path, tmp_path: Path
 ) -> None:
     desc, bindings, _ = per_rank(qb2, tmp_path, "--mesh-layout", "mesh")
     assert [b["mesh_host_rank"] for b in bindings] == [0, 1, 3, 2]
@@ -217,7 +196,7 @@ def test_mpi_quietbox2_one_mesh_over_four_processes(
 
 
 def test_mpi_quietbox2_host_ranks_against_the_wiring_are_refused(
-    ttnn_py: str, qb2: Path, tmp_path: Path
+    ttnn_python: str, qb2: Path, tmp_path: Path
 ) -> None:
     """The same plan with ranks 2 and 3 trading host ranks: 01:00.0 and 07:00.0 become mesh
     neighbours, which they are not (the check can fail)."""
@@ -232,7 +211,7 @@ def test_mpi_quietbox2_host_ranks_against_the_wiring_are_refused(
     assert any("error" in r for r in ranks), text
 
 
-def test_mpi_quietbox2_four_meshes(ttnn_py: str, qb2: Path, tmp_path: Path) -> None:
+def test_mpi_quietbox2_four_meshes(ttnn_python: str, qb2: Path, tmp_path: Path) -> None:
     desc, bindings, _ = per_rank(qb2, tmp_path, "--mesh-layout", "multi-mesh")
     graph = mgd.parse(desc.read_text())
     assert graph.instances == [("M0", r) for r in range(4)] and len(graph.connections) == 4
@@ -247,7 +226,9 @@ def test_mpi_quietbox2_four_meshes(ttnn_py: str, qb2: Path, tmp_path: Path) -> N
         assert r["mesh_id"] == str(r["rank"]) and r["host_rank"] == "0"
 
 
-def test_mpi_quietbox2_two_processes_of_two_chips(ttnn_py: str, qb2: Path, tmp_path: Path) -> None:
+def test_mpi_quietbox2_two_processes_of_two_chips(
+    ttnn_python: str, qb2: Path, tmp_path: Path
+) -> None:
     desc, bindings, _ = per_rank(qb2, tmp_path, "--mesh-layout", "mesh", "--nproc-per-node", "2")
     (mesh,) = mgd.parse(desc.read_text()).meshes
     assert mesh.host_dims == (2, 1)
@@ -267,10 +248,10 @@ def test_mpi_quietbox2_two_processes_of_two_chips(ttnn_py: str, qb2: Path, tmp_p
 # --------------------------------------------------------------------------- tt-run
 
 
-def _ttrun_path(ttnn_py: str) -> str:
+def _ttrun_path(ttnn_python: str) -> str:
     """tt-run's module imports pydantic, which the ttnn 0.81.1 wheel does not declare: give it
     one, installed next to the cached ttnn (not into it). Empty when ttnn already has it."""
-    probe = _run(ttnn_py, "-c", "import pydantic")
+    probe = _run(ttnn_python, "-c", "import pydantic")
     if probe.returncode == 0:
         return ""
     cache = Path(
@@ -280,7 +261,7 @@ def _ttrun_path(ttnn_py: str) -> str:
     if not (deps / "pydantic").is_dir():
         tmp = cache / f".ttrun-deps.{os.getpid()}"
         proc = _run(
-            ttnn_py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+            ttnn_python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
             "--target", tmp, "pydantic",
         )  # fmt: skip
         assert proc.returncode == 0, "pip install pydantic for tt-run: " + proc.stderr
@@ -311,18 +292,18 @@ print("TTRUN " + json.dumps(out))
 """
 
 
-def test_rank_binding_loads_in_tt_run(ttnn_py: str, qb2: Path, tmp_path: Path) -> None:
+def test_rank_binding_loads_in_tt_run(ttnn_python: str, qb2: Path, tmp_path: Path) -> None:
     files = []
     for lay in ("mesh", "multi-mesh"):
         out = tmp_path / lay
         _, _, data = per_rank(qb2, out, "--mesh-layout", lay)
         files.append((out / "bind.yaml", data))
-    extra = _ttrun_path(ttnn_py)
+    extra = _ttrun_path(ttnn_python)
     env = {**os.environ, "TT_LOGGER_LEVEL": "error", "LOGURU_LEVEL": "ERROR"}
     if extra:
         env["PYTHONPATH"] = extra
     proc = subprocess.run(
-        [ttnn_py, "-c", TTRUN_PROBE, *(str(f) for f, _ in files)],
+        [ttnn_python, "-c", TTRUN_PROBE, *(str(f) for f, _ in files)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -50,26 +50,11 @@ QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 
 
 @pytest.fixture(scope="session")
-def ttnn_py() -> str:
-    """The conformance Python 3.12 with ttnn (installed into the cache on first use)."""
+def ttnn_py(ttnn_python: str) -> str:
+    """The conformance Python 3.12 with ttnn; these tests also need mpirun."""
     if shutil.which("mpirun") is None:
         pytest.skip("conformance prerequisite missing: mpirun (apt-get install openmpi-bin)")
-    proc = subprocess.run(
-        [
-            "bash",
-            "-c",
-            'source "$1" && printf %s "$TTNN_PY"',
-            "bash",
-            str(CONFORMANCE / "_ttnn-env.sh"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
+    return ttnn_python
 
 
 @dataclass

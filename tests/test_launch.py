@@ -16,23 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, run_cli, wait_for, worker
+from conftest import alive, run_cli, start_launch, wait_for, worker
 
 QB2_BDFS = {"0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"}
 
 
 def read_pids(directory: Path, suffix: str) -> dict[str, int]:
     return {p.name.split(".")[0]: int(p.read_text()) for p in directory.glob(f"*.{suffix}")}
-
-
-def start(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", "launch", "--root", str(root), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
 
 
 # --------------------------------------------------------------------------- the contract
@@ -237,7 +227,7 @@ def test_ignoring_sigterm_is_killed_after_grace(qb2: Path, tmp_path: Path) -> No
 
 
 def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
-    proc = start(
+    proc = start_launch(
         qb2,
         "--tp-size",
         "4",
@@ -264,7 +254,9 @@ def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
 
 
 def test_sigint_stops_gracefully_then_kills(qb2: Path, tmp_path: Path) -> None:
-    proc = start(qb2, "--tp-size", "2", "--grace", "30", *worker(f"pids={tmp_path}", "on-term=0"))
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--grace", "30", *worker(f"pids={tmp_path}", "on-term=0")
+    )
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
         proc.send_signal(signal.SIGINT)
@@ -277,7 +269,9 @@ def test_sigint_stops_gracefully_then_kills(qb2: Path, tmp_path: Path) -> None:
 
 
 def test_second_sigint_kills_at_once(qb2: Path, tmp_path: Path) -> None:
-    proc = start(qb2, "--tp-size", "2", "--grace", "60", *worker(f"pids={tmp_path}", "ignore-term"))
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--grace", "60", *worker(f"pids={tmp_path}", "ignore-term")
+    )
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
         proc.send_signal(signal.SIGINT)
@@ -296,7 +290,7 @@ def test_second_sigint_kills_at_once(qb2: Path, tmp_path: Path) -> None:
 
 
 def test_usr1_is_forwarded(qb2: Path, tmp_path: Path) -> None:
-    proc = start(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}", f"usr1={tmp_path}"))
+    proc = start_launch(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}", f"usr1={tmp_path}"))
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
         proc.send_signal(signal.SIGUSR1)
@@ -312,7 +306,9 @@ def test_usr1_is_forwarded(qb2: Path, tmp_path: Path) -> None:
 
 
 def test_second_job_on_leased_chips_is_refused(qb2: Path, tmp_path: Path) -> None:
-    first = start(qb2, "--tp-size", "4", "--job-id", "first-job", *worker(f"pids={tmp_path}"))
+    first = start_launch(
+        qb2, "--tp-size", "4", "--job-id", "first-job", *worker(f"pids={tmp_path}")
+    )
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 4, what="first job")
         t0 = time.monotonic()
@@ -346,7 +342,7 @@ def test_two_jobs_share_the_host_on_different_chips(qb2: Path, tmp_path: Path) -
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    first = start(qb2, "--tp-size", "2", *worker(f"env={a}", f"pids={a}"))
+    first = start_launch(qb2, "--tp-size", "2", *worker(f"env={a}", f"pids={a}"))
     try:
         wait_for(lambda: len(read_pids(a, "pid")) == 2, what="first job")
         res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", *worker(f"env={b}", "exit=0"))
@@ -547,7 +543,7 @@ def test_summary_names_the_recorded_exception(qb2: Path, tmp_path: Path) -> None
 def test_sigkill_of_the_guardian_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
     """The guardian is killed (not ttmesh): workers die with it, and what they started,
     setsid included, is re-parented to the ttmesh process and swept."""
-    proc = start(
+    proc = start_launch(
         qb2,
         "--tp-size",
         "2",

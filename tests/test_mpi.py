@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TAG, TW, alive, run_cli, wait_for, worker
+from conftest import TAG, TW, alive, run_cli, start_launch, wait_for, worker
 
 from ttmesh.launcher.logs import LAUNCHER
 from ttmesh.launcher.mpi import Demux
@@ -151,22 +151,15 @@ def test_mpi_job_output_env_and_failure(qb2: Path, tmp_path: Path) -> None:
 
 @needs_mpirun
 def test_sigkill_of_ttmesh_takes_mpirun_and_ranks(qb2: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "4",
-            "--launcher",
-            "mpi",
-            "--workdir",
-            ".",
-            *worker(f"pids={tmp_path}", f"setsid={tmp_path}"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "4",
+        "--launcher",
+        "mpi",
+        "--workdir",
+        ".",
+        *worker(f"pids={tmp_path}", f"setsid={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -189,25 +182,17 @@ def test_sigkill_of_ttmesh_takes_mpirun_and_ranks(qb2: Path, tmp_path: Path) -> 
 
 @needs_mpirun
 def test_interrupt_stops_an_mpi_job(qb2: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "2",
-            "--launcher",
-            "mpi",
-            "--workdir",
-            ".",
-            *worker(f"pids={tmp_path}"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "2",
+        "--launcher",
+        "mpi",
+        "--workdir",
+        ".",
+        *worker(f"pids={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="ranks")
@@ -224,27 +209,19 @@ def test_mpi_job_leases_holders_and_fabric(qb2: Path, tmp_path: Path) -> None:
     """A mesh over 4 processes brings the fabric up between all its chips: a killed rank
     leaves the links down, as on hardware, and ttmesh recovers them before it exits; the
     leases and holders show while it runs."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "4",
-            "--mesh-layout",
-            "mesh",
-            "--job-id",
-            "mpi-job",
-            "--workdir",
-            ".",
-            *worker(f"pids={tmp_path}"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "4",
+        "--mesh-layout",
+        "mesh",
+        "--job-id",
+        "mpi-job",
+        "--workdir",
+        ".",
+        *worker(f"pids={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 4, what="ranks")
@@ -417,25 +394,17 @@ def test_bad_launcher_and_missing_mpirun(qb2: Path, tmp_path: Path) -> None:
 @needs_mpirun
 def test_interrupt_before_the_ranks_are_known(qb2: Path, tmp_path: Path) -> None:
     """A SIGINT that arrives while mpirun is still starting its ranks stops the job cleanly."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "4",
-            "--launcher",
-            "mpi",
-            "--workdir",
-            ".",
-            *worker(f"pids={tmp_path}"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "4",
+        "--launcher",
+        "mpi",
+        "--workdir",
+        ".",
+        *worker(f"pids={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         assert proc.stderr is not None

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, TAG, run_cli, wait_for, worker
+from conftest import REPO, TAG, run_cli, start_launch, wait_for, worker
 
 
 def links(root: Path) -> set[str]:
@@ -23,20 +23,13 @@ def links(root: Path) -> set[str]:
 def test_killed_fabric_job_is_caught_then_recovered(qb2: Path, tmp_path: Path) -> None:
     """ttmesh SIGKILLed while its single-process job holds the fabric of 4 chips: the links
     stay down; check says so, launch refuses (3), launch --auto-reset recovers and runs."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "4",
-            "--mesh-layout",
-            "single-process",
-            *worker(f"pids={tmp_path}"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "4",
+        "--mesh-layout",
+        "single-process",
+        *worker(f"pids={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -178,27 +171,19 @@ def test_link_down_mid_way_hangs_bring_up_then_recovers(qb2: Path, tmp_path: Pat
         f"open(os.path.join({str(tmp_path)!r}, 'done' + os.environ['RANK'] + '-'"
         " + os.environ['TORCHELASTIC_RESTART_COUNT']), 'w').close()\n"
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "4",
-            "--ready-timeout",
-            "3",
-            "--grace",
-            "1",
-            "--max-restarts",
-            "1",
-            str(script),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "4",
+        "--ready-timeout",
+        "3",
+        "--grace",
+        "1",
+        "--max-restarts",
+        "1",
+        str(script),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(
@@ -272,21 +257,13 @@ def test_renumbered_chips_are_found_by_address(qb2: Path, tmp_path: Path) -> Non
 
 
 def test_sigterm_to_ttmesh_is_a_graceful_stop(qb2: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "2",
-            *worker(f"pids={tmp_path}", "on-term=0"),
-        ],
+    proc = start_launch(
+        qb2,
+        "--tp-size",
+        "2",
+        *worker(f"pids={tmp_path}", "on-term=0"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="workers")

@@ -38,6 +38,7 @@ from ttmesh.fabric.boards import BDF_RE
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover
 from ttmesh.fabric.health import ERROR, WARNING, Problem
 from ttmesh.fabric.host import Host
+from ttmesh.launcher import procs
 from ttmesh.sim.core import proc_start_time
 
 SCHEMA = "ttmesh.reset/1"
@@ -439,11 +440,6 @@ class SmiRun:
     output: str
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def run_tt_smi(argv: Sequence[str], timeout: float, *, sim_root: str | None = None) -> SmiRun:
     """Run tt-smi (argv list, stdin closed, output captured) in its own process group.
 
@@ -473,7 +469,7 @@ def run_tt_smi(argv: Sequence[str], timeout: float, *, sim_root: str | None = No
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(proc.pid)
+        procs.signal_groups([proc.pid], signal.SIGKILL)
         try:
             out, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # a descendant left the group and kept the pipe
@@ -484,7 +480,7 @@ def run_tt_smi(argv: Sequence[str], timeout: float, *, sim_root: str | None = No
             proc.wait()
             out = b""
     except BaseException:
-        _kill_group(proc.pid)
+        procs.signal_groups([proc.pid], signal.SIGKILL)
         proc.wait()
         raise
     seconds = time.monotonic() - t0

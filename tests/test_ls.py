@@ -201,11 +201,19 @@ def test_ls_malformed_cluster_descriptor_is_bad_input(
     desc.write_text(text.replace("chips_with_mmio:\n  - 0: 1\n", "chips_with_mmio:\n  - 0\n"))
     r = cli("ls", "--json", "--root", str(root))
     assert r.code == 2, r.err
-    assert r.out == ""
+    assert error_doc(r.out)["message"].startswith(f"{desc}: malformed cluster descriptor")
     assert "Traceback" not in r.err
     lines = [line for line in r.err.splitlines() if not line.startswith("simulated host: ")]
     assert len(lines) == 1, r.err
     assert lines[0].startswith(f"ttmesh: {desc}: malformed cluster descriptor")
+
+
+def error_doc(out: str) -> dict:
+    """With --json, a failure's ttmesh.error/1 document on stdout."""
+    doc = json.loads(out)
+    assert list(doc) == ["schema", "code", "message", "hint"] and doc["schema"] == "ttmesh.error/1"
+    assert doc["code"] == 2
+    return doc
 
 
 @pytest.mark.parametrize("kind", ["file", "missing"])
@@ -215,7 +223,7 @@ def test_ls_root_not_a_directory(kind: str, tmp_path: Path, cli: Callable) -> No
         root.write_text("x\n")
     r = cli("ls", "--json", "--root", str(root))
     assert r.code == 2
-    assert r.out == ""
+    assert error_doc(r.out)["message"] == f"root {root} is not a directory"
     lines = r.err.splitlines()
     assert len(lines) == 1, r.err
     assert lines[0].startswith(f"ttmesh: root {root} is not a directory")

@@ -21,8 +21,9 @@ def links(root: Path) -> set[str]:
 
 
 def test_killed_fabric_job_is_caught_then_recovered(qb2: Path, tmp_path: Path) -> None:
-    """ttmesh SIGKILLed while its single-process job holds the fabric of 4 chips: the links
-    stay down; check says so, launch refuses (3), launch --auto-reset recovers and runs."""
+    """Both ttmesh processes (launcher and guardian) SIGKILLed while a single-process job
+    holds the fabric of 4 chips: nobody is left to recover, so the links stay down; check says
+    so, launch refuses (3), launch --auto-reset recovers and runs."""
     proc = start_launch(
         qb2,
         "--tp-size",
@@ -41,6 +42,11 @@ def test_killed_fabric_job_is_caught_then_recovered(qb2: Path, tmp_path: Path) -
             ],
             what="the worker to hold its chips",
         )
+        import psutil
+
+        (guardian,) = [c.pid for c in psutil.Process(proc.pid).children()]
+        os.kill(proc.pid, signal.SIGSTOP)  # it cannot react to its guardian's death
+        os.kill(guardian, signal.SIGKILL)
         proc.kill()
         proc.wait()
     finally:

@@ -276,7 +276,8 @@ def test_held_chip_refused_then_forced(qb2: Path, cli: Callable, hold_pids: list
     pid = hold(cli, qb2, C05, hold_pids)
     before = (qb2 / core.STATE_FILE).read_bytes()
     code, doc, err = do_reset(cli, qb2, "--chips", C01)  # 05 joins through the ring
-    assert code == 3 and doc is None
+    assert code == 3 and doc is not None and doc["schema"] == "ttmesh.error/1"
+    assert doc["code"] == 3 and doc["message"].startswith(f"{C05} is held by pid {pid} (")
     last = ttmesh_lines(err)[-1]
     assert last.startswith(f"ttmesh: {C05} is held by pid {pid} (") and "ttmesh-sim-hold" in last
     assert "--force" in last

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from ttmesh import __version__
+from ttmesh.commands.launch_args import LaunchCommand
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -48,12 +49,18 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def resolve_host(sim_name: str | None, root: str | None) -> Any:
     from ttmesh.fabric.host import Host
 
-    if sim_name and root and not os.environ.get("TTMESH_ROOT") == root:
+    if sim_name is not None and root is not None and os.environ.get("TTMESH_ROOT") != root:
         raise bad_input("--sim and --root both given", "use one: --sim NAME or --root DIR")
+    if sim_name is not None and not sim_name.strip():
+        raise bad_input(
+            "--sim '': no system named", "e.g. --sim quietbox2 (see ttmesh sim systems)"
+        )
+    if root is not None and not root.strip():
+        raise bad_input("--root '': no directory named", "e.g. --root /tmp/qb2, or omit it for /")
     if sim_name:
         from ttmesh.sim.roots import ensure_cached
 
-        host = Host(ensure_cached(sim_name))
+        host = Host(ensure_cached(sim_name), flag=f"--sim {sim_name}")
     else:
         host = Host(root or "/")
         if host.simulated:
@@ -82,7 +89,7 @@ def main() -> None:
 @main.command("ls", context_settings=CONTEXT)
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.ls/1 JSON document.")
-def ls_cmd(host: Any, as_json: bool) -> None:
+def ls_cmd(host: Any, as_json: bool) -> int:
     """List the host's chips, who holds or leases them, and their Ethernet links.
 
     \b
@@ -92,13 +99,24 @@ def ls_cmd(host: Any, as_json: bool) -> None:
     """
     from ttmesh.fabric import listing
 
+    if as_json and host.driver_version() is None:
+        from ttmesh.fabric.devices import require_driver
+        from ttmesh.render import emit_json
+
+        try:
+            require_driver(host)
+        except TTMeshError as exc:  # still a valid document: no chips, and why
+            emit_json(listing.without_driver(host, str(exc)))
+            sys.stderr.write(f"ttmesh: {exc}\n")
+            return exc.code
     data = listing.report(host)
     if as_json:
         from ttmesh.render import emit_json
 
         emit_json(data)
-        return
+        return 0
     click.echo(_ls_text(data))
+    return 0
 
 
 def _ls_text(data: dict) -> str:
@@ -168,14 +186,45 @@ def _ranks(value: str | None) -> set[int] | None:
     if value is None:
         return None
     try:
-        return {int(v) for v in value.split(",") if v.strip()}
+        ranks = {int(v) for v in value.split(",") if v.strip()}
     except ValueError:
+        ranks = set()
+    if not ranks:
         raise bad_input(
             f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
         )
+    return ranks
 
 
-@main.command("launch", context_settings=LAUNCH_CONTEXT)
+def _workdir(value: str | None) -> str:
+    """--workdir: an existing directory (never created: a typo must not start a job elsewhere)."""
+    if value is None:
+        return ""
+    if not value.strip():
+        raise bad_input("--workdir '': no directory named", "omit it to run in this directory")
+    path = os.path.abspath(value)
+    if not os.path.exists(path):
+        raise bad_input(f"--workdir {value}: no such directory", "create it first, or fix the path")
+    if not os.path.isdir(path):
+        raise bad_input(f"--workdir {value} is a file, not a directory", "give a directory")
+    if not os.access(path, os.X_OK):
+        raise bad_input(f"--workdir {value}: permission denied", "give a directory you can enter")
+    return path
+
+
+def _log_dir(value: str | None, create: bool) -> str | None:
+    """--log-dir: created if missing (as torchrun does); a file or an unwritable place is bad
+    input. With ``create`` False (a dry run) only checked."""
+    if value is None:
+        return None
+    from ttmesh import paths
+
+    path = paths.writable_dir(value, "--log-dir", "the rank logs")
+    return str(paths.make_dirs(path, "the log directory") if create else path)
+
+
+@main.command("launch", cls=LaunchCommand, context_settings=LAUNCH_CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="ttmesh")
 @host_options
 @click.option(
     "--tp-size",
@@ -202,11 +251,9 @@ def _ranks(value: str | None) -> set[int] | None:
 )
 @click.option(
     "--mesh-layout",
-    default="isolated",
-    show_default=True,
     type=click.Choice(["isolated", "single-process", "mesh", "multi-mesh"]),
-    help="isolated: each worker its own chip and one-chip descriptor; single-process: one "
-    "worker drives every chip; mesh/multi-mesh: one tt-metal world (needs MPI).",
+    help="isolated (the default): each worker its own chip and one-chip descriptor; "
+    "single-process: one worker drives every chip; mesh/multi-mesh: one tt-metal world (needs MPI).",
 )
 @click.option(
     "--symmetric-dram-mb",
@@ -341,7 +388,7 @@ def launch_cmd(
     chips: str | None,
     exclude: str | None,
     mesh_shape: str | None,
-    mesh_layout: str,
+    mesh_layout: str | None,
     symmetric_dram_mb: int,
     env_items: tuple[str, ...],
     master_port: int,
@@ -382,20 +429,36 @@ def launch_cmd(
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
     """
+    from ttmesh import paths
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest, parse_env
     from ttmesh.launcher.supervisor import Options
 
-    if command and command[0] == "--":
-        command = command[1:]
     if nproc is not None and nproc <= 0:
         raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+    if rank_binding is not None and mesh_layout is not None:
+        raise bad_input(
+            "--rank-binding and --mesh-layout together",
+            "the rank-binding file decides the layout: drop --mesh-layout",
+        )
+    mesh_layout = mesh_layout or "isolated"
+    workdir = _workdir(workdir)
+    log_dir = _log_dir(log_dir, create=not dry_run)
+    if summary_json is not None:
+        from ttmesh import paths
+
+        paths.writable_file(summary_json, "--summary-json")
+    if tt_smi is not None:
+        from ttmesh.fabric.reset import find_tt_smi
+
+        find_tt_smi(host, tt_smi)  # not an executable: say so now, not after a crash
+    env = parse_env(list(env_items))
     binding = None
-    if rank_binding:
+    if rank_binding is not None:
         from ttmesh.launcher.adapters import ttrun
 
         binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
-    if tp_size is None and nproc is None and not chips and binding is None:
+    if tp_size is None and nproc is None and chips is None and binding is None:
         raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
     if max_restarts < 0:
         raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
@@ -411,16 +474,16 @@ def launch_cmd(
         layout=mesh_layout,
         mesh_shape=_shape(mesh_shape),
         symmetric_dram_mb=symmetric_dram_mb,
-        env=parse_env(list(env_items)),
+        env=env,
         master_port=master_port,
         max_restarts=max_restarts,
         grace=grace,
-        job=job_id or "",
+        job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",
         strict_links=strict_links,
         nproc=nproc,
         launcher=launcher
         or ("mpi" if mesh_layout in ("mesh", "multi-mesh") or binding is not None else "direct"),
-        workdir=os.path.abspath(workdir) if workdir else "",
+        workdir=workdir,
         binding=binding,
         environ=dict(os.environ),
         ready_timeout=ready_timeout,
@@ -435,9 +498,21 @@ def launch_cmd(
             re.compile(ready_pattern)
         except re.error as exc:
             raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
-    options = Options(ranks_filter=_ranks(ranks_filter), log_dir=log_dir, quiet=quiet)
+    shown_ranks = _ranks(ranks_filter)
+    options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:
-        prepared = launch.prepare(request, host, chips, exclude, allow_mpi_layouts=dry_run)
+        prepared = launch.prepare(
+            request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset
+        )
+        if shown_ranks is not None:
+            world = len(prepared.plan.ranks)
+            extra = sorted(r for r in shown_ranks if not 0 <= r < world)
+            if extra:
+                raise bad_input(
+                    f"--ranks-filter {ranks_filter}: no rank {', '.join(map(str, extra))} "
+                    f"in a job of {world} rank(s)",
+                    f"ranks are 0..{world - 1}",
+                )
     except TTMeshError as exc:
         if summary_json and not dry_run:
             launch.write_refusal(summary_json, exc)
@@ -487,16 +562,42 @@ def _plan_text(data: dict) -> str:
 
 
 @main.command("ps", context_settings=CONTEXT)
-@host_options
+@click.option(
+    "--sim",
+    "sim_name",
+    metavar="NAME",
+    help="Only jobs on the cached simulated host NAME.",
+)
+@click.option(
+    "--root",
+    "root",
+    metavar="DIR",
+    envvar="TTMESH_ROOT",
+    help="Only jobs on the host under DIR. Env: TTMESH_ROOT.",
+)
+@click.option("--all", "show_all", is_flag=True, help="Also jobs that ended (the last 50).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.ps/1 JSON document.")
-@click.option("--all-hosts", is_flag=True, help="Jobs on every root, not only this host's.")
-def ps_cmd(host: Any, as_json: bool, all_hosts: bool) -> None:
-    """List running ttmesh jobs: id, chips, ranks and their PIDs, command, start time."""
+@click.option("--all-hosts", is_flag=True, hidden=True, help="(the default now)")
+def ps_cmd(
+    sim_name: str | None, root: str | None, show_all: bool, as_json: bool, all_hosts: bool
+) -> None:
+    """List your ttmesh jobs on every host (real or simulated): id, state, root, chips, ranks.
+
+    \b
+    A job runs while its launcher or its guardian lives. --all adds the jobs that ended and
+    how (exit code, "launcher killed", ...). --root/--sim show one host's jobs only.
+    """
     import time
 
     from ttmesh.launcher import jobs
 
-    records = jobs.running(None if all_hosts else str(host.root))
+    only = None
+    if sim_name is not None or root is not None:
+        only = str(resolve_host(sim_name, root).root)
+    jobs.sweep()
+    records = jobs.every(only) if show_all else jobs.running(only)
+    for r in records:
+        r["state"] = "ended" if r.get("ended") else "running"
     if as_json:
         from ttmesh.render import emit_json
 
@@ -507,20 +608,25 @@ def ps_cmd(host: Any, as_json: bool, all_hosts: bool) -> None:
     rows = []
     for r in records:
         ranks = r.get("ranks", [])
+        state = "running" if not r.get("ended") else (r.get("status") or "ended")
         rows.append(
             [
                 r["job"],
-                r["pid"],
+                state,
+                r.get("pid"),
                 len(ranks),
                 ",".join(b for rank in ranks for b in rank.get("bdfs", [])),
+                r.get("root", "?"),
                 time.strftime("%H:%M:%S", time.localtime(r.get("started", 0))),
                 " ".join(r.get("command", [])),
             ]
         )
     if not rows:
-        click.echo("no ttmesh jobs running")
+        click.echo(
+            "no ttmesh jobs" + ("" if show_all else " running") + (f" on {only}" if only else "")
+        )
         return
-    click.echo(table(["JOB", "PID", "RANKS", "CHIPS", "STARTED", "COMMAND"], rows))
+    click.echo(table(["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"], rows))
 
 
 # --------------------------------------------------------------------------- commands
@@ -539,27 +645,71 @@ main.add_command(sim_group, "sim")
 
 
 def run(args: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code instead of raising SystemExit."""
+    """Run the CLI; returns the exit code instead of raising SystemExit.
+
+    Every failure is one line on stderr (``ttmesh: what (how to fix it)``) and an exit code;
+    with ``--json`` a ``ttmesh.error/1`` document on stdout too. No traceback reaches a user:
+    an OSError is the machine's state (a path, a permission), anything else is a bug, said in
+    one line (``TTMESH_DEBUG=1`` shows the traceback).
+    """
+    argv = list(sys.argv[1:] if args is None else args)
     try:
-        code = main.main(args=args, prog_name="ttmesh", standalone_mode=False)
+        code = main.main(args=argv, prog_name="ttmesh", standalone_mode=False)
     except TTMeshError as exc:
-        sys.stderr.write(f"ttmesh: {exc}\n")
-        return exc.code
+        return _fail(argv, exc.code, exc.message, exc.hint)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
         return BAD_INPUT
     except click.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "ttmesh"
-        sys.stderr.write(f"ttmesh: {exc.format_message()} (see: {cmd} --help)\n")
-        return BAD_INPUT
+        return _fail(argv, BAD_INPUT, exc.format_message(), f"see: {cmd} --help")
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.Abort:
-        sys.stderr.write("ttmesh: aborted\n")
-        return 130
+        return _fail(argv, 130, "aborted", None)
     except BrokenPipeError:
         return 1
+    except OSError as exc:
+        from ttmesh.errors import from_os_error
+
+        err = from_os_error(exc)
+        return _fail(argv, err.code, err.message, err.hint)
+    except Exception as exc:
+        if os.environ.get("TTMESH_DEBUG"):
+            raise
+        what = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
+        return _fail(argv, 1, what, "a bug in ttmesh: rerun with TTMESH_DEBUG=1 and report it")
     return code if isinstance(code, int) else 0
+
+
+def _fail(argv: list[str], code: int, message: str, hint: str | None) -> int:
+    line = f"ttmesh: {message}" + (f" ({hint})" if hint else "")
+    try:
+        if _json_requested(argv):
+            import json
+
+            doc = {"schema": "ttmesh.error/1", "code": code, "message": message, "hint": hint}
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.flush()
+        sys.stderr.write(line + "\n")
+    except (OSError, ValueError):
+        pass
+    return code
+
+
+def _json_requested(argv: list[str]) -> bool:
+    """Did the user ask for --json (among ttmesh's own options, not a launched command's)?"""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    if "launch" in words:
+        from ttmesh.commands.launch_args import command_start
+
+        at = words.index("launch") + 1
+        try:
+            end, _ = command_start(launch_cmd.get_params(click.Context(launch_cmd)), argv[at:])
+        except TTMeshError:
+            end = len(argv) - at
+        words = argv[at : at + end]
+    return "--json" in words
 
 
 def entry() -> None:

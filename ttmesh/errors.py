@@ -37,3 +37,88 @@ def refused(message: str, hint: str | None = None) -> TTMeshError:
 
 def failed(message: str, hint: str | None = None) -> TTMeshError:
     return TTMeshError(message, hint, FAILED)
+
+
+def owner_of(path: str) -> str | None:
+    """The user owning ``path`` or its nearest existing parent (None if nothing is there)."""
+    import os
+    import pwd
+
+    current = os.path.abspath(path)
+    while True:
+        try:
+            uid = os.stat(current).st_uid
+        except OSError:
+            parent = os.path.dirname(current)
+            if parent == current:
+                return None
+            current = parent
+            continue
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
+
+def from_os_error(exc: OSError, doing: str = "use") -> TTMeshError:
+    """An OSError from the machine's state (a path, a permission) as one line and a hint."""
+    import errno
+    import os
+
+    path = exc.filename
+    where = f" {path}" if path else ""
+    what = f"cannot {doing}{where}: {exc.strerror or exc}"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        owner = owner_of(str(path)) if path else None
+        me = _me()
+        if owner and owner != me:
+            hint = f"it belongs to {owner}: run as {owner}, or use a path of your own"
+            if path and _in_simulated_root(str(path)):
+                hint = (
+                    f"the simulated host is owned by {owner}: run as {owner}, or use your own "
+                    "simulated host with --sim NAME"
+                )
+        else:
+            hint = "check its permissions (ls -l)"
+    elif exc.errno == errno.ENOENT:
+        hint = "check the path"
+    elif exc.errno == errno.ENOTDIR:
+        hint = "a part of the path is a file, not a directory"
+    elif exc.errno == errno.EISDIR:
+        hint = "it is a directory: give a file"
+    elif exc.errno == errno.EEXIST:
+        hint = "it is already there: choose another path"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space"
+    elif exc.errno == errno.EROFS:
+        hint = "the file system is read-only: use a writable path"
+    else:
+        hint = os.strerror(exc.errno) if exc.errno else None
+        if hint == exc.strerror:
+            hint = None
+    return bad_input(what, hint)
+
+
+def _me() -> str:
+    import os
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _in_simulated_root(path: str) -> bool:
+    """Is ``path`` inside a simulated host (a directory above it has the marker)?"""
+    import os
+
+    current = os.path.abspath(path)
+    for _ in range(64):
+        if os.path.isfile(os.path.join(current, ".ttmesh-sim")):
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+    return False

@@ -22,5 +22,23 @@ def emit_json(data: Any) -> None:
 
 
 def note(message: str) -> None:
-    """One of ttmesh's own messages: stderr, prefixed."""
-    sys.stderr.write(f"ttmesh: {message}\n")
+    """One of ttmesh's own messages: stderr, prefixed. A closed stderr (the reader of a pipe
+    is gone, e.g. after ttmesh itself was killed) silences further messages, never raises."""
+    try:
+        sys.stderr.write(f"ttmesh: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        silence_stderr()
+
+
+def silence_stderr() -> None:
+    """Point stderr (fd 2 and sys.stderr) at /dev/null."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    except OSError:
+        pass

@@ -52,5 +52,8 @@ def loads(text: str) -> Any:
         raise ValueError(str(exc).replace("\n", " ")) from exc
 
 
-def load_file(path: str | Path) -> Any:
-    return loads(Path(path).read_text())
+def load_file(path: str | Path, what: str = "file") -> Any:
+    """Parse a YAML file the user named; a missing, unreadable or non-file path is bad input."""
+    from ttmesh import paths
+
+    return loads(paths.read_text(path, what))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
+from ttmesh import paths
 from ttmesh.cli import CONTEXT, _shape, host_options
 from ttmesh.errors import bad_input
 
@@ -70,8 +72,6 @@ def descriptor_cmd(
       ttmesh descriptor --sim quietbox2 --mesh-layout mesh --per-rank -o /tmp/qb2
       ttmesh descriptor --sim t3k --mesh-layout multi-mesh --export-rank-binding bind.yaml -o out
     """
-    from pathlib import Path
-
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest
 
@@ -81,6 +81,10 @@ def descriptor_cmd(
         raise bad_input(
             "--export-rank-binding needs -o DIR", "the binding points at the written descriptor"
         )
+    if out_dir is not None:
+        paths.writable_dir(out_dir, "-o", "the descriptors")
+    if export_rank_binding is not None:
+        paths.writable_file(export_rank_binding, "--export-rank-binding")
     if tp_size is None and not chips:
         from ttmesh.fabric.devices import discover
 
@@ -110,7 +114,7 @@ def descriptor_cmd(
                 host, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
             )
     if out_dir:
-        target.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(target, "the output directory")
         for name, text in {**files, **mocks}.items():
             (target / name).write_text(text)
             click.echo(str(target / name))

@@ -37,9 +37,8 @@ from ttmesh.errors import bad_input
 @click.option(
     "--mesh-layout",
     type=click.Choice(["single-process", "mesh", "multi-mesh"]),
-    default="single-process",
-    show_default=True,
-    help="With --active: probe as one process, or as one process per chip under MPI.",
+    help="With --active: probe as one process (single-process, the default), or as one "
+    "process per chip under MPI (mesh, multi-mesh).",
 )
 def check_cmd(
     host: Any,
@@ -48,7 +47,7 @@ def check_cmd(
     as_json: bool,
     active: bool,
     ttnn_python: str | None,
-    mesh_layout: str,
+    mesh_layout: str | None,
 ) -> int:
     """Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.
 
@@ -73,6 +72,10 @@ def check_cmd(
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
 
+    for flag, value in (("--mesh-layout", mesh_layout), ("--ttnn-python", ttnn_python)):
+        if value is not None and not active:
+            raise bad_input(f"{flag} goes with --active", f"add --active, or drop {flag}")
+    mesh_layout = mesh_layout or "single-process"
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)
@@ -110,10 +113,11 @@ def check_cmd(
         return 1
     if not report.healthy:
         errors = report.errors
-        sys.stderr.write(
-            f"ttmesh: unhealthy: {len(errors)} error(s); first: {errors[0].what} "
-            f"(fix: {errors[0].fix})\n"
-        )
+        if as_json:  # stdout is for programs: the first problem, for a person, here
+            detail = f"; first: {errors[0].what} (fix: {errors[0].fix})"
+        else:  # every problem and its fix is printed above, once
+            detail = " (each with its fix above)"
+        sys.stderr.write(f"ttmesh: unhealthy: {len(errors)} error(s){detail}\n")
         return 1
     return 0
 

@@ -201,7 +201,8 @@ def pci_lead(inv: Inventory, chip: Chip) -> Chip | None:
 
 
 def root_flag(host: Host) -> str:
-    return "" if host.root == Path("/") else f" --root {host.root}"
+    """`` --sim NAME`` / `` --root DIR`` (or nothing for this machine), for fix lines."""
+    return f" {host.flag}" if host.flag else ""
 
 
 def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpec]) -> str | None:
@@ -253,8 +254,9 @@ def parse_chips(
         if item not in by_name:
             known = ", ".join(sorted(c.bdf for c in inv.chips if c.bdf)) or "none"
             raise bad_input(f"{flag} {item}: no such chip on this host", f"chips here: {known}")
-        if by_name[item] not in out:
-            out.append(by_name[item])
+        if by_name[item] in out:
+            raise bad_input(f"{flag}: duplicate chip {item}", "name each chip once")
+        out.append(by_name[item])
     return out
 
 

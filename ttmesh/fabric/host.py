@@ -10,14 +10,16 @@ same code against ``/`` and against a simulated root.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shlex
 import stat
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ttmesh.errors import bad_input
+from ttmesh.errors import bad_input, from_os_error
 
 if TYPE_CHECKING:
     from ttmesh.sim.core import SimRoot
@@ -32,7 +34,7 @@ DRIVER_VERSION = "sys/module/tenstorrent/version"
 class Host:
     """A machine's Tenstorrent view, rooted at ``root``."""
 
-    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+    def __init__(self, root: str | os.PathLike[str] = "/", flag: str | None = None) -> None:
         path = Path(root)
         if not path.is_dir():
             raise bad_input(
@@ -40,6 +42,11 @@ class Host:
                 "give --root an existing directory, or use --sim NAME",
             )
         self.root = path.resolve()
+        # How a user names this host on ttmesh's command line, for the fix lines ttmesh prints
+        # ("ttmesh reset --sim quietbox2 --chips ..."): "" for this machine.
+        if flag is None:
+            flag = "" if self.root == Path("/") else f"--root {shlex.quote(str(self.root))}"
+        self.flag = flag
 
     def __repr__(self) -> str:
         return f"Host({str(self.root)!r}{', simulated' if self.simulated else ''})"
@@ -66,6 +73,18 @@ class Host:
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
+
+    def check_changeable(self) -> None:
+        """Changing a simulated host (a reset, a job's holders) writes its state: refuse at
+        once, naming the owner, when this user cannot (a real host's tools check their own)."""
+        if not self.simulated:
+            return
+        state_dir, lock = self.path("sim"), self.path("sim/state.lock")
+        if not os.access(state_dir, os.W_OK | os.X_OK) or (
+            lock.exists() and not os.access(lock, os.W_OK)
+        ):
+            denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(lock))
+            raise from_os_error(denied, "change the simulated host")
 
     # -- the reader
 

@@ -16,6 +16,19 @@ def report(host: Host, timeout: float = 1.0) -> dict[str, Any]:
     return build(inv, timeout)
 
 
+def without_driver(host: Host, why: str) -> dict[str, Any]:
+    """The ttmesh.ls/1 document of a host without the Tenstorrent driver: no chips, and why."""
+    return {
+        "schema": SCHEMA,
+        "host": {"root": str(host.root), "simulated": host.simulated, "driver": None},
+        "topology": "none",
+        "chips": [],
+        "links": [],
+        "missing": [],
+        "notes": [why],
+    }
+
+
 def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
     from ttmesh.launcher import leases
 

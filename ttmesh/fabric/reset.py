@@ -54,6 +54,7 @@ Log = Callable[[str], None]
 
 # chip statuses in the report, worst first
 GONE, FROZEN, LINKS_DOWN, UNKNOWN, OK = "gone", "frozen", "links down", "unknown", "ok"
+NOT_RESET = "not reset"  # after: the reset did not run to its end (tt-smi timed out or failed)
 
 
 # =========================================================================== planning (pure)
@@ -630,7 +631,17 @@ def check_blockers(
     found = blockers(inv, p.chips, own_pids=own_pids)
     hard = [b for b in found if b.kind in ("lease", "job")]
     if hard:
-        more = f" (and {len(hard) - 1} more)" if len(hard) > 1 else ""
+        leased = [b for b in hard if b.kind == "lease"]
+        jobs: dict[str, int] = {}
+        for b in leased:
+            jobs[b.job or "?"] = jobs.get(b.job or "?", 0) + 1
+        more = ""
+        if leased:
+            by = ", ".join(f"{n} by job {job}" for job, n in jobs.items())
+            more = f"; {len(leased)} of the {len(p.chips)} chip(s) to reset are leased ({by})"
+        workers = len(hard) - len(leased)
+        if workers:
+            more += f"; {workers} held by another job's workers"
         raise refused(
             hard[0].describe() + more,
             "ttmesh reset never touches another job's chips, even with --force: wait for it "
@@ -669,6 +680,7 @@ def execute(
     a reset that did not work (that is ``recovered=False``), only for refusals (exit 3)."""
     say = log or (lambda _m: None)
     t0 = time.monotonic()
+    host.check_changeable()
     to_stop = check_blockers(inv, p, force=force, own_pids=own_pids)
     stopped: list[int] = []
     if to_stop:
@@ -732,12 +744,20 @@ def execute(
             )
             time.sleep(wait)
     recovered = bool(attempts) and attempts[-1].verified
+    # A chip that looks fine after a reset that never ran to its end was not reset at all:
+    # say so instead of "ok" beside "not recovered".
+    unfinished = not recovered and (not attempts or attempts[-1].exit_code is None)
+
+    def after_status(a: str) -> str:
+        status = after[a].status if a in after else GONE
+        return NOT_RESET if unfinished and status == OK else status
+
     chips = [
         {
             "bdf": bdf_before.get(a) or (before[a].bdf if a in before else None),
             "asic_id": a,
             "before": before[a].status if a in before else GONE,
-            "after": after[a].status if a in after else GONE,
+            "after": after_status(a),
             "dev_before": before[a].dev if a in before else None,
             "dev_after": after[a].dev if a in after else None,
         }
@@ -804,8 +824,11 @@ def recover(
     tt_smi: str | None = None,
     backoff: float = DEFAULT_BACKOFF,
     settle: float | None = None,
+    own_pids: Iterable[int] = (),
 ) -> ResetOutcome:
     """Reset ``asics`` (None: every chip) safely and verify them; for the launcher after a crash.
+
+    ``own_pids``: more processes (besides this one) whose leases are the caller's own.
 
     Expands the set, refuses (TTMeshError, exit code 3) when another job leases or works on a
     chip of it or, without ``force``, when a process holds one; leases and workers of this
@@ -834,4 +857,5 @@ def recover(
         log=log,
         backoff=backoff,
         settle=settle,
+        own_pids={os.getpid(), *own_pids},
     )

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.boards import BDF_RE
@@ -37,11 +37,16 @@ class Prepared:
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
-    if not text:
+    if text is None:
         return []
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not items:
+        raise bad_input(f"{flag} {text!r}: no chip named", f"e.g. {flag} 0000:01:00.0")
     by_bdf = inv.by_bdf()
-    out = []
-    for item in (t.strip().lower() for t in text.split(",") if t.strip()):
+    out: list[Chip] = []
+    for item in items:
+        if items.count(item) > 1:
+            raise bad_input(f"{flag}: duplicate chip {item}", "name each chip once")
         if not BDF_RE.match(item):
             raise bad_input(
                 f"{flag} {item!r}: not a PCI address", "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0"
@@ -75,8 +80,12 @@ def check_port(port: int, addr: str = "127.0.0.1") -> None:
             )
 
 
-def unavailable_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
-    """(asic -> why it can't be used, asic -> who has it) for dead, held and leased chips."""
+def unavailable_chips(
+    inv: Inventory, repairable: bool = False
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(asic -> why it can't be used, asic -> who has it) for dead, held and leased chips.
+
+    ``repairable``: dead chips stay usable (``--auto-reset`` recovers them before the start)."""
     from ttmesh.fabric import holders as holdermod
 
     why: dict[str, str] = {}
@@ -95,10 +104,21 @@ def unavailable_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
     beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
     inv.beats = beats  # seen alive now: pre-flight need not poll these again
     for asic, state in beats.items():
-        if state == heartbeat.FROZEN:
+        if state == heartbeat.FROZEN and not repairable:
             why[asic] = "dead"
-            who[asic] = "its heartbeat is frozen (ttmesh reset --chips ...)"
+            who[asic] = "its heartbeat is frozen"
     return why, who
+
+
+def _unavailable_hint(inv: Inventory, why: dict[str, str]) -> str:
+    """How to get the chips back: a reset for dead ones, patience for the others."""
+    from ttmesh.fabric import health
+
+    dead = [a for a, w in why.items() if w == "dead"]
+    if dead:
+        fix = health.reset_fix(inv, dead, inv.links) or "ttmesh reset"
+        return f"recover them: {fix}, or add --auto-reset"
+    return "wait for them, or see ttmesh ls and ttmesh ps"
 
 
 def prepare(
@@ -108,9 +128,11 @@ def prepare(
     exclude_arg: str | None = None,
     allow_mpi_layouts: bool = False,
     descriptor_only: bool = False,
+    repairable: bool = False,
 ) -> Prepared:
     """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
-    descriptors without a command, a port or availability checks (``ttmesh descriptor``)."""
+    descriptors without a command, a port or availability checks (``ttmesh descriptor``).
+    ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them)."""
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
@@ -172,14 +194,17 @@ def prepare(
             f"--mesh-shape {r}x{c} has {r * c} chips but --tp-size is {req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
-    why, who = ({}, {}) if descriptor_only else unavailable_chips(inv)
+    why, who = ({}, {}) if descriptor_only else unavailable_chips(inv, repairable)
     for c in excluded:
         why.setdefault(c.asic_id, "excluded")
     labels = {c.asic_id: c.label for c in inv.chips}
     if chosen:
         for c in chosen:
             if c.asic_id in why and why[c.asic_id] != "excluded":
-                raise refused(f"chip {c.label} is {why[c.asic_id]}: {who[c.asic_id]}")
+                raise refused(
+                    f"chip {c.label} is {why[c.asic_id]}: {who[c.asic_id]}",
+                    _unavailable_hint(inv, {c.asic_id: why[c.asic_id]}),
+                )
         gap = meshselect.check_connected(inv, chosen)
         if req.binding is not None:
             sel = meshselect.as_given(inv, [c.asic_id for c in chosen])
@@ -210,8 +235,12 @@ def prepare(
             raise refused(
                 f"tp-size {req.tp_size}: not enough free chips; {labels[first]} is "
                 f"{blocked[first]}: {who[first]}"
-                + (f" (and {len(blocked) - 1} more chip(s) in use)" if len(blocked) > 1 else ""),
-                "wait for it, or see ttmesh ls and ttmesh ps",
+                + (
+                    f" (and {len(blocked) - 1} more chip(s) unavailable)"
+                    if len(blocked) > 1
+                    else ""
+                ),
+                _unavailable_hint(inv, blocked),
             )
     req.symmetric_dram_mb = memory.plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
@@ -226,6 +255,7 @@ def prepare(
             req.master_port = free_port(req.master_addr)
     if not req.job:
         req.job = jobs.new_job_id()
+    paths.safe_name(req.job, "--job-id")
     if not req.run_dir:
         req.run_dir = str(jobs.runs_dir() / req.job)
     if not req.cwd:
@@ -257,10 +287,15 @@ def mock_clusters(host: Host, sel: meshselect.Selection, req: LaunchRequest) -> 
 
 
 def write_files(plan: LaunchPlan) -> None:
+    """The plan's files, inside its run directory (which ``execute`` created) and nowhere else."""
+    run_dir = Path(plan.run_dir).resolve()
     for sub in ("mesh", "errors", "ready", "fabric", "mock"):
-        Path(plan.run_dir, sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
     for path, text in plan.files.items():
-        Path(path).write_text(text)
+        target = Path(path).resolve()
+        if not target.is_relative_to(run_dir):
+            raise bad_input(f"refusing to write {path}: outside the run directory {run_dir}")
+        target.write_text(text)
 
 
 def _clear_attempt_files(plan: LaunchPlan) -> None:
@@ -281,6 +316,7 @@ class Recovery:
     retries: int = 2
     tt_smi: str | None = None
     preflight: bool = True
+    own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
 
 
 def _preflight(prepared: Prepared, recovery: Recovery) -> None:
@@ -291,22 +327,33 @@ def _preflight(prepared: Prepared, recovery: Recovery) -> None:
     plan = prepared.plan
     inv = prepared.inv
     problems = [
-        p for p in health.preflight(inv, plan.all_chips(), beats=inv.beats) if p.severity == "error"
+        p
+        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids, beats=inv.beats)
+        if p.severity == "error"
     ]
-    if problems and recovery.auto_reset and all(p.kind != "leased" for p in problems):
+    if problems and recovery.auto_reset and all(p.kind != "lease" for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = _reset(prepared, recovery, plan.all_chips())
         if outcome is not None and outcome.recovered:
             fresh = discover(inv.host)
             prepared.inv = fresh
             problems = [
-                p for p in health.preflight(fresh, plan.all_chips()) if p.severity == "error"
+                p
+                for p in health.preflight(fresh, plan.all_chips(), recovery.own_pids)
+                if p.severity == "error"
             ]
     if problems:
         for p in problems[1:]:
             note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
         first = problems[0]
-        raise refuse(f"pre-flight: {first.what}", first.fix or "see ttmesh check")
+        fix = first.fix or "see ttmesh check"
+        if first.kind in RESETTABLE and not recovery.auto_reset:
+            fix += ", or add --auto-reset to recover the chips first"
+        raise refuse(f"pre-flight: {first.what}", fix)
+
+
+# Pre-flight problems a reset can fix (--auto-reset): not holders, leases or lost chips.
+RESETTABLE = ("link-down", "heartbeat")
 
 
 def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
@@ -322,6 +369,7 @@ def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
             force=False,
             log=lambda m: note(f"reset: {m}"),
             tt_smi=recovery.tt_smi,
+            own_pids=recovery.own_pids,
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
@@ -334,23 +382,183 @@ def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
     return outcome
 
 
-def _after_crash(prepared: Prepared, recovery: Recovery, result: AttemptResult) -> None:
-    """A job that brought the fabric up and ended abnormally may have left links down."""
+def _after_crash(
+    prepared: Prepared, recovery: Recovery, result: AttemptResult, always: bool = False
+) -> None:
+    """A job that brought the fabric up and ended abnormally may have left links down.
+
+    ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
+    nobody knows which ranks brought the fabric up)."""
     plan = prepared.plan
     if result.code == 0:
         return
-    if not (plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure):
+    joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
+    if not (joined or always):
         return
     from ttmesh.fabric import health
 
     inv = discover(prepared.inv.host)
     prepared.inv = inv
-    down = [p for p in health.preflight(inv, plan.all_chips()) if p.severity == "error"]
+    down = [
+        p
+        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids)
+        if p.severity == "error"
+    ]
     if not down and not recovery.reset_on_failure:
         return
     why = down[0].what if down else "--reset-on-failure"
     note(f"the job ended abnormally after bringing the fabric up ({why}): resetting its chips")
     _reset(prepared, recovery, plan.all_chips())
+
+
+LAUNCHER_KILLED = "launcher killed"
+SUPERVISOR_KILLED = "supervisor killed"
+
+
+class JobRun:
+    """One job from its leases to its end: attempts, recovery, and the finish.
+
+    The finish (job record closed, summary written, leases released, run directory removed) is
+    done by whichever ttmesh process survives: normally the launcher; the guardian when the
+    launcher was killed while workers ran (it was forked from the launcher, so it holds the same
+    leases, run directory lock and plan)."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        options: Options,
+        summary_json: str | None,
+        recovery: Recovery,
+        restart_backoff: float,
+    ) -> None:
+        self.prepared = prepared
+        self.plan = prepared.plan
+        self.options = options
+        self.summary_json = summary_json
+        self.recovery = recovery
+        self.restart_backoff = restart_backoff
+        # The launcher's leases are the job's own, also for a guardian finishing in its place.
+        self.recovery.own_pids = (*recovery.own_pids, os.getpid())
+        self.results: list[AttemptResult] = []
+        self.held: leases.LeaseSet | None = None
+        self.run_dir: paths.RunDir | None = None
+
+    def run(self) -> int:
+        plan = self.plan
+        self.prepared.inv.host.check_changeable()
+        self.held = leases.acquire(
+            self.prepared.inv.host,
+            plan.all_chips(),
+            plan.job,
+            cmd=" ".join(plan.ranks[0].argv),
+            symmetric_dram_mb=plan.symmetric_dram_mb,
+            labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+        )
+        try:
+            self.run_dir = jobs.create_run_dir(plan.job)
+            if str(self.run_dir.path) != plan.run_dir:
+                raise bad_input(
+                    f"the plan's run directory {plan.run_dir} is not {self.run_dir.path}"
+                )
+        except BaseException:
+            self._release()
+            raise
+        status, ok = None, False
+        try:
+            self._record()
+            if self.recovery.preflight:
+                try:
+                    _preflight(self.prepared, self.recovery)
+                except TTMeshError as exc:
+                    status = f"refused: {exc}"
+                    if self.summary_json:
+                        write_refusal(self.summary_json, exc)
+                    raise
+            write_files(plan)
+            self._attempts()
+            ok = True
+        finally:
+            if not ok:
+                self._release(status or "ttmesh failed before the job ended", None)
+        return self.finish()
+
+    def _record(self) -> None:
+        plan = self.plan
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.write(
+                {
+                    "job": plan.job,
+                    "pid": os.getpid(),
+                    "guardian": None,
+                    "root": plan.root,
+                    "layout": plan.layout,
+                    "attempt": 0,
+                    "started": time.time(),
+                    "command": list(plan.ranks[0].argv) if plan.ranks else [],
+                    "ranks": [
+                        {"rank": r.rank, "pid": None, "bdfs": list(r.bdfs), "chips": list(r.chips)}
+                        for r in plan.ranks
+                    ],
+                    "symmetric_dram_mb": plan.symmetric_dram_mb,
+                }
+            )
+
+    def _attempts(self) -> None:
+        plan, recovery = self.plan, self.recovery
+        base_env = dict(os.environ)
+        for attempt in range(plan.max_restarts + 1):
+            _clear_attempt_files(plan)
+            result = run_attempt(plan, attempt, self.options, base_env, orphaned=self._orphaned)
+            self.results.append(result)
+            if result.code == 0:
+                break
+            _after_crash(self.prepared, recovery, result, always=result.supervisor_lost)
+            if result.interrupted or result.supervisor_lost:
+                break
+            if attempt < plan.max_restarts:
+                wait = min(self.restart_backoff * (2**attempt), 10.0)
+                note(
+                    f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
+                    f"restarting every rank in {wait:.1f} s"
+                )
+                time.sleep(wait)
+                if recovery.preflight:
+                    try:
+                        _preflight(
+                            self.prepared, Recovery(**{**recovery.__dict__, "auto_reset": True})
+                        )
+                    except TTMeshError as exc:
+                        note(f"not restarting: {exc}")
+                        break
+
+    def _orphaned(self, result: AttemptResult) -> int:
+        """In the guardian, once its workers are down: the launcher was killed, finish here."""
+        result.reason = f"{LAUNCHER_KILLED} ({result.reason})"
+        self.results.append(result)
+        note("the launcher was killed: its guardian stopped the workers and finishes the job")
+        with contextlib.suppress(Exception):
+            _after_crash(self.prepared, self.recovery, result, always=True)
+        return self.finish(LAUNCHER_KILLED)
+
+    def _release(self, status: str | None = None, code: int | None = None) -> None:
+        if status is not None:
+            with contextlib.suppress(OSError, TTMeshError):
+                jobs.close(self.plan.job, status, code)
+        if self.held is not None:
+            self.held.release()
+        if self.run_dir is not None:
+            self.run_dir.remove()
+
+    def finish(self, status: str | None = None) -> int:
+        final = self.results[-1]
+        if status is None:
+            status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
+        self._release(status, final.code)
+        _summarize(self.prepared, self.results)
+        if self.summary_json:
+            with contextlib.suppress(OSError):
+                _write_summary(self.summary_json, final, self.results)
+        return final.code
 
 
 def execute(
@@ -360,58 +568,8 @@ def execute(
     restart_backoff: float = 0.2,
     recovery: Recovery | None = None,
 ) -> int:
-    plan = prepared.plan
-    recovery = recovery or Recovery()
-    held = leases.acquire(
-        prepared.inv.host,
-        plan.all_chips(),
-        plan.job,
-        cmd=" ".join(plan.ranks[0].argv),
-        symmetric_dram_mb=plan.symmetric_dram_mb,
-        labels={c.asic_id: c.label for c in prepared.inv.chips},
-    )
-    results: list[AttemptResult] = []
-    try:
-        if recovery.preflight:
-            try:
-                _preflight(prepared, recovery)
-            except TTMeshError as exc:
-                if summary_json:
-                    write_refusal(summary_json, exc)
-                raise
-        write_files(plan)
-        base_env = dict(os.environ)
-        for attempt in range(plan.max_restarts + 1):
-            _clear_attempt_files(plan)
-            result = run_attempt(plan, attempt, options, base_env)
-            results.append(result)
-            if result.code == 0:
-                break
-            _after_crash(prepared, recovery, result)
-            if result.interrupted:
-                break
-            if attempt < plan.max_restarts:
-                wait = min(restart_backoff * (2**attempt), 10.0)
-                note(
-                    f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
-                    f"restarting every rank in {wait:.1f} s"
-                )
-                time.sleep(wait)
-                if recovery.preflight:
-                    try:
-                        _preflight(prepared, Recovery(**{**recovery.__dict__, "auto_reset": True}))
-                    except TTMeshError as exc:
-                        note(f"not restarting: {exc}")
-                        break
-    finally:
-        jobs.remove(plan.job)
-        held.release()
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
-    final = results[-1]
-    _summarize(prepared, results)
-    if summary_json:
-        _write_summary(summary_json, final, results)
-    return final.code
+    """Lease the plan's chips, run its attempts (with recovery and restarts), return the code."""
+    return JobRun(prepared, options, summary_json, recovery or Recovery(), restart_backoff).run()
 
 
 def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:

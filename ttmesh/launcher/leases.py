@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttmesh.errors import bad_input, refused
+from ttmesh.errors import bad_input, from_os_error, refused
 from ttmesh.fabric.host import Host
 
 
@@ -97,11 +97,13 @@ def _open(path: Path, create: bool) -> int | None:
         return os.open(path, flags | os.O_RDWR | (os.O_CREAT if create else 0), 0o666)
     except FileNotFoundError:
         return None
-    except PermissionError:
+    except PermissionError as denied:
         # Another user's lock file: a read-only descriptor is enough to flock it.
         try:
             return os.open(path, flags | os.O_RDONLY)
         except FileNotFoundError:
+            if create:  # the directory itself is closed to us: no lease can be taken here
+                raise from_os_error(denied, "lease chips in")
             return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:

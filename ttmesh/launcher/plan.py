@@ -202,18 +202,70 @@ def resolve_command(req: LaunchRequest) -> list[str]:
         return [req.python, "-m", first, *rest]
     if not req.no_python and first.endswith(".py"):
         path = Path(req.cwd or ".") / first
+        if path.is_dir():
+            raise bad_input(f"script {first} is a directory", "give the script file")
         if not path.is_file():
             raise bad_input(f"script {first} does not exist", "check the path")
+        if not os.access(path, os.R_OK):
+            raise bad_input(f"script {first} cannot be read (permission denied)")
         # Absolute, so a rank started in another working directory (MPI) still finds it.
         return [req.python, str(path.resolve()), *rest]
     if "/" in first:
         path = Path(req.cwd or ".") / first
+        if path.is_dir():
+            raise bad_input(f"command {first} is a directory", "give a program to run")
+        if not path.exists():
+            raise bad_input(f"command {first} does not exist", "check the path")
         if not path.is_file() or not os.access(path, os.X_OK):
-            raise bad_input(f"command {first} does not exist or is not executable")
+            raise bad_input(
+                f"command {first} is not executable",
+                f"chmod +x {first}, or run it through its interpreter",
+            )
         return [first, *rest]
     if shutil.which(first) is None:
         raise bad_input(f"command {first!r} not found on PATH", "give a path, or a .py script")
     return [first, *rest]
+
+
+# Variables ttmesh sets for every rank, and the flag that decides each: --env may not set them
+# (a rank told RANK=5, or given a chip outside the job's lease, breaks the job's contract).
+_EACH_RANK = "each rank gets its own"
+_WORLD = "--tp-size or --nproc-per-node"
+OWNED = {
+    "RANK": _EACH_RANK,
+    "LOCAL_RANK": _EACH_RANK,
+    "GROUP_RANK": _EACH_RANK,
+    "ROLE_RANK": _EACH_RANK,
+    "WORLD_SIZE": _WORLD,
+    "LOCAL_WORLD_SIZE": _WORLD,
+    "GROUP_WORLD_SIZE": _WORLD,
+    "ROLE_WORLD_SIZE": _WORLD,
+    "ROLE_NAME": "every rank's role is 'default'",
+    "MASTER_ADDR": "ranks on one host meet at 127.0.0.1",
+    "MASTER_PORT": "--master-port",
+    "TT_VISIBLE_DEVICES": "--chips (and --exclude)",
+    "TT_MESH_GRAPH_DESC_PATH": "--mesh-layout and --mesh-shape, or --rank-binding",
+    "TT_MESH_ID": "--mesh-layout, or --rank-binding",
+    "TT_MESH_HOST_RANK": "--mesh-layout, or --rank-binding",
+    "LIBTT_SYMMETRIC_DRAM_MB": "--symmetric-dram-mb",
+    "TT_METAL_MOCK_CLUSTER_DESC_PATH": "--sim or --root (a simulated host gives each rank its "
+    "mock cluster)",
+    "TORCHELASTIC_MAX_RESTARTS": "--max-restarts",
+    "TORCHELASTIC_RUN_ID": "--job-id",
+    "TORCHELASTIC_RESTART_COUNT": "each attempt counts itself",
+}
+OWNED_PREFIXES = {
+    "TT_MESH_": "--mesh-layout",
+    "TORCHELASTIC_": "ttmesh keeps torchrun's contract",
+    "TTMESH_": "TTMESH_ variables are ttmesh's own",
+}
+
+
+def owner_flag(key: str) -> str | None:
+    """What decides ``key`` when ttmesh owns it (None: the user may set it)."""
+    if key in OWNED:
+        return OWNED[key]
+    return next((flag for p, flag in OWNED_PREFIXES.items() if key.startswith(p)), None)
 
 
 def parse_env(items: list[str]) -> list[tuple[str, str]]:
@@ -222,6 +274,10 @@ def parse_env(items: list[str]) -> list[tuple[str, str]]:
         key, sep, value = item.partition("=")
         if not sep or not ENV_KEY.match(key):
             raise bad_input(f"--env {item!r}: expected KEY=VALUE", "e.g. --env LOGLEVEL=debug")
+        flag = owner_flag(key)
+        if flag is not None:
+            hint = f"use {flag} instead" if flag.startswith("--") else f"drop it: {flag}"
+            raise bad_input(f"--env {key}: ttmesh sets {key} for every rank", hint)
         out.append((key, value))
     return out
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +37,9 @@ from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
+# on to the workers, SIGINT is Ctrl-C (a second one kills at once).
+STOPPING = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
 FABRIC_POLL = 0.05
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
@@ -64,6 +68,7 @@ class AttemptResult:
     error_message: str | None = None
     duration: float = 0.0
     hung: bool = False  # no failure, but not ready in time: restartable
+    supervisor_lost: bool = False  # the guardian itself was killed: how the ranks ended is unknown
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,9 +90,16 @@ class Options:
 
 
 def run_attempt(
-    plan: LaunchPlan, attempt: int, options: Options, base_env: dict[str, str]
+    plan: LaunchPlan,
+    attempt: int,
+    options: Options,
+    base_env: dict[str, str],
+    orphaned: Callable[[AttemptResult], int] | None = None,
 ) -> AttemptResult:
-    """Run one attempt of the job (every rank once) and return how it ended."""
+    """Run one attempt of the job (every rank once) and return how it ended.
+
+    ``orphaned``: what the guardian does with the attempt's result when the launcher was
+    killed while it ran (finish the job in its place); its return value is the exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
     # If the guardian itself dies, what it left is re-parented here and swept below.
@@ -103,10 +115,14 @@ def run_attempt(
             guardian = Guardian(plan, attempt, options, base_env, alive_r)
             result = guardian.run()
             code = result.code
-            _write_all(result_w, json.dumps(result.to_json()).encode())
-        except BaseException:
-            with contextlib.suppress(Exception):
-                sys.stderr.write("ttmesh: supervisor error:\n" + traceback.format_exc())
+            if guardian.front_gone and orphaned is not None:
+                code = orphaned(result)
+            else:
+                _write_all(result_w, json.dumps(result.to_json()).encode())
+        except BaseException as exc:
+            if not isinstance(exc, BrokenPipeError | SystemExit):
+                with contextlib.suppress(Exception):
+                    os.write(2, ("ttmesh: supervisor error:\n" + traceback.format_exc()).encode())
             with contextlib.suppress(Exception):
                 _kill_tree(os.getpid())  # a broken guardian still leaves nothing behind
         finally:
@@ -129,7 +145,12 @@ def run_attempt(
         return AttemptResult.from_json(json.loads(data))
     how = procs.describe_status(status)
     return AttemptResult(
-        attempt, procs.exit_code(status) or 1, "ttmesh", None, f"the supervisor {how}"
+        attempt,
+        procs.exit_code(status) or 1,
+        "ttmesh",
+        None,
+        f"the supervisor {how}",
+        supervisor_lost=True,
     )
 
 
@@ -225,6 +246,7 @@ class Guardian:
         self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
         self.demux = None
         self.sim_registered = False
+        self.front_gone = False  # the launcher was killed: this guardian finishes the job
 
     # -- setup
 
@@ -423,10 +445,13 @@ class Guardian:
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
                     self._begin_stop("interrupted (SIGINT)", 130)
-            elif sig == signal.SIGTERM:
+            elif sig in STOPPING:
                 if self.stop_reason is None:
-                    self._begin_stop("terminated (SIGTERM)", 128 + signal.SIGTERM)
-            elif sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+                    name = STOPPING[sig]
+                    why = f"{name} ({signal.Signals(sig).name})"
+                    self._emit(f"{why}: stopping every worker")
+                    self._begin_stop(why, 128 + sig)
+            elif sig in (signal.SIGUSR1, signal.SIGUSR2):
                 # Under MPI the rank PIDs may not all be known yet: mpirun forwards the rest.
                 targets = [self.pids[r] for r in self.running if r in self.pids]
                 if self.mpi_pid is not None:
@@ -464,6 +489,7 @@ class Guardian:
     def _on_front_gone(self) -> None:
         """The ttmesh process vanished (killed): nobody is waiting, so kill everything now."""
         self.selector.unregister(self.alive_fd)
+        self.front_gone = True
         if self.stop_reason is None:
             self.stop_reason = "ttmesh was killed"
             self.stop_code = 128 + signal.SIGKILL
@@ -645,31 +671,20 @@ class Guardian:
     # -- records and results
 
     def _write_record(self) -> None:
+        from ttmesh.errors import TTMeshError
         from ttmesh.launcher import jobs
 
-        with contextlib.suppress(OSError):
-            jobs.write(
-                {
-                    "job": self.plan.job,
-                    "pid": os.getppid(),
-                    "guardian": self.pid,
-                    "root": self.plan.root,
-                    "layout": self.plan.layout,
-                    "attempt": self.attempt,
-                    "started": time.time(),
-                    "command": list(self.plan.ranks[0].argv) if self.plan.ranks else [],
-                    "ranks": [
-                        {
-                            "rank": r.rank,
-                            "pid": self.pids.get(r.rank),
-                            "bdfs": list(r.bdfs),
-                            "chips": list(r.chips),
-                        }
-                        for r in self.plan.ranks
-                    ],
-                    "symmetric_dram_mb": self.plan.symmetric_dram_mb,
-                }
-            )
+        ranks = [
+            {
+                "rank": r.rank,
+                "pid": self.pids.get(r.rank),
+                "bdfs": list(r.bdfs),
+                "chips": list(r.chips),
+            }
+            for r in self.plan.ranks
+        ]
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.update(self.plan.job, guardian=self.pid, attempt=self.attempt, ranks=ranks)
 
     def _emit(self, message: str) -> None:
         with contextlib.suppress(OSError):

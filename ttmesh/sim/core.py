@@ -165,6 +165,7 @@ class SimRoot:
         directory = os.path.dirname(self.path(STATE_FILE))
         fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
         try:
+            os.fchmod(fd, 0o644)  # readable by every user, as the driver's files are
             with os.fdopen(fd, "w") as f:
                 json.dump(state, f, indent=1, sort_keys=True)
             os.replace(tmp, self.path(STATE_FILE))

@@ -32,7 +32,7 @@ def read_marker(root: Path) -> dict | None:
 def refresh_tools(root: Path) -> None:
     """A root made by another ttmesh version gets this version's tools (its state is kept)."""
     marker = read_marker(root)
-    if marker is not None and marker.get("ttmesh") != __version__:
+    if marker is not None and marker.get("ttmesh") != __version__ and os.access(root, os.W_OK):
         from ttmesh.sim.create import install_tools
 
         install_tools(root)
@@ -42,18 +42,41 @@ def refresh_tools(root: Path) -> None:
 
 def ensure_cached(name: str) -> Path:
     """The cached simulated host for stock system ``name``, created on first use."""
-    root = cache_root() / name
-    if read_marker(root) is None:
-        from ttmesh.sim.create import create
-        from ttmesh.sim.system import load
+    from ttmesh.sim.system import stock_names
 
-        model = load(name)
-        if root.exists() and any(root.iterdir()):
-            raise bad_input(
-                f"{root} is in the way of the cached simulated host",
-                f"remove it: rm -r {root}",
-            )
-        create(model, root)
-    else:
-        refresh_tools(root)
+    if name not in stock_names():
+        raise bad_input(
+            f"unknown system {name!r}",
+            "known systems: " + ", ".join(stock_names()),
+        )
+    root = cache_root() / name
+    try:
+        if read_marker(root) is None:
+            from ttmesh.sim.create import create
+            from ttmesh.sim.system import load
+
+            model = load(name)
+            if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
+                raise bad_input(
+                    f"{root} is in the way of the cached simulated host",
+                    f"remove it: rm -r {root}",
+                )
+            create(model, root)
+        else:
+            refresh_tools(root)
+    except PermissionError as exc:
+        from ttmesh.errors import owner_of
+
+        owner = owner_of(str(exc.filename or root))
+        raise bad_input(
+            f"cannot write the simulated host cache {root}: {exc.strerror}"
+            + (f" (owned by {owner})" if owner else ""),
+            "set XDG_CACHE_HOME to a directory you can write, or build one with "
+            "ttmesh sim create --system NAME --root DIR and use --root DIR",
+        )
+    except OSError as exc:
+        raise bad_input(
+            f"cannot create the simulated host cache {root}: {exc.strerror}",
+            "set XDG_CACHE_HOME to a directory you can write",
+        )
     return root

@@ -111,14 +111,57 @@ class SystemModel:
 
 def _need(d: dict, key: str, where: str) -> Any:
     if key not in d:
-        raise bad_input(f"{where}: missing '{key}'", "see ttmesh/configs/systems/quietbox2.yaml")
+        raise bad_input(f"{where}: missing '{key}'", _format_hint())
     return d[key]
+
+
+SHAPES = {
+    "chips": "a list of chips, each a map with id, unique_id, arch, card_type, board_id",
+    "boards": "a list of boards, each a map with board_id, board_type and chips",
+    "links": "a list of links, each [chip_a, chan_a, chip_b, chan_b]",
+    "remote_links": "a list of [chip, chan, remote_unique_id, remote_chan]",
+}
+
+
+def _check_shape(data: dict, where: str) -> None:
+    """Each section has the type it must have, said in words (not a Python error)."""
+    hint = _format_hint()
+    for key, what in SHAPES.items():
+        value = data.get(key)
+        if value is None and key in ("links", "remote_links"):
+            continue
+        items = value if isinstance(value, list) else None
+        if key in ("chips", "boards"):
+            ok = items is not None and all(isinstance(v, dict) for v in items)
+        else:
+            ok = items is not None and all(
+                isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v)
+                for v in items
+            )
+        if value is None:
+            raise bad_input(f"{where}: missing '{key}'", hint)
+        if not ok:
+            bad = (
+                next((v for v in items if not isinstance(v, dict | list)), value)
+                if items
+                else value
+            )
+            raise bad_input(
+                f"{where}: malformed system description: '{key}' must be {what}, not {bad!r}"[:300],
+                hint,
+            )
+    for raw in data["boards"]:
+        if not isinstance(raw.get("chips"), list):
+            raise bad_input(
+                f"{where}: board {raw.get('board_id')!r}: 'chips' must be a list of chip ids", hint
+            )
 
 
 def from_dict(data: Any, where: str) -> SystemModel:
     """Build and validate a model; every problem is a one-line bad-input error naming ``where``."""
     if not isinstance(data, dict):
         raise bad_input(f"{where}: not a system description (expected a YAML map)")
+    _check_shape(data, where)
     try:
         chips = []
         for raw in _need(data, "chips", where):
@@ -262,6 +305,10 @@ def validate(model: SystemModel, where: str) -> None:
 # --------------------------------------------------------------------------- stock systems
 
 
+def _format_hint() -> str:
+    return f"a stock system file shows the format: {_systems_dir() / 'quietbox2.yaml'}"
+
+
 def _systems_dir() -> Path:
     return Path(str(resources.files("ttmesh") / "configs" / "systems"))
 
@@ -276,16 +323,14 @@ def load(name_or_path: str) -> SystemModel:
 
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
-        path = _systems_dir() / f"{name_or_path}.yaml"
-        if not path.exists():
+        if name_or_path not in stock_names():
             raise bad_input(
                 f"unknown system {name_or_path!r}",
                 "known systems: " + ", ".join(stock_names()),
             )
-    elif not path.exists():
-        raise bad_input(f"system file {name_or_path} does not exist")
+        path = _systems_dir() / f"{name_or_path}.yaml"
     try:
-        data = yamlio.load_file(path)
+        data = yamlio.load_file(path, "system file")
     except ValueError as exc:
         raise bad_input(f"{path}: not valid YAML: {exc}")
     return from_dict(data, str(path))

@@ -87,9 +87,7 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
     from ttmesh import yamlio
 
     try:
-        data = yamlio.load_file(path)
-    except FileNotFoundError:
-        raise bad_input(f"rank binding {path} does not exist")
+        data = yamlio.load_file(path, "rank binding")
     except ValueError as exc:
         raise bad_input(f"{path}: not valid YAML: {exc}")
     if not isinstance(data, dict) or not isinstance(data.get("rank_bindings"), list):

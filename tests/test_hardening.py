@@ -1,0 +1,461 @@
+"""Hostile input and killed processes (issue 10): every mistake is one line and exit 2, nothing
+outside ttmesh's own directories is touched, the launcher's contract can't be overridden, and
+whichever ttmesh process survives a kill -9 finishes the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
+
+from ttmesh.fabric.host import Host
+from ttmesh.launcher import jobs, leases
+
+C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
+
+
+def one_line(err: str) -> str:
+    """The single ttmesh line of a refusal (the simulated-host notice aside)."""
+    lines = [ln for ln in err.splitlines() if not ln.startswith("simulated host: ")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ttmesh: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def link_states(root: Path) -> set[str]:
+    doc = json.loads(run_cli("ls", "--root", str(root), "--json").out)
+    return {lk["state"] for lk in doc["links"]}
+
+
+def record(job: str) -> dict | None:
+    return next((r for r in jobs.every() if r["job"] == job), None)
+
+
+# --------------------------------------------------------------------------- ids and paths
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime directory of the test's own (jobs and run directories go under it)."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
+    return rt
+
+
+@pytest.mark.parametrize(
+    "job_id", ["../../victim", "../victim", "a/b", "/abs/x", ".hidden", "", "x" * 65, "a b"]
+)
+def test_unsafe_job_ids_are_refused(qb2: Path, runtime: Path, job_id: str) -> None:
+    victim = runtime / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine\n")
+    before = sorted(p.name for p in runtime.rglob("*"))
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", job_id,
+                  *worker("exit=0"))  # fmt: skip
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    assert line.startswith(f"ttmesh: --job-id {job_id!r}: not a valid name"), line
+    assert "letters, digits" in line
+    assert (victim / "keep").read_text() == "mine\n"
+    assert sorted(p.name for p in runtime.rglob("*")) == before  # nothing created
+
+
+def test_planted_symlink_and_foreign_run_dir_are_refused_not_cleaned(
+    qb2: Path, runtime: Path
+) -> None:
+    victim = runtime / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine\n")
+    runs = runtime / "ttmesh" / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    (runs / "planted").symlink_to(victim)
+    (runs / "precreated").mkdir()
+    (runs / "precreated" / "theirs").write_text("x\n")
+    for job in ("planted", "precreated"):
+        res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", job,
+                      *worker("exit=0"))  # fmt: skip
+        assert res.code == 2, res.err
+        assert "already exists" in one_line(res.err)
+    assert (runs / "planted").is_symlink() and (victim / "keep").read_text() == "mine\n"
+    assert (runs / "precreated" / "theirs").exists()
+    # A later command's sweep leaves them too: they are no stale run directory of a job.
+    assert run_cli("ps").code == 0
+    assert (runs / "planted").is_symlink() and (runs / "precreated" / "theirs").exists()
+
+
+def test_a_run_dir_replaced_while_the_job_runs_is_not_removed(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """Removal checks it is still the directory the job created: a symlink put in its place
+    (to a victim) is left alone, and so is the victim."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine\n")
+    proc = start_launch(qb2, "--tp-size", "1", "--job-id", "swap", *worker(f"pids={tmp_path}"))
+    try:
+        wait_for(lambda: (tmp_path / "rank0.pid").exists(), what="the worker")
+        run_dir = runtime / "ttmesh" / "runs" / "swap"
+        run_dir.rename(tmp_path / "moved")
+        run_dir.symlink_to(victim)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (victim / "keep").read_text() == "mine\n"
+    assert run_dir.is_symlink()
+
+
+def test_stale_run_dirs_are_swept_live_ones_kept(qb2: Path, runtime: Path, tmp_path: Path) -> None:
+    runs = runtime / "ttmesh" / "runs"
+    # A run directory whose job died with it (its lock is free), made the way a launch does.
+    code = (
+        "import sys; from pathlib import Path; from ttmesh import paths; "
+        "paths.create_run_dir(Path(sys.argv[1]), 'dead-job', 'x'); "
+        "(Path(sys.argv[1]) / 'dead-job' / 'mesh').mkdir()"
+    )
+    subprocess.run([sys.executable, "-c", code, str(runs)], check=True)
+    assert (runs / "dead-job" / "mesh").is_dir()
+    proc = start_launch(qb2, "--tp-size", "1", "--job-id", "live-job", *worker(f"pids={tmp_path}"))
+    try:
+        wait_for(lambda: (tmp_path / "rank0.pid").exists(), what="the worker")
+        res = run_cli("ps")
+        assert res.code == 0, res.err
+        assert not (runs / "dead-job").exists()
+        assert (runs / "live-job").is_dir()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    assert not (runs / "live-job").exists()
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+@pytest.mark.parametrize(
+    ("item", "needle"),
+    [
+        ("RANK=5", "each rank gets its own"),
+        ("WORLD_SIZE=7", "--tp-size"),
+        ("TT_VISIBLE_DEVICES=0000:01:00.0", "--chips"),
+        ("MASTER_PORT=1234", "--master-port"),
+        ("TT_MESH_ID=3", "--mesh-layout"),
+        ("TT_MESH_GRAPH_DESC_PATH=/x", "--mesh-layout"),
+        ("LIBTT_SYMMETRIC_DRAM_MB=1", "--symmetric-dram-mb"),
+        ("TT_METAL_MOCK_CLUSTER_DESC_PATH=/x", "--sim or --root"),
+        ("TORCHELASTIC_RUN_ID=x", "--job-id"),
+        ("TTMESH_JOB_ID=x", "ttmesh's own"),
+    ],
+)
+def test_env_cannot_override_what_ttmesh_sets(qb2: Path, item: str, needle: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--env", item, "--dry-run",
+                  *worker("exit=0"))  # fmt: skip
+    assert res.code == 2, res.err
+    key = item.split("=")[0]
+    line = one_line(res.err)
+    assert line.startswith(f"ttmesh: --env {key}: ttmesh sets {key} for every rank"), line
+    assert needle in line
+
+
+def test_env_of_the_users_own_is_passed(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--env", "MY_FLAG=1",
+                  "--dry-run", "--json", "--show-env", *worker("exit=0"))  # fmt: skip
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["ranks"][0]["env"]["MY_FLAG"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--foo"], "no such option: --foo"),
+        (["--tp-sise", "4"], "no such option: --tp-sise (did you mean --tp-size?"),
+        (["--standalone"], "--standalone is torchrun's option, not ttmesh's"),
+        (["--nnodes", "2"], "--nnodes is torchrun's option"),
+        (["--rdzv-backend", "c10d"], "--rdzv-backend is torchrun's option"),
+        (["--master-addr=10.0.0.1"], "--master-addr is torchrun's option"),
+        (["--tee", "3"], "--log-dir"),
+    ],
+)
+def test_option_looking_words_before_the_command(qb2: Path, args: list[str], needle: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", *args, "true")
+    assert res.code == 2, res.err
+    assert needle in one_line(res.err)
+
+
+def test_a_command_that_starts_with_a_dash_goes_after_double_dash(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--", "-x")
+    assert res.code == 2
+    assert "command '-x' not found on PATH" in one_line(res.err)
+    # Options after the command are the command's.
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--json",
+                  sys.executable, "-c", "pass", "--foo")  # fmt: skip
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["ranks"][0]["argv"][-1] == "--foo"
+
+
+@pytest.mark.parametrize("where", [["--version"], ["launch", "--version"], ["launch", "-V"]])
+def test_version(where: list[str]) -> None:
+    from ttmesh import __version__
+
+    res = run_cli(*where)
+    assert res.code == 0, res.err
+    assert res.out.strip() == f"ttmesh, version {__version__}"
+
+
+# --------------------------------------------------------------------------- killed processes
+
+
+def _fabric_job(qb2: Path, tmp_path: Path, job: str, **kw: int) -> subprocess.Popen:
+    """A single-process job on all 4 chips (its worker brings the fabric up)."""
+    proc = start_launch(
+        qb2, "--tp-size", "4", "--mesh-layout", "single-process", "--job-id", job,
+        "--summary-json", str(tmp_path / "summary.json"), *worker(f"pids={tmp_path}"), **kw,
+    )  # fmt: skip
+    wait_for(lambda: (tmp_path / "rank0.pid").exists(), what="the worker")
+    host = Host(qb2)
+    wait_for(lambda: host.sim.read_state()["fabric_marks"], what="the fabric to come up")
+    return proc
+
+
+def _finished(qb2: Path, tmp_path: Path, job: str, status: str) -> None:
+    """Everything a finished job leaves: no process, healthy chips, no lease, no run dir."""
+    wait_for(lambda: (record(job) or {}).get("ended"), timeout=20, what="the job's end")
+    worker_pid = int((tmp_path / "rank0.pid").read_text())
+    assert not alive(worker_pid)
+    assert record(job)["status"] == status
+    assert link_states(qb2) == {"up"}
+    assert run_cli("check", "--root", str(qb2)).code == 0
+    chips = [
+        c["asic_id"] for c in json.loads(run_cli("ls", "--root", str(qb2), "--json").out)["chips"]
+    ]
+    assert leases.probe(Host(qb2), chips) == {}
+    assert not (jobs.runs_dir() / job).exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["source"] == "ttmesh" and status in summary["reason"]
+
+
+def test_sigkill_of_ttmesh_its_guardian_finishes_the_job(qb2: Path, tmp_path: Path) -> None:
+    job = f"killed-{os.getpid()}"
+    err_file = tmp_path / "stderr"
+    with err_file.open("w") as err:
+        proc = _fabric_job(qb2, tmp_path, job, stderr=err, stdout=subprocess.DEVNULL)
+        (guardian,) = psutil.Process(proc.pid).children()
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not guardian.is_running() or guardian.status() == "zombie", timeout=20,
+                 what="the guardian to finish")  # fmt: skip
+    _finished(qb2, tmp_path, job, "launcher killed")
+    text = err_file.read_text()
+    assert "Traceback" not in text and "supervisor error" not in text
+    assert "the launcher was killed: its guardian stopped the workers" in text
+    assert "chips recovered and verified" in text
+
+
+def test_sigkill_of_ttmesh_whose_readers_are_gone(qb2: Path, tmp_path: Path) -> None:
+    """Its output pipes have no reader any more (a closed terminal, a killed pipeline): the
+    guardian still finishes, silently, without a BrokenPipeError."""
+    job = f"nopipe-{os.getpid()}"
+    proc = _fabric_job(qb2, tmp_path, job)
+    (guardian,) = psutil.Process(proc.pid).children()
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not guardian.is_running() or guardian.status() == "zombie", timeout=20,
+             what="the guardian to finish")  # fmt: skip
+    _finished(qb2, tmp_path, job, "launcher killed")
+
+
+def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> None:
+    job = f"guardian-{os.getpid()}"
+    proc = _fabric_job(qb2, tmp_path, job)
+    (guardian,) = psutil.Process(proc.pid).children()
+    guardian.kill()
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert "Traceback" not in err
+    assert "chips recovered and verified" in err
+    _finished(qb2, tmp_path, job, "supervisor killed")
+
+
+def test_sighup_to_ttmesh_is_ttmeshs(qb2: Path, tmp_path: Path) -> None:
+    proc = start_launch(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}"))
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, what="the workers")
+        proc.send_signal(signal.SIGHUP)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "ttmesh: hangup (SIGHUP): stopping every worker" in err
+    assert "killed by SIGHUP" not in err and "rank 0" not in err.split("hangup")[-1]
+    assert err.splitlines()[-1] == "ttmesh: exit 129: hangup (SIGHUP)"
+
+
+# --------------------------------------------------------------------------- ps and JSON
+
+
+def test_ps_shows_every_root_by_default(qb2: Path, make_sim, tmp_path: Path) -> None:
+    other = make_sim("p150", name="other")
+    job = f"ps-{os.getpid()}"
+    proc = start_launch(qb2, "--tp-size", "1", "--job-id", job, *worker(f"pids={tmp_path}"))
+    try:
+        wait_for(lambda: (tmp_path / "rank0.pid").exists(), what="the worker")
+        listed = json.loads(run_cli("ps", "--json").out)["jobs"]
+        (mine,) = [j for j in listed if j["job"] == job]
+        assert mine["root"] == str(qb2.resolve()) and mine["state"] == "running"
+        text = run_cli("ps").out
+        assert job in text and str(qb2.resolve()) in text
+        assert job in run_cli("ps", "--root", str(qb2)).out
+        assert job not in run_cli("ps", "--root", str(other)).out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    assert job not in run_cli("ps").out
+    ended = [j for j in json.loads(run_cli("ps", "--all", "--json").out)["jobs"] if j["job"] == job]
+    assert ended and ended[0]["state"] == "ended" and ended[0]["code"] == 130
+    assert "interrupted" in ended[0]["status"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ls", "--json", "--root", "/nonexistent"],
+        ["check", "--json", "--root", "/nonexistent"],
+        ["reset", "--json", "--root", "/nonexistent"],
+        ["ps", "--json", "--root", "/nonexistent"],
+        ["sim", "show", "--json", "--root", "/nonexistent"],
+        ["launch", "--json", "--dry-run", "--root", "/nonexistent", "--tp-size", "1", "true"],
+        ["launch", "--json", "--dry-run", "--sim", "nosuch", "--tp-size", "1", "true"],
+    ],
+)
+def test_json_failures_are_documents(args: list[str]) -> None:
+    res = run_cli(*args)
+    assert res.code == 2, res.err
+    doc = json.loads(res.out)
+    assert doc["schema"] == "ttmesh.error/1" and doc["code"] == 2
+    line = one_line(res.err)
+    assert line == f"ttmesh: {doc['message']}" + (f" ({doc['hint']})" if doc["hint"] else "")
+
+
+def test_a_launched_commands_json_flag_is_not_ttmeshs(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "99", "true", "--json")
+    assert res.code == 2 and res.out == ""
+
+
+# --------------------------------------------------------------------------- silent acceptances
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--tp-size", "2", "--ranks-filter", "0,7"],
+            "--ranks-filter 0,7: no rank 7 in a job of 2",
+        ),
+        (["--tp-size", "2", "--chips", ""], "--chips '': no chip named"),
+        (["--tp-size", "2", "--chips", f"{C01},{C01}"], "duplicate chip 0000:01:00.0"),
+        (
+            ["--tp-size", "1", "--workdir", "/nonexistent/dir"],
+            "--workdir /nonexistent/dir: no such directory",
+        ),
+        (["--tp-size", "1", "--tt-smi", str(REPO / "README.md")], "is not an executable file"),
+        (["--mesh-layout", "mesh", "--rank-binding", "b.yaml"], "--rank-binding and --mesh-layout"),
+    ],
+)
+def test_silent_acceptances_are_refused(qb2: Path, args: list[str], needle: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), *args, *worker("exit=0"))
+    assert res.code == 2, res.err
+    assert needle in one_line(res.err)
+    assert not Path("/nonexistent").exists()
+
+
+def test_empty_sim_is_refused_not_the_real_host() -> None:
+    res = run_cli("ls", "--sim", "")
+    assert res.code == 2
+    assert "--sim '': no system named" in one_line(res.err)
+
+
+def test_check_mesh_layout_needs_active(qb2: Path) -> None:
+    res = run_cli("check", "--root", str(qb2), "--mesh-layout", "mesh")
+    assert res.code == 2
+    assert "--mesh-layout goes with --active" in one_line(res.err)
+
+
+def test_script_that_is_a_directory(qb2: Path, tmp_path: Path) -> None:
+    (tmp_path / "train.py").mkdir()
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", str(tmp_path / "train.py"))
+    assert res.code == 2
+    assert "is a directory" in one_line(res.err)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def test_fix_lines_name_the_host_as_the_user_did_and_run_as_printed(tmp_path: Path) -> None:
+    assert run_cli("sim", "fault", "--sim", "quietbox2", "chip-dead", C03).code == 0
+    res = run_cli("check", "--sim", "quietbox2")
+    assert res.code == 1
+    fixes = [ln.split("fix: ", 1)[1] for ln in res.out.splitlines() if "fix: " in ln]
+    assert fixes and all("--sim quietbox2" in f and "..." not in f for f in fixes), fixes
+    assert str(tmp_path) not in res.out  # no cache path
+    refused = run_cli("launch", "--sim", "quietbox2", "--tp-size", "4", "true")
+    assert refused.code == 3
+    line = one_line(refused.err)
+    assert "..." not in line and "--auto-reset" in line and "--sim quietbox2" in line
+    # The fix runs as printed.
+    fix = fixes[0].split()
+    assert fix[0] == "ttmesh"
+    assert run_cli(*fix[1:]).code == 0
+    assert run_cli("check", "--sim", "quietbox2").code == 0
+
+
+def test_preflight_refusal_mentions_auto_reset(qb2: Path) -> None:
+    assert run_cli("sim", "fault", "--root", str(qb2), "link-down", C01, C05).code == 0
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "true")
+    assert res.code == 3
+    line = one_line(res.err)
+    assert line.startswith("ttmesh: pre-flight: ") and "or add --auto-reset" in line
+
+
+def test_check_prints_each_problem_once(qb2: Path) -> None:
+    assert run_cli("sim", "fault", "--root", str(qb2), "link-down", C01, C05).code == 0
+    res = run_cli("check", "--root", str(qb2))
+    assert res.code == 1
+    what = "2 of 2 link(s) between 0000:01:00.0 and 0000:05:00.0 are down"
+    assert (res.out + res.err).count(what) == 1, res.out + res.err
+    assert res.err.splitlines()[-1] == "ttmesh: unhealthy: 1 error(s) (each with its fix above)"
+
+
+def test_refused_reset_counts_the_leased_chips(qb2: Path) -> None:
+    host = Host(qb2)
+    chips = json.loads(run_cli("ls", "--root", str(qb2), "--json").out)["chips"]
+    two = [c["asic_id"] for c in chips if c["bdf"] in (C05, C07)]
+    with leases.acquire(host, two, "other-job", cmd="x"):
+        res = run_cli("reset", "--root", str(qb2))
+    assert res.code == 3
+    line = res.err.splitlines()[-1]
+    assert "2 of the 4 chip(s) to reset are leased (2 by job other-job)" in line, line
+
+
+def test_hanging_reset_does_not_say_ok(qb2: Path) -> None:
+    assert run_cli("sim", "fault", "--root", str(qb2), "reset-hangs", "30").code == 0
+    t0 = time.monotonic()
+    res = run_cli("reset", "--root", str(qb2), "--timeout", "0.3", "--retries", "0")
+    assert time.monotonic() - t0 < 15
+    assert res.code == 1
+    rows = [ln.split() for ln in res.out.splitlines() if ln.startswith("0000:")]
+    assert len(rows) == 4 and all(r[2:5] == ["ok", "not", "reset"] for r in rows), res.out
+    assert "NOT RECOVERED after 1 attempt(s)" in res.out

@@ -1,0 +1,273 @@
+"""Every command, every path option, pointed at a file, a directory, a missing path and an
+unreadable one, as root and as another user (nobody): never a traceback, always one line.
+
+The other user runs ttmesh from a virtual environment on /usr/bin/python3 (pyenv's Python under
+/root is closed to others) with this checkout's source copied where it can read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SESSION
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+DEPS = ["click>=8.1", "psutil>=5.9", "pyyaml>=6.0", "rich>=13", "protobuf>=4.25"]
+KINDS = ("file", "dir", "missing", "unreadable")
+C01 = "0000:01:00.0"
+
+
+@dataclass
+class User:
+    name: str
+    run: Callable[..., subprocess.CompletedProcess[str]]
+    base: Path  # a directory this user can write, for the test's paths
+    sim: Path  # a simulated QuietBox 2 this user owns
+
+
+def _world_dir(prefix: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o777)
+    return path
+
+
+def _nobody_venv() -> Path:
+    """A venv on the system Python with ttmesh's dependencies (cached between sessions)."""
+    key = hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:12]
+    venv = Path(tempfile.gettempdir()) / f"ttmesh-test-venv-{key}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        tmp = Path(f"{venv}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(tmp)], check=True)
+        subprocess.run(
+            [str(tmp / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *DEPS],
+            check=True,
+            timeout=600,
+        )
+        subprocess.run(["chmod", "-R", "a+rX", str(tmp)], check=True)
+        tmp.rename(venv)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def users() -> Iterator[dict[str, User]]:
+    made: list[Path] = []
+
+    def as_root(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ttmesh", *args],
+            capture_output=True, text=True, timeout=60, cwd=cwd,
+        )  # fmt: skip
+
+    root_base = _world_dir("ttmesh-paths-root-")
+    made.append(root_base)
+    root_sim = root_base / "sim"
+    assert (
+        as_root("sim", "create", "--system", "quietbox2", "--root", str(root_sim)).returncode == 0
+    )
+    out = {"root": User("root", as_root, root_base, root_sim)}
+    if os.geteuid() == 0 and Path(SYSTEM_PYTHON).exists() and shutil.which("setpriv"):
+        venv = _nobody_venv()
+        src = _world_dir("ttmesh-paths-src-")
+        made.append(src)
+        shutil.copytree(
+            REPO / "ttmesh", src / "ttmesh", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        subprocess.run(["chmod", "-R", "a+rX", str(src)], check=True)
+        base = _world_dir("ttmesh-paths-nobody-")
+        made.append(base)
+        env = {
+            "PATH": f"{venv}/bin:/usr/bin:/bin",
+            "HOME": "/nonexistent",
+            "PYTHONPATH": str(src),
+            "XDG_CACHE_HOME": str(base / "cache"),
+            "TTMESH_TEST_SESSION": SESSION,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "-i"]
+        prefix += [f"{k}={v}" for k, v in env.items()]
+
+        def as_nobody(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*prefix, str(venv / "bin" / "python"), "-m", "ttmesh", *args],
+                capture_output=True, text=True, timeout=60, cwd=cwd or base,
+            )  # fmt: skip
+
+        sim = base / "sim"
+        made_sim = as_nobody("sim", "create", "--system", "quietbox2", "--root", str(sim))
+        assert made_sim.returncode == 0, made_sim.stderr
+        out["nobody"] = User("nobody", as_nobody, base, sim)
+    yield out
+    for path in made:
+        subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _paths(user: User, tag: str) -> dict[str, Path]:
+    """One path of each kind, made by the user who will use it."""
+    work = user.base / tag
+    script = (
+        "import os, sys; w = sys.argv[1]; os.makedirs(w + '/dir'); "
+        "open(w + '/file', 'w').write('x\\n'); os.makedirs(w + '/locked'); "
+        "open(w + '/locked/x', 'w').write('x\\n'); os.chmod(w + '/locked', 0)"
+    )
+    if user.name == "root":
+        subprocess.run([sys.executable, "-c", script, str(work)], check=True)
+    else:
+        work.mkdir(mode=0o777)
+        work.chmod(0o777)
+        subprocess.run([sys.executable, "-c", script, str(work)], check=True)
+        subprocess.run(["chown", "-R", "nobody:nogroup", str(work)], check=True)
+    return {
+        "file": work / "file",
+        "dir": work / "dir",
+        "missing": work / "missing" / "deeper",
+        "unreadable": work / "locked" / "x",
+    }
+
+
+# (name, argv with {P} for the path and {SIM} for the user's simulated host)
+CASES: list[tuple[str, list[str]]] = [
+    ("ls --root", ["ls", "--root", "{P}"]),
+    ("ls --json --root", ["ls", "--json", "--root", "{P}"]),
+    ("check --root", ["check", "--root", "{P}"]),
+    ("check --ttnn-python", ["check", "--root", "{SIM}", "--active", "--ttnn-python", "{P}"]),
+    ("reset --root", ["reset", "--root", "{P}", "--timeout", "5"]),
+    ("reset --tt-smi", ["reset", "--root", "{SIM}", "--tt-smi", "{P}", "--timeout", "5"]),
+    ("ps --root", ["ps", "--root", "{P}"]),
+    ("launch --root", ["launch", "--root", "{P}", "--tp-size", "1", "--dry-run", "true"]),
+    (
+        "launch --log-dir",
+        ["launch", "--root", "{SIM}", "--tp-size", "1", "--log-dir", "{P}", "true"],
+    ),
+    (
+        "launch --workdir",
+        ["launch", "--root", "{SIM}", "--tp-size", "1", "--workdir", "{P}", "true"],
+    ),
+    ("launch --rank-binding", ["launch", "--root", "{SIM}", "--rank-binding", "{P}", "true"]),
+    (
+        "launch --summary-json",
+        ["launch", "--root", "{SIM}", "--tp-size", "1", "--summary-json", "{P}", "true"],
+    ),
+    ("launch --tt-smi", ["launch", "--root", "{SIM}", "--tp-size", "1", "--tt-smi", "{P}", "true"]),
+    ("launch COMMAND", ["launch", "--root", "{SIM}", "--tp-size", "1", "{P}"]),
+    ("launch SCRIPT.py", ["launch", "--root", "{SIM}", "--tp-size", "1", "{P}.py"]),
+    ("descriptor -o", ["descriptor", "--root", "{SIM}", "-o", "{P}"]),
+    (
+        "descriptor --export-rank-binding",
+        ["descriptor", "--root", "{SIM}", "-o", "{OUT}", "--export-rank-binding", "{P}"],
+    ),
+    ("sim create --system", ["sim", "create", "--system", "{P}", "--root", "{NEW}"]),
+    ("sim create --system YAML", ["sim", "create", "--system", "{P}.yaml", "--root", "{NEW}"]),
+    ("sim create --root", ["sim", "create", "--system", "p150", "--root", "{P}"]),
+    ("sim fault --root", ["sim", "fault", "--root", "{P}", "chip-dead", C01]),
+    ("sim show --root", ["sim", "show", "--root", "{P}"]),
+    ("sim clear --root", ["sim", "clear", "--root", "{P}"]),
+    ("sim config --root", ["sim", "config", "--root", "{P}", "--heartbeat-hz", "50"]),
+]
+
+
+# Kinds of path each option must refuse with exit 2 (root can read "unreadable" paths, so that
+# kind counts for other users only).
+ALL = set(KINDS)
+REFUSE: dict[str, set[str]] = {
+    "ls --root": {"file", "missing", "unreadable"},
+    "check --root": {"file", "missing", "unreadable"},
+    "check --ttnn-python": ALL,
+    "reset --tt-smi": ALL,
+    "launch --root": {"file", "missing", "unreadable"},
+    "launch --log-dir": {"file", "unreadable"},
+    "launch --workdir": {"file", "missing", "unreadable"},
+    "launch --rank-binding": ALL,
+    "launch --summary-json": {"dir", "missing", "unreadable"},
+    "launch --tt-smi": ALL,
+    "launch COMMAND": ALL,
+    "launch SCRIPT.py": ALL,
+    "descriptor -o": {"file", "unreadable"},
+    "descriptor --export-rank-binding": {"dir", "missing", "unreadable"},
+    "sim create --system": ALL,
+    "sim create --system YAML": ALL,
+    "sim create --root": {"file", "unreadable"},
+    "sim fault --root": ALL,
+    "sim show --root": ALL,
+    "sim clear --root": ALL,
+    "sim config --root": ALL,
+}
+
+
+def _check(user: User, name: str, kind: str, res: subprocess.CompletedProcess[str]) -> list[str]:
+    problems = []
+    where = f"[{user.name}] {name} -> {kind}: exit {res.returncode}"
+    must_refuse = kind in REFUSE.get(name, set()) and not (
+        kind == "unreadable" and user.name == "root"
+    )
+    if must_refuse and res.returncode != 2:
+        problems.append(f"{where}: expected a refusal (exit 2)\n{res.stderr}")
+    if "Traceback" in res.stderr or "Traceback" in res.stdout:
+        problems.append(f"{where}: a traceback\n{res.stderr}")
+    if "internal error" in res.stderr or "supervisor error" in res.stderr:
+        problems.append(f"{where}: {res.stderr.strip().splitlines()[-1]}")
+    if res.returncode not in (0, 1, 2, 3):
+        problems.append(f"{where}: unexpected exit code\n{res.stderr}")
+    if res.returncode != 0:
+        lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("simulated host: ")]
+        if not lines or not lines[-1].startswith("ttmesh: "):
+            problems.append(f"{where}: no one-line reason\n{res.stderr}")
+    return problems
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+@pytest.mark.parametrize(("name", "argv"), CASES, ids=[c[0] for c in CASES])
+def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str]) -> None:
+    if who not in users:
+        pytest.skip("switching to nobody needs root, /usr/bin/python3 and setpriv")
+    user = users[who]
+    tag = name.replace(" ", "_").replace("-", "").replace(".", "")
+    paths = _paths(user, tag)
+    problems: list[str] = []
+    for kind in KINDS:
+        args = [
+            a.replace("{P}", str(paths[kind]))
+            .replace("{SIM}", str(user.sim))
+            .replace("{OUT}", str(user.base / tag / f"out-{kind}"))
+            .replace("{NEW}", str(user.base / tag / f"new-{kind}"))
+            for a in argv
+        ]
+        problems += _check(user, name, kind, user.run(*args))
+    assert not problems, "\n".join(problems)
+
+
+def test_another_users_simulated_host(users: dict[str, User]) -> None:
+    """nobody on root's simulated host: reading works, changing it says whose it is."""
+    if "nobody" not in users:
+        pytest.skip("switching to nobody needs root, /usr/bin/python3 and setpriv")
+    nobody, root_sim = users["nobody"], str(users["root"].sim)
+    for args in (["ls"], ["check"], ["launch", "--tp-size", "1", "--dry-run", "true"]):
+        res = nobody.run(args[0], "--root", root_sim, *args[1:])
+        assert res.returncode == 0, res.stderr
+    for args in (
+        ["launch", "--root", root_sim, "--tp-size", "1", "true"],
+        ["reset", "--root", root_sim],
+        ["sim", "fault", "--root", root_sim, "chip-dead", C01],
+        ["sim", "clear", "--root", root_sim],
+    ):
+        res = nobody.run(*args)
+        assert res.returncode == 2, (args, res.stderr)
+        last = res.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in res.stderr
+        assert last.endswith(
+            "(the simulated host is owned by root: run as root, or use your own simulated host "
+            "with --sim NAME)"
+        ), (args, last)
+    # Nothing changed: root's host is as healthy as before.
+    assert users["root"].run("check", "--root", root_sim).returncode == 0

@@ -20,8 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ttmesh.fabric import boards as boardfacts  # noqa: E402
-from ttmesh.fabric import clusterdesc  # noqa: E402
+from ttmesh.host import boards as boardfacts  # noqa: E402
+from ttmesh.host import clusterdesc  # noqa: E402
 from ttmesh.sim.system import from_dict  # noqa: E402
 
 # name: (capture file, title). The driver's card type comes from each board id's product code

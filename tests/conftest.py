@@ -132,7 +132,7 @@ def _no_leaks() -> Iterator[None]:
     assert not leaked, "processes left behind by the suite:\n" + "\n".join(leaked)
     # No job of this session is still recorded as running, so none holds a lease (a lease is
     # a flock held by the job's processes, gone with them).
-    from ttmesh.launcher import jobs
+    from ttmesh.runtime import jobs
 
     running = [r for r in jobs.running() if _ours(r["pid"])]
     assert not running, f"jobs left running by the suite: {[r['job'] for r in running]}"

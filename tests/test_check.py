@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 from conftest import until as _until
 
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.fabric import health, known_good
 from ttmesh.fabric.devices import discover
-from ttmesh.fabric.host import Host
 from ttmesh.sim import core
+from ttmesh.sim.backend import SimHost
 
 # QuietBox 2: two p300 boards (01+03, 05+07) cabled as a ring: 01-03, 05-07, 03-07, 01-05.
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -298,7 +299,7 @@ def test_check_help_teaches(cli: Callable) -> None:
 # --------------------------------------------------------------------------- in-process
 
 
-class BlindHost(Host):
+class BlindHost(SimHost):
     """A host whose firmware cannot report link state (as Blackhole before 19.9 does)."""
 
     def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
@@ -403,7 +404,7 @@ def test_preflight(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
     assert (held.kind, held.chips) == ("holder", (a03,)) and f"stop pid {pid}" in held.fix
     assert health.preflight(inv, [a01, a03], allow_holders_pids=[pid]) == []
 
-    from ttmesh.launcher import leases
+    from ttmesh.runtime import leases
 
     with leases.acquire(host, [a01], "mine", cmd="x"):  # this process's own lease: allowed
         assert health.preflight(inv, [a01]) == []

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from conftest import CAPTURES, CONFORMANCE, STOCK, run_cli
 
-from ttmesh.fabric.host import Host
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh import mock
 

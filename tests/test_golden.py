@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from conftest import CAPTURES, STOCK
 
-from ttmesh.fabric import boards as boardfacts
-from ttmesh.fabric import clusterdesc
+from ttmesh.host import boards as boardfacts
+from ttmesh.host import clusterdesc
 from ttmesh.sim import system
 
 # The stock systems plus the two kept as test fixtures (tests/data/captures/README.md).

@@ -16,8 +16,8 @@ import psutil
 import pytest
 from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
 
-from ttmesh.fabric.host import Host
-from ttmesh.launcher import jobs, leases
+from ttmesh.cli.hosts import open_host as Host
+from ttmesh.runtime import jobs, leases
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 

@@ -25,10 +25,10 @@ import pytest
 import yaml
 from conftest import CAPTURES, run_cli
 
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
-from ttmesh.fabric import clusterdesc
 from ttmesh.fabric.devices import Inventory, discover
-from ttmesh.fabric.host import Host
+from ttmesh.host import clusterdesc
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh import layout, memory
 from ttmesh.mesh.layout import Block, Split

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import CAPTURES, STOCK
 
-from ttmesh.fabric import clusterdesc
+from ttmesh.host import clusterdesc
 from ttmesh.sim import system
 
 # The stock systems plus the two kept as test fixtures (tests/data/captures/README.md).
@@ -255,3 +255,37 @@ def test_help_imports_nothing_heavy() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_tables_are_drawn_on_a_terminal_plain_when_piped(qb2: Path) -> None:
+    """The same cells either way: rich on a terminal, aligned plain columns in a pipe."""
+    import pty
+    import re
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "ttmesh", "ls", "--root", str(qb2)]
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert piped.returncode == 0
+    assert "\x1b[" not in piped.stdout and "─" not in piped.stdout
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=follower, stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait() == 0
+    drawn = b"".join(chunks).decode()
+    assert "─" in drawn and "\x1b[" in drawn  # a rich table, with a bold header
+    plain_cells = [ln.split() for ln in piped.stdout.splitlines() if ln.startswith(("0 ", "1 "))]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", drawn)
+    for cells in plain_cells:
+        assert all(cell in text for cell in cells), cells

@@ -77,8 +77,8 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
         pytest.skip("no mpirun here")
     plan = json.loads(res.out)
     assert plan["launcher"] == "mpi" and plan["layout"] == "mesh"
+    from ttmesh.cli.hosts import open_host as Host
     from ttmesh.fabric.devices import discover
-    from ttmesh.fabric.host import Host
     from ttmesh.launcher import launch, mpi
     from ttmesh.launcher.plan import LaunchRequest
 

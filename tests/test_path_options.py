@@ -194,7 +194,7 @@ REFUSE: dict[str, set[str]] = {
     "launch COMMAND": ALL,
     "launch SCRIPT.py": ALL,
     "descriptor -o": {"file", "unreadable"},
-    "descriptor --export-rank-binding": {"dir", "missing", "unreadable"},
+    "descriptor --export-rank-binding": {"dir", "unreadable"},
     "sim create --system": ALL,
     "sim create --system YAML": ALL,
     "sim create --root": {"file", "unreadable"},

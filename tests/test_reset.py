@@ -23,9 +23,10 @@ import psutil
 import pytest
 from conftest import until as _until
 
-from ttmesh.fabric import health, reset
+from ttmesh.cli.hosts import open_host as Host
+from ttmesh.fabric import health
 from ttmesh.fabric.devices import discover
-from ttmesh.fabric.host import Host
+from ttmesh.recovery import reset
 from ttmesh.sim import core
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -293,7 +294,7 @@ def test_held_chip_refused_then_forced(qb2: Path, cli: Callable, hold_pids: list
 
 
 def test_chip_leased_by_another_job(qb2: Path, cli: Callable) -> None:
-    from ttmesh.launcher import leases
+    from ttmesh.runtime import leases
 
     before = (qb2 / core.STATE_FILE).read_bytes()
     with leases.acquire(Host(qb2), [asic(qb2, C07)], "other-job", cmd="x") as held:

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 from conftest import CAPTURES, STOCK, run_cli
 
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
-from ttmesh.fabric import clusterdesc
 from ttmesh.fabric.devices import Inventory, discover
-from ttmesh.fabric.host import Host
-from ttmesh.launcher import leases
+from ttmesh.host import clusterdesc
 from ttmesh.launcher.launch import unavailable_chips
 from ttmesh.mesh import select as meshselect
 from ttmesh.mesh.select import Selection, select
+from ttmesh.runtime import leases
 
 # QuietBox 2: two p300 boards (01+03, 05+07) cabled as a ring 01-03-07-05-01.
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"

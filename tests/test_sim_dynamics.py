@@ -23,7 +23,7 @@ from conftest import scratch
 from conftest import stock_model as _model
 from conftest import until as _until
 
-from ttmesh.fabric.host import Host
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.sim import core
 from ttmesh.sim.create import create
 

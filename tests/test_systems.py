@@ -20,7 +20,7 @@ import yaml
 from conftest import CAPTURES, REPO, STOCK
 
 from ttmesh.errors import BAD_INPUT, TTMeshError
-from ttmesh.fabric import boards as boardfacts
+from ttmesh.host import boards as boardfacts
 from ttmesh.sim import system
 
 EXTRA = ["n300x2", "p300x2-disconnected"]

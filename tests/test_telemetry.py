@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import CAPTURES, run_cli
 
-from ttmesh.fabric import telemetry
-from ttmesh.fabric.host import Host
+from ttmesh.cli.hosts import open_host as Host
+from ttmesh.host import telemetry
 
 
 class FakeProvider:
@@ -43,7 +43,7 @@ def fake_umd(capture: Path, providers: dict[int, FakeProvider]) -> types.ModuleT
             return dest
 
         def get_chip_unique_ids(self) -> dict[int, int]:
-            from ttmesh.fabric import clusterdesc
+            from ttmesh.host import clusterdesc
 
             return {c.id: c.unique_id for c in clusterdesc.load(capture).chips.values()}
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import scratch
 from conftest import stock_model as _model
 
-from ttmesh.fabric.host import Host
+from ttmesh.cli.hosts import open_host as Host
 from ttmesh.sim import core, faults
 from ttmesh.sim.create import create
 

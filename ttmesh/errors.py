@@ -66,6 +66,7 @@ def from_os_error(exc: OSError, doing: str = "use") -> TTMeshError:
     import os
 
     path = exc.filename
+    hint: str | None
     where = f" {path}" if path else ""
     what = f"cannot {doing}{where}: {exc.strerror or exc}"
     if exc.errno in (errno.EACCES, errno.EPERM):

@@ -74,9 +74,10 @@ def writable_dir(value: str, flag: str, what: str = "the files") -> Path:
     return path
 
 
-def writable_file(value: str, flag: str) -> Path:
+def writable_file(value: str, flag: str, new_parent: bool = False) -> Path:
     """A file the user named for ttmesh to write (a report): not a directory, in an existing
-    directory this user can write. Only checked; bad input (exit 2) otherwise."""
+    directory this user can write (or, with ``new_parent``, one that can be created). Only
+    checked; bad input (exit 2) otherwise."""
     from ttmesh.errors import owner_of
 
     if not value.strip():
@@ -86,6 +87,9 @@ def writable_file(value: str, flag: str) -> Path:
         raise bad_input(f"{flag} {value} is a directory", "give a file name")
     parent = path.parent
     if not os.path.isdir(parent):
+        if new_parent:
+            writable_dir(str(parent), flag, "the file")
+            return path
         raise bad_input(f"{flag} {value}: no directory {parent}", "create it, or fix the path")
     if not os.access(parent, os.W_OK | os.X_OK) or (
         os.path.exists(path) and not os.access(path, os.W_OK)

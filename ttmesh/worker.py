@@ -43,7 +43,7 @@ def fabric_up() -> bool:
 def _links_down(root: str, chips: list) -> list:
     sys.path.insert(0, os.path.join(root, "bin"))
     try:
-        import _ttmesh_simcore as core  # type: ignore[import-not-found]
+        import _ttmesh_simcore as core
     finally:
         sys.path.pop(0)
     sim = core.SimRoot(root)

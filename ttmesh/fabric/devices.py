@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric import boards as boardfacts
-from ttmesh.fabric import clusterdesc
-from ttmesh.fabric.host import Host
+from ttmesh.host import boards as boardfacts
+from ttmesh.host import clusterdesc
+from ttmesh.host.base import Host
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class Inventory:
     missing: list[str] = field(default_factory=list)  # asic ids the topology has but the host lost
     notes: list[str] = field(default_factory=list)
     beats: dict[str, str] = field(default_factory=dict)  # heartbeat states seen at discovery time
+    descriptor: clusterdesc.ClusterDescriptor | None = None  # the topology, as discovered
 
     def chip(self, asic: str) -> Chip:
         for c in self.chips:
@@ -108,7 +109,7 @@ def discover(host: Host) -> Inventory:
     pci.sort()
     pci_index = {bdf: i for i, (bdf, _, _) in enumerate(pci)}
 
-    topo, topo_name, notes = _topology(host)
+    topo, topo_name, notes = host.topology()
     by_uid = topo.by_unique_id() if topo else {}
     chips: list[Chip] = []
     seen: set[str] = set()
@@ -176,7 +177,7 @@ def discover(host: Host) -> Inventory:
     # PCI chips in PCI order, each remote chip right after its partner.
     bdf_of = {c.asic_id: c.bdf for c in chips if c.bdf}
     chips.sort(key=lambda c: (c.bdf or bdf_of.get(c.via or "", ""), c.via is not None, c.asic_id))
-    return Inventory(host, driver, chips, links, topo_name, missing, notes)
+    return Inventory(host, driver, chips, links, topo_name, missing, notes, descriptor=topo)
 
 
 def _hex16(text: str | None) -> str:
@@ -193,18 +194,3 @@ def _dram(arch: str, card: str, cd_chip: clusterdesc.CDChip | None) -> int:
     if cd_chip is not None and arch in boardfacts.ARCHS:
         return boardfacts.dram_mb(arch, int(cd_chip.harvesting.get("dram_harvesting_mask", 0)))
     return boardfacts.card_dram_mb(card) or 0
-
-
-def _topology(host: Host) -> tuple[clusterdesc.ClusterDescriptor | None, str, list[str]]:
-    path = host.cluster_descriptor_path()
-    if path is not None:
-        try:
-            cache = host.path("sim/cluster_descriptor.parsed.json")
-            return clusterdesc.load_cached(path, cache), "cluster-descriptor", []
-        except clusterdesc.DescriptorError as exc:
-            raise bad_input(f"{path}: {exc}", "recreate the simulated host: ttmesh sim create")
-    if host.simulated:
-        return None, "none", ["the simulated host has no cluster_descriptor.yaml"]
-    from ttmesh.fabric import telemetry
-
-    return telemetry.umd_topology(host)

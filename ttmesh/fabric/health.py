@@ -18,18 +18,21 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ttmesh import procs
 from ttmesh.errors import bad_input
 from ttmesh.fabric import heartbeat, holders, known_good, links
-from ttmesh.fabric.boards import BDF_RE
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
-from ttmesh.fabric.host import Host
+from ttmesh.host.base import Host
+from ttmesh.host.boards import BDF_RE
+from ttmesh.runtime import leases
+from ttmesh.vocab import ChipProcess, Role, Severity
 
 SCHEMA = "ttmesh.check/1"
-ERROR, WARNING = "error", "warning"
+ERROR, WARNING = Severity.ERROR, Severity.WARNING
 ASIC_HEX = 16
 
 
@@ -48,22 +51,6 @@ class Problem:
         return {"severity": self.severity, "what": self.what, "fix": self.fix}
 
 
-@dataclass(frozen=True)
-class HeldBy:
-    pid: int
-    user: str
-    cmd: str
-    start: int | None
-    job: str | None  # the ttmesh job the process belongs to, if any
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "user": self.user, "cmd": self.cmd, "job": self.job}
-
-    @property
-    def who(self) -> str:
-        return f"pid {self.pid} ({self.user}: {self.cmd})"
-
-
 @dataclass
 class ChipHealth:
     asic_id: str
@@ -73,7 +60,7 @@ class ChipHealth:
     present: bool  # the host lists it (False: the topology expects it, the host lost it)
     driver_node: bool  # /dev/tenstorrent/N (a remote chip: its partner's) exists
     heartbeat: str  # alive | frozen | unknown
-    holders: list[HeldBy] | None  # None: cannot be known (permissions)
+    holders: list[ChipProcess] | None  # None: cannot be known (permissions)
     lease: dict[str, Any] | None  # {"job", "pid"}
     healthy: bool = True
 
@@ -86,7 +73,9 @@ class ChipHealth:
             "present": self.present,
             "driver_node": self.driver_node,
             "heartbeat": self.heartbeat,
-            "holders": None if self.holders is None else [h.to_json() for h in self.holders],
+            "holders": None
+            if self.holders is None
+            else [h.to_json(with_job=True) for h in self.holders],
             "lease": self.lease,
             "healthy": self.healthy,
         }
@@ -95,7 +84,7 @@ class ChipHealth:
 @dataclass
 class HealthReport:
     chips: list[ChipHealth]
-    links: list[links.LinkState]
+    links: list[links.Observed]
     problems: list[Problem]
     topology: str = ""
     recorded: Path | None = None  # the known-good record written by this check, if any
@@ -133,22 +122,17 @@ class Expected:
 
 
 def _store(inv: Inventory, known_good_dir: Path | bool | None) -> Path | None:
-    if known_good_dir is None:  # automatic: real hosts only (a simulated descriptor is complete)
-        return None if inv.host.simulated else known_good.store_dir()
+    if known_good_dir is None:  # automatic: hosts whose topology can lose links (real ones)
+        return known_good.store_dir() if inv.host.records_known_good else None
     if known_good_dir is False or known_good_dir is True:
         return known_good.store_dir() if known_good_dir else None
     return Path(known_good_dir)
 
 
-def _descriptor_bdfs(host: Host) -> dict[str, str]:
-    path = host.cluster_descriptor_path()
-    if path is None:
-        return {}
-    from ttmesh.fabric import clusterdesc
-
-    try:
-        cd = clusterdesc.load_cached(path, host.path("sim/cluster_descriptor.parsed.json"))
-    except (clusterdesc.DescriptorError, OSError):
+def _descriptor_bdfs(inv: Inventory) -> dict[str, str]:
+    """PCI addresses the topology gives its chips (names for chips the host lost)."""
+    cd = inv.descriptor
+    if cd is None:
         return {}
     return {c.asic_id: c.bdf for c in cd.chips.values() if c.asic_id and c.bdf}
 
@@ -164,7 +148,7 @@ def expected(inv: Inventory, known_good_dir: Path | bool | None = None) -> Expec
     if store is not None:
         record = known_good.find([c.asic_id for c in inv.chips] + list(inv.missing), store)
     merged, missing = known_good.merge(inv, record)
-    names = {a: b for a, b in _descriptor_bdfs(inv.host).items() if a in missing} if missing else {}
+    names = {a: b for a, b in _descriptor_bdfs(inv).items() if a in missing} if missing else {}
     if record is not None:
         for asic in missing:
             bdf = record.chips.get(asic, {}).get("bdf")
@@ -205,10 +189,48 @@ def root_flag(host: Host) -> str:
     return f" {host.flag}" if host.flag else ""
 
 
-def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpec]) -> str | None:
-    """``ttmesh reset --chips ...`` for the expanded set of ``asics`` (present chips only)."""
-    from ttmesh.fabric.reset import expand
+def expand(
+    inv: Inventory,
+    asics: Iterable[str],
+    link_specs: Sequence[LinkSpec],
+    *,
+    follow_links: bool = True,
+) -> dict[str, str]:
+    """``asics`` plus their board peers and, transitively, every chip linked to the set.
 
+    Board peers are the chips behind the same PCI device (an n300's remote chip); they are
+    always reset with it. A p300's two chips are separate PCI devices: they join through their
+    Ethernet links. Returns asic -> why, in the inventory's order.
+    """
+    order = {c.asic_id: i for i, c in enumerate(inv.chips)}
+    adjacent: dict[str, list[str]] = {}
+    for lk in link_specs:
+        if lk.a in order and lk.b in order and lk.a != lk.b:
+            adjacent.setdefault(lk.a, []).append(lk.b)
+            adjacent.setdefault(lk.b, []).append(lk.a)
+    why: dict[str, str] = {}
+    queue: list[str] = []
+    for asic in asics:
+        if asic in order and asic not in why:
+            why[asic] = "asked"
+            queue.append(asic)
+    while queue:
+        asic = queue.pop(0)
+        name = chip_name(inv, asic)
+        for peer in inv.board_peers(inv.chip(asic)):
+            if peer.asic_id not in why:
+                why[peer.asic_id] = f"same board as {name}"
+                queue.append(peer.asic_id)
+        if follow_links:
+            for other in adjacent.get(asic, []):
+                if other not in why:
+                    why[other] = f"Ethernet-linked to {name}"
+                    queue.append(other)
+    return dict(sorted(why.items(), key=lambda kv: order[kv[0]]))
+
+
+def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpec]) -> str | None:
+    """``ttmesh reset --chips A,B`` for the expanded set of ``asics`` (present chips only)."""
     present = {c.asic_id for c in inv.chips}
     wanted = [a for a in asics if a in present]
     if not wanted:
@@ -263,48 +285,23 @@ def parse_chips(
 # --------------------------------------------------------------------------- processes and jobs
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        return int(data[data.rfind(b")") + 2 :].split()[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def owning_pid(pid: int, owners: Iterable[int]) -> int | None:
-    """The first of ``owners`` that is ``pid`` or one of its ancestors."""
-    wanted = set(owners)
-    seen: set[int] = set()
-    current: int | None = pid
-    while current and current not in seen and len(seen) < 256:
-        if current in wanted:
-            return current
-        seen.add(current)
-        current = _ppid(current)
-    return None
-
-
 def lease_owners(host: Host, asics: list[str]) -> tuple[dict[str, Any], dict[int, str]]:
     """(asic -> LeaseInfo for leased chips, lease-holder pid -> job) on this host."""
-    from ttmesh.launcher import leases
-
     held = leases.probe(host, asics)
     owners = {info.pid: (info.job or "?") for info in held.values() if info.pid}
     return held, owners
 
 
-def held_by(inv: Inventory, chip: Chip, owners: dict[int, str]) -> list[HeldBy] | None:
+def held_by(inv: Inventory, chip: Chip, owners: dict[int, str]) -> list[ChipProcess] | None:
+    """Holders of ``chip``, each with the ttmesh job it works for (its lease-holding ancestor)."""
     found = holders.holders(inv, chip)
     if found is None:
         return None
     out = []
     for h in found:
-        owner = owning_pid(h.pid, owners)
-        out.append(HeldBy(h.pid, h.user, h.cmd, h.start, owners.get(owner) if owner else None))
+        owner = procs.owning(h.pid, owners) if h.pid else None
+        job = owners.get(owner) if owner else None
+        out.append(replace(h, job=job, role=Role.WORKER if job else Role.HOLDER))
     return out
 
 
@@ -317,12 +314,12 @@ def _escalate(severity: str, strict: bool) -> str:
 
 def _link_problems(
     inv: Inventory,
-    states: list[links.LinkState],
+    states: list[links.Observed],
     exp: Expected,
     strict: bool,
 ) -> list[Problem]:
     out: list[Problem] = []
-    by_pair: dict[frozenset, list[links.LinkState]] = {}
+    by_pair: dict[frozenset, list[links.Observed]] = {}
     for st in states:
         by_pair.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
     known = {c.asic_id: c for c in inv.chips}
@@ -367,7 +364,7 @@ def _unknown_fix(inv: Inventory, chips: list[Chip]) -> str:
 
 
 def _pair_count_problems(
-    inv: Inventory, exp: Expected, states: list[links.LinkState], strict: bool
+    inv: Inventory, exp: Expected, states: list[links.Observed], strict: bool
 ) -> list[Problem]:
     """Pairs with fewer links than most pairs of their architecture, no complete source vouching."""
     if exp.vouched is None:
@@ -490,7 +487,7 @@ def check(
             if lease is not None and h.job is not None and h.job == (lease.job or "?"):
                 continue  # a worker of the job that leases the chip
             ch.healthy = False
-            key = (h.pid, lead.asic_id if lead else c.asic_id)
+            key = (h.pid or -1, lead.asic_id if lead else c.asic_id)
             if key in seen_holders:
                 continue  # an n300's two chips share one device: name the holder once
             seen_holders.add(key)
@@ -594,16 +591,14 @@ def preflight(
                     (asic,),
                 )
             )
-    from ttmesh.launcher import leases
-
     for asic, info in leases.probe(inv.host, [c.asic_id for c in chips]).items():
-        if info.pid is not None and owning_pid(info.pid, allowed) is not None:
+        if info.pid is not None and procs.owning(info.pid, allowed) is not None:
             continue
         problems.append(
             Problem(
                 ERROR,
                 f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} "
-                f"(pid {info.pid}: {holders.one_line(info.cmd or '') or '?'})",
+                f"(pid {info.pid}: {info.cmd})",
                 "wait for that job to end (see ttmesh ps), or choose other chips",
                 "lease",
                 (asic,),
@@ -624,9 +619,10 @@ def preflight(
             )
             continue
         for h in holders.holders(inv, c) or []:
-            if owning_pid(h.pid, allowed) is not None or (h.pid, lead.asic_id) in seen:
+            pid = h.pid or -1
+            if procs.owning(pid, allowed) is not None or (pid, lead.asic_id) in seen:
                 continue
-            seen.add((h.pid, lead.asic_id))
+            seen.add((pid, lead.asic_id))
             problems.append(
                 Problem(
                     ERROR,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 
 from ttmesh.fabric.devices import Chip, Inventory
+from ttmesh.vocab import Heartbeat
 
-ALIVE, FROZEN, UNKNOWN = "alive", "frozen", "unknown"
+ALIVE, FROZEN, UNKNOWN = Heartbeat.ALIVE, Heartbeat.FROZEN, Heartbeat.UNKNOWN
 
 
 def _read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
@@ -35,7 +36,7 @@ def poll(inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0) 
     """State per asic id: alive (counter moved), frozen (did not within timeout), unknown."""
     chips = inv.chips if chips is None else chips
     first = _read(inv, chips)
-    result = {a: (UNKNOWN if v is None else FROZEN) for a, v in first.items()}
+    result: dict[str, str] = {a: (UNKNOWN if v is None else FROZEN) for a, v in first.items()}
     pending = [c for c in chips if first.get(c.asic_id) is not None]
     deadline = time.monotonic() + timeout
     delay = 0.002

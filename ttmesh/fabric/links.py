@@ -13,14 +13,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ttmesh.fabric.devices import Inventory, LinkSpec
+from ttmesh.vocab import LinkState
 
-UP, DOWN, UNKNOWN = "up", "down", "unknown"
+UP, DOWN, UNKNOWN = LinkState.UP, LinkState.DOWN, LinkState.UNKNOWN
 
 
 @dataclass(frozen=True)
-class LinkState:
+class Observed:
     spec: LinkSpec
-    state: str
+    state: LinkState
 
     def to_json(self) -> dict:
         s = self.spec
@@ -41,7 +42,7 @@ def _fw_reports_links(fw: str | None, arch: str) -> bool:
     return (major, minor) >= (19, 9)
 
 
-def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[LinkState]:
+def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observed]:
     specs = inv.links if specs is None else specs
     asics = sorted({s.a for s in specs} | {s.b for s in specs})
     known = {c.asic_id: c for c in inv.chips}
@@ -69,7 +70,7 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[LinkSta
     for s in specs:
         ends = (end(s.a, s.chan_a), end(s.b, s.chan_b))
         state = DOWN if DOWN in ends else (UNKNOWN if UNKNOWN in ends else UP)
-        out.append(LinkState(s, state))
+        out.append(Observed(s, state))
     return out
 
 

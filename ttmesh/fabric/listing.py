@@ -6,7 +6,7 @@ from typing import Any
 
 from ttmesh.fabric import heartbeat, holders, links
 from ttmesh.fabric.devices import Inventory, discover
-from ttmesh.fabric.host import Host
+from ttmesh.host.base import Host
 
 SCHEMA = "ttmesh.ls/1"
 
@@ -30,7 +30,7 @@ def without_driver(host: Host, why: str) -> dict[str, Any]:
 
 
 def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
-    from ttmesh.launcher import leases
+    from ttmesh.runtime import leases
 
     beats = heartbeat.poll(inv, timeout=timeout)
     held = leases.probe(inv.host, [c.asic_id for c in inv.chips])

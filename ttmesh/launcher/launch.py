@@ -18,15 +18,17 @@ from pathlib import Path
 from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
-from ttmesh.fabric.boards import BDF_RE
 from ttmesh.fabric.devices import Chip, Inventory, discover
-from ttmesh.fabric.host import Host
-from ttmesh.launcher import jobs, leases
-from ttmesh.launcher.plan import MPI_LAYOUTS, LaunchPlan, LaunchRequest, build, resolve_command
+from ttmesh.host.base import Host
+from ttmesh.host.boards import BDF_RE
+from ttmesh.host.clusterdesc import ClusterDescriptor
+from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_command
 from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
+from ttmesh.runtime import jobs, leases
+from ttmesh.vocab import MPI_LAYOUTS, Layout, Source, StartMode
 
 
 @dataclass
@@ -158,22 +160,22 @@ def prepare(
     if both:
         chip = inv.chip(sorted(both)[0])
         raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
-    if req.launcher not in ("direct", "mpi"):
+    if req.launcher not in tuple(StartMode):
         raise bad_input(f"--launcher {req.launcher!r}: use direct or mpi")
-    if req.layout in MPI_LAYOUTS and req.launcher != "mpi" and not allow_mpi_layouts:
+    if req.layout in MPI_LAYOUTS and req.launcher != StartMode.MPI and not allow_mpi_layouts:
         raise bad_input(
             f"--mesh-layout {req.layout} forms one tt-metal world across processes, which only an "
             "MPI launcher can start (each process spawned alone sees a world of one)",
             "drop --launcher direct (mesh layouts start under mpirun), or use isolated/single-process",
         )
-    if req.launcher == "mpi" and not descriptor_only:
+    if req.launcher == StartMode.MPI and not descriptor_only:
         from ttmesh.launcher import mpi
 
         req.mpirun = mpi.find_mpirun(req.mpirun or None)
     if req.tp_size is None:
         if chosen:
             req.tp_size = len(chosen)
-        elif req.nproc and req.layout == "isolated":
+        elif req.nproc and req.layout == Layout.ISOLATED:
             req.tp_size = req.nproc * max(len(u.chips) for u in meshselect.units_of(inv))
         elif req.nproc:  # workers sharing one mesh: the host's whole mesh, as ttmesh descriptor
             req.tp_size = len(inv.chips)
@@ -189,9 +191,9 @@ def prepare(
             "give as many chips as --tp-size, or drop --tp-size",
         )
     if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
-        r, c = req.mesh_shape
+        rows, cols = req.mesh_shape
         raise bad_input(
-            f"--mesh-shape {r}x{c} has {r * c} chips but --tp-size is {req.tp_size}",
+            f"--mesh-shape {rows}x{cols} has {rows * cols} chips but --tp-size is {req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
     why, who = ({}, {}) if descriptor_only else unavailable_chips(inv, repairable)
@@ -260,28 +262,31 @@ def prepare(
         req.run_dir = str(jobs.runs_dir() / req.job)
     if not req.cwd:
         req.cwd = os.getcwd()
-    if host.simulated and not descriptor_only:
-        req.mocks = mock_clusters(host, sel, req)
+    cluster = None if descriptor_only else host.mock_cluster()
+    if cluster is not None:
+        req.mocks = mock_clusters(cluster, sel, req)
     plan = build(req, inv, sel, argv)
     return Prepared(plan, inv, sel)
 
 
-def mock_clusters(host: Host, sel: meshselect.Selection, req: LaunchRequest) -> dict[int, str]:
-    """tt-metal's view of a simulated host per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
+def mock_clusters(
+    cluster: ClusterDescriptor, sel: meshselect.Selection, req: LaunchRequest
+) -> dict[int, str]:
+    """tt-metal's view of a mock cluster per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
     from ttmesh.mesh import layout, mock
 
     if req.binding is not None:
         return {
-            i: mock.for_chips(
-                host, [a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}"
+            i: mock.chips_view(
+                cluster, [a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}"
             )
             for i, units in enumerate(req.binding_units)
         }
+    if req.layout == Layout.SINGLE_PROCESS:
+        return {0: mock.whole_view(cluster, f"ttmesh job {req.job}")}
     sp = layout.split(sel, req.layout, req.nproc)
-    if req.layout == "single-process":
-        return {0: mock.whole_host(host, f"ttmesh job {req.job}")}
     return {
-        b.rank: mock.for_chips(host, list(b.chips), f"ttmesh job {req.job}, rank {b.rank}")
+        b.rank: mock.chips_view(cluster, list(b.chips), f"ttmesh job {req.job}, rank {b.rank}")
         for b in sp.blocks
     }
 
@@ -358,7 +363,7 @@ RESETTABLE = ("link-down", "heartbeat")
 
 def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
     from ttmesh.errors import TTMeshError
-    from ttmesh.fabric import reset
+    from ttmesh.recovery import reset
 
     try:
         outcome = reset.recover(
@@ -508,7 +513,9 @@ class JobRun:
         base_env = dict(os.environ)
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
-            result = run_attempt(plan, attempt, self.options, base_env, orphaned=self._orphaned)
+            result = run_attempt(
+                plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host
+            )
             self.results.append(result)
             if result.code == 0:
                 break
@@ -580,7 +587,7 @@ def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
     if len(results) > 1:
         for r in results:
             note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s)")
-    if final.source == "worker" and final.rank is not None:
+    if final.source == Source.WORKER and final.rank is not None:
         rank = plan.ranks[final.rank]
         others = [e for e in final.exits if e.rank != final.rank and e.stopped]
         how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
@@ -601,7 +608,13 @@ def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
 
 def write_refusal(path: str, exc: TTMeshError) -> None:
     """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why."""
-    data = {"source": "ttmesh", "rank": None, "code": exc.code, "reason": str(exc), "attempts": []}
+    data: dict[str, object] = {
+        "source": Source.TTMESH,
+        "rank": None,
+        "code": exc.code,
+        "reason": str(exc),
+        "attempts": [],
+    }
     with contextlib.suppress(OSError):
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
 

@@ -17,8 +17,8 @@ import signal
 import subprocess
 from collections.abc import Callable
 
+from ttmesh import procs
 from ttmesh.errors import bad_input
-from ttmesh.launcher import procs
 from ttmesh.launcher.logs import LAUNCHER
 from ttmesh.launcher.plan import LaunchPlan, scrubbed
 

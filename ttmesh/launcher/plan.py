@@ -7,7 +7,6 @@ Files the job needs (mesh graph descriptors) are part of the plan, with their co
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,8 +18,8 @@ from typing import Any
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.mesh import layout
-from ttmesh.mesh.layout import LAYOUTS, MPI_LAYOUTS  # noqa: F401 - re-exported for the CLI
 from ttmesh.mesh.select import Selection, Unit
+from ttmesh.vocab import Layout, StartMode
 
 SCHEMA = "ttmesh.plan/1"
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -57,7 +56,7 @@ class LaunchRequest:
     tp_size: int
     module: bool = False
     no_python: bool = False
-    layout: str = "isolated"
+    layout: str = Layout.ISOLATED
     mesh_shape: tuple[int, int] | None = None
     symmetric_dram_mb: int = 2048
     env: list[tuple[str, str]] = field(default_factory=list)
@@ -69,7 +68,7 @@ class LaunchRequest:
     run_dir: str = ""
     strict_links: bool = False
     nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
-    launcher: str = "direct"  # direct | mpi
+    launcher: str = StartMode.DIRECT
     mpirun: str = ""
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
@@ -123,7 +122,7 @@ class LaunchPlan:
     cwd: str
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
-    launcher: str = "direct"  # direct | mpi
+    launcher: str = StartMode.DIRECT
     mpirun: str = ""
     ready_timeout: float | None = None
     ready_pattern: str | None = None
@@ -131,7 +130,7 @@ class LaunchPlan:
     @property
     def fabric_at_start(self) -> bool:
         """The job's layout joins chips, so its workers bring the fabric between them up."""
-        return self.layout != "isolated" or any(r.joins_chips for r in self.ranks)
+        return self.layout != Layout.ISOLATED or any(r.joins_chips for r in self.ranks)
 
     def all_chips(self) -> list[str]:
         return [a for r in self.ranks for a in r.chips]
@@ -304,7 +303,7 @@ def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
                 units=tuple(units),
             )
         )
-    return layout.Split("rank-binding", (1, 1), blocks)
+    return layout.Split(Layout.RANK_BINDING, (1, 1), blocks)
 
 
 def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
@@ -318,7 +317,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         sp = layout.split(sel, req.layout, req.nproc)
         texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
         files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
-        if sp.layout == "isolated":
+        if sp.layout == Layout.ISOLATED:
             descriptors = {f"rank{r}": f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
         else:
             descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
@@ -328,6 +327,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         / "tt-metal-cache"
     )
     user_env = dict(req.env)
+    host_env = inv.host.rank_env(sel.chips)
     world = len(sp.blocks)
     ranks = []
     for block in sp.blocks:
@@ -363,15 +363,13 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             "TTMESH_READY_FILE": f"{run_dir}/ready/rank{rank}",
             "TTMESH_FABRIC_FILE": f"{run_dir}/fabric/rank{rank}",
         }
-        if inv.host.simulated:
-            env["TTMESH_SIM_ROOT"] = str(inv.host.root)
-            env["TTMESH_JOB_CHIPS"] = json.dumps(sel.chips, separators=(",", ":"))
+        env.update(host_env)
         if rank in req.mocks:
             mock_path = f"{run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
             files[mock_path] = req.mocks[rank]
             env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = mock_path
         workdir = req.workdir
-        if workdir == "" and req.launcher == "mpi":
+        if workdir == "" and req.launcher == StartMode.MPI:
             # tt-metal writes generated/fabric/... under the working directory: a world of its
             # own gets a directory of its own, so concurrent jobs don't overwrite each other.
             workdir = f"{run_dir}/work"

@@ -333,7 +333,7 @@ def parse(text: str) -> MeshGraph:
                 arch=_name(md, "arch", md.arch),
                 dims=(dims[0], dims[1]),
                 dim_types=(types[0], types[1]),
-                host_dims=tuple(md.host_topology.dims) or (1, 1),  # type: ignore[arg-type]
+                host_dims=tuple(md.host_topology.dims) or (1, 1),
                 channels=md.channels.count,
                 policy=_policy(md.channels),
             )

@@ -21,13 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric import boards as boardfacts
 from ttmesh.fabric.devices import Inventory
+from ttmesh.host import boards as boardfacts
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh.select import Coord, Selection, Unit, ring_order
-
-LAYOUTS = ("isolated", "single-process", "mesh", "multi-mesh")
-MPI_LAYOUTS = ("mesh", "multi-mesh")
+from ttmesh.vocab import LAYOUTS, Layout
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,11 @@ def split(sel: Selection, layout: str, nproc: int | None = None) -> Split:
         raise bad_input(f"unknown mesh layout {layout!r}", "one of " + ", ".join(LAYOUTS))
     rows, cols = sel.shape
     unit_of = {a: u for u in sel.units for a in u.chips}
-    if layout == "single-process":
+    if layout == Layout.SINGLE_PROCESS:
         if nproc not in (None, 1):
             raise bad_input(f"--mesh-layout single-process runs one worker, not {nproc}")
         count = 1
-    elif layout == "isolated":
+    elif layout == Layout.ISOLATED:
         if nproc not in (None, len(sel.units)):
             raise bad_input(
                 f"--mesh-layout isolated runs one worker per {'board' if sel.units[0].size > 1 else 'chip'} "
@@ -184,7 +182,7 @@ def descriptors(
     arch = _arch(inv, sel)
     names: dict[str, str] = {}
     of_rank: dict[int, str] = {}
-    if sp.layout == "isolated":
+    if sp.layout == Layout.ISOLATED:
         for b in sp.blocks:
             spec = mgd.MeshSpec(
                 "M0",
@@ -199,7 +197,7 @@ def descriptors(
             )
             of_rank[b.rank] = name
         return names, of_rank
-    if sp.layout in ("single-process", "mesh"):
+    if sp.layout in (Layout.SINGLE_PROCESS, Layout.MESH):
         spec = mgd.MeshSpec(
             "M0",
             arch,

@@ -13,41 +13,38 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ttmesh.fabric import clusterdesc as cdm
-from ttmesh.fabric.host import Host
+from ttmesh.host import clusterdesc as cdm
+from ttmesh.host.base import Host
 
 
 def _live(host: Host) -> cdm.ClusterDescriptor:
-    path = host.cluster_descriptor_path()
-    if path is None:
-        raise ValueError(f"{host.root} has no cluster descriptor (not a simulated host?)")
-    cd = cdm.load_cached(path, host.path("sim/cluster_descriptor.parsed.json"))
-    sim = host.sim
-    state = sim.read_state()
-    marks = sim.dead_marked_chips(state)
-    ids = {c.id: c.asic_id for c in cd.chips.values()}
-    links = [
-        lk
-        for lk in cd.links
-        if sim.link_up(state, (ids[lk.chip_a], lk.chan_a, ids[lk.chip_b], lk.chan_b), marks)
-    ]
-    return replace(cd, links=links)
+    cd = host.mock_cluster()
+    if cd is None:
+        raise ValueError(f"{host.root} has no mock cluster (not a simulated host?)")
+    return cd
 
 
 def whole_host(host: Host, header: str = "") -> str:
     """The host's descriptor as discovery would find it now (links down left out)."""
-    cd = _live(host)
-    lines = [header] if header else []
-    return cdm.dump(cd, [*lines, f"ttmesh: mock cluster of {host.root}, links down left out"])
+    return whole_view(_live(host), header, f" of {host.root}")
 
 
 def for_chips(host: Host, asics: list[str], header: str = "") -> str:
     """One rank's view: its chips renumbered from 0, other ranks' chips as remote devices."""
-    cd = _live(host)
+    return chips_view(_live(host), asics, header)
+
+
+def whole_view(cd: cdm.ClusterDescriptor, header: str = "", of: str = "") -> str:
+    lines = [header] if header else []
+    return cdm.dump(cd, [*lines, f"ttmesh: mock cluster{of}, links down left out"])
+
+
+def chips_view(cd: cdm.ClusterDescriptor, asics: list[str], header: str = "") -> str:
+    """``asics`` of ``cd`` renumbered from 0, links to the other chips as remote devices."""
     by_asic = {c.asic_id: c for c in cd.chips.values()}
     missing = [a for a in asics if a not in by_asic]
     if missing:
-        raise ValueError(f"chips not in {host.root}'s descriptor: {', '.join(missing)}")
+        raise ValueError(f"chips not in the cluster descriptor: {', '.join(missing)}")
     old_ids = sorted(by_asic[a].id for a in asics)  # keep the host's relative order
     new_id = {old: i for i, old in enumerate(old_ids)}
     mine = set(old_ids)

@@ -280,7 +280,7 @@ def _selection(graph, shape, grid, unit_of, pairs) -> Selection:
         units=units,
         dim_types=dim_types,
         channels=channels,
-        pair_links=pair_links,  # type: ignore[arg-type]
+        pair_links=pair_links,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 
 def collective(ttnn, local: list) -> str:
@@ -37,7 +38,7 @@ def collective(ttnn, local: list) -> str:
 
 
 def main() -> int:
-    out = {
+    out: dict[str, Any] = {
         "rank": int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))),
         "mesh_id": os.environ.get("TT_MESH_ID"),
         "host_rank": os.environ.get("TT_MESH_HOST_RANK"),

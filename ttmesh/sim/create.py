@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ttmesh import __version__
 from ttmesh.errors import bad_input
-from ttmesh.fabric import clusterdesc
+from ttmesh.host import clusterdesc
 from ttmesh.sim import core
 from ttmesh.sim.roots import read_marker
 from ttmesh.sim.system import SystemModel

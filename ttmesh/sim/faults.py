@@ -23,8 +23,9 @@ import time
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric.host import Host
+from ttmesh.host.base import Host
 from ttmesh.sim import core
+from ttmesh.sim.backend import sim_of
 
 HOLD_TAG = "ttmesh-sim-hold"
 
@@ -35,7 +36,7 @@ def _chip(sim: core.SimRoot, ref: str) -> dict[str, Any]:
     for chip in sim.chips():
         if chip.get("bdf") == ref or core.asic_hex(chip["unique_id"]) == ref:
             return chip
-    from ttmesh.fabric.boards import BDF_RE
+    from ttmesh.host.boards import BDF_RE
 
     if ":" in ref and not BDF_RE.match(ref):
         raise bad_input(
@@ -46,7 +47,7 @@ def _chip(sim: core.SimRoot, ref: str) -> dict[str, Any]:
 
 
 def link_down(host: Host, a: str, b: str, channel: int | None = None) -> list[str]:
-    sim = host.sim
+    sim = sim_of(host)
     ca, cb = _chip(sim, a), _chip(sim, b)
     asic_a, asic_b = core.asic_hex(ca["unique_id"]), core.asic_hex(cb["unique_id"])
     between = [lk for lk in sim.links() if {lk[0], lk[2]} == {asic_a, asic_b} and asic_a != asic_b]
@@ -75,7 +76,7 @@ def link_down(host: Host, a: str, b: str, channel: int | None = None) -> list[st
 
 
 def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
-    sim = host.sim
+    sim = sim_of(host)
     asic = core.asic_hex(_chip(sim, ref)["unique_id"])
     with sim.change() as state:
         chip = state["chips"][asic]
@@ -90,12 +91,12 @@ def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
 def reset_fails(host: Host, times: int | None) -> None:
     if times is not None and times < 1:
         raise bad_input(f"--times {times}: must be at least 1", "omit it to fail until cleared")
-    with host.sim.change() as state:
+    with sim_of(host).change() as state:
         state["faults"]["reset_fails"] = {"times": times}
 
 
 def reset_renumbers(host: Host) -> None:
-    with host.sim.change() as state:
+    with sim_of(host).change() as state:
         state["faults"]["reset_renumbers"] = True
 
 
@@ -104,13 +105,13 @@ def reset_hangs(host: Host, seconds: float) -> None:
         raise bad_input(f"reset-hangs {seconds}: give a finite number of seconds")
     if seconds < 0:
         raise bad_input(f"reset-hangs {seconds}: seconds cannot be negative")
-    with host.sim.change() as state:
+    with sim_of(host).change() as state:
         state["faults"]["reset_hangs"] = float(seconds)
 
 
 def hold(host: Host, ref: str) -> int:
     """Start a detached sleeping process and register it as holder of the chip."""
-    sim = host.sim
+    sim = sim_of(host)
     chip = _chip(sim, ref)
     asic = core.asic_hex(chip["unique_id"])
     proc = subprocess.Popen(
@@ -143,12 +144,12 @@ def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | No
             raise bad_input(f"{name} {value}: cannot be negative")
     if heartbeat_hz is not None and heartbeat_hz == 0:
         raise bad_input("--heartbeat-hz 0: a live chip's heartbeat must advance")
-    with host.sim.change() as state:
+    with sim_of(host).change() as state:
         now = time.time()
         if heartbeat_hz is not None:
             for asic, chip in state["chips"].items():
                 if chip["alive"]:
-                    chip["hb_base"] = host.sim.heartbeat(state, asic, now)
+                    chip["hb_base"] = sim_of(host).heartbeat(state, asic, now)
                     chip["hb_t0"] = now
             state["config"]["heartbeat_hz"] = float(heartbeat_hz)
         if reset_seconds is not None:
@@ -158,7 +159,7 @@ def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | No
 
 def clear(host: Host) -> dict[str, int]:
     """Remove every fault: chips alive and present, links up, marks gone, fault holders killed."""
-    sim = host.sim
+    sim = sim_of(host)
     killed = 0
     with sim.change() as state:
         now = time.time()
@@ -197,7 +198,7 @@ def clear(host: Host) -> dict[str, int]:
 
 
 def show(host: Host) -> dict[str, Any]:
-    sim = host.sim
+    sim = sim_of(host)
     state = sim.read_state()
     dead_marks = sim.dead_marked_chips(state)
     chips = []

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric import boards as boardfacts
-from ttmesh.fabric.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink
+from ttmesh.host import boards as boardfacts
+from ttmesh.host.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink
 
 BDF_RE = boardfacts.BDF_RE
 

@@ -23,9 +23,9 @@ import sys
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
 try:  # inside a simulated root
-    import _ttmesh_simcore as core  # type: ignore[import-not-found]
+    import _ttmesh_simcore as core
 except ImportError:  # run from the ttmesh package itself
-    from ttmesh.sim import core  # type: ignore[no-redef]
+    from ttmesh.sim import core
 
 VERSION = "6.8.0"
 SW_VERSIONS = {"tt_smi": VERSION, "pyluwen": "0.10.0", "tt_umd": "0.9.12"}
@@ -374,6 +374,7 @@ def parse_targets(raw: list[str]) -> tuple[str, list]:
         return "ALL", []
     kind = None
     values: list = []
+    value: int | str
     for t in items:
         if t.lower() == "all":  # checked in order, like tt-smi's classify_single_input
             raise TargetError("Use 'all' as the only argument to select all devices")
@@ -547,7 +548,8 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
     if wormhole:
         smi_type += " R" if remote else " L"
     bdf = chip.get("bdf")
-    speed, width = "N/A", "N/A"
+    speed: int | str = "N/A"
+    width = "N/A"
     if bdf:
         try:
             with open(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_speed")) as f:

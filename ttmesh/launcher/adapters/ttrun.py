@@ -17,13 +17,14 @@ from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.plan import LaunchPlan
 from ttmesh.mesh.select import Unit
+from ttmesh.vocab import Layout
 
 
 def rank_binding(plan: LaunchPlan, mesh_graph_desc_path: str) -> dict[str, Any]:
     bindings = []
     for r in plan.ranks:
         overrides = {"TT_VISIBLE_DEVICES": r.env["TT_VISIBLE_DEVICES"]}
-        if plan.layout == "isolated":
+        if plan.layout == Layout.ISOLATED:
             overrides["TT_MESH_GRAPH_DESC_PATH"] = r.env["TT_MESH_GRAPH_DESC_PATH"]
         bindings.append(
             {

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ttmesh import paths
-from ttmesh.cli import CONTEXT, _shape, host_options
+from ttmesh.cli.options import CONTEXT, host_options, shape
 from ttmesh.errors import bad_input
+from ttmesh.vocab import LAYOUTS, Layout
 
 
 @click.command("descriptor", context_settings=CONTEXT)
@@ -20,9 +22,9 @@ from ttmesh.errors import bad_input
 )
 @click.option(
     "--mesh-layout",
-    default="single-process",
+    default=str(Layout.SINGLE_PROCESS),
     show_default=True,
-    type=click.Choice(["isolated", "single-process", "mesh", "multi-mesh"]),
+    type=click.Choice(LAYOUTS),
     help="How the mesh is split over processes (see ttmesh launch --help).",
 )
 @click.option(
@@ -84,7 +86,7 @@ def descriptor_cmd(
     if out_dir is not None:
         paths.writable_dir(out_dir, "-o", "the descriptors")
     if export_rank_binding is not None:
-        paths.writable_file(export_rank_binding, "--export-rank-binding")
+        paths.writable_file(export_rank_binding, "--export-rank-binding", new_parent=True)
     if tp_size is None and not chips:
         from ttmesh.fabric.devices import discover
 
@@ -94,7 +96,7 @@ def descriptor_cmd(
         command=[],
         tp_size=tp_size,  # type: ignore[arg-type]
         layout=mesh_layout,
-        mesh_shape=_shape(mesh_shape),
+        mesh_shape=shape(mesh_shape),
         strict_links=strict_links,
         nproc=nproc,
         job="descriptor",
@@ -106,12 +108,13 @@ def descriptor_cmd(
     plan = prepared.plan
     files = {Path(p).name: text for p, text in plan.files.items()}
     mocks: dict[str, str] = {}
-    if per_rank and host.simulated and out_dir:
+    cluster = host.mock_cluster() if per_rank and out_dir else None
+    if cluster is not None:
         from ttmesh.mesh import mock
 
         for r in plan.ranks:
-            mocks[f"rank{r.rank}_cluster_descriptor.yaml"] = mock.for_chips(
-                host, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
+            mocks[f"rank{r.rank}_cluster_descriptor.yaml"] = mock.chips_view(
+                cluster, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
             )
     if out_dir:
         paths.make_dirs(target, "the output directory")
@@ -126,6 +129,7 @@ def descriptor_cmd(
                 target / ("mesh.textproto" if "mesh.textproto" in files else "rank0.textproto")
             )
             data = ttrun.rank_binding(plan_for_files, desc)
+            paths.make_dirs(Path(export_rank_binding).resolve().parent, "the binding's directory")
             Path(export_rank_binding).write_text(
                 ttrun.dump(data, "ttmesh: rank bindings for tt-run")
             )
@@ -149,11 +153,16 @@ def descriptor_cmd(
             ]
             for r in plan.ranks
         ]
+        headers = [
+            "RANK",
+            "TT_VISIBLE_DEVICES",
+            "TT_MESH_ID",
+            "TT_MESH_HOST_RANK",
+            "COORD",
+            "CHIPS",
+        ]
         click.echo(
-            table(
-                ["RANK", "TT_VISIBLE_DEVICES", "TT_MESH_ID", "TT_MESH_HOST_RANK", "COORD", "CHIPS"],
-                rows,
-            ),
+            table(headers, rows, sys.stdout if out_dir else sys.stderr),
             err=not out_dir,
         )
 

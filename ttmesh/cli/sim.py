@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli import CONTEXT, host_options
+from ttmesh.cli.options import CONTEXT, host_options
 
 
 @click.group("sim", context_settings=CONTEXT)

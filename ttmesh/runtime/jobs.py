@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh import paths
-from ttmesh.sim.core import proc_alive, proc_start_time
+from ttmesh.procs import alive as proc_alive
+from ttmesh.procs import start_time as proc_start_time
 
 HISTORY = 50  # ended jobs kept for ``ps --all``
 HINT = "set XDG_RUNTIME_DIR to a directory of your own"

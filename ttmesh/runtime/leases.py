@@ -1,8 +1,7 @@
 """Exclusive chip leases: one ``flock``-held file per chip, for the life of a job.
 
-Leases belong to the host, so they live under its root: ``<root>/run/lock/ttmesh`` (on a real
-host ``/run/lock/ttmesh``, shared by every user, else a sticky world-writable directory under the
-system temp dir). ``TTMESH_RUNTIME_DIR`` overrides. A lease IS the lock: the kernel drops it when
+Leases belong to the host, so they live where the host says (``Host.lease_dir``: under its
+root, ``/run/lock/ttmesh`` on this machine, shared by every user). A lease IS the lock: the kernel drops it when
 its holder dies, so no stale lease survives. The file's contents (job id, PID, command) only
 help name the holder; when they can't be read, ``/proc/locks`` still names the PID.
 """
@@ -14,22 +13,19 @@ import errno
 import fcntl
 import json
 import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from ttmesh import procs
 from ttmesh.errors import bad_input, from_os_error, refused
-from ttmesh.fabric.host import Host
+from ttmesh.vocab import ChipProcess, Role
 
 
-@dataclass(frozen=True)
-class LeaseInfo:
-    asic: str
-    job: str | None
-    pid: int | None
-    cmd: str | None
-    symmetric_dram_mb: int | None = None
+class LeaseHost(Protocol):
+    """What leases need from a host: where its lease files live."""
+
+    def lease_dir(self, create: bool = False) -> Path: ...
 
 
 @dataclass
@@ -51,44 +47,6 @@ class LeaseSet:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def lease_dir(host: Host, create: bool = False) -> Path:
-    override = os.environ.get("TTMESH_RUNTIME_DIR")
-    if override:
-        path = Path(override)
-    elif host.simulated or host.root != Path("/"):
-        path = host.path("run/lock/ttmesh")
-    else:
-        path = Path("/run/lock/ttmesh")
-        if not _usable(path, create):
-            path = Path(tempfile.gettempdir()) / "ttmesh-leases"
-    if create:
-        _ensure_shared_dir(path)
-    return path
-
-
-def _usable(path: Path, create: bool) -> bool:
-    try:
-        if create:
-            _ensure_shared_dir(path)
-        return os.access(path, os.W_OK | os.X_OK)
-    except OSError:
-        return False
-
-
-def _ensure_shared_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except PermissionError:
-        raise bad_input(
-            f"cannot create the lease directory {path}",
-            "set TTMESH_RUNTIME_DIR to a directory every ttmesh user can write",
-        )
-    st = path.stat()
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o1777:
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o1777)
 
 
 def _open(path: Path, create: bool) -> int | None:
@@ -113,7 +71,8 @@ def _open(path: Path, create: bool) -> int | None:
         raise
 
 
-def _holder(path: Path, fd: int | None, asic: str) -> LeaseInfo:
+def _holder(path: Path, fd: int | None, asic: str) -> ChipProcess:
+    """Who holds a chip's lease: the file names the job; /proc/locks, the locking PID."""
     data: dict = {}
     with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text() or "{}")
@@ -122,12 +81,15 @@ def _holder(path: Path, fd: int | None, asic: str) -> LeaseInfo:
         locked_by = _lock_pid(os.fstat(fd).st_ino)
         if locked_by is not None and locked_by != pid:
             pid, data = locked_by, {}
-    cmd = data.get("cmd")
-    if pid and not cmd:
-        with contextlib.suppress(OSError):
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-            cmd = " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)
-    return LeaseInfo(asic, data.get("job"), pid, cmd, data.get("symmetric_dram_mb"))
+    cmd = data.get("cmd") or (procs.command_line(pid) if pid else None)
+    return ChipProcess(
+        pid,
+        cmd=procs.one_line(cmd or "") or "?",
+        job=data.get("job"),
+        asic=asic,
+        role=Role.LEASE,
+        symmetric_dram_mb=data.get("symmetric_dram_mb"),
+    )
 
 
 def _lock_pid(inode: int) -> int | None:
@@ -144,10 +106,10 @@ def _lock_pid(inode: int) -> int | None:
     return None
 
 
-def probe(host: Host, asics: list[str]) -> dict[str, LeaseInfo]:
+def probe(host: LeaseHost, asics: list[str]) -> dict[str, ChipProcess]:
     """Which of ``asics`` are leased right now, and by whom."""
-    directory = lease_dir(host)
-    found: dict[str, LeaseInfo] = {}
+    directory = host.lease_dir()
+    found: dict[str, ChipProcess] = {}
     if not directory.is_dir():
         return found
     for asic in asics:
@@ -167,7 +129,7 @@ def probe(host: Host, asics: list[str]) -> dict[str, LeaseInfo]:
 
 
 def acquire(
-    host: Host,
+    host: LeaseHost,
     asics: list[str],
     job: str,
     *,
@@ -176,7 +138,7 @@ def acquire(
     labels: dict[str, str] | None = None,
 ) -> LeaseSet:
     """Lease every chip of ``asics`` or none: a chip leased by another job refuses at once."""
-    directory = lease_dir(host, create=True)
+    directory = host.lease_dir(create=True)
     leases = LeaseSet(job, directory)
     info = json.dumps(
         {"job": job, "pid": os.getpid(), "cmd": cmd, "symmetric_dram_mb": symmetric_dram_mb}

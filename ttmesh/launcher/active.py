@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.fabric.host import Host
+from ttmesh.host.base import Host
+from ttmesh.vocab import Layout, StartMode
 
 PROBE = Path(__file__).resolve().parent.parent / "probes" / "ttnn_mesh_probe.py"
 GET_TTNN = (
@@ -88,7 +89,7 @@ def run(
     bdfs: list[str] | None,
     python: str,
     *,
-    layout: str = "single-process",
+    layout: str = Layout.SINGLE_PROCESS,
     timeout: float = 120.0,
 ) -> ActiveResult:
     """Run the probe as a ttmesh job on ``bdfs`` (None: every chip) and read its verdict."""
@@ -105,7 +106,7 @@ def run(
         tp_size=n or len(chips),
         no_python=True,
         layout=layout,
-        launcher="mpi" if layout in ("mesh", "multi-mesh") else "direct",
+        launcher=StartMode.MPI if Layout(layout).one_world else StartMode.DIRECT,
         ready_timeout=timeout,
         ready_pattern=r"^PROBE ",
         env=[("TT_LOGGER_LEVEL", "error"), ("LOGURU_LEVEL", "INFO")],

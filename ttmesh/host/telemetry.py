@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from ttmesh.fabric import clusterdesc
-from ttmesh.fabric.host import Host
+from ttmesh.host import clusterdesc
+from ttmesh.host.base import Host
 
 NO_UMD = "remote chips and Ethernet links are not visible without tt-umd: pip install 'ttmesh[hw]'"
 

@@ -21,25 +21,23 @@ Three layers, kept apart so each can be tested alone:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ttmesh import procs
 from ttmesh.errors import bad_input, failed, refused
-from ttmesh.fabric import health, heartbeat, holders, links
-from ttmesh.fabric.boards import BDF_RE
+from ttmesh.fabric import health, heartbeat, links
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover
-from ttmesh.fabric.health import ERROR, WARNING, Problem
-from ttmesh.fabric.host import Host
-from ttmesh.launcher import procs
-from ttmesh.sim.core import proc_start_time
+from ttmesh.fabric.health import ERROR, WARNING, Problem, expand
+from ttmesh.host.base import Host
+from ttmesh.host.boards import BDF_RE
+from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.reset/1"
 DEFAULT_TIMEOUT = 120.0  # seconds for one tt-smi run (a reset with Ethernet training)
@@ -48,7 +46,6 @@ DEFAULT_BACKOFF = 1.0  # seconds before the first retry, doubling, at most MAX_B
 MAX_BACKOFF = 30.0
 STOP_GRACE = 5.0  # SIGTERM -> SIGKILL
 RELEASE_TIMEOUT = 10.0  # until the driver lists no holder after they were stopped
-REAL_SETTLE = 10.0  # after tt-smi, how long chips may take to show up healthy on hardware
 
 Log = Callable[[str], None]
 
@@ -79,46 +76,6 @@ class ResetPlan:
         """``resetting 4 chip(s): A (asked), B (Ethernet-linked to A), ...``"""
         parts = [f"{self.name(a)} ({self.why[a]})" for a in self.chips]
         return f"resetting {len(self.chips)} chip(s): " + ", ".join(parts)
-
-
-def expand(
-    inv: Inventory,
-    asics: Iterable[str],
-    link_specs: Sequence[LinkSpec],
-    *,
-    follow_links: bool = True,
-) -> dict[str, str]:
-    """``asics`` plus their board peers and, transitively, every chip linked to the set.
-
-    Board peers are the chips behind the same PCI device (an n300's remote chip); they are
-    always reset with it. A p300's two chips are separate PCI devices: they join through their
-    Ethernet links. Returns asic -> why, in the inventory's order.
-    """
-    order = {c.asic_id: i for i, c in enumerate(inv.chips)}
-    adjacent: dict[str, list[str]] = {}
-    for lk in link_specs:
-        if lk.a in order and lk.b in order and lk.a != lk.b:
-            adjacent.setdefault(lk.a, []).append(lk.b)
-            adjacent.setdefault(lk.b, []).append(lk.a)
-    why: dict[str, str] = {}
-    queue: list[str] = []
-    for asic in asics:
-        if asic in order and asic not in why:
-            why[asic] = "asked"
-            queue.append(asic)
-    while queue:
-        asic = queue.pop(0)
-        name = health.chip_name(inv, asic)
-        for peer in inv.board_peers(inv.chip(asic)):
-            if peer.asic_id not in why:
-                why[peer.asic_id] = f"same board as {name}"
-                queue.append(peer.asic_id)
-        if follow_links:
-            for other in adjacent.get(asic, []):
-                if other not in why:
-                    why[other] = f"Ethernet-linked to {name}"
-                    queue.append(other)
-    return dict(sorted(why.items(), key=lambda kv: order[kv[0]]))
 
 
 def is_galaxy(inv: Inventory) -> bool:
@@ -236,36 +193,10 @@ def smi_argv(
     return [tool, "-r", ",".join(chosen)]
 
 
-@dataclass(frozen=True)
-class Blocker:
-    """Why a chip of the set may not be reset now."""
-
-    kind: str  # "lease" (another job's), "job" (a ttmesh job's worker), "holder", "unknown"
-    asic: str
-    name: str
-    pid: int | None = None
-    user: str = "?"
-    cmd: str = "?"
-    job: str | None = None
-    start: int | None = None
-
-    def describe(self) -> str:
-        if self.kind == "lease":
-            return f"{self.name} is leased by ttmesh job {self.job or '?'} (pid {self.pid}: {self.cmd})"
-        if self.kind == "job":
-            return (
-                f"{self.name} is held by pid {self.pid} ({self.user}: {self.cmd}), "
-                f"a worker of ttmesh job {self.job}"
-            )
-        if self.kind == "unknown":
-            return f"cannot tell which processes hold {self.name} (permissions)"
-        return f"{self.name} is held by pid {self.pid} ({self.user}: {self.cmd})"
-
-
 def blockers(
     inv: Inventory, chips: Iterable[str], *, own_pids: Iterable[int] | None = None
-) -> list[Blocker]:
-    """Leases of other jobs and holders of ``chips``.
+) -> list[ChipProcess]:
+    """Why chips of the set may not be reset now: other jobs' leases, and holders.
 
     ``own_pids`` (default: this process) are ours: their leases don't block, and processes
     descending from them count as plain holders (``--force`` may stop them), not as another
@@ -275,64 +206,32 @@ def blockers(
     wanted = list(dict.fromkeys(chips))
     leased, owners = health.lease_owners(inv.host, [c.asic_id for c in inv.chips])
     others = {pid: job for pid, job in owners.items() if pid not in own}
-    out: list[Blocker] = []
-    for asic in wanted:
-        info = leased.get(asic)
-        if info is not None and info.pid not in own:
-            out.append(
-                Blocker(
-                    "lease",
-                    asic,
-                    health.chip_name(inv, asic),
-                    info.pid,
-                    cmd=holders.one_line(info.cmd or "") or "?",
-                    job=info.job,
-                )
-            )
+    out: list[ChipProcess] = [leased[a] for a in wanted if a in leased and leased[a].pid not in own]
     seen: set[tuple[int, str]] = set()
     by_asic = {c.asic_id: c for c in inv.chips}
     for asic in wanted:
         chip = by_asic.get(asic)
-        if chip is None:
-            continue
-        lead = health.pci_lead(inv, chip)
+        lead = health.pci_lead(inv, chip) if chip is not None else None
         if lead is None:
             continue
         found = health.held_by(inv, lead, others)
-        name = health.chip_name(inv, lead.asic_id)
         if found is None:
             if (-1, lead.asic_id) not in seen:
                 seen.add((-1, lead.asic_id))
-                out.append(Blocker("unknown", lead.asic_id, name))
+                out.append(ChipProcess(None, asic=lead.asic_id, role=Role.UNKNOWN))
             continue
         for h in found:
-            if (h.pid, lead.asic_id) in seen:
-                continue
-            seen.add((h.pid, lead.asic_id))
-            out.append(
-                Blocker(
-                    "job" if h.job else "holder",
-                    lead.asic_id,
-                    name,
-                    h.pid,
-                    h.user,
-                    h.cmd,
-                    h.job,
-                    h.start,
-                )
-            )
+            if (h.pid or -1, lead.asic_id) not in seen:
+                seen.add((h.pid or -1, lead.asic_id))
+                out.append(replace(h, asic=lead.asic_id))
     return out
 
 
 # =========================================================================== processes
 
 
-def _same_process(pid: int, start: int | None) -> bool:
-    return start is not None and proc_start_time(pid) == start
-
-
 def stop_processes(
-    targets: Sequence[Blocker], grace: float = STOP_GRACE, log: Log | None = None
+    targets: Sequence[ChipProcess], grace: float = STOP_GRACE, log: Log | None = None
 ) -> list[str]:
     """SIGTERM each holder, SIGKILL what is left after ``grace``; what could not be stopped.
 
@@ -340,7 +239,7 @@ def stop_processes(
     reused by another process is never signalled.
     """
     say = log or (lambda _m: None)
-    pending: dict[int, Blocker] = {}
+    pending: dict[int, ChipProcess] = {}
     problems: list[str] = []
     for b in targets:
         if b.pid is None or b.pid in pending:
@@ -350,25 +249,23 @@ def stop_processes(
             continue
         pending[b.pid] = b
 
-    def alive() -> dict[int, Blocker]:
-        return {p: b for p, b in pending.items() if _same_process(p, b.start)}
+    def alive() -> dict[int, ChipProcess]:
+        return {p: b for p, b in pending.items() if procs.alive(p, b.start)}
 
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         pending = alive()
         for pid, b in pending.items():
-            if _same_process(pid, b.start):
-                say(f"stopping pid {pid} ({b.user}: {b.cmd}) with {sig.name}")
-                with contextlib.suppress(ProcessLookupError):
-                    try:
-                        os.kill(pid, sig)
-                    except PermissionError:
-                        problems.append(f"pid {pid} ({b.user}: {b.cmd}): not allowed to signal it")
+            say(f"stopping {b.who} with {sig.name}")
+            try:
+                procs.signal_if_same(pid, b.start, sig)
+            except PermissionError:
+                problems.append(f"{b.who}: not allowed to signal it")
         deadline = time.monotonic() + wait
         while alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         if not alive():
             return problems
-    problems.extend(f"pid {p} ({b.user}: {b.cmd}) survived SIGKILL" for p, b in alive().items())
+    problems.extend(f"{b.who} survived SIGKILL" for b in alive().values())
     return problems
 
 
@@ -396,11 +293,9 @@ def wait_released(
 
 
 def find_tt_smi(host: Host, explicit: str | None = None) -> str:
-    """``--tt-smi PATH``, ``$TTMESH_TT_SMI``, a simulated root's ``bin/tt-smi``, or PATH.
-
-    PATH is used for the real host (``/``) only: a real tt-smi resets this machine's chips,
-    whatever root ttmesh was pointed at.
-    """
+    """``--tt-smi PATH``, ``$TTMESH_TT_SMI``, or the host's own (a simulated root's
+    ``bin/tt-smi``; PATH for this machine's root only: a real tt-smi resets this machine's
+    chips, whatever root ttmesh was pointed at)."""
     hint = "install it: pip install tt-smi (or give --tt-smi PATH)"
     for source, value in (
         ("--tt-smi", explicit),
@@ -412,24 +307,10 @@ def find_tt_smi(host: Host, explicit: str | None = None) -> str:
                 raise bad_input(
                     f"tt-smi not found: {source} {value} is not an executable file", hint
                 )
-            if host.simulated and path.resolve().is_relative_to(host.root):
+            if path.resolve().is_relative_to(host.root) and host.root != Path("/"):
                 host.check_trusted(path)
             return str(path)
-    if host.simulated:
-        path = host.path("bin/tt-smi")
-        if path.is_file():
-            host.check_trusted(path)
-            return str(path)
-        raise bad_input(f"tt-smi not found: the simulated host has no {path}", hint)
-    if host.root == Path("/"):
-        found = shutil.which("tt-smi")
-        if found:
-            return found
-        raise bad_input("tt-smi not found on PATH", hint)
-    raise bad_input(
-        f"tt-smi not found for root {host.root} (a tt-smi on PATH would reset this machine's chips)",
-        "give --tt-smi PATH",
-    )
+    return host.default_tt_smi()
 
 
 @dataclass
@@ -441,17 +322,20 @@ class SmiRun:
     output: str
 
 
-def run_tt_smi(argv: Sequence[str], timeout: float, *, sim_root: str | None = None) -> SmiRun:
+def run_tt_smi(
+    argv: Sequence[str], timeout: float, *, env_changes: dict[str, str | None] | None = None
+) -> SmiRun:
     """Run tt-smi (argv list, stdin closed, output captured) in its own process group.
 
     At ``timeout`` the whole group is killed and the process reaped: no zombie, no orphan.
     """
     env = dict(os.environ)
     env["TT_LOGGER_LEVEL"] = "error"
-    if sim_root:
-        env["TTMESH_SIM_ROOT"] = sim_root
-    else:
-        env.pop("TTMESH_SIM_ROOT", None)
+    for key, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -525,7 +409,7 @@ def observe(
     unknown_links = 0
     wrong: list[str] = []
     notes: list[str] = []
-    pairs: dict[frozenset, list[links.LinkState]] = {}
+    pairs: dict[frozenset, list[links.Observed]] = {}
     for st in states:
         pairs.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
         if st.state == links.DOWN:
@@ -623,15 +507,19 @@ def check_blockers(
     *,
     force: bool,
     own_pids: Iterable[int] | None = None,
-) -> list[Blocker]:
+) -> list[ChipProcess]:
     """Refuse (exit 3) for another job's lease or worker, or for holders without ``force``.
 
     Returns the holders ``force`` may stop.
     """
     found = blockers(inv, p.chips, own_pids=own_pids)
-    hard = [b for b in found if b.kind in ("lease", "job")]
+
+    def said(b: ChipProcess) -> str:
+        return b.describe(health.chip_name(inv, b.asic))
+
+    hard = [b for b in found if b.role in (Role.LEASE, Role.WORKER)]
     if hard:
-        leased = [b for b in hard if b.kind == "lease"]
+        leased = [b for b in hard if b.role == Role.LEASE]
         jobs: dict[str, int] = {}
         for b in leased:
             jobs[b.job or "?"] = jobs.get(b.job or "?", 0) + 1
@@ -643,21 +531,20 @@ def check_blockers(
         if workers:
             more += f"; {workers} held by another job's workers"
         raise refused(
-            hard[0].describe() + more,
+            said(hard[0]) + more,
             "ttmesh reset never touches another job's chips, even with --force: wait for it "
             "to end (see ttmesh ps)",
         )
-    soft = [b for b in found if b.kind in ("holder", "unknown")]
+    soft = [b for b in found if b.role in (Role.HOLDER, Role.UNKNOWN)]
     if soft and not force:
         more = f" (and {len(soft) - 1} more)" if len(soft) > 1 else ""
         hint = (
-            f"stop pid {soft[0].pid} ({soft[0].user}: {soft[0].cmd}), or add --force to stop it "
-            "(SIGTERM, then SIGKILL)"
-            if soft[0].kind == "holder"
+            f"stop {soft[0].who}, or add --force to stop it (SIGTERM, then SIGKILL)"
+            if soft[0].role == Role.HOLDER
             else "run as root to see the holders, or add --force to reset anyway"
         )
-        raise refused(soft[0].describe() + more, hint)
-    return [b for b in soft if b.kind == "holder"]
+        raise refused(said(soft[0]) + more, hint)
+    return [b for b in soft if b.role == Role.HOLDER]
 
 
 def execute(
@@ -693,8 +580,7 @@ def execute(
         if still:
             raise failed(f"{', '.join(still)} still held after stopping its holders")
     if settle is None:
-        settle = 0.0 if host.simulated else REAL_SETTLE  # a simulated reset ends with tt-smi
-    sim_root = str(host.root) if host.simulated else None
+        settle = host.reset_settle
     bdf_before = {a: inv.chip(a).bdf for a in p.chips}
     say("reading the chips' state before the reset")
     _, before, _, _ = observe(
@@ -713,7 +599,7 @@ def execute(
             attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
             break
         say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
-        run = run_tt_smi(argv, timeout, sim_root=sim_root)
+        run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env())
         if run.timed_out:
             say(f"tt-smi timed out after {timeout:g} s; killed it")
         deadline = time.monotonic() + (0.0 if run.timed_out else settle)

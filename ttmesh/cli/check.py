@@ -1,0 +1,119 @@
+"""``ttmesh check``: is the host fit to run a job?"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.errors import bad_input
+from ttmesh.vocab import MPI_LAYOUTS, Layout
+
+
+@click.command("check", context_settings=CONTEXT)
+@host_options
+@click.option(
+    "--chips",
+    metavar="BDF,...",
+    help="Check only these chips (PCI addresses; a remote chip by its unique id) and their links.",
+)
+@click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
+@click.option(
+    "--active",
+    is_flag=True,
+    help="Also run a small ttnn program on the chips as one mesh (status bits can say up while "
+    "the fabric still fails). On a simulated host tt-metal stops at its control plane.",
+)
+@click.option("--ttnn-python", metavar="PATH", help="A Python with ttnn installed (3.10 or 3.12).")
+@click.option(
+    "--mesh-layout",
+    type=click.Choice((str(Layout.SINGLE_PROCESS), *MPI_LAYOUTS)),
+    help="With --active: probe as one process (single-process, the default), or as one "
+    "process per chip under MPI (mesh, multi-mesh).",
+)
+def check_cmd(
+    host: Any,
+    chips: str | None,
+    strict: bool,
+    as_json: bool,
+    active: bool,
+    ttnn_python: str | None,
+    mesh_layout: str | None,
+) -> int:
+    """Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.
+
+    \b
+    Per chip: its driver node exists, its heartbeat advances (polled for up to 1 s), and no
+    process outside the ttmesh job that leases it holds it. A chip the topology expects but
+    the host lost is an error. Per Ethernet link: up, down (an error) or unknown (a warning,
+    an error with --strict); a chip pair with fewer links than its peers is a warning.
+    Every problem comes with a fix, e.g. `ttmesh reset --chips ...` or `stop pid 1234 ...`.
+
+    \b
+    On a real host the expected links are what discovery sees merged with the last
+    known-good topology (recorded under ~/.local/state/ttmesh/topology by every check that
+    finds all links up), so a link that vanished after a crash shows as down.
+
+    \b
+    Examples:
+      ttmesh check --sim quietbox2
+      ttmesh check --chips 0000:01:00.0,0000:03:00.0 --strict
+      ttmesh check --json | jq '.problems[] | .fix'
+    """
+    from ttmesh.fabric import health
+    from ttmesh.fabric.devices import discover
+
+    for flag, value in (("--mesh-layout", mesh_layout), ("--ttnn-python", ttnn_python)):
+        if value is not None and not active:
+            raise bad_input(f"{flag} goes with --active", f"add --active, or drop {flag}")
+    mesh_layout = mesh_layout or Layout.SINGLE_PROCESS
+    inv = discover(host)
+    lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
+    selected = health.parse_chips(inv, chips, extra=lost)
+    python = None
+    if active:
+        from ttmesh.launcher import active as activemod
+
+        python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
+    report = health.check(inv, selected, strict=strict)
+    probe = None
+    if active and report.healthy:
+        bdfs = None
+        if selected is not None:
+            chosen = [c for c in inv.chips if c.asic_id in set(selected)]
+            leads = [c if c.bdf else inv.chip(c.via or "") for c in chosen if c.bdf or c.via]
+            bdfs = sorted({c.bdf for c in leads if c.bdf})
+        probe = activemod.run(host, bdfs, python, layout=mesh_layout)  # type: ignore[arg-type]
+    if as_json:
+        from ttmesh.render import emit_json
+
+        data = report.to_json()
+        if active:
+            data["active"] = (
+                probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}
+            )
+            data["healthy"] = bool(report.healthy and probe and probe.ok)
+        emit_json(data)
+    else:
+        from ttmesh.cli.views import check_text
+
+        click.echo(check_text(report))
+        if probe is not None:
+            click.echo(
+                f"active probe ({probe.layout}): {'ok' if probe.ok else 'FAILED'}: {probe.reason}"
+            )
+    if probe is not None and not probe.ok:
+        sys.stderr.write(f"ttmesh: unhealthy: the active probe failed: {probe.reason}\n")
+        return 1
+    if not report.healthy:
+        errors = report.errors
+        if as_json:  # stdout is for programs: the first problem, for a person, here
+            detail = f"; first: {errors[0].what} (fix: {errors[0].fix})"
+        else:  # every problem and its fix is printed above, once
+            detail = " (each with its fix above)"
+        sys.stderr.write(f"ttmesh: unhealthy: {len(errors)} error(s){detail}\n")
+        return 1
+    return 0

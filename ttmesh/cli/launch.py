@@ -1,0 +1,370 @@
+"""``ttmesh launch``: one worker per chip, supervised."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from ttmesh import __version__
+from ttmesh.cli.launch_args import LaunchCommand
+from ttmesh.cli.options import CONTEXT, host_options, shape
+from ttmesh.errors import TTMeshError, bad_input
+from ttmesh.vocab import LAYOUTS, MPI_LAYOUTS, Layout, StartMode
+
+LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _ranks(value: str | None) -> set[int] | None:
+    if value is None:
+        return None
+    try:
+        ranks = {int(v) for v in value.split(",") if v.strip()}
+    except ValueError:
+        ranks = set()
+    if not ranks:
+        raise bad_input(
+            f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
+        )
+    return ranks
+
+
+def _workdir(value: str | None) -> str:
+    """--workdir: an existing directory (never created: a typo must not start a job elsewhere)."""
+    if value is None:
+        return ""
+    if not value.strip():
+        raise bad_input("--workdir '': no directory named", "omit it to run in this directory")
+    path = os.path.abspath(value)
+    if not os.path.exists(path):
+        raise bad_input(f"--workdir {value}: no such directory", "create it first, or fix the path")
+    if not os.path.isdir(path):
+        raise bad_input(f"--workdir {value} is a file, not a directory", "give a directory")
+    if not os.access(path, os.X_OK):
+        raise bad_input(f"--workdir {value}: permission denied", "give a directory you can enter")
+    return path
+
+
+def _log_dir(value: str | None, create: bool) -> str | None:
+    """--log-dir: created if missing (as torchrun does); a file or an unwritable place is bad
+    input. With ``create`` False (a dry run) only checked."""
+    if value is None:
+        return None
+    from ttmesh import paths
+
+    path = paths.writable_dir(value, "--log-dir", "the rank logs")
+    return str(paths.make_dirs(path, "the log directory") if create else path)
+
+
+@click.command("launch", cls=LaunchCommand, context_settings=LAUNCH_CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="ttmesh")
+@host_options
+@click.option(
+    "--tp-size",
+    type=int,
+    metavar="N",
+    help="Chips to use; one worker per chip (per board on n300 systems).",
+)
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "nproc",
+    type=int,
+    metavar="N",
+    help="Workers on this host (torchrun's flag). Default: one per chip (per board on n300 "
+    "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
+    "(alone, it splits the host's whole mesh).",
+)
+@click.option("--chips", metavar="BDF,...", help="Use exactly these chips (PCI addresses).")
+@click.option("--exclude", metavar="BDF,...", help="Never use these chips.")
+@click.option(
+    "--mesh-shape",
+    metavar="RxC",
+    help="Mesh shape of the chips (default: the squarest the host has).",
+)
+@click.option(
+    "--mesh-layout",
+    type=click.Choice(LAYOUTS),
+    help="isolated (the default): each worker its own chip and one-chip descriptor; "
+    "single-process: one worker drives every chip; mesh/multi-mesh: one tt-metal world (needs MPI).",
+)
+@click.option(
+    "--symmetric-dram-mb",
+    type=int,
+    default=2048,
+    show_default=True,
+    metavar="MB",
+    help="LIBTT_SYMMETRIC_DRAM_MB, equal on every rank (DRAM reserved per chip for collectives).",
+)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set for every rank (repeatable).",
+)
+@click.option(
+    "--master-port",
+    "--master_port",
+    type=int,
+    default=0,
+    metavar="PORT",
+    help="torch.distributed's port (default: a free one).",
+)
+@click.option(
+    "--max-restarts",
+    "--max_restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Relaunch every rank up to K times after a failure.",
+)
+@click.option(
+    "--grace",
+    "--shutdown-timeout",
+    "--shutdown_timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL when stopping workers.",
+)
+@click.option(
+    "--ranks-filter",
+    "--local-ranks-filter",
+    "--local_ranks_filter",
+    metavar="R,...",
+    help="Show only these ranks' output on the console (log files get everything).",
+)
+@click.option(
+    "--log-dir",
+    "--log_dir",
+    metavar="DIR",
+    help="Write each rank's stdout and stderr to files in DIR.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
+@click.option(
+    "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
+)
+@click.option(
+    "--no-python", "--no_python", is_flag=True, help="Run COMMAND as is, even if it ends in .py."
+)
+@click.option(
+    "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
+)
+@click.option(
+    "--launcher",
+    type=click.Choice([str(m) for m in StartMode]),
+    default=None,
+    help="How ranks start: direct (one process each, the default) or mpi (one MPMD mpirun, the "
+    "default for --mesh-layout mesh/multi-mesh: tt-metal worlds form through MPI).",
+)
+@click.option(
+    "--auto-reset",
+    is_flag=True,
+    help="When pre-flight finds the chips unhealthy (links down, a hung chip), recover them with "
+    "tt-smi -r, verify, then start.",
+)
+@click.option(
+    "--reset-on-failure",
+    is_flag=True,
+    help="After an abnormal end, always reset the job's chips (default: only when links are down).",
+)
+@click.option(
+    "--ready-timeout",
+    type=float,
+    metavar="S",
+    help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
+    "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
+)
+@click.option(
+    "--ready-pattern", metavar="REGEX", help="A line of output that means a rank is ready."
+)
+@click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
+@click.option(
+    "--rank-binding",
+    metavar="FILE.yaml",
+    help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
+    "descriptor, under mpirun, with ttmesh's environment and supervision added.",
+)
+@click.option(
+    "--workdir",
+    metavar="DIR",
+    help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
+    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set; '.' keeps yours.",
+)
+@click.option(
+    "--job-id",
+    "--run-id",
+    "--rdzv-id",
+    "job_id",
+    metavar="ID",
+    help="Name the job (default: generated).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --dry-run: the ttmesh.plan/1 JSON document."
+)
+@click.option(
+    "--show-env", is_flag=True, help="Show --env values in plans and records (hidden by default)."
+)
+@click.option(
+    "--summary-json", metavar="FILE", help="Write the outcome {source, rank, code, reason} to FILE."
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]...")
+def launch_cmd(
+    host: Any,
+    command: tuple[str, ...],
+    tp_size: int | None,
+    nproc: int | None,
+    chips: str | None,
+    exclude: str | None,
+    mesh_shape: str | None,
+    mesh_layout: str | None,
+    symmetric_dram_mb: int,
+    env_items: tuple[str, ...],
+    master_port: int,
+    max_restarts: int,
+    grace: float,
+    ranks_filter: str | None,
+    log_dir: str | None,
+    quiet: bool,
+    module: bool,
+    no_python: bool,
+    strict_links: bool,
+    job_id: str | None,
+    dry_run: bool,
+    as_json: bool,
+    show_env: bool,
+    summary_json: str | None,
+    launcher: str | None,
+    workdir: str | None,
+    rank_binding: str | None,
+    auto_reset: bool,
+    reset_on_failure: bool,
+    ready_timeout: float | None,
+    ready_pattern: str | None,
+    tt_smi: str | None,
+) -> int:
+    """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
+
+    \b
+    Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/PORT and the rest of torchrun's environment,
+    its chip (TT_VISIBLE_DEVICES, by PCI address), a mesh graph descriptor
+    (TT_MESH_GRAPH_DESC_PATH) and LIBTT_SYMMETRIC_DRAM_MB. The first rank to fail stops the
+    job: every worker's process tree is stopped (SIGTERM, SIGKILL after --grace) and ttmesh
+    exits with that rank's code.
+
+    \b
+    Examples:
+      ttmesh launch --sim quietbox2 --tp-size 4 examples/allreduce.py
+      ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
+      ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
+    """
+    from ttmesh import paths
+    from ttmesh.launcher import launch
+    from ttmesh.launcher.plan import LaunchRequest, parse_env
+    from ttmesh.launcher.supervisor import Options
+
+    if nproc is not None and nproc <= 0:
+        raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+    if rank_binding is not None and mesh_layout is not None:
+        raise bad_input(
+            "--rank-binding and --mesh-layout together",
+            "the rank-binding file decides the layout: drop --mesh-layout",
+        )
+    mesh_layout = mesh_layout or Layout.ISOLATED
+    workdir = _workdir(workdir)
+    log_dir = _log_dir(log_dir, create=not dry_run)
+    if summary_json is not None:
+        from ttmesh import paths
+
+        paths.writable_file(summary_json, "--summary-json")
+    if tt_smi is not None:
+        from ttmesh.recovery.reset import find_tt_smi
+
+        find_tt_smi(host, tt_smi)  # not an executable: say so now, not after a crash
+    env = parse_env(list(env_items))
+    binding = None
+    if rank_binding is not None:
+        from ttmesh.launcher.adapters import ttrun
+
+        binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
+    if tp_size is None and nproc is None and chips is None and binding is None:
+        raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
+    if max_restarts < 0:
+        raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
+    if grace < 0:
+        raise bad_input(f"--grace {grace}: cannot be negative")
+    if as_json and not dry_run:
+        raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
+    request = LaunchRequest(
+        command=list(command),
+        tp_size=tp_size,  # type: ignore[arg-type]
+        module=module,
+        no_python=no_python,
+        layout=mesh_layout,
+        mesh_shape=shape(mesh_shape),
+        symmetric_dram_mb=symmetric_dram_mb,
+        env=env,
+        master_port=master_port,
+        max_restarts=max_restarts,
+        grace=grace,
+        job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",
+        strict_links=strict_links,
+        nproc=nproc,
+        launcher=launcher
+        or (
+            StartMode.MPI if mesh_layout in MPI_LAYOUTS or binding is not None else StartMode.DIRECT
+        ),
+        workdir=workdir,
+        binding=binding,
+        environ=dict(os.environ),
+        ready_timeout=ready_timeout,
+        ready_pattern=ready_pattern,
+    )
+    if ready_timeout is not None and ready_timeout <= 0:
+        raise bad_input(f"--ready-timeout {ready_timeout}: must be positive")
+    if ready_pattern is not None:
+        import re
+
+        try:
+            re.compile(ready_pattern)
+        except re.error as exc:
+            raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
+    shown_ranks = _ranks(ranks_filter)
+    options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
+    try:
+        prepared = launch.prepare(
+            request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset
+        )
+        if shown_ranks is not None:
+            world = len(prepared.plan.ranks)
+            extra = sorted(r for r in shown_ranks if not 0 <= r < world)
+            if extra:
+                raise bad_input(
+                    f"--ranks-filter {ranks_filter}: no rank {', '.join(map(str, extra))} "
+                    f"in a job of {world} rank(s)",
+                    f"ranks are 0..{world - 1}",
+                )
+    except TTMeshError as exc:
+        if summary_json and not dry_run:
+            launch.write_refusal(summary_json, exc)
+        raise
+    if dry_run:
+        from ttmesh.render import emit_json
+
+        data = prepared.plan.to_json(show_env)
+        if as_json:
+            emit_json(data)
+        else:
+            from ttmesh.cli.views import plan_text
+
+            click.echo(plan_text(data))
+        return 0
+    recovery = launch.Recovery(
+        auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
+    )
+    return launch.execute(prepared, options, summary_json, recovery=recovery)

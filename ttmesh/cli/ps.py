@@ -1,0 +1,75 @@
+"""``ttmesh ps``: your jobs, on every host."""
+
+from __future__ import annotations
+
+import click
+
+from ttmesh.cli.options import CONTEXT, resolve_host
+
+
+@click.command("ps", context_settings=CONTEXT)
+@click.option(
+    "--sim",
+    "sim_name",
+    metavar="NAME",
+    help="Only jobs on the cached simulated host NAME.",
+)
+@click.option(
+    "--root",
+    "root",
+    metavar="DIR",
+    envvar="TTMESH_ROOT",
+    help="Only jobs on the host under DIR. Env: TTMESH_ROOT.",
+)
+@click.option("--all", "show_all", is_flag=True, help="Also jobs that ended (the last 50).")
+@click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.ps/1 JSON document.")
+@click.option("--all-hosts", is_flag=True, hidden=True, help="(the default now)")
+def ps_cmd(
+    sim_name: str | None, root: str | None, show_all: bool, as_json: bool, all_hosts: bool
+) -> None:
+    """List your ttmesh jobs on every host (real or simulated): id, state, root, chips, ranks.
+
+    \b
+    A job runs while its launcher or its guardian lives. --all adds the jobs that ended and
+    how (exit code, "launcher killed", ...). --root/--sim show one host's jobs only.
+    """
+    import time
+
+    from ttmesh.runtime import jobs
+
+    only = None
+    if sim_name is not None or root is not None:
+        only = str(resolve_host(sim_name, root).root)
+    jobs.sweep()
+    records = jobs.every(only) if show_all else jobs.running(only)
+    for r in records:
+        r["state"] = "ended" if r.get("ended") else "running"
+    if as_json:
+        from ttmesh.render import emit_json
+
+        emit_json({"schema": "ttmesh.ps/1", "jobs": records})
+        return
+    from ttmesh.render import table
+
+    rows = []
+    for r in records:
+        ranks = r.get("ranks", [])
+        state = "running" if not r.get("ended") else (r.get("status") or "ended")
+        rows.append(
+            [
+                r["job"],
+                state,
+                r.get("pid"),
+                len(ranks),
+                ",".join(b for rank in ranks for b in rank.get("bdfs", [])),
+                r.get("root", "?"),
+                time.strftime("%H:%M:%S", time.localtime(r.get("started", 0))),
+                " ".join(r.get("command", [])),
+            ]
+        )
+    if not rows:
+        click.echo(
+            "no ttmesh jobs" + ("" if show_all else " running") + (f" on {only}" if only else "")
+        )
+        return
+    click.echo(table(["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"], rows))

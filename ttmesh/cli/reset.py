@@ -1,0 +1,152 @@
+"""``ttmesh reset``: the safe way back to a healthy host."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import click
+
+from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.errors import bad_input
+
+
+def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise bad_input(
+            f"{name} {value:g}: give a positive number of seconds",
+            f"e.g. {name} 120" if name == "--timeout" else None,
+        )
+    return value
+
+
+@click.command("reset", context_settings=CONTEXT)
+@host_options
+@click.option(
+    "--chips",
+    metavar="BDF,...",
+    help="Chips to reset (PCI addresses; a remote chip by its unique id). Default: every chip.",
+)
+@click.option(
+    "--no-expand",
+    is_flag=True,
+    help="Reset only the chips named (and the remote chips behind them), not the chips "
+    "linked to them. Their links to the rest stay down.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Stop processes holding the chips (SIGTERM, then SIGKILL). Never another ttmesh "
+    "job's workers or leased chips.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds one tt-smi run may take; then it is killed and the attempt failed.",
+)
+@click.option(
+    "--retries",
+    type=int,
+    default=2,
+    show_default=True,
+    metavar="K",
+    help="Reset again up to K times while the chips do not verify.",
+)
+@click.option(
+    "--tt-smi",
+    "tt_smi",
+    metavar="PATH",
+    help="The tt-smi to run (default: $TTMESH_TT_SMI, the simulated host's, or PATH).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.reset/1 JSON document.")
+@click.option("--backoff", type=float, default=1.0, hidden=True, help="Seconds before a retry.")
+def reset_cmd(
+    host: Any,
+    chips: str | None,
+    no_expand: bool,
+    force: bool,
+    timeout: float,
+    retries: int,
+    tt_smi: str | None,
+    as_json: bool,
+    backoff: float,
+) -> int:
+    """Reset chips safely with tt-smi, then verify they recovered.
+
+    \b
+    1. The chips named grow to whole boards and to every chip Ethernet-linked to them,
+       transitively (resetting one end of a link leaves the other failing to train); the
+       set is printed. --no-expand resets only the chips named, with a warning.
+    2. Refuses (exit 3) while another ttmesh job leases a chip of the set, or a process
+       holds one; --force stops such processes (never another job's workers).
+    3. Runs `tt-smi -r <PCI addresses>`, naming only addresses that exist (tt-smi resets
+       EVERY device when no target matches); on a Galaxy `tt-smi -glx_reset`.
+    4. Ignores tt-smi's exit code and verifies: every chip back (found by PCI address and
+       unique id, whatever its /dev/tenstorrent number), heartbeats advancing, links
+       between the chips up. Retries up to --retries times.
+
+    \b
+    Exit 0 recovered and verified, 1 not recovered (says what is still wrong), 2 bad input
+    (or tt-smi missing: pip install tt-smi), 3 refused.
+
+    \b
+    Examples:
+      ttmesh reset --sim quietbox2
+      ttmesh reset --chips 0000:01:00.0            # and everything linked to it
+      ttmesh reset --chips 0000:01:00.0 --force --timeout 300 --json
+    """
+    from ttmesh.fabric import health
+    from ttmesh.fabric.devices import discover
+    from ttmesh.recovery import reset
+
+    _seconds("--timeout", timeout)
+    _seconds("--backoff", backoff, allow_zero=True)
+    if retries < 0:
+        raise bad_input(f"--retries {retries}: cannot be negative", "e.g. --retries 2")
+    if no_expand and chips is None:
+        raise bad_input(
+            "--no-expand needs --chips",
+            "name the chips to reset alone, e.g. --chips 0000:01:00.0 --no-expand",
+        )
+    inv = discover(host)
+    asics = health.parse_chips(inv, chips)
+    plan = reset.plan(inv, asics, no_expand=no_expand)
+    tool = reset.find_tt_smi(host, tt_smi)
+    sys.stderr.write(f"ttmesh: {plan.describe()}\n")
+    for warning in plan.warnings:
+        sys.stderr.write(f"ttmesh: warning: {warning.what}\n")
+    sys.stderr.flush()
+    log = _progress if sys.stderr.isatty() else None
+    outcome = reset.execute(
+        host,
+        inv,
+        plan,
+        tool,
+        timeout=timeout,
+        retries=retries,
+        force=force,
+        log=log,
+        backoff=backoff,
+    )
+    if as_json:
+        from ttmesh.render import emit_json
+
+        emit_json(outcome.to_json())
+    else:
+        from ttmesh.cli.views import reset_text
+
+        click.echo(reset_text(outcome))
+    n = len(outcome.attempts)
+    if not outcome.recovered:
+        wrong = outcome.attempts[-1].still_wrong if outcome.attempts else ["nothing was reset"]
+        sys.stderr.write(f"ttmesh: not recovered after {n} attempt(s): {'; '.join(wrong)}\n")
+    return outcome.code
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"ttmesh: {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,157 @@
+"""Text views of ttmesh's documents: the same content as ``--json``, for a person.
+
+Each function turns a command's data into text; tables go through :func:`ttmesh.render.table`
+(rich on a terminal, plain columns when piped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ttmesh.render import table
+
+
+def ls_text(data: dict) -> str:
+    rows = []
+    bdf_of = {c["asic_id"]: c["bdf"] for c in data["chips"]}
+    for c in data["chips"]:
+        if c["holders"] is None:
+            held = "unknown"
+        else:
+            held = ",".join(str(h["pid"]) for h in c["holders"]) or "-"
+        lease = c["lease"]
+        rows.append(
+            [
+                "-" if c["dev_index"] is None else c["dev_index"],
+                c["bdf"] or f"remote via {bdf_of.get(c['via'])}",
+                c["asic_id"],
+                c["board_type"],
+                c["arch"],
+                f"{c['dram_mb'] // 1024} GB",
+                c["heartbeat"],
+                held,
+                f"{lease['job']}" if lease else "-",
+            ]
+        )
+    out = [
+        table(
+            ["DEV", "PCI", "ASIC", "BOARD", "ARCH", "DRAM", "HEARTBEAT", "HELD BY", "LEASE"], rows
+        )
+    ]
+    states: dict[str, int] = {}
+    for link in data["links"]:
+        states[link["state"]] = states.get(link["state"], 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "none known"
+    out.append(f"\nEthernet links: {summary}")
+    for link in data["links"]:
+        if link["state"] != "up":
+            a, b = link["a"], link["b"]
+            out.append(
+                f"  {link['state']}: {a['asic_id']} ch{a['chan']} <-> {b['asic_id']} ch{b['chan']}"
+            )
+    for note in data["notes"]:
+        out.append(f"note: {note}")
+    for asic in data["missing"]:
+        out.append(f"missing: chip {asic} is in the topology but not on the host")
+    return "\n".join(out)
+
+
+def plan_text(data: dict) -> str:
+    lines = [
+        f"job {data['job']}: layout {data['layout']}, mesh {data['mesh_shape'][0]}x{data['mesh_shape'][1]}, "
+        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {data['master']['addr']}:{data['master']['port']}"
+    ]
+    if data["grouping"]:
+        lines.append(data["grouping"])
+    rows = [
+        [
+            r["rank"],
+            ",".join(r["bdfs"]),
+            ",".join(r["chips"]),
+            "x".join(map(str, r["coord"])),
+            r["host_rank"],
+            " ".join(r["argv"]),
+        ]
+        for r in data["ranks"]
+    ]
+    lines.append(table(["RANK", "PCI", "CHIPS", "COORD", "HOST RANK", "COMMAND"], rows))
+    for name, path in data["descriptors"].items():
+        lines.append(f"descriptor {name}: {path}")
+    lines.append("environment of rank 0 (what ttmesh sets):")
+    for key, value in sorted(data["ranks"][0]["env"].items()):
+        lines.append(f"  {key}={value}")
+    return "\n".join(lines)
+
+
+def check_text(report: Any) -> str:
+    rows = []
+    for c in report.chips:
+        pids = ",".join(str(h.pid) for h in c.holders or [])
+        held = "unknown" if c.holders is None else (pids or "-")
+        rows.append(
+            [
+                c.bdf or "remote",
+                c.asic_id,
+                "-" if c.dev_index is None else c.dev_index,
+                c.board_type or "-",
+                c.heartbeat if c.present else "GONE",
+                held,
+                c.lease["job"] if c.lease else "-",
+                "ok" if c.healthy else "PROBLEM",
+            ]
+        )
+    out = [table(["CHIP", "ASIC", "DEV", "BOARD", "HEARTBEAT", "HELD BY", "LEASE", "STATE"], rows)]
+    counts: dict[str, int] = {}
+    for link in report.links:
+        counts[link.state] = counts.get(link.state, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none expected"
+    out.append(f"Ethernet links: {summary}")
+    errors = len(report.errors)
+    warnings = len(report.problems) - errors
+    if report.healthy:
+        out.append("healthy" + (f" ({warnings} warning(s))" if warnings else ""))
+    else:
+        out.append(f"UNHEALTHY: {errors} error(s), {warnings} warning(s)")
+    for p in report.problems:
+        out.append(f"{p.severity}: {p.what}")
+        out.append(f"  fix: {p.fix}")
+    return "\n".join(out)
+
+
+def reset_text(outcome: Any) -> str:
+    n = len(outcome.attempts)
+    rows = []
+    for c in outcome.chips:
+        dev = (
+            f"{_dev(c['dev_before'])}->{_dev(c['dev_after'])}"
+            if c["dev_before"] != c["dev_after"]
+            else _dev(c["dev_after"])
+        )
+        rows.append(
+            [
+                c["bdf"] or f"remote {c['asic_id']}",
+                c["asic_id"],
+                c["before"],
+                c["after"],
+                dev,
+                n,
+            ]
+        )
+    out = [table(["CHIP", "ASIC", "BEFORE", "AFTER", "DEV", "ATTEMPTS"], rows)]
+    if outcome.stopped:
+        out.append("stopped holder pid(s): " + ", ".join(map(str, outcome.stopped)))
+    if outcome.recovered:
+        out.append(
+            f"recovered and verified: {len(outcome.chips)} chip(s) after {n} attempt(s), "
+            f"{outcome.seconds:.1f} s"
+        )
+    else:
+        out.append(f"NOT RECOVERED after {n} attempt(s)")
+    for p in outcome.problems:
+        out.append(f"{p.severity}: {p.what}")
+        out.append(f"  fix: {p.fix}")
+    return "\n".join(out)
+
+
+def _dev(value: int | None) -> str:
+    return "-" if value is None else str(value)

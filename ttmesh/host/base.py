@@ -1,0 +1,239 @@
+"""Host: a root path (``/`` or a simulated root) and the one layer that reads it.
+
+Everything ttmesh knows about a machine's chips comes through a :class:`Host`: the kernel
+driver's files (``sys/``, ``dev/``, ``proc/driver/``), the chips' firmware telemetry, the
+topology, the ``tt-smi`` to run and where chip leases live. The readers are shared; what differs
+between a real machine and a simulated one is a method a backend overrides:
+
+* :class:`ttmesh.host.real.RealHost` reads this machine (telemetry and topology through tt-umd);
+* ``ttmesh.sim.backend.SimHost`` computes the values that move on hardware (heartbeats, holders,
+  Ethernet status) from the simulator's state at the moment they are read.
+
+A job's events on the host (workers started and holding chips, the fabric opened, a worker
+ended) are calls that do nothing on a real machine, where the driver and firmware see them by
+themselves; the simulator implements them. Only the command line chooses a backend
+(docs/architecture.md, "Host backends").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ttmesh.errors import bad_input
+
+if TYPE_CHECKING:
+    from ttmesh.host.clusterdesc import ClusterDescriptor
+
+CLASS_DIR = "sys/class/tenstorrent"
+DRIVER_VERSION = "sys/module/tenstorrent/version"
+LEASES = "run/lock/ttmesh"
+
+Marks = list[tuple[list[str], int]]  # (asic ids, pid) per process
+
+
+class Host:
+    """A machine's Tenstorrent view, rooted at ``root``."""
+
+    simulated = False
+    records_known_good = False  # ``check`` records a last known-good topology (real hosts)
+    reset_settle = 0.0  # seconds chips may take to look healthy after ``tt-smi -r`` returns
+
+    def __init__(self, root: str | os.PathLike[str] = "/", flag: str | None = None) -> None:
+        path = Path(root)
+        if not path.is_dir():
+            raise bad_input(
+                f"root {root} is not a directory",
+                "give --root an existing directory, or use --sim NAME",
+            )
+        self.root = path.resolve()
+        # How a user names this host on ttmesh's command line, for the fix lines ttmesh prints
+        # ("ttmesh reset --sim quietbox2 --chips ..."): "" for this machine.
+        if flag is None:
+            flag = "" if self.root == Path("/") else f"--root {shlex.quote(str(self.root))}"
+        self.flag = flag
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel.lstrip("/")
+
+    # -- the reader
+
+    def read_text(self, rel: str) -> str | None:
+        """Read a host file (``rel`` is relative to the root); None when it does not exist."""
+        rel = rel.lstrip("/")
+        dynamic = self._dynamic(rel)
+        if dynamic is not None:
+            return dynamic
+        try:
+            return self.path(rel).read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _dynamic(self, rel: str) -> str | None:
+        """A file whose content a backend computes when read (None: read the file)."""
+        return None
+
+    def attr(self, dev: int, name: str) -> str | None:
+        """A driver attribute of /dev/tenstorrent/<dev>, stripped."""
+        text = self.read_text(f"{CLASS_DIR}/tenstorrent!{dev}/{name}")
+        return None if text is None else text.strip()
+
+    # -- what the driver shows
+
+    def driver_version(self) -> str | None:
+        text = self.read_text(DRIVER_VERSION)
+        return None if text is None else text.strip()
+
+    def dev_indexes(self) -> list[int]:
+        """N of every /sys/class/tenstorrent/tenstorrent!N, ascending."""
+        try:
+            names = os.listdir(self.path(CLASS_DIR))
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            match = re.fullmatch(r"tenstorrent!(\d+)", name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def bdf_of(self, dev: int) -> str | None:
+        """The PCI address of /dev/tenstorrent/<dev>: the basename of its ``device`` link."""
+        link = self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device")
+        if not link.exists():
+            return None
+        return os.path.basename(os.path.realpath(link))
+
+    def pci_attr(self, bdf: str, name: str) -> str | None:
+        text = self.read_text(f"sys/bus/pci/devices/{bdf}/{name}")
+        return None if text is None else text.strip()
+
+    def dev_node(self, dev: int) -> Path:
+        return self.path(f"dev/tenstorrent/{dev}")
+
+    def holder_pids(self, dev: int) -> list[int] | None:
+        """PIDs holding /dev/tenstorrent/<dev>; None when it cannot be known (permissions)."""
+        text = self.read_text(f"proc/driver/tenstorrent/{dev}/pids")
+        if text is not None:
+            return sorted({int(tok) for tok in text.split() if tok.isdigit()})
+        return self._scan_holders(dev)
+
+    def _scan_holders(self, dev: int) -> list[int] | None:
+        """Holders when the driver does not list them (drivers before 2.5)."""
+        return []
+
+    # -- firmware telemetry and topology (not in sysfs: each backend has its source)
+
+    def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
+        """ETH_LIVE_STATUS per chip (None = unknown)."""
+        return {a: None for a in asics}
+
+    def remote_heartbeats(self, asics: list[str]) -> dict[str, int | None]:
+        """Heartbeats of chips without a driver node of their own (remote chips)."""
+        return {a: None for a in asics}
+
+    def topology(self) -> tuple[ClusterDescriptor | None, str, list[str]]:
+        """(remote chips and Ethernet links as a cluster descriptor, its source, notes)."""
+        return None, "none", []
+
+    def mock_cluster(self) -> ClusterDescriptor | None:
+        """The host as tt-metal's mock mode should see it now (None: real chips are used)."""
+        return None
+
+    # -- tools
+
+    def default_tt_smi(self) -> str:
+        """The tt-smi that resets this host's chips (bad input when there is none)."""
+        raise bad_input(
+            f"tt-smi not found for root {self.root} (a tt-smi on PATH would reset this "
+            "machine's chips)",
+            "give --tt-smi PATH",
+        )
+
+    def tt_smi_env(self) -> dict[str, str | None]:
+        """Environment changes for running tt-smi (None removes a variable)."""
+        return {}
+
+    def check_trusted(self, path: Path) -> None:
+        """Refuse to run an executable from under this root unless it is owned by this user
+        or root and writable by no one else."""
+        for p in (self.root, path):
+            st = p.stat()
+            if st.st_uid not in (0, os.getuid()) or st.st_mode & stat.S_IWOTH:
+                raise bad_input(
+                    f"refusing to run {path}: {p} is not owned by you or root, or is "
+                    "writable by others",
+                    "recreate the simulated host with ttmesh sim create",
+                )
+
+    # -- where leases live (docs/architecture.md, "Leases and job records")
+
+    def lease_dir(self, create: bool = False) -> Path:
+        """``<root>/run/lock/ttmesh``: shared by every user of this host.
+
+        On ``/`` that is ``/run/lock/ttmesh``, else a sticky world-writable directory in the
+        system temp dir; ``TTMESH_RUNTIME_DIR`` overrides."""
+        override = os.environ.get("TTMESH_RUNTIME_DIR")
+        if override:
+            path = Path(override)
+        elif self.root != Path("/"):
+            path = self.path(LEASES)
+        else:
+            path = Path("/") / LEASES
+            if not _usable(path, create):
+                path = Path(tempfile.gettempdir()) / "ttmesh-leases"
+        if create:
+            _ensure_shared_dir(path)
+        return path
+
+    # -- what a job does on the host (nothing to do on a real machine)
+
+    def rank_env(self, job_chips: list[str]) -> dict[str, str]:
+        """Variables every rank of a job on these chips needs from this host."""
+        return {}
+
+    def workers_started(self, holders: Marks) -> None:
+        """Workers (pid) opened their chips (asic ids)."""
+
+    def fabric_opened(self, marks: Marks, owner: str, supervisor: int) -> None:
+        """Workers brought the Ethernet fabric between their chips up; ``supervisor`` decides
+        how each ended (``worker_ended``)."""
+
+    def worker_ended(self, pid: int, clean: bool) -> None:
+        """A worker that opened the fabric ended: cleanly (it closed it) or not."""
+
+    def check_changeable(self) -> None:
+        """Refuse at once when this user cannot change the host's state (a simulated host's
+        state file); a real machine's tools check their own permissions."""
+
+
+def _usable(path: Path, create: bool) -> bool:
+    try:
+        if create:
+            _ensure_shared_dir(path)
+        return os.access(path, os.W_OK | os.X_OK)
+    except OSError:
+        return False
+
+
+def _ensure_shared_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise bad_input(
+            f"cannot create the lease directory {path}",
+            "set TTMESH_RUNTIME_DIR to a directory every ttmesh user can write",
+        )
+    st = path.stat()
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o1777:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o1777)

@@ -1,0 +1,244 @@
+"""How the ranks of one attempt start: one small interface, one class per start mode.
+
+The guardian (:mod:`ttmesh.launcher.supervisor`) supervises any starter the same way, as torch's
+elastic agent does its ``PContext``: it asks the starter to start the ranks, reads the output
+streams it exposes, signals the process groups it names, and hands it every process it reaps
+to learn which ranks ended and how. Two modes:
+
+* :class:`DirectStarter` - one process per rank, each in its own session, started by the guardian
+  with a parent-death signal;
+* :class:`MpiStarter` - every rank in one MPMD ``mpirun`` (tt-metal forms a world over several
+  processes through MPI): its tagged output is split back into ranks, rank PIDs are found among
+  its descendants, and the ranks' exits are read from its report.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ttmesh import procs
+from ttmesh.launcher.logs import LAUNCHER, Console
+from ttmesh.launcher.plan import LaunchPlan
+from ttmesh.vocab import StartMode
+
+Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
+
+
+@dataclass
+class RankExit:
+    rank: int
+    pid: int
+    code: int  # as a shell reports it: exit code, or 128 + signal
+    how: str  # "exited with code 3", "killed by SIGTERM"
+    stopped: bool  # ttmesh signalled it before it ended
+
+
+@dataclass
+class Stream:
+    fd: int
+    owner: int  # a rank, or LAUNCHER (mpirun's own pipes)
+    name: str  # "stdout" | "stderr"
+
+
+class Starter:
+    """Starts the ranks of one attempt and explains their exits."""
+
+    has_launcher = False  # output comes through an external launcher (mpirun), not per rank
+
+    def __init__(
+        self, plan: LaunchPlan, attempt: int, base_env: dict[str, str], guardian: int
+    ) -> None:
+        self.plan = plan
+        self.attempt = attempt
+        self.base_env = base_env
+        self.guardian = guardian
+        self.pids: dict[int, int] = {}  # rank -> pid, as far as known
+        self.streams: list[Stream] = []
+        self.console: Console | None = None
+        self.launcher_error: str | None = None  # the launcher failed before any rank ran
+
+    def start(self) -> list[RankExit]:
+        """Start every rank; the ranks that could not start (exit 127)."""
+        raise NotImplementedError
+
+    def known(self) -> bool:
+        """Every rank's PID is known (look again if not: ``discover``)."""
+        return len(self.pids) == len(self.plan.ranks)
+
+    def discover(self) -> None:
+        """Find rank PIDs not known yet."""
+
+    def groups(self) -> list[int]:
+        """Process groups a stop signals."""
+        return list(self.pids.values())
+
+    def signal_targets(self, running: set[int]) -> list[int]:
+        """Process groups a forwarded signal (SIGUSR1/2) reaches."""
+        return [self.pids[r] for r in running if r in self.pids]
+
+    def feed(self, owner: int, name: str, data: bytes) -> None:
+        assert self.console is not None
+        self.console.feed(owner, name, data)
+
+    def closed(self, owner: int, name: str) -> None:
+        assert self.console is not None
+        self.console.close(owner, name)
+
+    def reaped(
+        self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
+    ) -> list[RankExit]:
+        """The ranks whose end the exit of child ``pid`` means (none: not a rank's)."""
+        raise NotImplementedError
+
+    # -- shared by the modes
+
+    def _popen(self, argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=procs.pdeathsig_preexec(self.guardian),
+            close_fds=True,
+        )
+        proc.returncode = 0  # reaped by the guardian's own waitpid, never by Popen
+        return proc
+
+    def _watch(self, proc: subprocess.Popen, owner: int) -> None:
+        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            assert stream is not None
+            fd = os.dup(stream.fileno())
+            stream.close()
+            os.set_blocking(fd, False)
+            self.streams.append(Stream(fd, owner, name))
+
+    def _workdirs(self) -> None:
+        for rank in self.plan.ranks:
+            if rank.workdir:
+                os.makedirs(rank.workdir, exist_ok=True)
+
+
+class DirectStarter(Starter):
+    """One process per rank, started by the guardian itself."""
+
+    def known(self) -> bool:
+        return True  # every rank it started, it started itself
+
+    def start(self) -> list[RankExit]:
+        for rank in self.plan.ranks:
+            env = self.plan.rank_env(rank, self.base_env, self.attempt)
+            try:
+                if rank.workdir:
+                    os.makedirs(rank.workdir, exist_ok=True)
+                proc = self._popen(list(rank.argv), env, rank.workdir or self.plan.cwd or None)
+            except OSError as exc:
+                # The ranks already started are stopped; the rest never start.
+                return [RankExit(rank.rank, -1, 127, f"could not start ({exc.strerror})", False)]
+            self.pids[rank.rank] = proc.pid
+            self._watch(proc, rank.rank)
+        return []
+
+    def reaped(
+        self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
+    ) -> list[RankExit]:
+        rank = next((r for r, p in self.pids.items() if p == pid), None)
+        if rank is None or rank not in running:
+            return []  # an orphaned descendant re-parented to the guardian
+        return [
+            RankExit(rank, pid, procs.exit_code(status), procs.describe_status(status), stopping)
+        ]
+
+
+class MpiStarter(Starter):
+    """Every rank in one MPMD ``mpirun``; the ranks' exits come from its report."""
+
+    has_launcher = True
+
+    def __init__(
+        self, plan: LaunchPlan, attempt: int, base_env: dict[str, str], guardian: int
+    ) -> None:
+        super().__init__(plan, attempt, base_env, guardian)
+        self.mpirun: int | None = None
+        self.demux: object | None = None
+
+    def start(self) -> list[RankExit]:
+        from ttmesh.launcher import mpi
+
+        assert self.console is not None
+        self.demux = mpi.Demux(self.console.feed)
+        self._workdirs()
+        argv, env = mpi.mpirun_argv(self.plan.mpirun, self.plan, self.base_env, self.attempt)
+        try:
+            proc = self._popen(argv, env, self.plan.cwd or None)
+        except OSError as exc:
+            return [RankExit(0, -1, 127, f"mpirun could not start ({exc.strerror})", False)]
+        self.mpirun = proc.pid
+        self._watch(proc, LAUNCHER)
+        return []
+
+    def discover(self) -> None:
+        from ttmesh.launcher import mpi
+
+        if self.mpirun is not None and not self.known():
+            self.pids.update(mpi.rank_pids(self.mpirun, len(self.plan.ranks)))
+
+    def groups(self) -> list[int]:
+        return [*self.pids.values(), *([self.mpirun] if self.mpirun else [])]
+
+    def signal_targets(self, running: set[int]) -> list[int]:
+        # The rank PIDs may not all be known yet: mpirun forwards the signal to the rest.
+        return [*super().signal_targets(running), *([self.mpirun] if self.mpirun else [])]
+
+    def feed(self, owner: int, name: str, data: bytes) -> None:
+        self.demux.data(name, data)  # type: ignore[union-attr]
+
+    def closed(self, owner: int, name: str) -> None:
+        assert self.console is not None
+        self.demux.flush()  # type: ignore[union-attr]
+        for rank in self.plan.ranks:
+            self.console.close(rank.rank, name)
+        self.console.close(LAUNCHER, name)
+
+    def reaped(
+        self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
+    ) -> list[RankExit]:
+        """mpirun is gone, so every rank is: its report names the first rank that failed."""
+        if pid != self.mpirun:
+            return []
+        drain(LAUNCHER)  # its report may still sit in the pipes
+        demux = self.demux
+        demux.flush()  # type: ignore[union-attr]
+        code = procs.exit_code(status)
+        if code != 0 and not self.pids and not stopping:
+            said = "".join(demux.text).strip().splitlines()  # type: ignore[union-attr]
+            self.launcher_error = said[-1] if said else procs.describe_status(status)
+        failed = demux.first_failure()  # type: ignore[union-attr]
+        if code != 0 and failed is None and len(self.plan.ranks) == 1:
+            failed = (0, code)
+        exits = []
+        for rank in self.plan.ranks:
+            if rank.rank not in running:
+                continue
+            rank_pid = self.pids.get(rank.rank, -1)
+            if failed is not None and rank.rank == failed[0]:
+                value = failed[1]
+                how = procs.describe_status((value - 128) if value > 128 else (value << 8))
+                exits.append(RankExit(rank.rank, rank_pid, value, how, False))
+            elif code == 0:
+                exits.append(RankExit(rank.rank, rank_pid, 0, "exited with code 0", False))
+            else:
+                exits.append(RankExit(rank.rank, rank_pid, 143, "stopped by mpirun", True))
+        if code != 0 and failed is None and not self.launcher_error and not stopping:
+            # No rank is named: mpirun itself failed; it stands for the job.
+            exits.append(RankExit(-1, pid, code, f"mpirun {procs.describe_status(status)}", False))
+        return exits
+
+
+def starter_for(plan: LaunchPlan) -> type[Starter]:
+    return MpiStarter if plan.launcher == StartMode.MPI else DirectStarter

@@ -1,0 +1,159 @@
+"""The simulated host as a host backend: what moves on hardware, computed from the sim's state.
+
+A simulated root has the driver's files, so :class:`~ttmesh.host.base.Host` reads it like any
+machine. This backend adds what real hardware provides by itself: heartbeats that advance and
+holder lists (computed when read), Ethernet status and remote heartbeats (the firmware's
+telemetry), the topology (the root's own cluster descriptor), its ``bin/tt-smi``, the mock
+cluster tt-metal maps a job's mesh onto, and the job events a real driver sees on its own
+(holders, fabric marks). Only the command line opens one (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from dataclasses import replace
+from functools import cached_property
+from pathlib import Path
+
+from ttmesh.errors import bad_input, from_os_error
+from ttmesh.host import clusterdesc
+from ttmesh.host.base import Host, Marks
+from ttmesh.sim.core import MARKER, SimRoot
+
+_DEV_ATTR = re.compile(r"^sys/class/tenstorrent/tenstorrent!(\d+)/(tt_heartbeat)$")
+_PIDS = re.compile(r"^proc/driver/tenstorrent/(\d+)/pids$")
+DESCRIPTOR = "cluster_descriptor.yaml"
+PARSED = "sim/cluster_descriptor.parsed.json"
+
+
+def is_simulated(root: str | os.PathLike[str]) -> bool:
+    return (Path(root) / MARKER).is_file()
+
+
+def sim_of(host: Host) -> SimRoot:
+    """The simulator behind ``host``; bad input when it is not a simulated host."""
+    if not isinstance(host, SimHost):
+        raise bad_input(
+            f"{host.root} is not a simulated host (no {MARKER} marker)",
+            "create one with: ttmesh sim create --system quietbox2 --root DIR",
+        )
+    return host.sim
+
+
+class SimHost(Host):
+    simulated = True
+
+    @cached_property
+    def sim(self) -> SimRoot:
+        """The simulator's mechanics behind the root (its 'firmware')."""
+        return SimRoot(str(self.root))
+
+    # -- values that move on hardware, computed when read
+
+    def _dynamic(self, rel: str) -> str | None:
+        match = _DEV_ATTR.match(rel)
+        if match:
+            asic = self.attr(int(match.group(1)), "tt_asic_id")
+            if asic is None:
+                return None
+            state = self.sim.read_state()
+            return f"{self.sim.heartbeat(state, asic)}\n" if asic in state["chips"] else None
+        match = _PIDS.match(rel)
+        if match and self.path(rel).exists():
+            asic = self.attr(int(match.group(1)), "tt_asic_id")
+            if asic is None:
+                return ""
+            pids = self.sim.holders(self.sim.read_state(), asic)
+            return "".join(f"{p}\n" for p in pids)
+        return None
+
+    def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
+        state = self.sim.read_state()
+        return {
+            a: (self.sim.eth_live_status(state, a) if a in state["chips"] else None) for a in asics
+        }
+
+    def remote_heartbeats(self, asics: list[str]) -> dict[str, int | None]:
+        state = self.sim.read_state()
+        return {a: (self.sim.heartbeat(state, a) if a in state["chips"] else None) for a in asics}
+
+    # -- topology
+
+    def descriptor(self) -> clusterdesc.ClusterDescriptor:
+        """The root's cluster descriptor, as tt-umd would have written it (parsed once)."""
+        path = self.path(DESCRIPTOR)
+        if not path.is_file():
+            raise bad_input(f"{self.root} has no {DESCRIPTOR}", "recreate it: ttmesh sim create")
+        try:
+            return clusterdesc.load_cached(path, self.path(PARSED))
+        except clusterdesc.DescriptorError as exc:
+            raise bad_input(f"{path}: {exc}", "recreate the simulated host: ttmesh sim create")
+
+    def topology(self) -> tuple[clusterdesc.ClusterDescriptor | None, str, list[str]]:
+        if not self.path(DESCRIPTOR).is_file():
+            return None, "none", [f"the simulated host has no {DESCRIPTOR}"]
+        return self.descriptor(), "cluster-descriptor", []
+
+    def mock_cluster(self) -> clusterdesc.ClusterDescriptor:
+        """The descriptor as discovery would find it now: links the sim has down left out."""
+        cd = self.descriptor()
+        state = self.sim.read_state()
+        marks = self.sim.dead_marked_chips(state)
+        ids = {c.id: c.asic_id or "" for c in cd.chips.values()}
+        links = [
+            lk
+            for lk in cd.links
+            if self.sim.link_up(
+                state, (ids[lk.chip_a], lk.chan_a, ids[lk.chip_b], lk.chan_b), marks
+            )
+        ]
+        return replace(cd, links=links)
+
+    # -- tools
+
+    def default_tt_smi(self) -> str:
+        path = self.path("bin/tt-smi")
+        if not path.is_file():
+            raise bad_input(
+                f"tt-smi not found: the simulated host has no {path}",
+                "install it: pip install tt-smi (or give --tt-smi PATH)",
+            )
+        self.check_trusted(path)
+        return str(path)
+
+    def tt_smi_env(self) -> dict[str, str | None]:
+        return {"TTMESH_SIM_ROOT": str(self.root)}
+
+    # -- a job's events: what a real driver and firmware would see by themselves
+
+    def rank_env(self, job_chips: list[str]) -> dict[str, str]:
+        # ttmesh.worker.wait_fabric blocks on the sim's links, as a real bring-up hangs.
+        return {
+            "TTMESH_SIM_ROOT": str(self.root),
+            "TTMESH_JOB_CHIPS": json.dumps(job_chips, separators=(",", ":")),
+        }
+
+    def workers_started(self, holders: Marks) -> None:
+        if holders:
+            self.sim.add_holders(holders)
+
+    def fabric_opened(self, marks: Marks, owner: str, supervisor: int) -> None:
+        if marks:
+            self.sim.mark_fabric_many(marks, owner=owner, supervisor=supervisor)
+
+    def worker_ended(self, pid: int, clean: bool) -> None:
+        if clean:
+            self.sim.clear_fabric(pid)
+        else:
+            self.sim.abandon_fabric(pid)
+
+    def check_changeable(self) -> None:
+        state_dir, lock = self.path("sim"), self.path("sim/state.lock")
+        if not os.access(state_dir, os.W_OK | os.X_OK) or (
+            lock.exists() and not os.access(lock, os.W_OK)
+        ):
+            denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(lock))
+            raise from_os_error(denied, "change the simulated host")

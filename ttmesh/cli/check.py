@@ -84,8 +84,7 @@ def check_cmd(
         bdfs = None
         if selected is not None:
             chosen = [c for c in inv.chips if c.asic_id in set(selected)]
-            leads = [c if c.bdf else inv.chip(c.via or "") for c in chosen if c.bdf or c.via]
-            bdfs = sorted({c.bdf for c in leads if c.bdf})
+            bdfs = sorted({lead.bdf for c in chosen if (lead := inv.lead(c)) and lead.bdf})
         probe = activemod.run(host, bdfs, python, layout=mesh_layout)  # type: ignore[arg-type]
     if as_json:
         from ttmesh.render import emit_json

@@ -113,24 +113,18 @@ def reset_cmd(
             "name the chips to reset alone, e.g. --chips 0000:01:00.0 --no-expand",
         )
     inv = discover(host)
-    asics = health.parse_chips(inv, chips)
-    plan = reset.plan(inv, asics, no_expand=no_expand)
-    tool = reset.find_tt_smi(host, tt_smi)
-    sys.stderr.write(f"ttmesh: {plan.describe()}\n")
-    for warning in plan.warnings:
-        sys.stderr.write(f"ttmesh: warning: {warning.what}\n")
-    sys.stderr.flush()
-    log = _progress if sys.stderr.isatty() else None
-    outcome = reset.execute(
+    outcome = reset.recover(
         host,
-        inv,
-        plan,
-        tool,
+        health.parse_chips(inv, chips),
         timeout=timeout,
         retries=retries,
         force=force,
-        log=log,
+        log=_progress if sys.stderr.isatty() else None,
+        announce=_progress,
+        expand_set=not no_expand,
+        tt_smi=tt_smi,
         backoff=backoff,
+        inv=inv,
     )
     if as_json:
         from ttmesh.render import emit_json

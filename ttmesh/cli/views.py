@@ -112,9 +112,7 @@ def check_text(report: Any) -> str:
         out.append("healthy" + (f" ({warnings} warning(s))" if warnings else ""))
     else:
         out.append(f"UNHEALTHY: {errors} error(s), {warnings} warning(s)")
-    for p in report.problems:
-        out.append(f"{p.severity}: {p.what}")
-        out.append(f"  fix: {p.fix}")
+    out += problem_lines(report.problems)
     return "\n".join(out)
 
 
@@ -147,11 +145,18 @@ def reset_text(outcome: Any) -> str:
         )
     else:
         out.append(f"NOT RECOVERED after {n} attempt(s)")
-    for p in outcome.problems:
-        out.append(f"{p.severity}: {p.what}")
-        out.append(f"  fix: {p.fix}")
+    out += problem_lines(outcome.problems)
     return "\n".join(out)
 
 
 def _dev(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def problem_lines(problems: list[Any]) -> list[str]:
+    """Each problem once, with its fix under it."""
+    out = []
+    for p in problems:
+        out.append(f"{p.severity}: {p.what}")
+        out.append(f"  fix: {p.fix}")
+    return out

@@ -80,6 +80,12 @@ class Inventory:
     def by_bdf(self) -> dict[str, Chip]:
         return {c.bdf: c for c in self.chips if c.bdf}
 
+    def lead(self, chip: Chip) -> Chip | None:
+        """The PCI device that reaches ``chip``: the chip itself, or a remote chip's partner."""
+        if chip.bdf:
+            return chip
+        return next((c for c in self.chips if c.asic_id == chip.via and c.bdf), None)
+
     def board_peers(self, chip: Chip) -> list[Chip]:
         """Chips driven through the same PCI device (an n300's two chips)."""
         lead = chip.via or chip.asic_id

@@ -171,7 +171,7 @@ def chip_name(inv: Inventory, asic: str, names: dict[str, str] | None = None) ->
         if c.asic_id == asic:
             if c.bdf:
                 return c.bdf
-            partner = next((p for p in inv.chips if p.asic_id == c.via), None)
+            partner = inv.lead(c)
             return f"remote {asic}" + (f" via {partner.bdf}" if partner and partner.bdf else "")
     bdf = (names or {}).get(asic)
     return f"{bdf} ({asic})" if bdf else asic
@@ -179,9 +179,7 @@ def chip_name(inv: Inventory, asic: str, names: dict[str, str] | None = None) ->
 
 def pci_lead(inv: Inventory, chip: Chip) -> Chip | None:
     """The PCI device a chip is reached through: itself, or a remote chip's partner."""
-    if chip.bdf:
-        return chip
-    return next((c for c in inv.chips if c.asic_id == chip.via and c.bdf), None)
+    return inv.lead(chip)
 
 
 def root_flag(host: Host) -> str:
@@ -394,6 +392,74 @@ def _pair_count_problems(
     return out
 
 
+# One builder per kind of problem, shared by ``check`` (the whole report) and ``preflight`` (the
+# chips a launch is about to use), so both say the same thing with the same fix.
+
+NODE_FIX = "reload the driver (sudo modprobe -r tenstorrent && sudo modprobe tenstorrent)"
+HW_FIX = "install the hardware extra to read firmware telemetry: pip install 'ttmesh[hw]'"
+
+
+def node_problem(inv: Inventory, chip: Chip, lead: Chip | None) -> Problem:
+    node = f"{inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'}"
+    return Problem(
+        ERROR,
+        f"{chip_name(inv, chip.asic_id)} has no driver node ({node} is missing)",
+        f"{NODE_FIX} or check /dev permissions",
+        "driver-node",
+        (chip.asic_id,),
+    )
+
+
+def heartbeat_problem(
+    inv: Inventory, asic: str, state: str, exp: Expected, strict: bool
+) -> Problem | None:
+    """A frozen heartbeat is an error (a reset revives the firmware); an unreadable one a
+    warning (an error with ``strict``)."""
+    name = chip_name(inv, asic)
+    if state == heartbeat.FROZEN:
+        fix = reset_fix(inv, [asic], exp.links) or "ttmesh reset"
+        return Problem(ERROR, f"{name}: heartbeat frozen (its firmware is not running)", fix,
+                       "heartbeat", (asic,))  # fmt: skip
+    if state == heartbeat.UNKNOWN:
+        return Problem(_escalate(WARNING, strict), f"{name}: heartbeat cannot be read", HW_FIX,
+                       "heartbeat-unknown", (asic,))  # fmt: skip
+    return None
+
+
+def holder_problem(inv: Inventory, asic: str, h: ChipProcess, lease: ChipProcess | None) -> Problem:
+    name = chip_name(inv, asic)
+    if h.job is not None:
+        what = f"{name} is held by {h.who}, a worker of ttmesh job {h.job}, which does not lease it"
+        fix = f"stop job {h.job} (see ttmesh ps)"
+    elif lease is not None:
+        what = f"{name} is leased by ttmesh job {lease.job} but held by {h.who} outside it"
+        fix = f"stop {h.who}"
+    else:
+        what, fix = f"{name} is held by {h.who}", f"stop {h.who}"
+    return Problem(ERROR, what, fix, "holder", (asic,))
+
+
+def lease_problem(inv: Inventory, asic: str, info: ChipProcess) -> Problem:
+    return Problem(
+        ERROR,
+        f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} (pid {info.pid}: {info.cmd})",
+        "wait for that job to end (see ttmesh ps), or choose other chips",
+        "lease",
+        (asic,),
+    )
+
+
+def missing_problem(inv: Inventory, asic: str, exp: Expected) -> Problem:
+    name = chip_name(inv, asic, exp.names)
+    return Problem(
+        ERROR,
+        f"chip {name} is in the topology but the host lost it",
+        f"power-cycle the host: the driver lost {name}, and a reset cannot reach a device that is gone",
+        "missing",
+        (asic,),
+    )
+
+
 def check(
     inv: Inventory,
     chips: Iterable[str] | None = None,
@@ -436,47 +502,13 @@ def check(
             None if lease is None else {"job": lease.job, "pid": lease.pid},
         )
         name = chip_name(inv, c.asic_id)
-        fix_reset = reset_fix(inv, [c.asic_id], exp.links) or "ttmesh reset"
-        if not node:
-            ch.healthy = False
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"{name} has no driver node ({inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'} is missing)",
-                    "reload the driver (sudo modprobe -r tenstorrent && sudo modprobe tenstorrent) or check /dev permissions",
-                    "driver-node",
-                    (c.asic_id,),
-                )
-            )
-        if ch.heartbeat == heartbeat.FROZEN:
-            ch.healthy = False
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"{name}: heartbeat frozen (its firmware is not running)",
-                    fix_reset,
-                    "heartbeat",
-                    (c.asic_id,),
-                )
-            )
-        elif ch.heartbeat == heartbeat.UNKNOWN:
-            sev = _escalate(WARNING, strict)
-            ch.healthy = ch.healthy and sev != ERROR
-            problems.append(
-                Problem(
-                    sev,
-                    f"{name}: heartbeat cannot be read",
-                    "install the hardware extra to read firmware telemetry: pip install 'ttmesh[hw]'",
-                    "heartbeat-unknown",
-                    (c.asic_id,),
-                )
-            )
+        found = [] if node else [node_problem(inv, c, lead)]
+        beat = heartbeat_problem(inv, c.asic_id, ch.heartbeat, exp, strict)
+        found += [beat] if beat is not None else []
         if hs is None:
-            sev = _escalate(WARNING, strict)
-            ch.healthy = ch.healthy and sev != ERROR
-            problems.append(
+            found.append(
                 Problem(
-                    sev,
+                    _escalate(WARNING, strict),
                     f"{name}: cannot tell which processes hold it",
                     "run ttmesh check as root (or use driver >= 2.5, which lists them in /proc/driver/tenstorrent)",
                     "holders-unknown",
@@ -488,19 +520,11 @@ def check(
                 continue  # a worker of the job that leases the chip
             ch.healthy = False
             key = (h.pid or -1, lead.asic_id if lead else c.asic_id)
-            if key in seen_holders:
-                continue  # an n300's two chips share one device: name the holder once
-            seen_holders.add(key)
-            if h.job is not None:
-                what = f"{name} is held by {h.who}, a worker of ttmesh job {h.job}, which does not lease it"
-                fix = f"stop job {h.job} (see ttmesh ps)"
-            elif lease is not None:
-                what = f"{name} is leased by ttmesh job {lease.job} but held by {h.who} outside it"
-                fix = f"stop pid {h.pid} ({h.user}: {h.cmd})"
-            else:
-                what = f"{name} is held by {h.who}"
-                fix = f"stop pid {h.pid} ({h.user}: {h.cmd})"
-            problems.append(Problem(ERROR, what, fix, "holder", (c.asic_id,)))
+            if key not in seen_holders:  # an n300's two chips share one device: name it once
+                seen_holders.add(key)
+                found.append(holder_problem(inv, c.asic_id, h, lease))
+        ch.healthy = ch.healthy and all(p.severity != ERROR for p in found)
+        problems.extend(found)
         report_chips.append(ch)
     for asic in missing:
         name = chip_name(inv, asic, exp.names)
@@ -518,15 +542,7 @@ def check(
                 False,
             )
         )
-        problems.append(
-            Problem(
-                ERROR,
-                f"chip {name} is in the topology but the host lost it",
-                f"power-cycle the host: the driver lost {name}, and a reset cannot reach a device that is gone",
-                "missing",
-                (asic,),
-            )
-        )
+        problems.append(missing_problem(inv, asic, exp))
     states = links.observe(inv, specs)
     problems.extend(_link_problems(inv, states, exp, strict))
     if not specs and inv.topology == "none" and exp.vouched is not None and not exp.links:
@@ -578,85 +594,27 @@ def preflight(
     exp = expected(inv)
     by_asic = {c.asic_id: c for c in inv.chips}
     chips = [by_asic[a] for a in wanted if a in by_asic]
-    problems: list[Problem] = []
-    for asic in wanted:
-        if asic not in by_asic:
-            name = chip_name(inv, asic, exp.names)
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"chip {name} is not on this host (the driver lists no such chip)",
-                    "power-cycle the host if it was there before; see ttmesh ls",
-                    "missing",
-                    (asic,),
-                )
-            )
+    problems = [missing_problem(inv, a, exp) for a in wanted if a not in by_asic]
     for asic, info in leases.probe(inv.host, [c.asic_id for c in chips]).items():
-        if info.pid is not None and procs.owning(info.pid, allowed) is not None:
-            continue
-        problems.append(
-            Problem(
-                ERROR,
-                f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} "
-                f"(pid {info.pid}: {info.cmd})",
-                "wait for that job to end (see ttmesh ps), or choose other chips",
-                "lease",
-                (asic,),
-            )
-        )
+        if info.pid is None or procs.owning(info.pid, allowed) is None:
+            problems.append(lease_problem(inv, asic, info))
     seen: set[tuple[int, str]] = set()
     for c in chips:
         lead = pci_lead(inv, c)
         if lead is None or lead.dev_index is None or not inv.host.dev_node(lead.dev_index).exists():
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"{chip_name(inv, c.asic_id)} has no driver node",
-                    "reload the driver (sudo modprobe -r tenstorrent && sudo modprobe tenstorrent)",
-                    "driver-node",
-                    (c.asic_id,),
-                )
-            )
+            problems.append(node_problem(inv, c, lead))
             continue
         for h in holders.holders(inv, c) or []:
             pid = h.pid or -1
-            if procs.owning(pid, allowed) is not None or (pid, lead.asic_id) in seen:
-                continue
-            seen.add((pid, lead.asic_id))
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"{chip_name(inv, c.asic_id)} is held by pid {h.pid} ({h.user}: {h.cmd})",
-                    f"stop pid {h.pid} ({h.user}: {h.cmd})",
-                    "holder",
-                    (c.asic_id,),
-                )
-            )
+            if procs.owning(pid, allowed) is None and (pid, lead.asic_id) not in seen:
+                seen.add((pid, lead.asic_id))
+                problems.append(holder_problem(inv, c.asic_id, h, None))
     known = dict(beats or {})
     todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE]
     known.update(heartbeat.poll(inv, todo, timeout=timeout) if todo else {})
-    beats = {c.asic_id: known[c.asic_id] for c in chips if c.asic_id in known}
-    for asic, state in beats.items():
-        if state == heartbeat.FROZEN:
-            problems.append(
-                Problem(
-                    ERROR,
-                    f"{chip_name(inv, asic)}: heartbeat frozen (its firmware is not running)",
-                    reset_fix(inv, [asic], exp.links) or "ttmesh reset",
-                    "heartbeat",
-                    (asic,),
-                )
-            )
-        elif state == heartbeat.UNKNOWN:
-            problems.append(
-                Problem(
-                    WARNING,
-                    f"{chip_name(inv, asic)}: heartbeat cannot be read",
-                    "install the hardware extra: pip install 'ttmesh[hw]'",
-                    "heartbeat-unknown",
-                    (asic,),
-                )
-            )
+    for c in chips:
+        beat = heartbeat_problem(inv, c.asic_id, known.get(c.asic_id, heartbeat.ALIVE), exp, False)
+        problems += [beat] if beat is not None else []
     inside = set(wanted)
     specs = [lk for lk in exp.links if lk.a in inside and lk.b in inside]
     if specs:

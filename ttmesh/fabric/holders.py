@@ -21,7 +21,7 @@ def describe(pid: int, asic: str = "", job: str | None = None) -> ChipProcess:
 
 def holders(inv: Inventory, chip: Chip) -> list[ChipProcess] | None:
     """Processes holding ``chip`` (through its own device or its board partner's)."""
-    lead = chip if chip.bdf else next((c for c in inv.chips if c.asic_id == chip.via), None)
+    lead = inv.lead(chip)
     if lead is None or lead.dev_index is None:
         return None
     pids = inv.host.holder_pids(lead.dev_index)

@@ -49,10 +49,10 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
     status = inv.host.eth_live_status([a for a in asics if a in known])
     fw = {}
     for c in inv.chips:
-        lead = c if c.dev_index is not None else known.get(c.via or "")
+        lead = inv.lead(c)
         fw[c.asic_id] = (
             inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")
-            if lead and (lead.dev_index is not None)
+            if lead is not None and lead.dev_index is not None
             else None
         )
 

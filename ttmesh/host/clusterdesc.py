@@ -4,7 +4,7 @@ tt-umd writes it after topology discovery and tt-metal reads it in mock mode
 (``TT_METAL_MOCK_CLUSTER_DESC_PATH``). ttmesh reads it (a simulated host's topology, per-rank mock
 clusters) and writes it (the simulator, per-rank files for multi-process meshes). :func:`dump`
 writes the same layout, key order and quoting as tt-umd so our files read like real captures
-(shared/reference/cluster-descriptors/README.md).
+(tests/data/captures/README.md).
 """
 
 from __future__ import annotations

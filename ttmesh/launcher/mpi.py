@@ -9,12 +9,9 @@ first failing rank and its code are read from mpirun's report, and the whole tre
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
-import subprocess
 from collections.abc import Callable
 
 from ttmesh import procs
@@ -117,38 +114,13 @@ class Demux:
         return None
 
 
-def start(guardian, mpirun: str) -> subprocess.Popen:
-    argv, env = mpirun_argv(mpirun, guardian.plan, guardian.base_env, guardian.attempt)
-    return subprocess.Popen(
-        argv,
-        env=env,
-        cwd=guardian.plan.cwd or None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=procs.pdeathsig_preexec(guardian.pid),
-        close_fds=True,
-    )
-
-
 def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
     """The processes mpirun started for each rank (found by their TTMESH_RANK)."""
     found: dict[int, int] = {}
     for pid in procs.descendants(mpirun_pid):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            for item in env:
-                if item.startswith(b"TTMESH_RANK="):
-                    rank = int(item.split(b"=", 1)[1])
-                    if 0 <= rank < world and rank not in found:
-                        found[rank] = pid
-                    break
+        value = procs.environ_value(pid, "TTMESH_RANK")
+        if value is not None and value.isdigit():
+            rank = int(value)
+            if 0 <= rank < world and rank not in found:
+                found[rank] = pid
     return found
-
-
-def stop(mpirun_pid: int, sig: int = signal.SIGTERM) -> None:
-    """mpirun forwards SIGTERM to its ranks and takes them down."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(mpirun_pid, sig)

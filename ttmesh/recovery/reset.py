@@ -711,10 +711,15 @@ def recover(
     backoff: float = DEFAULT_BACKOFF,
     settle: float | None = None,
     own_pids: Iterable[int] = (),
+    inv: Inventory | None = None,
+    announce: Log | None = None,
 ) -> ResetOutcome:
-    """Reset ``asics`` (None: every chip) safely and verify them; for the launcher after a crash.
+    """Reset ``asics`` (None: every chip) safely and verify them (``ttmesh reset``, and the
+    launcher after a crash).
 
     ``own_pids``: more processes (besides this one) whose leases are the caller's own.
+    ``inv``: the host as just discovered. ``announce`` (default ``log``) hears the chip set
+    and its warnings before anything happens; ``log`` hears the progress.
 
     Expands the set, refuses (TTMeshError, exit code 3) when another job leases or works on a
     chip of it or, without ``force``, when a process holds one; leases and workers of this
@@ -725,13 +730,14 @@ def recover(
         raise bad_input(f"timeout {timeout}: must be positive")
     if retries < 0:
         raise bad_input(f"retries {retries}: cannot be negative")
-    inv = discover(host)
+    inv = inv or discover(host)
     p = plan(inv, asics, no_expand=not expand_set)
     tool = find_tt_smi(host, tt_smi)
-    if log is not None:
-        log(p.describe())
+    say = announce or log
+    if say is not None:
+        say(p.describe())
         for warning in p.warnings:
-            log(f"warning: {warning.what}")
+            say(f"warning: {warning.what}")
     return execute(
         host,
         inv,

@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import stat
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -190,6 +189,8 @@ class Host:
         else:
             path = Path("/") / LEASES
             if not _usable(path, create):
+                import tempfile
+
                 path = Path(tempfile.gettempdir()) / "ttmesh-leases"
         if create:
             _ensure_shared_dir(path)

@@ -15,6 +15,15 @@ from ttmesh.errors import bad_input
 from ttmesh.sim.core import MARKER
 
 
+def systems_dir() -> Path:
+    """Where the stock system files are (inside the package, so a wheel carries them)."""
+    return Path(__file__).resolve().parent.parent / "configs" / "systems"
+
+
+def stock_names() -> list[str]:
+    return sorted(p.stem for p in systems_dir().glob("*.yaml"))
+
+
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ttmesh" / "sim"
@@ -42,8 +51,6 @@ def refresh_tools(root: Path) -> None:
 
 def ensure_cached(name: str) -> Path:
     """The cached simulated host for stock system ``name``, created on first use."""
-    from ttmesh.sim.system import stock_names
-
     if name not in stock_names():
         raise bad_input(
             f"unknown system {name!r}",

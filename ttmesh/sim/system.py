@@ -8,13 +8,13 @@ channel. The stock files are generated from real cluster descriptors by ``script
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ttmesh.errors import bad_input
 from ttmesh.host import boards as boardfacts
 from ttmesh.host.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink
+from ttmesh.sim.roots import stock_names, systems_dir
 
 BDF_RE = boardfacts.BDF_RE
 
@@ -306,15 +306,7 @@ def validate(model: SystemModel, where: str) -> None:
 
 
 def _format_hint() -> str:
-    return f"a stock system file shows the format: {_systems_dir() / 'quietbox2.yaml'}"
-
-
-def _systems_dir() -> Path:
-    return Path(str(resources.files("ttmesh") / "configs" / "systems"))
-
-
-def stock_names() -> list[str]:
-    return sorted(p.stem for p in _systems_dir().glob("*.yaml"))
+    return f"a stock system file shows the format: {systems_dir() / 'quietbox2.yaml'}"
 
 
 def load(name_or_path: str) -> SystemModel:
@@ -328,7 +320,7 @@ def load(name_or_path: str) -> SystemModel:
                 f"unknown system {name_or_path!r}",
                 "known systems: " + ", ".join(stock_names()),
             )
-        path = _systems_dir() / f"{name_or_path}.yaml"
+        path = systems_dir() / f"{name_or_path}.yaml"
     try:
         data = yamlio.load_file(path, "system file")
     except ValueError as exc:

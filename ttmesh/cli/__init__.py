@@ -22,6 +22,7 @@ from ttmesh.cli.ls import ls_cmd
 from ttmesh.cli.options import CONTEXT
 from ttmesh.cli.ps import ps_cmd
 from ttmesh.cli.reset import reset_cmd
+from ttmesh.cli.serving import profiles_cmd, stop_cmd
 from ttmesh.cli.sim import sim_group
 from ttmesh.errors import BAD_INPUT, TTMeshError
 
@@ -37,7 +38,10 @@ def main() -> None:
     """
 
 
-for command in (ls_cmd, launch_cmd, ps_cmd, descriptor_cmd, check_cmd, reset_cmd, sim_group):
+for command in (
+    ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
+    sim_group,
+):  # fmt: skip
     main.add_command(command)
 
 

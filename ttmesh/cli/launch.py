@@ -126,10 +126,9 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--shutdown-timeout",
     "--shutdown_timeout",
     type=float,
-    default=5.0,
-    show_default=True,
     metavar="S",
-    help="Seconds between SIGTERM and SIGKILL when stopping workers.",
+    help="Seconds between SIGTERM and SIGKILL when stopping workers [default: 5; a server's "
+    "profile gives its own, e.g. 30 for SGLang].",
 )
 @click.option(
     "--ranks-filter",
@@ -150,6 +149,31 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--no-python", "--no_python", is_flag=True, help="Run COMMAND as is, even if it ends in .py."
+)
+@click.option(
+    "--profile",
+    "profile_name",
+    metavar="NAME",
+    help="The serving stack COMMAND runs (default: recognised from the command; `none` treats "
+    "a server like any command). See `ttmesh profiles`.",
+)
+@click.option(
+    "--strict", is_flag=True, help="A server's rule warnings are errors (nothing starts)."
+)
+@click.option(
+    "--health-interval",
+    type=float,
+    metavar="S",
+    help="After a server is ready, ask its health endpoint every S seconds; --health-failures "
+    "failures in a row fail the job.",
+)
+@click.option(
+    "--health-failures",
+    type=int,
+    default=3,
+    show_default=True,
+    metavar="K",
+    help="Health checks that may fail in a row (with --health-interval).",
 )
 @click.option(
     "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
@@ -247,6 +271,10 @@ def launch_cmd(
     ready_timeout: float | None,
     ready_pattern: str | None,
     tt_smi: str | None,
+    profile_name: str | None,
+    strict: bool,
+    health_interval: float | None,
+    health_failures: int,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -258,8 +286,15 @@ def launch_cmd(
     exits with that rank's code.
 
     \b
+    A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)
+    runs as its makers intend: one server process for every chip, its flag rules checked before
+    anything starts, ready when its /health answers, stopped with a bounded drain. --tp-size
+    is read from the server's own flag when not given.
+
+    \b
     Examples:
       ttmesh launch --sim quietbox2 --tp-size 4 examples/allreduce.py
+      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --device tpu --tp-size 4 ...
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
     """
@@ -292,8 +327,19 @@ def launch_cmd(
         from ttmesh.launcher.adapters import ttrun
 
         binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
-    if tp_size is None and nproc is None and chips is None and binding is None:
+    server = _server(command, module, profile_name, tp_size, rank_binding, mesh_layout, nproc)
+    if server is not None:
+        tp_size = server[2]
+    if tp_size is None and nproc is None and chips is None and binding is None and server is None:
         raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
+    if health_failures < 1:
+        raise bad_input(f"--health-failures {health_failures}: must be at least 1")
+    if health_interval is not None and health_interval <= 0:
+        raise bad_input(f"--health-interval {health_interval}: must be positive")
+    if health_interval is not None and server is None:
+        raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
+    if grace is None:
+        grace = server[0].grace if server is not None else 5.0
     if max_restarts < 0:
         raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
     if grace < 0:
@@ -324,6 +370,12 @@ def launch_cmd(
         environ=dict(os.environ),
         ready_timeout=ready_timeout,
         ready_pattern=ready_pattern,
+        profile=server[0] if server else None,
+        server_args=server[1] if server else None,
+        server_findings=server[3] if server else [],
+        strict=strict,
+        health_interval=health_interval,
+        health_failures=health_failures,
     )
     if ready_timeout is not None and ready_timeout <= 0:
         raise bad_input(f"--ready-timeout {ready_timeout}: must be positive")
@@ -353,6 +405,15 @@ def launch_cmd(
         if summary_json and not dry_run:
             launch.write_refusal(summary_json, exc)
         raise
+    serving = prepared.plan.serving
+    if serving is not None:
+        from ttmesh.render import note
+
+        note(f"{serving.profile.name}: {serving.profile.title}")
+        for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
+            note(f"note: {n}")
+        for f in serving.findings:
+            note(f"{f.severity}: {f.message} (fix: {f.fix})")
     if dry_run:
         from ttmesh.render import emit_json
 
@@ -368,3 +429,42 @@ def launch_cmd(
         auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
     )
     return launch.execute(prepared, options, summary_json, recovery=recovery)
+
+
+def _server(
+    command: tuple[str, ...],
+    module: bool,
+    profile_name: str | None,
+    tp_size: int | None,
+    rank_binding: str | None,
+    mesh_layout: str,
+    nproc: int | None,
+) -> tuple[Any, Any, int | None, list[Any]] | None:
+    """(profile, server args, chips, findings) when COMMAND is a server a profile knows."""
+    from ttmesh.launcher.serving import args, profiles, spec
+
+    if profile_name == "none":
+        return None
+    parsed = args.parse(list(command), module)
+    profile = (
+        profiles.named(profile_name)
+        if profile_name
+        else profiles.recognise(parsed, dict(os.environ))
+    )
+    if profile is None:
+        return None
+    for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", nproc)):
+        if value is not None:
+            raise bad_input(
+                f"{flag} with a server ({profile.name} starts its own processes)",
+                f"drop {flag}, or run it as any command with --profile none",
+            )
+    if mesh_layout != Layout.ISOLATED:
+        raise bad_input(
+            f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
+            "drop --mesh-layout",
+        )
+    tp, findings = spec.server_tp(profile, parsed, tp_size)
+    if tp is None and profile.tp_flag:
+        tp = 1  # the server's own default: one chip
+    return profile, parsed, tp, findings

@@ -80,7 +80,36 @@ def plan_text(data: dict) -> str:
     lines.append("environment of rank 0 (what ttmesh sets):")
     for key, value in sorted(data["ranks"][0]["env"].items()):
         lines.append(f"  {key}={value}")
+    if data.get("serving"):
+        lines += serving_lines(data["serving"])
     return "\n".join(lines)
+
+
+def serving_lines(serving: dict[str, Any]) -> list[str]:
+    """A server's part of a plan: profile, where it answers, rules' findings, memory."""
+    out = [
+        f"server: {serving['profile']} ({serving['title']}), {serving['process_model']}",
+        f"  ready when {serving['health']} answers 200 (within {serving['ready_timeout']:g} s); "
+        f"stop: SIGTERM, {serving['grace']:g} s to drain, then the whole tree",
+    ]
+    out += [f"  note: {n}" for n in serving["notes"]]
+    out += [f"  {f['severity']}: {f['message']} (fix: {f['fix']})" for f in serving["findings"]]
+    memory = serving.get("memory")
+    if memory:
+        rows = [
+            ["DRAM per chip", f"{memory['chip_gb'] * 1e9 / 2**30:.0f} GiB = {memory['chip_gb']:.1f} GB"],
+            ["static fraction", f"{memory['fraction']:g} = {memory['static_gb']:.1f} GB"],
+            ["weights", f"{memory['parameters'] / 1e9:.2f} B parameters, {memory['dtype']}: "
+                        f"{memory['weights_gb']:.1f} GB, {memory['weights_gb_per_chip']:.1f} GB per chip"],
+            ["symmetric reservation", f"{memory['symmetric_gb_per_chip']:.1f} GB per chip"],
+            ["KV cache", f"{memory['kv_gb_per_chip']:.2f} GB per chip ({memory['kv_dtype']}, "
+                         f"{memory['max_total_tokens'] or 'no'} --max-total-tokens)"],
+            ["left", f"{memory['left_gb_per_chip']:.1f} GB per chip"],
+        ]  # fmt: skip
+        out.append(table([f"MEMORY ({memory['chips']} chip(s))", "PER CHIP"], rows))
+    elif serving.get("memory_note"):
+        out.append(f"  {serving['memory_note']}")
+    return out
 
 
 def check_text(report: Any) -> str:

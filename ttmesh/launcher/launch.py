@@ -14,6 +14,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input, refused
@@ -160,6 +161,8 @@ def prepare(
     if both:
         chip = inv.chip(sorted(both)[0])
         raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
+    if req.profile is not None:  # a server: one process drives every chip
+        req.layout, req.launcher, req.nproc = Layout.SINGLE_PROCESS, StartMode.DIRECT, None
     if req.launcher not in tuple(StartMode):
         raise bad_input(f"--launcher {req.launcher!r}: use direct or mpi")
     if req.layout in MPI_LAYOUTS and req.launcher != StartMode.MPI and not allow_mpi_layouts:
@@ -177,7 +180,7 @@ def prepare(
             req.tp_size = len(chosen)
         elif req.nproc and req.layout == Layout.ISOLATED:
             req.tp_size = req.nproc * max(len(u.chips) for u in meshselect.units_of(inv))
-        elif req.nproc:  # workers sharing one mesh: the host's whole mesh, as ttmesh descriptor
+        elif req.nproc or req.profile is not None:  # the host's whole mesh
             req.tp_size = len(inv.chips)
         else:
             req.tp_size = 0
@@ -247,6 +250,8 @@ def prepare(
     req.symmetric_dram_mb = memory.plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
     )
+    if req.profile is not None:
+        req.serving = _serving(req, inv, sel)
     if descriptor_only:
         argv: list[str] = []
     else:
@@ -267,6 +272,40 @@ def prepare(
         req.mocks = mock_clusters(cluster, sel, req)
     plan = build(req, inv, sel, argv)
     return Prepared(plan, inv, sel)
+
+
+def _serving(req: LaunchRequest, inv: Inventory, sel: meshselect.Selection) -> Any:
+    """The server's spec for the chips chosen; its rules' errors refuse the launch (exit 2)."""
+    from ttmesh.launcher.serving import spec
+
+    serving = spec.build(
+        req.profile,
+        req.server_args,
+        tp=len(sel.chips),
+        environ=req.environ,
+        user_env=dict(req.env),
+        symmetric_mb=req.symmetric_dram_mb,
+        chip_mb=min(inv.chip(a).dram_mb for a in sel.chips),
+        cwd=req.cwd or os.getcwd(),
+        findings=req.server_findings,
+    )
+    serving.health_interval = req.health_interval
+    serving.health_failures = req.health_failures
+    if req.ready_timeout is None:
+        req.ready_timeout = serving.ready_timeout
+    serving.ready_timeout = req.ready_timeout
+    errors = serving.errors(req.strict)
+    if errors:
+        for extra in [f for f in serving.findings if f not in errors[:1]]:
+            note(f"{extra.severity}: {extra.message} (fix: {extra.fix})")
+        first = errors[0]
+        more = f" ({len(errors) - 1} more above)" if len(errors) > 1 else ""
+        raise bad_input(
+            f"{req.profile.name}: {first.message}{more}",
+            f"fix: {first.fix}"
+            + ("; --strict makes warnings errors" if first.severity == "warning" else ""),
+        )
+    return serving
 
 
 def mock_clusters(
@@ -412,7 +451,7 @@ def _after_crash(
     if not down and not recovery.reset_on_failure:
         return
     why = down[0].what if down else "--reset-on-failure"
-    note(f"the job ended abnormally after bringing the fabric up ({why}): resetting its chips")
+    note(f"the job's chips need a reset after its end ({why}): resetting them")
     _reset(prepared, recovery, plan.all_chips())
 
 
@@ -519,7 +558,10 @@ class JobRun:
             self.results.append(result)
             if result.code == 0:
                 break
-            _after_crash(self.prepared, recovery, result, always=result.supervisor_lost)
+            # A server's processes may have held the chips to the end (SGLang SIGKILLs its
+            # schedulers, which never close the chips): check them whatever the layout.
+            always = result.supervisor_lost or plan.serving is not None
+            _after_crash(self.prepared, recovery, result, always=always)
             if result.interrupted or result.supervisor_lost:
                 break
             if attempt < plan.max_restarts:

@@ -79,6 +79,13 @@ class LaunchRequest:
     environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
     python: str = sys.executable
     cwd: str = ""
+    serving: Any = None  # a ServingSpec when the command is a server a profile knows
+    profile: Any = None  # the server's profile (launcher.serving.profiles.Profile)
+    server_args: Any = None  # its parsed command line
+    server_findings: list = field(default_factory=list)  # what was found before selection
+    strict: bool = False  # rule warnings are errors
+    health_interval: float | None = None  # after ready: check /health every S seconds
+    health_failures: int = 3  # that many failures in a row fail the job
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,7 @@ class LaunchPlan:
     mpirun: str = ""
     ready_timeout: float | None = None
     ready_pattern: str | None = None
+    serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
 
     @property
     def fabric_at_start(self) -> bool:
@@ -139,10 +147,18 @@ class LaunchPlan:
         """The full environment of one rank: ``base`` minus rank variables, plus the plan's."""
         env = {k: v for k, v in base.items() if not scrubbed(k)}
         env.update(rank.env)
-        env["TORCHELASTIC_RESTART_COUNT"] = str(restart)
-        if "OMP_NUM_THREADS" not in base:
-            env["OMP_NUM_THREADS"] = "1"
+        env.update(self.defaults(base, restart))
         return env
+
+    def defaults(self, base: dict[str, str], restart: int = 0) -> dict[str, str]:
+        """What every rank gets besides its plan: torchrun's restart count and, as torchrun
+        does, one OpenMP thread unless set (not for a server, which sizes its own threads)."""
+        if self.serving is not None:
+            return {}
+        out = {"TORCHELASTIC_RESTART_COUNT": str(restart)}
+        if "OMP_NUM_THREADS" not in base:
+            out["OMP_NUM_THREADS"] = "1"
+        return out
 
     def to_json(self, show_env: bool = False) -> dict[str, Any]:
         def shown(env: dict[str, str]) -> dict[str, str]:
@@ -166,6 +182,7 @@ class LaunchPlan:
             "grouping": self.grouping,
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
+            "serving": self.serving.to_json() if self.serving is not None else None,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -176,10 +193,7 @@ class LaunchPlan:
                     "host_rank": r.host_rank,
                     "mesh_id": r.mesh_id,
                     "argv": list(r.argv),
-                    "env": shown(
-                        {**r.env, "TORCHELASTIC_RESTART_COUNT": "0"}
-                        | ({} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"})
-                    ),
+                    "env": shown({**r.env, **self.defaults(dict(os.environ))}),
                 }
                 for r in self.ranks
             ],
@@ -306,6 +320,40 @@ def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
     return layout.Split(Layout.RANK_BINDING, (1, 1), blocks)
 
 
+SERVER_KEEPS = (
+    "TTMESH_",
+    "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+    "TT_METAL_CACHE",
+    "TORCHELASTIC_ERROR_FILE",
+)
+
+
+def _server_env(
+    env: dict[str, str], req: LaunchRequest, inv: Inventory, sel: Selection, desc_path: str
+) -> dict[str, str]:
+    """A server's environment: no torchrun contract (it starts its own processes), the chips
+    as its profile passes them, the profile's variables."""
+    from ttmesh.launcher.serving import spec as serving
+
+    server = req.serving
+    profile = server.profile
+    out = {k: v for k, v in env.items() if k.startswith(SERVER_KEEPS)}
+    if profile.chips == "none":
+        out = {k: v for k, v in out.items() if k.startswith("TTMESH_")}
+    else:
+        out["LIBTT_SYMMETRIC_DRAM_MB"] = str(req.symmetric_dram_mb)
+    board = inv.chip(sel.chips[0]).board_type
+    chips, notes = serving.chip_env(
+        profile,
+        whole_host=len(sel.chips) == len(inv.chips),
+        bdfs=env["TT_VISIBLE_DEVICES"].split(","),
+        descriptor=desc_path,
+        mesh_device=serving.mesh_device(profile, len(sel.chips), board, sel.shape),
+    )
+    server.notes += [n for n in notes if n not in server.notes]
+    return {**out, **chips, **server.env}
+
+
 def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
     run_dir = req.run_dir
     if req.binding is not None:
@@ -385,6 +433,8 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             mesh_id, host_rank = binding.mesh_id, binding.mesh_host_rank or 0
             if binding.mesh_host_rank is None:
                 env.pop("TT_MESH_HOST_RANK", None)
+        if req.serving is not None:
+            env = _server_env(env, req, inv, sel, desc_path)
         env.update(user_env)
         ranks.append(
             RankPlan(
@@ -401,6 +451,8 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
                 workdir=workdir,
             )
         )
+    used = {r.env.get("TT_MESH_GRAPH_DESC_PATH") for r in ranks}
+    descriptors = {name: path for name, path in descriptors.items() if path in used}
     unit_size = max(u.size for u in sel.units)
     grouping = ""
     if unit_size > 1:
@@ -437,4 +489,5 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         mpirun=req.mpirun,
         ready_timeout=req.ready_timeout,
         ready_pattern=req.ready_pattern,
+        serving=req.serving,
     )

@@ -39,6 +39,7 @@ from ttmesh import procs
 from ttmesh.host.base import Host
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
+from ttmesh.launcher.serving.server import Server
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.vocab import Layout, Source
 
@@ -225,7 +226,9 @@ class Stop:
 
     reason: str
     code: int
-    hung: bool = False  # not ready in time: a restart may help (not the user's stop)
+    restartable: bool = (
+        False  # not ready in time, unhealthy: a restart may help (not a user's stop)
+    )
 
 
 class Guardian:
@@ -262,6 +265,7 @@ class Guardian:
         self.registered = False  # the host heard which workers hold which chips
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
         self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
+        self.server: Server | None = Server(plan.serving) if plan.serving is not None else None
 
     # -- setup
 
@@ -284,6 +288,9 @@ class Guardian:
         if not self.starter.has_launcher:
             self.running &= set(self.starter.pids)
         self.phase = Phase.RUNNING
+        if self.server is not None and 0 in self.starter.pids:
+            wake = self.server.start(self.starter.pids[0])
+            self.selector.register(wake, selectors.EVENT_READ, "serving")
         for ended in failed:
             self._emit(f"rank {ended.rank}: {ended.how}")
         self._ended(failed)
@@ -315,11 +322,15 @@ class Guardian:
                         self._on_signals()
                     elif key.data == "front":
                         self._on_front_gone()
+                    elif key.data == "serving":
+                        self._on_server()
                     else:
                         self._on_output(key.fd)
                 self._step()
         finally:
             self.console.shutdown()
+            if self.server is not None:
+                self.server.close()
         return self._result()
 
     def _step(self) -> None:
@@ -329,12 +340,19 @@ class Guardian:
         self._poll_fabric()
         if self.phase is Phase.RUNNING:
             self._watch_ready()
+            if self.server is not None and 0 not in self.ready:
+                progress = self.server.progress(time.monotonic() - self.started)
+                if progress:
+                    self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
             self._kill()
         if not self.running and self.phase is not Phase.DRAINING:
             self.phase = Phase.DRAINING
         if self.phase is Phase.DRAINING and self._swept():
             self._drain(None)
+            if self.server is not None:
+                for path in self.server.clean():
+                    self._emit(f"removed {path}, left behind by the server")
             self.phase = Phase.DONE
 
     def _timeout(self) -> float | None:
@@ -451,7 +469,29 @@ class Guardian:
             self.signalled.update(
                 self.starter.pids[r] for r in self.running if r in self.starter.pids
             )
-            procs.signal_groups(self.starter.groups(), signal.SIGTERM)
+            if self.server is not None:  # its own drain first: SIGTERM to the main process only
+                procs.signal_pids(list(self.starter.pids.values()), signal.SIGTERM)
+            else:
+                procs.signal_groups(self.starter.groups(), signal.SIGTERM)
+
+    def _on_server(self) -> None:
+        """The server became ready, or failed a health check, or lost a critical process."""
+        assert self.server is not None
+        for event in self.server.events():
+            if event.kind == "listening":
+                self._emit(
+                    f"{self.server.name}: listening ({event.detail}), {self.server.phase(True)}"
+                )
+            elif event.kind == "ready":
+                self.ready.add(0)
+                took = event.at - self.started
+                self._emit(
+                    f"{self.server.name}: ready after {took:.1f} s at {self.server.spec.url}"
+                )
+                self._emit(f"try: {self.server.spec.curl()}")
+            elif self.stop is None and self.first_failure is None:
+                self._emit(f"{self.server.name}: {event.detail}: stopping it")
+                self._begin_stop(Stop(f"{event.kind}: {event.detail}", 1, restartable=True))
 
     def _kill(self) -> None:
         self.killed = True
@@ -498,7 +538,7 @@ class Guardian:
                 f"rank(s) {names} not ready after {after}: treating the job as hung in bring-up"
             )
             self._begin_stop(
-                Stop(f"hung in bring-up: rank(s) {names} not ready after {after}", HUNG, hung=True)
+                Stop(f"hung in bring-up: rank(s) {names} not ready after {after}", HUNG, True)
             )
 
     # -- what the host hears: workers holding chips, fabric opened
@@ -575,7 +615,7 @@ class Guardian:
         if self.stop is not None:
             return replace(
                 base, code=self.stop.code, source=Source.TTMESH, reason=self.stop.reason,
-                interrupted=not self.stop.hung, hung=self.stop.hung,
+                interrupted=not self.stop.restartable, hung=self.stop.code == HUNG,
             )  # fmt: skip
         if self.starter.launcher_error is not None:
             return replace(

@@ -1,0 +1,183 @@
+"""A stand-in for SGLang-TorchTPU and SGLang-JAX servers, faithful to their process model.
+
+Standard library only; run as ``python -m sglang.launch_server`` or ``python -m
+sgl_jax.launch_server`` with ``tests/fakes`` on PYTHONPATH. What it does, as the real servers do
+(measured with the real SGLang in ../shared/sglang-cpu/README.md, and the seeds):
+
+* parses the seeds' flags and reports what it was given (argv and the environment it checks)
+  to ``$FAKE_REPORT/server.json``;
+* SGLang-TorchTPU (``--device tpu``) with ``--tp-size N`` starts one child process per chip
+  (titled ``sglang::scheduler_TP<i>``, dying with its parent); SGLang-JAX drives every chip from
+  the one process. On a simulated host each chip's process opens it: it holds the chip and
+  brings the fabric up (a mark the simulator drops only on a clean close), as libtt would;
+* serves ``/health`` (503 until ready, then 200) and ``/generate`` on ``--host:--port``;
+* on SIGTERM drains (``$FAKE_DRAIN`` seconds), then SIGKILLs its children (they never close the
+  chips, as SGLang's schedulers don't) and exits 0.
+
+``$FAKE_MODE`` makes it misbehave: ``crash`` (exit 3 after ready), ``hang`` (never ready),
+``unhealthy`` (``/health`` 503 after ready), ``child-dies`` (a child exits after ready),
+``ignore-term`` (ignores SIGTERM). ``$FAKE_READY_AFTER`` seconds to ready (0.3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CHILD = r"""
+import ctypes, json, os, signal, sys, time
+ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the server, as SGLang's do
+chips = json.loads(sys.argv[1])
+root = os.environ.get("TTMESH_SIM_ROOT")
+if root and chips:
+    sys.path.insert(0, os.path.join(root, "bin"))
+    import _ttmesh_simcore as core
+    sim = core.SimRoot(root)
+    sim.add_holder(chips[:1], os.getpid(), kind="fake-scheduler")
+    sim.mark_fabric(chips, os.getpid(), owner="fake-scheduler")
+while True:
+    time.sleep(60)
+"""
+
+
+def flags(argv: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    current = None
+    for word in argv:
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            current = name
+            out.setdefault(name, [])
+            if eq:
+                out[name].append(value)
+                current = None
+        elif current is not None:
+            out[current].append(word)
+    return out
+
+
+def one(f: dict[str, list[str]], name: str, default: str) -> str:
+    return (f.get(name) or [default])[0]
+
+
+def main(stack: str) -> None:
+    f = flags(sys.argv[1:])
+    mode = os.environ.get("FAKE_MODE", "")
+    tp = int(one(f, "--tp-size", "1"))
+    tpu = one(f, "--device", "") == "tpu"
+    checked = {
+        k: os.environ.get(k)
+        for k in (
+            "TT_VISIBLE_DEVICES", "TT_MESH_GRAPH_DESC_PATH", "LIBTT_TPU_COMPAT", "SGLANG_PLATFORM",
+            "TORCH_TPU_INTERNAL_XLA_OPTIONS", "LIBTT_SYMMETRIC_DRAM_MB", "JAX_PLATFORMS", "RANK",
+            "WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "TTMESH_JOB_ID",
+        )
+    }  # fmt: skip
+    report = os.environ.get("FAKE_REPORT")
+    if report:
+        with open(os.path.join(report, "server.json"), "w") as out:
+            json.dump(
+                {"stack": stack, "argv": sys.argv[1:], "env": checked, "pid": os.getpid()}, out
+            )
+    if stack == "sglang" and tpu and os.environ.get("LIBTT_TPU_COMPAT") != "1":
+        sys.stderr.write("RuntimeError: TPU platform not found (is LIBTT_TPU_COMPAT=1 set?)\n")
+        sys.exit(1)
+    chips = json.loads(os.environ.get("TTMESH_JOB_CHIPS") or "[]")
+    children: list[subprocess.Popen] = []
+    if stack == "sglang" and tpu and tp > 1:  # one process per chip, libtt assigns them
+        for i in range(tp):
+            mine = chips[i:] + chips[:i]
+            children.append(
+                subprocess.Popen(
+                    [f"sglang::scheduler_TP{i}", "-c", CHILD, json.dumps(mine)],
+                    executable=sys.executable,
+                )
+            )
+    else:
+        children.append(
+            subprocess.Popen(
+                ["sglang::scheduler", "-c", CHILD, json.dumps(chips)], executable=sys.executable
+            )
+        )
+    state = {"ready": False, "draining": False}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                ok = state["ready"] and not state["draining"] and mode != "unhealthy-now"
+                self._send(200 if ok else 503, {})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path in ("/generate", "/v1/completions") and state["ready"]:
+                self._send(
+                    200, {"text": " Amsterdam.", "prompt": body.get("text", body.get("prompt"))}
+                )
+            else:
+                self._send(503 if self.path == "/generate" else 404, {})
+
+    server = ThreadingHTTPServer(
+        (one(f, "--host", "127.0.0.1"), int(one(f, "--port", "30000"))), Handler
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop(*_: object) -> None:
+        state["draining"] = True
+        time.sleep(float(os.environ.get("FAKE_DRAIN", "0.2")))
+        for child in children:  # as SGLang: SIGKILL, so they never close the chips
+            child.kill()
+        for child in children:
+            child.wait()
+        sys.stdout.write("fake server: drained and stopped\n")
+        sys.stdout.flush()
+        os._exit(0)
+
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, stop)
+    sys.stdout.write(f"fake {stack} server on port {one(f, '--port', '30000')}\n")
+    sys.stdout.flush()
+    if mode != "hang":
+        time.sleep(float(os.environ.get("FAKE_READY_AFTER", "0.3")))
+        state["ready"] = True
+        sys.stdout.write("The server is fired up and ready to roll!\n")
+        sys.stdout.flush()
+    if mode in ("crash", "unhealthy", "child-dies"):
+        time.sleep(float(os.environ.get("FAKE_FAIL_AFTER", "0.5")))
+        if mode == "crash":
+            sys.stderr.write("fake server: crashing on purpose\n")
+            sys.stderr.flush()
+            for child in children:
+                child.kill()
+            os._exit(3)
+        if mode == "unhealthy":
+            mode = "unhealthy-now"
+        if mode == "child-dies":
+            children[0].kill()
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main("sglang")

@@ -1,0 +1,4 @@
+from fake_server import main
+
+if __name__ == "__main__":
+    main("sglang")

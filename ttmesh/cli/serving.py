@@ -1,0 +1,109 @@
+"""``ttmesh profiles`` (the serving stacks ttmesh knows) and ``ttmesh stop JOB``."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import click
+
+from ttmesh.cli.options import CONTEXT
+from ttmesh.errors import bad_input, failed
+
+
+@click.command("profiles", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.profiles/1 JSON document.")
+def profiles_cmd(as_json: bool) -> None:
+    """List the serving stacks ttmesh recognises, and how it runs each.
+
+    \b
+    A profile is a file in ttmesh/configs/profiles (or $TTMESH_PROFILES): how the stack is
+    recognised, how its chips are passed, the environment it needs, its flag rules, how
+    readiness is known and how it stops. `ttmesh launch -- COMMAND` picks the first that
+    matches COMMAND; `--profile NAME` picks one, `--profile none` none.
+    """
+    from ttmesh.launcher.serving import profiles
+
+    found = profiles.every()
+    if as_json:
+        from ttmesh.render import emit_json
+
+        emit_json(
+            {
+                "schema": "ttmesh.profiles/1",
+                "profiles": [
+                    {
+                        "name": p.name,
+                        "title": p.title,
+                        "recognise": p.recognise,
+                        "chips": p.chips,
+                        "env": p.env,
+                        "ready": p.ready_path,
+                        "grace": p.grace,
+                        "rules": [r.get("id") for r in p.rules],
+                        "path": p.path,
+                    }
+                    for p in found
+                ],
+            }
+        )
+        return
+    from ttmesh.render import table
+
+    rows = [[p.name, _recognised(p.recognise), p.chips, len(p.rules), p.title] for p in found]
+    click.echo(table(["PROFILE", "RECOGNISED BY", "CHIPS", "RULES", "STACK"], rows))
+
+
+def _recognised(spec: dict) -> str:
+    parts = []
+    for key, value in spec.items():
+        if key == "program":
+            parts.append(" | ".join(value) if isinstance(value, list) else str(value))
+        elif key == "any":
+            parts.append("(" + " or ".join(_recognised(alt) for alt in value) + ")")
+        else:
+            parts.extend(f"{k} {v}" for k, v in value.items())
+    return " and ".join(parts)
+
+
+@click.command("stop", context_settings=CONTEXT)
+@click.argument("job", metavar="JOB")
+@click.option(
+    "--wait", "wait_s", type=float, default=120.0, show_default=True, metavar="S",
+    help="Seconds to wait for the job to end (0: do not wait).",
+)  # fmt: skip
+def stop_cmd(job: str, wait_s: float) -> int:
+    """Stop a running job gracefully, from another terminal (as Ctrl-C would).
+
+    \b
+    The job's launcher gets SIGTERM: it stops every worker (a server drains first), checks and
+    recovers the chips, and exits 143. Exit 0 once the job has ended, 1 if it is still running
+    after --wait, 2 when no such job of yours runs (see ttmesh ps).
+    """
+    from ttmesh import procs
+    from ttmesh.runtime import jobs
+
+    record = next((r for r in jobs.running() if r["job"] == job), None)
+    if record is None:
+        raise bad_input(f"no running job {job!r} of yours", "see ttmesh ps")
+    pid, start = int(record.get("pid") or -1), record.get("supervisor_start")
+    target, target_start = pid, start
+    if not procs.alive(pid, start):  # the launcher is gone: its guardian finishes the job
+        target, target_start = int(record.get("guardian") or -1), record.get("guardian_start")
+    try:
+        sent = procs.signal_if_same(target, target_start, signal.SIGTERM)
+    except PermissionError:
+        raise bad_input(f"job {job} is not yours to stop", "run as its owner")
+    if not sent:
+        raise bad_input(f"job {job} ended before it could be stopped", "see ttmesh ps --all")
+    click.echo(f"stopping job {job} (SIGTERM to pid {target})")
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    while time.monotonic() < deadline:
+        if not any(r["job"] == job for r in jobs.running()):
+            ended = next((r for r in jobs.every() if r["job"] == job), {})
+            click.echo(f"job {job} ended: {ended.get('status', 'stopped')}")
+            return 0
+        time.sleep(0.1)
+    if wait_s > 0:
+        raise failed(f"job {job} is still running after {wait_s:g} s", "see ttmesh ps")
+    return 0

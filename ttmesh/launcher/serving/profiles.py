@@ -1,0 +1,137 @@
+"""Serving profiles: each stack as data (``ttmesh/configs/profiles/*.yaml``).
+
+A profile says how its stack is recognised (the module or entry point run, a flag's value, an
+environment variable), its process model, how chips are passed, the environment it needs, its
+flag rules (:mod:`.rules`), how readiness is known, how it stops, what it leaves behind and the
+failure lines it is known for. ``ttmesh profiles`` lists them; ``--profile NAME`` picks one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.launcher.serving.args import ServerArgs
+
+# How chips reach the server (``chips:`` in a profile).
+CHIPS_NONE = "none"  # the stack does not run on Tenstorrent chips here (stock SGLang on a CPU)
+CHIPS_PASS = "pass"  # TT_VISIBLE_DEVICES and a descriptor of the chips
+CHIPS_LIBTT = "libtt"  # the whole host: leave both unset, libtt assigns them; a part: pass them
+CHIPS_MESH_DEVICE = "mesh-device"  # vLLM's plugin: MESH_DEVICE names the system or the shape
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    title: str
+    source: str
+    recognise: dict[str, Any]
+    priority: int
+    chips: str
+    tp_flag: str | None
+    env: dict[str, str]
+    defaults: dict[str, str]
+    ready_path: str | None
+    ready_timeout: float
+    phases: dict[str, str]
+    grace: float
+    critical: tuple[str, ...]
+    leftovers: tuple[str, ...]
+    rules: tuple[dict[str, Any], ...]
+    request: str
+    notes: tuple[str, ...] = ()
+    part_note: str = ""
+    path: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def matches(self, args: ServerArgs, environ: dict[str, str]) -> bool:
+        """Every ``recognise`` entry holds (``any``: at least one of its entries)."""
+        return _holds(self.recognise, args, environ)
+
+    def default(self, flag: str) -> str | None:
+        return self.defaults.get(flag)
+
+
+def _holds(spec: dict[str, Any], args: ServerArgs, environ: dict[str, str]) -> bool:
+    for key, want in spec.items():
+        if key == "program":
+            options = want if isinstance(want, list) else [want]
+            if args.program not in options:
+                return False
+        elif key == "flag":
+            for flag, value in want.items():
+                if (args.value(flag) or "").lower() != str(value).lower():
+                    return False
+        elif key == "env":
+            for name, value in want.items():
+                if environ.get(name) != str(value):
+                    return False
+        elif key == "any":
+            if not any(_holds(alt, args, environ) for alt in want):
+                return False
+        else:
+            raise ValueError(f"unknown recognise key {key!r}")
+    return True
+
+
+def profiles_dir() -> Path:
+    return Path(__file__).resolve().parent.parent.parent / "configs" / "profiles"
+
+
+def _load(path: Path) -> Profile:
+    from ttmesh import yamlio
+
+    try:
+        data = yamlio.load_file(path, "profile")
+        if not isinstance(data, dict):
+            raise ValueError("not a map")
+        ready = data.get("ready") or {}
+        return Profile(
+            name=str(data["name"]),
+            title=str(data.get("title", "")),
+            source=str(data.get("source", "")),
+            recognise=dict(data["recognise"]),
+            priority=int(data.get("priority", 0)),
+            chips=str(data.get("chips", CHIPS_PASS)),
+            tp_flag=data.get("tp_flag"),
+            env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+            defaults={str(k): str(v) for k, v in (data.get("defaults") or {}).items()},
+            ready_path=ready.get("http"),
+            ready_timeout=float(ready.get("timeout", 1800)),
+            phases={str(k): str(v) for k, v in (ready.get("phases") or {}).items()},
+            grace=float((data.get("stop") or {}).get("grace", 30)),
+            critical=tuple(str(c) for c in data.get("critical") or ()),
+            leftovers=tuple(str(c) for c in data.get("leftovers") or ()),
+            rules=tuple(data.get("rules") or ()),
+            request=str(data.get("request", "")),
+            notes=tuple(str(n) for n in data.get("notes") or ()),
+            part_note=str(data.get("part_note", "")),
+            path=str(path),
+            extra={k: v for k, v in data.items() if k in ("mesh_device", "failures")},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
+
+
+def every() -> list[Profile]:
+    """Every profile, the most specific (highest priority) first."""
+    paths = sorted(profiles_dir().glob("*.yaml"))
+    extra = os.environ.get("TTMESH_PROFILES")  # a directory of your own profiles
+    if extra:
+        paths += sorted(Path(extra).glob("*.yaml"))
+    return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
+
+
+def named(name: str) -> Profile:
+    found = {p.name: p for p in every()}
+    if name not in found:
+        raise bad_input(f"--profile {name}: no such profile", "profiles: " + ", ".join(found))
+    return found[name]
+
+
+def recognise(args: ServerArgs, environ: dict[str, str]) -> Profile | None:
+    """The profile whose stack this command runs, if any."""
+    return next((p for p in every() if p.matches(args, environ)), None)

@@ -1,0 +1,165 @@
+"""A profile's flag rules, checked before anything starts (a start can take minutes of
+compilation, so a rule that fails later wastes them).
+
+A rule is data::
+
+    - id: chunked-prefill
+      severity: error                      # or warning (an error with --strict)
+      when: [{flag: --tpu-compile-tokens}] # every condition must hold for the rule to apply
+      check: {compare: [--chunked-prefill-size, "==", "max(--tpu-compile-tokens)"]}
+      message: "--chunked-prefill-size {--chunked-prefill-size} is not ..."
+      fix: "--chunked-prefill-size {max(--tpu-compile-tokens)}"
+
+Conditions and checks: ``{flag: F}`` (given), ``{no_flag: F}``, ``{flag: F, in: [..]}`` and
+``{flag: F, not_in: [..]}`` (its value, or the server's default), ``{model: REGEX}`` (the model
+path), ``{env: NAME, equals: V}`` (the environment the server gets), ``{tp: {at_least: N}}`` /
+``{tp: {at_most: N}}`` (chips), ``{compare: [A, OP, B]}`` with A and B a number, ``tp``, ``F``
+(its first value) or ``max(F)``, OP one of == != >= <= > <. Messages and fixes name values as
+``{F}``, ``{max(F)}``, ``{tp}``, ``{env:NAME}``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ttmesh.launcher.serving.args import ServerArgs
+
+OPS = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+MODEL_FLAGS = ("--model-path", "--model", "--model-name")
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str  # error | warning
+    message: str
+    fix: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+@dataclass
+class Context:
+    args: ServerArgs
+    defaults: dict[str, str]
+    env: dict[str, str]
+    tp: int
+
+    def text(self, flag: str) -> str | None:
+        value = self.args.value(flag)
+        return value if value is not None else self.defaults.get(flag)
+
+    def number(self, expr: str | int | float) -> float | None:
+        if isinstance(expr, int | float):
+            return float(expr)
+        expr = expr.strip()
+        if expr == "tp":
+            return float(self.tp)
+        match = re.fullmatch(r"max\((--?[\w-]+)\)", expr)
+        if match:
+            values = self.args.numbers(match.group(1)) or _floats(
+                [self.defaults.get(match.group(1))]
+            )
+            return max(values) if values else None
+        if expr.startswith("-"):
+            values = self.args.numbers(expr) or _floats([self.defaults.get(expr)])
+            return values[0] if values else None
+        return _floats([expr])[0] if _floats([expr]) else None
+
+    def model(self) -> str:
+        return next((v for f in MODEL_FLAGS if (v := self.args.value(f))), "") or (
+            self.args.program.split()[1] if " " in self.args.program else ""
+        )
+
+
+def _floats(texts: list[str | None]) -> list[float]:
+    out = []
+    for t in texts:
+        try:
+            out.append(float(t))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+def _pretty(value: float | None) -> str:
+    if value is None:
+        return "(not given)"
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def holds(cond: dict[str, Any], ctx: Context) -> bool:
+    if "compare" in cond:
+        a, op, b = cond["compare"]
+        left, right = ctx.number(a), ctx.number(b)
+        return left is not None and right is not None and OPS[op](left, right)
+    if "model" in cond:
+        return re.search(cond["model"], ctx.model(), re.IGNORECASE) is not None
+    if "env" in cond:
+        return ctx.env.get(cond["env"]) == str(cond["equals"])
+    if "tp" in cond:
+        bound = cond["tp"]
+        return ctx.tp >= bound.get("at_least", 0) and ctx.tp <= bound.get("at_most", ctx.tp)
+    if "no_flag" in cond:
+        return not ctx.args.has(cond["no_flag"])
+    if "flag" in cond:
+        flag = cond["flag"]
+        if "in" in cond or "not_in" in cond:
+            value = (ctx.text(flag) or "").lower()
+            if "in" in cond:
+                return value in {str(v).lower() for v in cond["in"]}
+            return value not in {str(v).lower() for v in cond["not_in"]}
+        return ctx.args.has(flag)
+    raise ValueError(f"unknown rule condition {cond!r}")
+
+
+def fill(template: str, ctx: Context) -> str:
+    """``{--flag}``, ``{max(--flag)}``, ``{tp}``, ``{env:NAME}`` replaced by their values."""
+
+    def value(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key.startswith("env:"):
+            return ctx.env.get(key[4:], "(unset)")
+        if key.startswith("-") and not key.startswith("max("):
+            text = ctx.text(key)
+            return text if text is not None else "(not given)"
+        return _pretty(ctx.number(key))
+
+    return re.sub(r"\{([^{}]+)\}", value, template)
+
+
+def check(rules: list[dict[str, Any]], ctx: Context) -> list[Finding]:
+    """The findings of every rule that applies and fails."""
+    out = []
+    for rule in rules:
+        when = rule.get("when") or []
+        if not all(holds(c, ctx) for c in when):
+            continue
+        checks = rule["check"] if isinstance(rule["check"], list) else [rule["check"]]
+        if all(holds(c, ctx) for c in checks):
+            continue
+        out.append(
+            Finding(
+                rule=str(rule["id"]),
+                severity=str(rule.get("severity", "error")),
+                message=fill(str(rule["message"]), ctx),
+                fix=fill(str(rule.get("fix", "")), ctx),
+            )
+        )
+    return out

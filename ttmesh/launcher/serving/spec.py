@@ -1,0 +1,236 @@
+"""A server as a plan: which profile, how many chips, which environment, its rules' verdict,
+where it answers and the memory budget. Pure: reads the command, the environment and (for the
+budget) a local ``config.json``; changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.launcher.serving import rules
+from ttmesh.launcher.serving.args import ServerArgs
+from ttmesh.launcher.serving.profiles import (
+    CHIPS_LIBTT,
+    CHIPS_MESH_DEVICE,
+    CHIPS_NONE,
+    Profile,
+)
+from ttmesh.mesh import memory
+
+
+@dataclass
+class ServingSpec:
+    """What ttmesh knows about the server it starts (``plan.serving`` in ``ttmesh.plan/1``)."""
+
+    profile: Profile
+    args: ServerArgs
+    findings: list[rules.Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # what the profile adds (users' values won)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    budget: memory.Budget | None = None
+    budget_note: str = ""
+    ready_timeout: float = 1800.0
+    health_interval: float | None = None
+    health_failures: int = 3
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def health_url(self) -> str | None:
+        return self.url + self.profile.ready_path if self.profile.ready_path else None
+
+    def errors(self, strict: bool) -> list[rules.Finding]:
+        return [f for f in self.findings if f.severity == "error" or strict]
+
+    def curl(self) -> str:
+        path = "/v1/completions" if self.profile.name == "vllm-tt" else "/generate"
+        body = self.profile.request.replace("'", "'\\''")
+        return f"curl -sS {self.url}{path} -H 'Content-Type: application/json' -d '{body}'"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.name,
+            "title": self.profile.title,
+            "process_model": "one server process for every chip",
+            "program": self.args.program,
+            "url": self.url,
+            "health": self.health_url,
+            "ready_timeout": self.ready_timeout,
+            "grace": self.profile.grace,
+            "findings": [f.to_json() for f in self.findings],
+            "notes": list(self.notes),
+            "memory": self.budget.to_json() if self.budget else None,
+            "memory_note": self.budget_note or None,
+        }
+
+
+def server_tp(
+    profile: Profile, args: ServerArgs, tp_size: int | None
+) -> tuple[int | None, list[rules.Finding]]:
+    """ttmesh's chip count, read from the server's own flag when ``--tp-size`` was not given;
+    a disagreement between the two is an error."""
+    flag = profile.tp_flag
+    theirs = args.value(flag) if flag else None
+    if theirs is None:
+        return tp_size, []
+    try:
+        value = int(theirs)
+    except ValueError:
+        raise bad_input(f"{flag} {theirs!r}: not a number of chips", f"e.g. {flag} 4")
+    if tp_size is not None and tp_size != value:
+        finding = rules.Finding(
+            "tp-size",
+            "error",
+            f"ttmesh's --tp-size {tp_size} and the server's {flag} {value} differ: the server "
+            f"would drive {value} chip(s) of the {tp_size} leased",
+            f"drop ttmesh's --tp-size (it is read from {flag}), or make them equal",
+        )
+        return tp_size, [finding]
+    return value, []
+
+
+def build(
+    profile: Profile,
+    args: ServerArgs,
+    *,
+    tp: int,
+    environ: dict[str, str],
+    user_env: dict[str, str],
+    symmetric_mb: int,
+    chip_mb: int | None,
+    cwd: str,
+    findings: list[rules.Finding] | None = None,
+) -> ServingSpec:
+    """The spec for ``tp`` chips; ``environ`` and ``user_env`` (``--env``) win over the profile."""
+    spec = ServingSpec(profile, args, findings=list(findings or []))
+    mine = {**environ, **user_env}
+    for key, value in profile.env.items():
+        theirs = mine.get(key)
+        if theirs is None:
+            spec.env[key] = value
+        elif theirs != value:
+            spec.notes.append(f"{key}={theirs} from your environment, not the profile's {value}")
+    server_env = {**environ, **spec.env, **user_env}
+    ctx = rules.Context(args, profile.defaults, server_env, tp)
+    spec.findings += rules.check(list(profile.rules), ctx)
+    spec.host = args.value("--host") or profile.default("--host") or "127.0.0.1"
+    if spec.host in ("0.0.0.0", "::", ""):
+        spec.host = "127.0.0.1"  # listening everywhere: ask it here
+    port = args.value("--port") or profile.default("--port") or "30000"
+    try:
+        spec.port = int(port)
+    except ValueError:
+        raise bad_input(f"--port {port!r}: not a port number")
+    spec.ready_timeout = profile.ready_timeout
+    spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
+    if spec.budget is not None:
+        b = spec.budget
+        if not b.weights_fit:
+            spec.findings.append(
+                rules.Finding(
+                    "memory-weights",
+                    "error",
+                    f"the weights need {b.weights_gb:.1f} GB per chip on {tp} chip(s), more than a "
+                    f"chip's {b.chip_gb:.1f} GB less the {b.symmetric_gb:.1f} GB reserved",
+                    "use more chips (--tp-size), or a smaller or quantized model",
+                )
+            )
+        elif not b.kv_fits:
+            need = f"{b.kv_gb:.2f} GB of KV cache" if b.max_total_tokens else "a KV cache"
+            spec.findings.append(
+                rules.Finding(
+                    "memory-kv",
+                    "warning",
+                    f"--mem-fraction-static {b.fraction:g} leaves no room for {need} per chip "
+                    f"next to {b.weights_gb:.1f} GB of weights and the {b.symmetric_gb:.1f} GB "
+                    f"reservation ({b.static_gb:.1f} GB static per chip)",
+                    "raise --mem-fraction-static (e.g. 0.75 for Qwen3-8B on one chip), or lower "
+                    "--max-total-tokens",
+                )
+            )
+    return spec
+
+
+def _budget(
+    args: ServerArgs,
+    ctx: rules.Context,
+    tp: int,
+    chip_mb: int | None,
+    symmetric_mb: int,
+    cwd: str,
+    profile: Profile,
+) -> tuple[memory.Budget | None, str]:
+    model = ctx.model()
+    if not model or profile.chips == CHIPS_NONE or not chip_mb:
+        return None, ""
+    path = Path(cwd, os.path.expanduser(model))
+    config = path / "config.json"
+    if not path.is_dir():
+        return (
+            None,
+            f"memory budget skipped: {model} is not a local directory (nothing is downloaded)",
+        )
+    if not config.is_file():
+        return None, f"memory budget skipped: {path} has no config.json"
+    try:
+        shape = memory.model_shape(json.loads(config.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"memory budget skipped: {config} is not a decoder's config ({exc})"
+    fraction = ctx.number("--mem-fraction-static")
+    tokens = ctx.number("--max-total-tokens")
+    return (
+        memory.budget(
+            shape,
+            chips=tp,
+            chip_mb=chip_mb,
+            fraction=fraction if fraction is not None else 0.9,
+            dtype=ctx.text("--dtype") or "auto",
+            kv_dtype=ctx.text("--kv-cache-dtype") or "auto",
+            max_total_tokens=int(tokens) if tokens else None,
+            symmetric_mb=symmetric_mb if profile.chips != CHIPS_NONE else 0,
+        ),
+        "",
+    )
+
+
+def chip_env(
+    profile: Profile,
+    *,
+    whole_host: bool,
+    bdfs: list[str],
+    descriptor: str | None,
+    mesh_device: str,
+) -> tuple[dict[str, str], list[str]]:
+    """How the chips reach the server: (variables, notes)."""
+    if profile.chips == CHIPS_NONE:
+        return {}, []
+    if profile.chips == CHIPS_MESH_DEVICE:
+        return {"MESH_DEVICE": mesh_device, "TT_VISIBLE_DEVICES": ",".join(bdfs)}, []
+    if profile.chips == CHIPS_LIBTT and whole_host:
+        return {}, [
+            "the whole host: TT_VISIBLE_DEVICES and TT_MESH_GRAPH_DESC_PATH are left unset, libtt "
+            "gives each of the server's processes its chip"
+        ]
+    env = {"TT_VISIBLE_DEVICES": ",".join(bdfs)}
+    if descriptor:
+        env["TT_MESH_GRAPH_DESC_PATH"] = descriptor
+    notes = [profile.part_note] if profile.part_note and len(bdfs) > 1 else []
+    return env, notes
+
+
+def mesh_device(profile: Profile, chips: int, board: str, shape: tuple[int, int]) -> str:
+    """vLLM's MESH_DEVICE: the system's name when the chips are a whole stock system of that
+    board, else the mesh shape as "(R,C)"."""
+    for entry in profile.extra.get("mesh_device") or []:
+        if int(entry["chips"]) == chips and board.startswith(str(entry["board"])):
+            return str(entry["name"])
+    return f"({shape[0]},{shape[1]})"

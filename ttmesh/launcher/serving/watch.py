@@ -1,0 +1,133 @@
+"""Watching a server: ready when its health endpoint answers 200, healthy while it keeps doing
+so, and alive while every process of its tree that matters is.
+
+SGLang can print its ready line before its port listens, so readiness is the endpoint, never
+the log. A server's ``/health`` may take a second (SGLang runs a one-token generation), so the
+watch runs in a thread of the guardian and reports through a pipe the guardian's loop selects
+on; it never blocks the loop. After ready it also watches the processes whose command lines
+start with the profile's ``critical`` names (SGLang renames its schedulers ``sglang::scheduler``):
+one of them dying while the server's main process lives is a failure (a health endpoint can
+still answer then).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from ttmesh import procs
+
+STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"
+PROBE_EVERY = 0.5  # seconds between probes until ready
+CRITICAL_EVERY = 0.25  # seconds between looks at the critical processes
+HEALTH_TIMEOUT = 20.0  # as SGLANG_HEALTH_CHECK_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # listening | ready | unhealthy | died
+    detail: str = ""
+    at: float = 0.0
+
+
+def probe(url: str, timeout: float) -> int | None:
+    """The HTTP status of GET ``url``; None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+class Watch(threading.Thread):
+    """Reports events to ``wake_fd`` (a byte each) and keeps them in ``events``."""
+
+    def __init__(
+        self,
+        url: str,
+        server_pid: int,
+        wake_fd: int,
+        *,
+        critical: tuple[str, ...] = (),
+        health_interval: float | None = None,
+        failures: int = 3,
+    ) -> None:
+        super().__init__(name="ttmesh-serving-watch", daemon=True)
+        self.url = url
+        self.server = server_pid
+        self.wake_fd = wake_fd
+        self.critical = critical
+        self.health_interval = health_interval
+        self.failures = failures
+        self.events: collections.deque[Event] = collections.deque()
+        self.done = threading.Event()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def _say(self, kind: str, detail: str = "") -> None:
+        self.events.append(Event(kind, detail, time.monotonic()))
+        try:
+            os.write(self.wake_fd, b"!")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        state = STARTING
+        while not self.done.is_set():
+            status = probe(self.url, HEALTH_TIMEOUT)
+            if status is not None and status != 200 and state == STARTING:
+                state = LISTENING
+                self._say(LISTENING, f"HTTP {status}")
+            if status == 200:
+                self._say(READY)
+                break
+            self.done.wait(PROBE_EVERY)
+        if self.done.is_set():
+            return
+        watched = self._critical()
+        misses = 0
+        next_health = time.monotonic() + (self.health_interval or 0)
+        while not self.done.wait(CRITICAL_EVERY):
+            gone = [
+                (pid, name) for pid, (start, name) in watched.items() if not procs.alive(pid, start)
+            ]
+            if gone and procs.alive(self.server):
+                pid, name = gone[0]
+                self._say(DIED, f"{name} (pid {pid}) died while the server ran")
+                return
+            if self.health_interval and time.monotonic() >= next_health:
+                status = probe(self.url, min(HEALTH_TIMEOUT, self.health_interval * 4))
+                misses = 0 if status == 200 else misses + 1
+                if misses >= self.failures:
+                    said = f"HTTP {status}" if status is not None else "no answer"
+                    self._say(UNHEALTHY, f"{self.url} failed {misses} time(s) in a row ({said})")
+                    return
+                next_health = time.monotonic() + self.health_interval
+
+    def _critical(self) -> dict[int, tuple[int | None, str]]:
+        """The server's processes whose command lines start with a critical name, now."""
+        found: dict[int, tuple[int | None, str]] = {}
+        if not self.critical:
+            return found
+        for pid in procs.descendants(self.server):
+            cmd = _cmdline(pid)
+            if cmd and any(cmd.startswith(c) for c in self.critical):
+                found[pid] = (procs.start_time(pid), cmd.split()[0])
+        return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return ""
+    return " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)

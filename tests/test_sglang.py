@@ -126,7 +126,7 @@ def test_real_sglang_ready_generate_and_ctrl_c(qb2: Path, sglang_dir: Path, tp: 
 
 def test_real_sglang_scheduler_killed(qb2: Path, sglang_dir: Path, tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
-    proc, _port_ = _serve(qb2, sglang_dir, 1, f"sglang-kill-{os.getpid()}")
+    proc, _ = _serve(qb2, sglang_dir, 1, f"sglang-kill-{os.getpid()}")
     lines: list[str] = []
     try:
         _ready(proc, lines)

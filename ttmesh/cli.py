@@ -271,7 +271,9 @@ def _ranks(value: str | None) -> set[int] | None:
     "--no-python", "--no_python", is_flag=True, help="Run COMMAND as is, even if it ends in .py."
 )
 @click.option(
-    "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
+    "--strict-links",
+    is_flag=True,
+    help="Descriptors demand the weakest neighbour pair's link count of every pair (STRICT).",
 )
 @click.option(
     "--launcher",

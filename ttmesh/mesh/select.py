@@ -18,14 +18,17 @@ all-reduce runs over real links); mesh coordinates are row-major.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import TypeVar
 
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.mesh import embed
 from ttmesh.mesh.embed import Coord, DimTypes, Shape
 
+T = TypeVar("T")
 MAX_EMBEDDINGS = 400  # embeddings compared to choose the best
 SEARCH_BUDGET = 20_000  # chips tried while looking for them (a few tens of milliseconds)
 
@@ -122,6 +125,14 @@ class _Host:
     def graph(self, allowed: list[str], min_links: int = 1) -> embed.Graph:
         return embed.graph_of(self.links, allowed, min_links)
 
+    def wiring(self, allowed: list[str]) -> tuple:
+        """What the answers about ``allowed`` depend on: the arch, the chips, their links."""
+        inside = set(allowed)
+        pairs = sorted(
+            (a, b, n) for a in allowed for b, n in self.links[a].items() if b in inside and a < b
+        )
+        return (self.arch, tuple(allowed), tuple(pairs))
+
     def link_levels(self, allowed: list[str]) -> list[int]:
         """The link counts of the pairs among ``allowed``, most first."""
         inside = set(allowed)
@@ -147,11 +158,30 @@ def full_shape(inv: Inventory) -> Shape | None:
     return _full_shape(_Host.of(inv))
 
 
+# Answers that take whole searches (a refusal's possible shapes, the host's own shape), kept per
+# wiring: a process choosing many meshes on one host (ttmesh's tests, a planner) asks them often.
+_MEMO: dict[tuple, object] = {}
+
+
+def _memo(key: tuple, compute: Callable[[], T]) -> T:
+    if key not in _MEMO:
+        if len(_MEMO) >= 256:
+            _MEMO.clear()
+        _MEMO[key] = compute()
+    return _MEMO[key]  # type: ignore[return-value]
+
+
 def _full_shape(host: _Host) -> Shape | None:
+    chips = [c.asic_id for c in host.inv.chips]
+    galaxy = any(c.board_type.startswith("galaxy") for c in host.inv.chips)
+    key = ("full", galaxy, host.wiring(chips))
+    return _memo(key, lambda: _find_full_shape(host, galaxy))
+
+
+def _find_full_shape(host: _Host, galaxy: bool) -> Shape | None:
     n = len(host.inv.chips)
     graph = host.graph([c.asic_id for c in host.inv.chips])
     shapes = [(r, n // r) for r in range(1, n + 1) if n % r == 0]
-    galaxy = any(c.board_type.startswith("galaxy") for c in host.inv.chips)
     shapes.sort(key=lambda s: (max(s) / min(s), (s[0] < s[1]) if galaxy else (s[0] > s[1])))
     for shape in shapes:
         if _shape_fits(host, graph, shape):
@@ -319,6 +349,10 @@ def possible_shapes(inv: Inventory, allowed: list[str] | None = None) -> list[Sh
 
 
 def _possible_shapes(host: _Host, allowed: list[str]) -> list[Shape]:
+    return list(_memo(("possible", host.wiring(allowed)), lambda: _find_shapes(host, allowed)))
+
+
+def _find_shapes(host: _Host, allowed: list[str]) -> list[Shape]:
     """A grid that fits holds every smaller grid: per row count, grow the columns until one
     does not fit (one failed search per row count)."""
     graph = host.graph(allowed)

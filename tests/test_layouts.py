@@ -717,7 +717,7 @@ def test_export_rank_binding_multi_mesh(qb2: Path, tmp_path: Path) -> None:
         (["--tp-size", "4", "--mesh-shape", "1x3"], "--mesh-shape 1x3"),
         (["--tp-size", "0"], "--tp-size 0"),
         (["--export-rank-binding", "b.yaml"], "--export-rank-binding"),
-        (["--tp-size", "3"], "possible: 1, 2, 4"),
+        (["--tp-size", "5"], "possible shapes: 1x1, 1x2, 1x3, 1x4, 2x2"),
         (["--mesh-shape", "2by2"], "--mesh-shape"),
     ],
 )

@@ -18,6 +18,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CAPTURES, STOCK, run_cli
@@ -27,6 +28,7 @@ from ttmesh.errors import TTMeshError
 from ttmesh.fabric.devices import Inventory, discover
 from ttmesh.host import clusterdesc
 from ttmesh.launcher.launch import unavailable_chips
+from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh import select as meshselect
 from ttmesh.mesh.select import Selection, select
 from ttmesh.runtime import leases
@@ -234,7 +236,7 @@ def test_default_shape_is_the_squarest(
 
 def test_possible_sizes_on_quietbox2(qb2: Path) -> None:
     inv = inventory(qb2)
-    assert meshselect.possible_sizes(inv, [c.asic_id for c in inv.chips]) == [1, 2, 4]
+    assert meshselect.possible_sizes(inv, [c.asic_id for c in inv.chips]) == [1, 2, 3, 4]
 
 
 # --------------------------------------------------------------------------- pairs (N=2)
@@ -332,7 +334,7 @@ def test_two_unavailable_chips_leave_no_linked_pair(qb2: Path) -> None:
     unavailable = {asic[C01]: "dead", asic[C07]: "leased"}
     err = refusal(lambda: select(inv, 2, unavailable=unavailable))
     assert str(err).startswith("tp-size 2: ")
-    assert str(err).endswith("(possible: 1)")
+    assert str(err).endswith("(possible shapes: 1x1)")
     assert bdfs(inv, select(inv, 1, unavailable=unavailable)) == {C03}
 
 
@@ -365,7 +367,8 @@ def test_enough_free_chips_but_no_mesh_is_refused(shared: Callable[[str], Path])
     err = refusal(lambda: select(inv, 16, unavailable=middle))
     text = str(err)
     assert text.startswith("tp-size 16: ") and "24 chips available" in text, text
-    sizes = [int(s) for s in re.fullmatch(r".*\(possible: ([\d, ]+)\)", text).group(1).split(", ")]
+    shapes = re.fullmatch(r".*\(possible shapes: ([\dx, ]+)\)", text).group(1).split(", ")
+    sizes = [int(r) * int(c) for r, c in (s.split("x") for s in shapes)]
     assert 16 not in sizes and 12 in sizes and max(sizes) == 12, sizes
     slab = select(inv, 12, unavailable=middle)
     assert_connected_mesh("galaxy-wh", slab, (3, 4))
@@ -377,29 +380,38 @@ def test_enough_free_chips_but_no_mesh_is_refused(shared: Callable[[str], Path])
 
 def test_shape_that_does_not_fit_quietbox2(qb2: Path) -> None:
     inv = inventory(qb2)
-    err = refusal(lambda: select(inv, 3, shape=(1, 3)))
-    assert str(err).startswith("tp-size 3: ")
-    assert str(err).endswith("(possible: 1, 2, 4)")
-    err = refusal(lambda: select(inv, 3))
-    assert str(err).endswith("(possible: 1, 2, 4)")
+    assert_connected_mesh("quietbox2", select(inv, 3, shape=(1, 3)), (1, 3))
+    assert_connected_mesh("quietbox2", select(inv, 3), (1, 3))
     err = refusal(lambda: select(inv, 8))
     assert "tp-size 8" in str(err)
 
 
 def test_shapes_that_do_not_fit_a_galaxy(shared: Callable[[str], Path]) -> None:
     inv = inventory(shared("galaxy-wh"))
-    possible = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 18, 20, 21, 24, 28, 32"
+    possible = (
+        "1x1, 1x2, 1x4, 2x2, 1x6, 2x3, 1x8, 2x4, 1x10, 2x5, 1x12, 2x6, 3x4, 1x14, 2x7, 1x16, 2x8, "
+        "4x4, 1x18, 3x6, 1x20, 4x5, 1x22, 1x24, 3x8, 4x6, 1x26, 1x28, 4x7, 1x30, 1x32, 4x8"
+    )
     for n, shape in ((25, (5, 5)), (9, (1, 9)), (11, None)):
         err = refusal(lambda n=n, shape=shape: select(inv, n, shape=shape))
         assert str(err).startswith(f"tp-size {n}: "), err
-        assert str(err).endswith(f"(possible: {possible})"), err
-    # A 3x3 block is part of the 8x4 grid: it fits (the brief's "3x3 on galaxy" example does).
-    assert_connected_mesh("galaxy-wh", select(inv, 9, shape=(3, 3)), (3, 3))
+        assert str(err).endswith(f"(possible shapes: {possible})"), err
+    # A 3x3 block is part of the 8x4 grid, but tt-metal maps no Wormhole mesh whose dimensions
+    # are both odd (except 1x1); the Blackhole Galaxy takes it.
+    err = refusal(lambda: select(inv, 9, shape=(3, 3)))
+    assert "both odd" in str(err), err
+    bh = inventory(shared("galaxy-bh"))
+    assert_connected_mesh("galaxy-bh", select(bh, 9, shape=(3, 3)), (3, 3))
 
 
 @pytest.mark.parametrize(
     ("name", "n", "possible"),
-    [("t3k", 3, "2, 4, 8"), ("n300", 1, "2"), ("t3k", 6, "2, 4, 8"), ("p300", 4, "1, 2")],
+    [
+        ("t3k", 3, "1x1, 1x2, 1x4, 2x2, 1x6, 2x3, 1x8, 2x4"),
+        ("n300", 3, "1x1, 1x2"),
+        ("t3k", 5, "1x1, 1x2, 1x4, 2x2, 1x6, 2x3, 1x8, 2x4"),
+        ("p300", 4, "1x1, 1x2"),
+    ],
 )
 def test_impossible_size_lists_what_is_possible(
     name: str, n: int, possible: str, shared: Callable[[str], Path]
@@ -407,14 +419,16 @@ def test_impossible_size_lists_what_is_possible(
     inv = inventory(shared(name))
     err = refusal(lambda: select(inv, n))
     assert str(err).startswith(f"tp-size {n}: "), err
-    assert f"possible: {possible}" in str(err), err
+    assert f"possible shapes: {possible}" in str(err), err
 
 
 def test_impossible_size_on_the_command_line(qb2: Path) -> None:
-    res = run_cli("descriptor", "--root", str(qb2), "--tp-size", "3")
+    res = run_cli("descriptor", "--root", str(qb2), "--tp-size", "5")
     assert res.code == 2
     last = res.err.strip().splitlines()[-1]
-    assert re.fullmatch(r"ttmesh: tp-size 3: .*\(possible: 1, 2, 4\)", last), res.err
+    assert re.fullmatch(
+        r"ttmesh: tp-size 5: .*\(possible shapes: 1x1, 1x2, 1x3, 1x4, 2x2\)", last
+    ), res.err
     assert res.out == ""
 
 
@@ -432,3 +446,134 @@ def test_explicit_chips_not_connected_name_the_missing_link(qb2: Path) -> None:
         f"ttmesh: --chips are not connected: {C05} has no Ethernet link to {C03} "
         "(choose chips linked by Ethernet)"
     )
+
+
+# --------------------------------------------------------------------------- any shape (issue 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "dim_types"),
+    [
+        ("quietbox2", (1, 4), ("LINE", "RING")),  # the 2x2 ring cabling, as one ring of 4
+        ("quietbox2", (4, 1), ("RING", "LINE")),
+        ("p150x4", (1, 4), ("LINE", "RING")),
+        ("t3k", (1, 8), ("LINE", "RING")),
+        ("p150x8", (1, 8), ("LINE", "RING")),
+        ("quietbox2", (1, 3), ("LINE", "LINE")),  # no three chips close a ring
+    ],
+)
+def test_lines_of_serving_stacks_are_accepted(
+    name: str, shape: tuple[int, int], dim_types: tuple[str, str], shared: Callable[[str], Path]
+) -> None:
+    """Issue 10: 1x4 on a QuietBox 2 or four p150s, 1x8 on a T3K or eight p150s; a dimension
+    is RING where the chips close one, and channels count the wrap-around pair too."""
+    inv = inventory(shared(name))
+    sel = select(inv, shape[0] * shape[1], shape=shape)
+    assert_connected_mesh(name, sel, shape)
+    assert sel.dim_types == dim_types
+    rows, cols = shape
+    if dim_types[0] == "RING":
+        assert all(links(name, sel.grid[(0, c)], sel.grid[(rows - 1, c)]) for c in range(cols))
+    if dim_types[1] == "RING":
+        assert all(links(name, sel.grid[(r, 0)], sel.grid[(r, cols - 1)]) for r in range(rows))
+    assert sel.channels == min(links(name, a, b) for a, b in sel.pair_links)
+
+
+def test_three_chips_of_a_quietbox2_form_a_line(qb2: Path) -> None:
+    res = run_cli("descriptor", "--root", str(qb2), "--tp-size", "3", "--strict-links")
+    assert res.code == 0, res.err
+    (mesh,) = mgd.parse(res.out).meshes
+    assert (mesh.dims, mesh.dim_types, mesh.channels, mesh.policy) == (
+        (1, 3),
+        ("LINE", "LINE"),
+        2,
+        "STRICT",
+    )
+
+
+def test_refusal_lists_the_possible_shapes(make_sim: Callable[..., Path]) -> None:
+    """Two p300 cards without the cross-card cables: no 2x2, no 1x4; one line, one message."""
+    inv = inventory(make_sim("p300x2-disconnected"))
+    for shape in ((2, 2), (1, 4)):
+        err = refusal(lambda shape=shape: select(inv, 4, shape=shape))
+        text = str(err)
+        assert text.startswith(f"tp-size 4: no mesh shape {shape[0]}x{shape[1]} on this host")
+        assert text.endswith("(possible shapes: 1x1, 1x2)"), text
+
+
+def test_tp_size_beyond_the_host_names_its_chip_count(qb2: Path) -> None:
+    inv = inventory(qb2)
+    err = refusal(lambda: select(inv, 999))
+    assert str(err) == (
+        "tp-size 999: this host has 4 chips (possible shapes: 1x1, 1x2, 1x3, 1x4, 2x2)"
+    )
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "999", "--dry-run", "--", "true")
+    assert res.code == 2
+    assert res.err.strip().splitlines()[-1] == f"ttmesh: {err}"
+
+
+def test_one_chip_of_an_n300_takes_the_whole_board(make_sim: Callable[..., Path]) -> None:
+    """tt-metal maps a 1x1 mesh onto an n300 (one chip idle); the process opens both chips,
+    so the job leases both."""
+    from ttmesh.launcher.launch import prepare
+    from ttmesh.launcher.plan import LaunchRequest
+
+    root = make_sim("n300")
+    inv = inventory(root)
+    sel = select(inv, 1)
+    (unit,) = sel.units
+    assert sel.chips == [unit.chips[0]] and sel.idle_chips == 1
+    assert inv.chip(sel.chips[0]).bdf == unit.bdf
+    request = LaunchRequest(command=[], tp_size=1, job="t", run_dir="/nonexistent")
+    plan = prepare(request, Host(root), descriptor_only=True).plan
+    assert plan.all_chips() == list(unit.chips)
+    assert [r.bdfs for r in plan.ranks] == [(unit.bdf,)]
+
+
+def _without(name: str, pairs: int, links_per_pair: int = 0) -> Any:
+    """The stock system minus links of its first ``pairs`` linked chip pairs: all of them, or
+    all but ``links_per_pair``."""
+    import dataclasses
+
+    from ttmesh.sim.system import load
+
+    model = load(name)
+    by_pair: dict[frozenset, list] = {}
+    for lk in model.links:
+        by_pair.setdefault(frozenset((lk.chip_a, lk.chip_b)), []).append(lk)
+    drop = [lk for group in list(by_pair.values())[:pairs] for lk in group[links_per_pair:]]
+    return dataclasses.replace(model, links=[lk for lk in model.links if lk not in drop])
+
+
+def test_the_weakest_pair_is_avoided_before_rings_are_sought(tmp_path: Path) -> None:
+    """A QuietBox 2 with one link of a pair gone: its 2x2 has to use that pair (1 channel),
+    a 1x4 line avoids it (2 channels) rather than close the ring over it."""
+    from ttmesh.sim.create import create
+
+    root = create(_without("quietbox2", 1, 1), tmp_path / "qb2", config={"reset_seconds": 0.0})
+    inv = inventory(root)
+    square = select(inv, 4, shape=(2, 2))
+    assert (square.channels, square.dim_types) == (1, ("LINE", "LINE"))
+    line = select(inv, 4, shape=(1, 4))
+    assert (line.channels, line.dim_types) == (2, ("LINE", "LINE"))
+
+
+def test_galaxy_shapes_are_decided_fast(shared: Callable[[str], Path]) -> None:
+    """A Galaxy's possible shapes, and its hardest shapes (per row count, the widest that
+    fits and the narrowest that does not: the refusal is a complete search), are each
+    decided well under a second."""
+    import time
+
+    for name in ("galaxy-wh", "galaxy-bh"):
+        inv = inventory(shared(name))
+        start = time.perf_counter()
+        shapes = meshselect.possible_shapes(inv)
+        slowest = time.perf_counter() - start
+        widest = {r: max(c for rr, c in shapes if rr == r) for r, _ in shapes}
+        for rows, cols in widest.items():
+            for shape in ((rows, cols), (cols, rows), (rows, cols + 1), (cols + 1, rows)):
+                start = time.perf_counter()
+                with contextlib.suppress(TTMeshError):
+                    select(inv, shape[0] * shape[1], shape=shape)
+                slowest = max(slowest, time.perf_counter() - start)
+        assert slowest < 1.0, (name, slowest)

@@ -38,7 +38,9 @@ from ttmesh.vocab import LAYOUTS, Layout
 @click.option("--chips", metavar="BDF,...", help="Use exactly these chips.")
 @click.option("--exclude", metavar="BDF,...", help="Never use these chips.")
 @click.option(
-    "--strict-links", is_flag=True, help="STRICT channel policy: exactly the links the host has."
+    "--strict-links",
+    is_flag=True,
+    help="STRICT channel policy: every neighbour pair needs the links of the mesh's weakest pair.",
 )
 @click.option(
     "--per-rank",

@@ -176,7 +176,9 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     help="Health checks that may fail in a row (with --health-interval).",
 )
 @click.option(
-    "--strict-links", is_flag=True, help="Descriptors demand the exact link count (STRICT)."
+    "--strict-links",
+    is_flag=True,
+    help="Descriptors demand the weakest neighbour pair's link count of every pair (STRICT).",
 )
 @click.option(
     "--launcher",

@@ -141,7 +141,11 @@ class LaunchPlan:
         return self.layout != Layout.ISOLATED or any(r.joins_chips for r in self.ranks)
 
     def all_chips(self) -> list[str]:
-        return [a for r in self.ranks for a in r.chips]
+        """Every chip the job's processes open: their meshes' chips, then the idle rest of their
+        boards (a 1x1 mesh on an n300 still opens both chips, so it leases both)."""
+        meshes = [a for r in self.ranks for a in r.chips]
+        idle = [a for r in self.ranks for u in r.units for a in u.chips if a not in meshes]
+        return meshes + list(dict.fromkeys(idle))
 
     def rank_env(self, rank: RankPlan, base: dict[str, str], restart: int = 0) -> dict[str, str]:
         """The full environment of one rank: ``base`` minus rank variables, plus the plan's."""
@@ -460,6 +464,9 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             f"{len(sel.chips)} chips in {len(sel.units)} boards of {unit_size}: each worker drives "
             "a whole board (its PCI chip and the remote chip behind it)"
         )
+        idle = sum(u.size for u in sel.units) - len(sel.chips)
+        if idle:
+            grouping += f"; {idle} chip(s) of these boards stay out of the mesh, idle"
     if sp.layout == "mesh":
         grouping = (grouping + "; " if grouping else "") + (
             f"one {sel.shape[0]}x{sel.shape[1]} mesh over {world} processes, host_topology "

@@ -8,8 +8,8 @@ Writing and parsing go through ``google.protobuf.text_format``: no hand-written 
 
 Terms: a *mesh* is a grid of chips (``device_topology`` dims [rows, cols], each dimension LINE
 or RING) split over processes by ``host_topology``; ``channels`` is how many Ethernet links
-neighbours must have (STRICT: exactly, RELAXED: at least one). Several meshes are joined by a
-graph descriptor of type FABRIC.
+neighbours must have (STRICT: at least ``count``, as ttnn 0.81.1 checks it; RELAXED: one).
+Several meshes are joined by a graph descriptor of type FABRIC.
 """
 
 from __future__ import annotations

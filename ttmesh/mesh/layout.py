@@ -116,6 +116,7 @@ def _tile(sel: Selection, bshape: tuple[int, int], unit_of: dict[str, Unit]) -> 
     rows, cols = sel.shape
     br, bc = bshape
     hr, hc = rows // br, cols // bc
+    in_mesh = set(sel.grid.values())  # a board's other chips may be idle (a 1x1 on an n300)
     blocks_by_host: dict[Coord, Block] = {}
     for i in range(hr):
         for j in range(hc):
@@ -124,7 +125,7 @@ def _tile(sel: Selection, bshape: tuple[int, int], unit_of: dict[str, Unit]) -> 
             units: list[Unit] = []
             for a in chips:
                 unit = unit_of[a]
-                if not set(unit.chips) <= set(chips):
+                if not set(unit.chips) & in_mesh <= set(chips):
                     return None  # a board would be split between two workers
                 if unit not in units:
                     units.append(unit)

@@ -1,10 +1,15 @@
 """Choosing chips: a connected sub-mesh of the requested shape, and the order of its ranks.
 
 Input is what discovery found (chips and their Ethernet links), never the stock system files.
-A mesh of shape RxC is an embedding of the RxC grid into the link graph: grid neighbours must be
-linked chips. Among the embeddings that avoid unavailable chips (dead, held, leased by another
-job, excluded), the best has the most links between its weakest neighbour pair, spans the
-fewest boards and comes first in PCI order.
+A mesh of shape RxC is an embedding of the RxC grid into the link graph (``ttmesh.mesh.embed``):
+grid neighbours must be linked chips, and in a RING dimension the ends of every line too. Any
+grid tt-metal's topology mapper would map is accepted: a 1x4 line on a QuietBox 2, a 1x8 on a
+T3K, a 3x5 on a Blackhole Galaxy. Among the embeddings that avoid unavailable chips (dead, held,
+leased by another job, excluded), the best has the most links between its weakest neighbour
+pair, then the most rings, leaves the fewest chips of its boards idle, spans the fewest boards
+and comes first in PCI order. A process opens every chip of a board (an n300's remote chip
+rides with its PCI chip), so a board is available only when all its chips are, and a mesh on
+part of one still gets the whole board.
 
 Ranks follow the ring when the hardware closes one (consecutive ranks are linked, so a ring
 all-reduce runs over real links); mesh coordinates are row-major.
@@ -13,14 +18,19 @@ all-reduce runs over real links); mesh coordinates are row-major.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import TypeVar
 
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
+from ttmesh.mesh import embed
+from ttmesh.mesh.embed import Coord, DimTypes, Shape
 
-Coord = tuple[int, int]
-MAX_EMBEDDINGS = 400
+T = TypeVar("T")
+MAX_EMBEDDINGS = 400  # embeddings compared to choose the best
+SEARCH_BUDGET = 20_000  # chips tried while looking for them (a few tens of milliseconds)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,11 @@ class Selection:
     def chips(self) -> list[str]:
         return [self.grid[c] for c in self.order]
 
+    @property
+    def idle_chips(self) -> int:
+        """Chips of the mesh's boards left out of it (opened by its processes, unused)."""
+        return sum(u.size for u in self.units) - len(self.grid)
+
     def coord_of(self, asic: str) -> Coord:
         return next(c for c, a in self.grid.items() if a == asic)
 
@@ -74,7 +89,7 @@ def link_graph(inv: Inventory) -> dict[str, Counter]:
     return graph
 
 
-def candidate_shapes(n: int, full: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+def candidate_shapes(n: int, full: Shape | None = None) -> list[Shape]:
     """Shapes of n chips, most square first, rows <= cols; the whole host keeps its own shape
     (8x4 for a whole Galaxy, but 2x4 for 8 of its chips, as on a T3K)."""
     shapes = [(r, n // r) for r in range(1, n + 1) if n % r == 0]
@@ -82,36 +97,206 @@ def candidate_shapes(n: int, full: tuple[int, int] | None = None) -> list[tuple[
     return shapes
 
 
-def _embeddings(
-    graph: dict[str, Counter], shape: tuple[int, int], allowed: list[str]
-) -> Iterator[dict[Coord, str]]:
-    rows, cols = shape
-    cells = [(r, c) for r in range(rows) for c in range(cols)]
-    allowed_set = set(allowed)
-    rank = {a: i for i, a in enumerate(allowed)}
-    grid: dict[Coord, str] = {}
-    used: set[str] = set()
+@dataclass
+class _Host:
+    """What choosing needs from the inventory, worked out once per call."""
 
-    def place(i: int) -> Iterator[dict[Coord, str]]:
-        if i == len(cells):
-            yield dict(grid)
-            return
-        r, c = cells[i]
-        constraints = [grid[p] for p in ((r, c - 1), (r - 1, c)) if p in grid]
-        if constraints:
-            options = set(graph[constraints[0]]) & allowed_set
-            for other in constraints[1:]:
-                options &= set(graph[other])
-        else:
-            options = allowed_set
-        for asic in sorted(options - used, key=rank.__getitem__):
-            grid[(r, c)] = asic
-            used.add(asic)
-            yield from place(i + 1)
-            del grid[(r, c)]
-            used.discard(asic)
+    inv: Inventory
+    links: dict[str, Counter]
+    unit_of: dict[str, Unit]
+    order_key: dict[str, int]
+    board_of: dict[str, str]
 
-    yield from place(0)
+    @classmethod
+    def of(cls, inv: Inventory) -> _Host:
+        units = units_of(inv)
+        return cls(
+            inv=inv,
+            links=link_graph(inv),
+            unit_of={a: u for u in units for a in u.chips},
+            order_key={c.asic_id: i for i, c in enumerate(inv.chips)},
+            board_of={c.asic_id: c.board_id for c in inv.chips},
+        )
+
+    @property
+    def arch(self) -> str:
+        return self.inv.chips[0].arch if self.inv.chips else ""
+
+    def graph(self, allowed: list[str], min_links: int = 1) -> embed.Graph:
+        return embed.graph_of(self.links, allowed, min_links)
+
+    def wiring(self, allowed: list[str]) -> tuple:
+        """What the answers about ``allowed`` depend on: the arch, the chips, their links."""
+        inside = set(allowed)
+        pairs = sorted(
+            (a, b, n) for a in allowed for b, n in self.links[a].items() if b in inside and a < b
+        )
+        return (self.arch, tuple(allowed), tuple(pairs))
+
+    def link_levels(self, allowed: list[str]) -> list[int]:
+        """The link counts of the pairs among ``allowed``, most first."""
+        inside = set(allowed)
+        counts = {n for a in allowed for b, n in self.links[a].items() if b in inside}
+        return sorted(counts, reverse=True)
+
+    def free(self, unavailable: dict[str, str], chips: list[str] | None) -> list[str]:
+        """The chips a mesh may use, in preference (PCI) order: the user's ``chips``, else
+        every chip whose whole board is available (a process opens every chip of its board)."""
+        if chips is not None:
+            return sorted(chips, key=self.order_key.__getitem__)
+        out = []
+        for c in self.inv.chips:
+            unit = self.unit_of.get(c.asic_id)
+            board = unit.chips if unit else (c.asic_id,)
+            if not any(a in unavailable for a in board):
+                out.append(c.asic_id)
+        return out
+
+
+def full_shape(inv: Inventory) -> Shape | None:
+    """The mesh the whole host forms, if any (e.g. 2x2 on a QuietBox 2, 8x4 on a Galaxy)."""
+    return _full_shape(_Host.of(inv))
+
+
+# Answers that take whole searches (a refusal's possible shapes, the host's own shape), kept per
+# wiring: a process choosing many meshes on one host (ttmesh's tests, a planner) asks them often.
+_MEMO: dict[tuple, object] = {}
+
+
+def _memo(key: tuple, compute: Callable[[], T]) -> T:
+    if key not in _MEMO:
+        if len(_MEMO) >= 256:
+            _MEMO.clear()
+        _MEMO[key] = compute()
+    return _MEMO[key]  # type: ignore[return-value]
+
+
+def _full_shape(host: _Host) -> Shape | None:
+    chips = [c.asic_id for c in host.inv.chips]
+    galaxy = any(c.board_type.startswith("galaxy") for c in host.inv.chips)
+    key = ("full", galaxy, host.wiring(chips))
+    return _memo(key, lambda: _find_full_shape(host, galaxy))
+
+
+def _find_full_shape(host: _Host, galaxy: bool) -> Shape | None:
+    n = len(host.inv.chips)
+    graph = host.graph([c.asic_id for c in host.inv.chips])
+    shapes = [(r, n // r) for r in range(1, n + 1) if n % r == 0]
+    shapes.sort(key=lambda s: (max(s) / min(s), (s[0] < s[1]) if galaxy else (s[0] > s[1])))
+    for shape in shapes:
+        if _shape_fits(host, graph, shape):
+            return shape
+    return None
+
+
+def _shape_fits(host: _Host, graph: embed.Graph, shape: Shape) -> bool:
+    """tt-metal would map a LINE x LINE mesh of ``shape`` onto the graph's chips."""
+    if embed.tt_metal_refuses(shape, host.arch):
+        return False
+    return embed.fits(graph, embed.pattern(shape))
+
+
+def select(
+    inv: Inventory,
+    n: int,
+    *,
+    shape: Shape | None = None,
+    unavailable: dict[str, str] | None = None,
+    chips: list[str] | None = None,
+) -> Selection:
+    """Choose ``n`` chips forming a connected mesh. ``unavailable`` maps asic -> why not.
+
+    ``chips``: the user's explicit choice (asic ids), used as is and in that order of preference.
+    """
+    unavailable = unavailable or {}
+    host = _Host.of(inv)
+    allowed = host.free(unavailable, chips)
+    if n > len(inv.chips):
+        raise bad_input(
+            f"tp-size {n}: this host has {len(inv.chips)} chips", _shapes_hint(host, allowed)
+        )
+    if n > len(allowed):
+        why = Counter(unavailable.values())
+        detail = ", ".join(f"{k} {v}" for k, v in why.items())
+        raise bad_input(
+            f"tp-size {n}: only {len(allowed)} of {len(inv.chips)} chips are free"
+            + (f" ({detail} unavailable)" if detail else ""),
+            _shapes_hint(host, allowed) if allowed else "wait for the chips to be free",
+        )
+    full = _full_shape(host)
+    found = None
+    for sh in [shape] if shape else candidate_shapes(n, full):
+        best = _best_embedding(host, sh, allowed)
+        if best is not None and not best.idle_chips:
+            return best
+        found = found or best
+    if found is None:
+        raise _no_mesh(host, n, shape, allowed, full)
+    return found  # every shape leaves chips of its boards idle: the squarest
+
+
+def _ring_options(shape: Shape) -> list[DimTypes]:
+    """Dimension types to try, most rings first (a ring needs 3 or more chips)."""
+    per_dim = [("RING", "LINE") if size >= 3 else ("LINE",) for size in shape]
+    options = [(a, b) for a in per_dim[0] for b in per_dim[1]]
+    return sorted(options, key=lambda t: -t.count("RING"))
+
+
+def _best_embedding(host: _Host, shape: Shape, allowed: list[str]) -> Selection | None:
+    """The best mesh of ``shape`` on ``allowed``: the most links between its weakest neighbour
+    pair (what a STRICT descriptor may demand), then the fewest idle chips on its boards, the
+    most rings, the fewest boards, the earliest chips in PCI order."""
+    if not _shape_fits(host, host.graph(allowed), shape):
+        return None
+    for min_links in host.link_levels(allowed) or [1]:
+        graph = host.graph(allowed, min_links)
+        if not embed.fits(graph, embed.pattern(shape)):
+            continue
+        found = []
+        for dim_types in _ring_options(shape):
+            grid = _best_grid(host, graph, embed.pattern(shape, dim_types), allowed)
+            if grid is not None:
+                found.append(_selection(host, shape, dim_types, grid))
+                if not found[-1].idle_chips:
+                    return found[-1]
+        if found:  # rings, unless they leave more chips of their boards idle
+            return min(found, key=lambda sel: sel.idle_chips)
+        # The LINE x LINE mesh fits (proved above) but hid beyond the search budget.
+        line = embed.pattern(shape)
+        first = next(embed.embeddings(graph, line))
+        grid = dict(zip(line.cells, (allowed[i] for i in first), strict=True))
+        return _selection(host, shape, ("LINE", "LINE"), grid)
+    return None
+
+
+def _best_grid(
+    host: _Host, graph: embed.Graph, pat: embed.Pattern, allowed: list[str]
+) -> dict[Coord, str] | None:
+    """The best of the first embeddings a bounded search finds (rings may hide beyond it)."""
+    best: tuple | None = None
+    best_grid = None
+    edges = embed.grid_edges(pat.shape)
+    for found in islice(embed.embeddings(graph, pat, budget=SEARCH_BUDGET), MAX_EMBEDDINGS):
+        grid = dict(zip(pat.cells, (allowed[i] for i in found), strict=True))
+        score = _score(host, grid, edges)
+        if best is None or score < best:
+            best, best_grid = score, grid
+    return best_grid
+
+
+def _score(host: _Host, grid: dict[Coord, str], edges: list[tuple[Coord, Coord]]) -> tuple:
+    """Lower is better: idle chips on the mesh's boards, then boards lying across the grid
+    (a board's chips should be grid neighbours, so workers can take whole boards), boards
+    spanned, and the chips' PCI order."""
+    chosen = set(grid.values())
+    unit_of = host.unit_of
+    units = {unit_of[a] for a in chosen if a in unit_of}
+    idle = sum(u.size for u in units) - len(chosen)
+    paired = sum(
+        1 for a, b in edges if grid[a] in unit_of and unit_of[grid[a]] == unit_of.get(grid[b])
+    )
+    boards = len({host.board_of[a] for a in chosen})
+    return (idle, -paired, boards, sorted(host.order_key[a] for a in chosen))
 
 
 def ring_order(shape: tuple[int, int]) -> list[Coord]:
@@ -134,179 +319,76 @@ def ring_order(shape: tuple[int, int]) -> list[Coord]:
     return [(r, c if r % 2 == 0 else cols - 1 - c) for r in range(rows) for c in range(cols)]
 
 
-def _dim_types(
-    graph: dict[str, Counter], grid: dict[Coord, str], shape: tuple[int, int]
-) -> tuple[str, str]:
-    rows, cols = shape
-    ring_rows = rows >= 3 and all(grid[(0, c)] in graph[grid[(rows - 1, c)]] for c in range(cols))
-    ring_cols = cols >= 3 and all(grid[(r, 0)] in graph[grid[(r, cols - 1)]] for r in range(rows))
-    return ("RING" if ring_rows else "LINE", "RING" if ring_cols else "LINE")
-
-
-def _neighbour_pairs(shape: tuple[int, int]) -> list[tuple[Coord, Coord]]:
-    rows, cols = shape
-    pairs = []
-    for r in range(rows):
-        for c in range(cols):
-            if c + 1 < cols:
-                pairs.append(((r, c), (r, c + 1)))
-            if r + 1 < rows:
-                pairs.append(((r, c), (r + 1, c)))
-    return pairs
-
-
-def full_shape(inv: Inventory) -> tuple[int, int] | None:
-    """The mesh the whole host forms, if any (e.g. 2x2 on a QuietBox 2, 8x4 on a Galaxy)."""
-    n = len(inv.chips)
-    graph = link_graph(inv)
-    allowed = [c.asic_id for c in inv.chips]
-    shapes = [(r, n // r) for r in range(1, n + 1) if n % r == 0]
-    galaxy = any(c.board_type.startswith("galaxy") for c in inv.chips)
-    shapes.sort(key=lambda s: (max(s) / min(s), (s[0] < s[1]) if galaxy else (s[0] > s[1])))
-    for shape in shapes:
-        if n == 1 or next(_embeddings(graph, shape, allowed), None) is not None:
-            return shape
-    return None
-
-
-def select(
-    inv: Inventory,
-    n: int,
-    *,
-    shape: tuple[int, int] | None = None,
-    unavailable: dict[str, str] | None = None,
-    chips: list[str] | None = None,
-) -> Selection:
-    """Choose ``n`` chips forming a connected mesh. ``unavailable`` maps asic -> why not.
-
-    ``chips``: the user's explicit choice (asic ids), used as is and in that order of preference.
-    """
-    unavailable = unavailable or {}
-    graph = link_graph(inv)
-    units = units_of(inv)
-    unit_of = {a: u for u in units for a in u.chips}
-    unit_size = max((u.size for u in units), default=1)
-    order_key = {c.asic_id: i for i, c in enumerate(inv.chips)}
-    if chips is not None:
-        allowed = sorted(chips, key=order_key.__getitem__)
-    else:
-        allowed = [c.asic_id for c in inv.chips if c.asic_id not in unavailable]
-    if n % unit_size:
-        raise bad_input(
-            f"tp-size {n}: chips on this host come in boards of {unit_size} (a process drives "
-            f"a whole {inv.chips[0].board_type} board)",
-            "possible: " + (", ".join(map(str, possible_sizes(inv, allowed))) or "none"),
-        )
-    if n > len(allowed):
-        free = len(allowed)
-        why = Counter(unavailable.values())
-        detail = ", ".join(f"{k} {v}" for k, v in why.items())
-        sizes = possible_sizes(inv, allowed)
-        raise bad_input(
-            f"tp-size {n}: only {free} of {len(inv.chips)} chips are free"
-            + (f" ({detail} unavailable)" if detail else ""),
-            ("possible: " + ", ".join(map(str, sizes)))
-            if sizes
-            else "wait for the chips to be free",
-        )
-    full = full_shape(inv)
-    shapes = [shape] if shape else candidate_shapes(n, full)
-    for sh in shapes:
-        best = _best_embedding(graph, sh, allowed, n, unit_of, order_key, inv, full)
-        if best is not None:
-            return best
-    return _fail(inv, n, shape, allowed, graph, unit_of, order_key)
-
-
-def fits(shape: tuple[int, int], full: tuple[int, int] | None) -> bool:
-    """A sub-mesh must be a block of the host's own mesh (a 1x3 line is no part of a 2x2)."""
-    if full is None:
-        return True
-    (r, c), (fr, fc) = shape, full
-    return (r <= fr and c <= fc) or (r <= fc and c <= fr)
-
-
-def _best_embedding(
-    graph, shape, allowed, n, unit_of, order_key, inv, full=None
-) -> Selection | None:
-    if shape[0] * shape[1] != n or not fits(shape, full):
-        return None
-    best: tuple | None = None
-    best_grid = None
-    pairs = _neighbour_pairs(shape)
-    boards = {c.asic_id: c.board_id for c in inv.chips}
-    for count, grid in enumerate(_embeddings(graph, shape, allowed)):
-        if count >= MAX_EMBEDDINGS:
-            break
-        chosen = set(grid.values())
-        if any(a in unit_of and not set(unit_of[a].chips) <= chosen for a in chosen):
-            continue  # a board must be taken whole
-        weakest = min((graph[grid[a]][grid[b]] for a, b in pairs), default=0)
-        score = (
-            -weakest,
-            len({boards[a] for a in chosen}),
-            sorted(order_key[a] for a in chosen),
-        )
-        if best is None or score < best:
-            best, best_grid = score, grid
-    if best_grid is None:
-        return None
-    return _selection(graph, shape, best_grid, unit_of, pairs)
-
-
-def _selection(graph, shape, grid, unit_of, pairs) -> Selection:
+def _selection(host: _Host, shape: Shape, dim_types: DimTypes, grid: dict[Coord, str]) -> Selection:
     order = ring_order(shape)
     units: list[Unit] = []
     for coord in order:
-        unit = unit_of.get(grid[coord])
+        unit = host.unit_of.get(grid[coord])
         if unit is not None and unit not in units:
             units.append(unit)
-    dim_types = _dim_types(graph, grid, shape)
-    rows, cols = shape
-    # A RING dimension's wrap-around pairs are neighbours too: they count for the channels.
-    if dim_types[0] == "RING":
-        pairs = [*pairs, *(((rows - 1, c), (0, c)) for c in range(cols))]
-    if dim_types[1] == "RING":
-        pairs = [*pairs, *(((r, cols - 1), (r, 0)) for r in range(rows))]
     pair_links = {}
-    for a, b in pairs:
+    for a, b in embed.grid_edges(shape, dim_types):  # a RING's wrap-around pairs count too
         key = tuple(sorted((grid[a], grid[b])))
-        pair_links[key] = graph[grid[a]][grid[b]]
-    channels = min(pair_links.values(), default=0)
+        pair_links[key] = host.links[grid[a]][grid[b]]
     return Selection(
         shape=shape,
         grid=grid,
         order=order,
         units=units,
         dim_types=dim_types,
-        channels=channels,
-        pair_links=pair_links,
+        channels=min(pair_links.values(), default=0),
+        pair_links=pair_links,  # type: ignore[arg-type]
     )
 
 
+def possible_shapes(inv: Inventory, allowed: list[str] | None = None) -> list[Shape]:
+    """Every shape (rows <= cols) tt-metal would map onto ``allowed`` (default: every chip),
+    fewest chips first; a transposed shape fits as well."""
+    host = _Host.of(inv)
+    return _possible_shapes(host, host.free({}, allowed))
+
+
+def _possible_shapes(host: _Host, allowed: list[str]) -> list[Shape]:
+    return list(_memo(("possible", host.wiring(allowed)), lambda: _find_shapes(host, allowed)))
+
+
+def _find_shapes(host: _Host, allowed: list[str]) -> list[Shape]:
+    """A grid that fits holds every smaller grid: per row count, grow the columns until one
+    does not fit (one failed search per row count)."""
+    graph = host.graph(allowed)
+    out = []
+    for rows in range(1, len(allowed) + 1):
+        cols = rows
+        while rows * cols <= len(allowed) and embed.fits(graph, embed.pattern((rows, cols))):
+            out.append((rows, cols))
+            cols += 1
+        if cols == rows:
+            break  # no rows x rows grid: no grid with more rows either
+    out = [s for s in out if not embed.tt_metal_refuses(s, host.arch)]
+    return sorted(out, key=lambda s: (s[0] * s[1], s[0]))
+
+
 def possible_sizes(inv: Inventory, allowed: list[str]) -> list[int]:
-    graph = link_graph(inv)
-    units = units_of(inv)
-    unit_of = {a: u for u in units for a in u.chips}
-    order_key = {c.asic_id: i for i, c in enumerate(inv.chips)}
-    full = full_shape(inv)
-    sizes = []
-    for k in range(1, len(allowed) + 1):
-        for sh in candidate_shapes(k, full):
-            if _best_embedding(graph, sh, allowed, k, unit_of, order_key, inv, full) is not None:
-                sizes.append(k)
-                break
-    return sizes
+    """Chip counts some mesh of the host has."""
+    return sorted({r * c for r, c in possible_shapes(inv, allowed)})
 
 
-def _fail(inv, n, shape, allowed, graph, unit_of, order_key):
-    sizes = possible_sizes(inv, allowed)
-    full = full_shape(inv)
-    host = f"{full[0]}x{full[1]} " if full else ""
-    what = f"mesh shape {shape[0]}x{shape[1]}" if shape else f"connected {n}-chip sub-mesh"
-    raise bad_input(
-        f"tp-size {n}: no {what} on this {host}host ({len(allowed)} chips available)",
-        "possible: " + (", ".join(map(str, sizes)) or "none"),
+def _shapes_hint(host: _Host, allowed: list[str]) -> str:
+    shapes = _possible_shapes(host, allowed)
+    return "possible shapes: " + (", ".join(f"{r}x{c}" for r, c in shapes) or "none")
+
+
+def _no_mesh(
+    host: _Host, n: int, shape: Shape | None, allowed: list[str], full: Shape | None
+) -> Exception:
+    where = f"on this {full[0]}x{full[1]} host" if full else "on this host"
+    what = f"mesh shape {shape[0]}x{shape[1]}" if shape else f"connected {n}-chip mesh"
+    candidates = [shape] if shape else candidate_shapes(n)
+    rules = {embed.tt_metal_refuses(s, host.arch) for s in candidates}
+    why = f": {rules.pop()}" if len(rules) == 1 and None not in rules else ""
+    return bad_input(
+        f"tp-size {n}: no {what} {where} ({len(allowed)} chips available){why}",
+        _shapes_hint(host, allowed),
     )
 
 

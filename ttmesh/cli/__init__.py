@@ -58,7 +58,7 @@ def run(args: list[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if args is None else args)
     try:
-        code = main.main(args=argv, prog_name="ttmesh", standalone_mode=False)
+        code = main.main(args=argv, prog_name="ttmesh", standalone_mode=False, obj={"argv": argv})
     except TTMeshError as exc:
         return _fail(argv, exc.code, exc.message, exc.hint)
     except click.exceptions.NoArgsIsHelpError as exc:

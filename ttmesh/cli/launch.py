@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
@@ -151,6 +152,72 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--no-python", "--no_python", is_flag=True, help="Run COMMAND as is, even if it ends in .py."
 )
 @click.option(
+    "--nnodes",
+    metavar="N",
+    help="Hosts in the job (torchrun's flag): one ttmesh agent per host, joined through torch's "
+    "c10d rendezvous at --rdzv-endpoint. Under Slurm: SLURM_NNODES.",
+)
+@click.option(
+    "--node-rank",
+    "--node_rank",
+    "node_rank",
+    type=int,
+    metavar="R",
+    help="This host's place, 0..N-1 (node 0 hosts the rendezvous). Under Slurm: SLURM_NODEID; "
+    "started by --hosts: mpirun's rank.",
+)
+@click.option(
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "rdzv_endpoint",
+    metavar="HOST[:PORT]",
+    help="Where the hosts meet: node 0's address (port 29400 by default). Under Slurm: the first "
+    "host of SLURM_JOB_NODELIST.",
+)
+@click.option(
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "rdzv_backend",
+    type=click.Choice(["c10d"]),
+    help="The rendezvous engine: torch's c10d (the only one).",
+)
+@click.option(
+    "--rdzv-token",
+    metavar="TOKEN",
+    envvar="TTMESH_RDZV_TOKEN",
+    help="A secret every host of the job shares: what an agent publishes is signed with it and "
+    "what is not is ignored. Env: TTMESH_RDZV_TOKEN.",
+)
+@click.option(
+    "--local-addr",
+    "--local_addr",
+    "local_addr",
+    metavar="ADDR",
+    help="This host's address for the other hosts (default: the one that reaches the endpoint).",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="A host silent this long is gone: every other host stops.",
+)
+@click.option(
+    "--rdzv-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    metavar="S",
+    help="How long hosts wait for each other to join (and to agree to start).",
+)
+@click.option(
+    "--hosts",
+    metavar="HOST,...",
+    help="Start the agents on these hosts with mpirun (one per host, --map-by ppr:1:node); "
+    "ttmesh itself opens no connection to them.",
+)
+@click.option(
     "--profile",
     "profile_name",
     metavar="NAME",
@@ -277,6 +344,15 @@ def launch_cmd(
     strict: bool,
     health_interval: float | None,
     health_failures: int,
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    rdzv_backend: str | None,
+    rdzv_token: str | None,
+    local_addr: str | None,
+    heartbeat_timeout: float,
+    rdzv_timeout: float,
+    hosts: str | None,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -307,6 +383,17 @@ def launch_cmd(
 
     if nproc is not None and nproc <= 0:
         raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+    multi = _multihost(
+        nnodes, node_rank, rdzv_endpoint, rdzv_token, local_addr, heartbeat_timeout, rdzv_timeout,
+        hosts, job_id,
+    )  # fmt: skip
+    if hosts is not None:
+        from ttmesh.launcher import agents
+
+        argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
+        return agents.start(hosts, multi, argv, dry_run=dry_run)
+    if multi is not None and job_id is None:
+        job_id = multi[1]
     if rank_binding is not None and mesh_layout is not None:
         raise bad_input(
             "--rank-binding and --mesh-layout together",
@@ -430,7 +517,17 @@ def launch_cmd(
     recovery = launch.Recovery(
         auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
     )
-    return launch.execute(prepared, options, summary_json, recovery=recovery)
+    peers = None
+    if multi is not None:
+        from ttmesh.launcher.multihost import Peers
+
+        peers = Peers(multi[0], prepared.plan.job)
+        try:
+            prepared.plan = peers.join(prepared.plan)
+        except BaseException:
+            peers.coord.close()
+            raise
+    return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
 
 
 def _server(
@@ -470,3 +567,100 @@ def _server(
     if tp is None and profile.tp_flag:
         tp = 1  # the server's own default: one chip
     return profile, parsed, tp, findings
+
+
+def _multihost(
+    nnodes: str | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    token: str | None,
+    local_addr: str | None,
+    heartbeat_timeout: float,
+    rdzv_timeout: float,
+    hosts: str | None,
+    job_id: str | None,
+) -> tuple[Any, str] | None:
+    """(how this agent joins, the job's id) for a job over several hosts; None for one host.
+
+    torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
+    of SLURM_JOB_NODELIST) and over mpirun's (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
+    from ttmesh.launcher import slurm
+
+    env = os.environ
+    count = _nnodes(nnodes)
+    if hosts is not None:
+        names = [h.strip() for h in hosts.split(",") if h.strip()]
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise bad_input(
+                f"--hosts {hosts!r}: name two or more different hosts", "e.g. --hosts node0,node1"
+            )
+        if count not in (None, len(names)):
+            raise bad_input(
+                f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
+            )
+        count, endpoint = len(names), endpoint or names[0]
+    in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
+    if count is None and in_slurm and int(env.get("SLURM_NNODES", "1")) > 1:
+        count = int(env["SLURM_NNODES"])
+    if count is None or count == 1:
+        for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)):
+            if value is not None and count is None:
+                raise bad_input(f"{flag} goes with --nnodes N (a job over N hosts)", "add --nnodes")
+        return None
+    if node_rank is None and "OMPI_COMM_WORLD_RANK" in env and env.get("TTMESH_AGENT") == "1":
+        node_rank = int(env["OMPI_COMM_WORLD_RANK"])
+    if node_rank is None and in_slurm:
+        node_rank = int(env["SLURM_NODEID"])
+    if endpoint is None and in_slurm:
+        endpoint = slurm.expand(env["SLURM_JOB_NODELIST"])[0]
+    if node_rank is None and hosts is None:
+        raise bad_input(
+            f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
+        )
+    if endpoint is None:
+        raise bad_input(
+            f"--nnodes {count}: where do the hosts meet?",
+            "give --rdzv-endpoint HOST:PORT (node 0's address)",
+        )
+    for name, seconds in (
+        ("--heartbeat-timeout", heartbeat_timeout),
+        ("--rdzv-timeout", rdzv_timeout),
+    ):
+        if not seconds > 0:
+            raise bad_input(f"{name} {seconds:g}: must be positive")
+    from ttmesh.launcher import multihost, rendezvous
+
+    point = rendezvous.parse_endpoint(endpoint)
+    if job_id is None:  # every host must name the job alike: derive it from where they meet
+        job_id = (
+            env.get("SLURM_JOB_ID") and f"slurm-{env['SLURM_JOB_ID']}"
+        ) or f"rdzv-{point.host}-{point.port}"
+        job_id = "".join(c if c.isalnum() or c in "._-" else "-" for c in job_id)[:64]
+    mh = multihost.MultiHost(
+        nnodes=count,
+        node_rank=node_rank if node_rank is not None else 0,
+        endpoint=point,
+        token=rendezvous.token_of(token),
+        local_addr=local_addr,
+        join_timeout=rdzv_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+    )
+    multihost.check(mh) if hosts is None else None
+    return mh, job_id
+
+
+def _nnodes(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if ":" in text:
+        low, _, high = text.partition(":")
+        if low != high:
+            raise bad_input(
+                f"--nnodes {value}: ttmesh runs a fixed number of hosts (no elastic MIN:MAX)",
+                f"e.g. --nnodes {high or low}",
+            )
+        text = low
+    if not text.isdigit() or int(text) < 1:
+        raise bad_input(f"--nnodes {value!r}: expected a number of hosts", "e.g. --nnodes 2")
+    return int(text)

@@ -13,18 +13,11 @@ import click
 from ttmesh.errors import bad_input
 
 # torchrun's flags that ttmesh does not take, and what to do instead.
-_RENDEZVOUS = "ttmesh runs a job on one host and needs no rendezvous: drop it"
+_RDZV_CONF = "use --rdzv-timeout (joining) and --heartbeat-timeout (a host gone) instead"
 TORCHRUN = {
     "--standalone": "ttmesh always runs one host's job with its own free port and store: drop it",
-    "--nnodes": "ttmesh runs a job on one host: drop it",
-    "--node-rank": "ttmesh runs a job on one host: drop it",
-    "--node_rank": "ttmesh runs a job on one host: drop it",
-    "--rdzv-backend": _RENDEZVOUS,
-    "--rdzv_backend": _RENDEZVOUS,
-    "--rdzv-endpoint": _RENDEZVOUS,
-    "--rdzv_endpoint": _RENDEZVOUS,
-    "--rdzv-conf": _RENDEZVOUS,
-    "--rdzv_conf": _RENDEZVOUS,
+    "--rdzv-conf": _RDZV_CONF,
+    "--rdzv_conf": _RDZV_CONF,
     "--master-addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
     "--master_addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
     "--redirects": "each rank's output is prefixed on the console; --log-dir DIR also writes it "
@@ -38,15 +31,13 @@ TORCHRUN = {
     "--monitor_interval": "ttmesh sees a rank's exit the moment it happens: drop it",
     "--start-method": "each rank is a new process: drop it",
     "--start_method": "each rank is a new process: drop it",
-    "--max-nodes": "ttmesh runs a job on one host: drop it",
+    "--max-nodes": "ttmesh runs a fixed number of hosts (--nnodes N): drop it",
     "--signals-to-handle": "ttmesh stops the job on SIGINT, SIGTERM and SIGHUP and passes "
     "SIGUSR1/SIGUSR2 to the ranks: drop it",
     "--signals_to_handle": "ttmesh stops the job on SIGINT, SIGTERM and SIGHUP and passes "
     "SIGUSR1/SIGUSR2 to the ranks: drop it",
     "--run-path": "give the script as the command: a .py runs with this Python",
     "--run_path": "give the script as the command: a .py runs with this Python",
-    "--local-addr": "ranks on one host meet at 127.0.0.1: drop it",
-    "--local_addr": "ranks on one host meet at 127.0.0.1: drop it",
     "--numa-binding": "drop it: ttmesh does not bind ranks to NUMA nodes",
     "--numa_binding": "drop it: ttmesh does not bind ranks to NUMA nodes",
 }

@@ -8,6 +8,7 @@ holds the chips' leases for the job's life (restarts included) and runs the atte
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -451,7 +452,7 @@ def _after_crash(
     if not down and not recovery.reset_on_failure:
         return
     why = down[0].what if down else "--reset-on-failure"
-    note(f"the job's chips need a reset after its end ({why}): resetting them")
+    note(f"the job ended ({why}): resetting its chips")
     _reset(prepared, recovery, plan.all_chips())
 
 
@@ -474,8 +475,10 @@ class JobRun:
         summary_json: str | None,
         recovery: Recovery,
         restart_backoff: float,
+        peers: Any = None,
     ) -> None:
         self.prepared = prepared
+        self.peers = peers  # launcher.multihost.Peers in a job over several hosts
         self.plan = prepared.plan
         self.options = options
         self.summary_json = summary_json
@@ -510,9 +513,12 @@ class JobRun:
         status, ok = None, False
         try:
             self._record()
-            if self.recovery.preflight:
+            if self.recovery.preflight or self.peers is not None:
                 try:
-                    _preflight(self.prepared, self.recovery)
+                    if self.recovery.preflight:
+                        self._agree("start", lambda: _preflight(self.prepared, self.recovery))
+                    else:
+                        self._agree("start", lambda: None)
                 except TTMeshError as exc:
                     status = f"refused: {exc}"
                     if self.summary_json:
@@ -552,9 +558,14 @@ class JobRun:
         base_env = dict(os.environ)
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
+            if self.peers is not None:
+                self.peers.watch(attempt)
             result = run_attempt(
-                plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host
-            )
+                plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
+                on_start=self.peers.started if self.peers is not None else None,
+            )  # fmt: skip
+            if self.peers is not None:
+                result = self.peers.ended(attempt, result)
             self.results.append(result)
             if result.code == 0:
                 break
@@ -571,14 +582,28 @@ class JobRun:
                     f"restarting every rank in {wait:.1f} s"
                 )
                 time.sleep(wait)
-                if recovery.preflight:
-                    try:
-                        _preflight(
-                            self.prepared, Recovery(**{**recovery.__dict__, "auto_reset": True})
-                        )
-                    except TTMeshError as exc:
-                        note(f"not restarting: {exc}")
-                        break
+                again = Recovery(**{**recovery.__dict__, "auto_reset": True})
+                try:
+                    self._agree(
+                        f"restart{attempt + 1}",
+                        functools.partial(_preflight, self.prepared, again)
+                        if recovery.preflight
+                        else (lambda: None),
+                    )
+                except TTMeshError as exc:
+                    note(f"not restarting: {exc}")
+                    break
+
+    def _agree(self, name: str, check: Any) -> None:
+        """Run this host's ``check`` (it raises to refuse); with peers, every host must agree."""
+        try:
+            check()
+        except TTMeshError as exc:
+            if self.peers is not None:
+                self.peers.agree(name, str(exc))
+            raise
+        if self.peers is not None:
+            self.peers.agree(name, None)
 
     def _orphaned(self, result: AttemptResult) -> int:
         """In the guardian, once its workers are down: the launcher was killed, finish here."""
@@ -600,6 +625,8 @@ class JobRun:
 
     def finish(self, status: str | None = None) -> int:
         final = self.results[-1]
+        if self.peers is not None:
+            self.peers.close(len(self.results) - 1)
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
         self._release(status, final.code)
@@ -616,9 +643,14 @@ def execute(
     summary_json: str | None = None,
     restart_backoff: float = 0.2,
     recovery: Recovery | None = None,
+    peers: Any = None,
 ) -> int:
-    """Lease the plan's chips, run its attempts (with recovery and restarts), return the code."""
-    return JobRun(prepared, options, summary_json, recovery or Recovery(), restart_backoff).run()
+    """Lease the plan's chips, run its attempts (with recovery and restarts), return the code.
+
+    ``peers`` (launcher.multihost.Peers): the other hosts of a job over several hosts."""
+    return JobRun(
+        prepared, options, summary_json, recovery or Recovery(), restart_backoff, peers
+    ).run()
 
 
 def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
@@ -629,21 +661,26 @@ def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
     if len(results) > 1:
         for r in results:
             note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s)")
-    if final.source == Source.WORKER and final.rank is not None:
+    if final.host is not None and final.code != 0:  # a rank on another host failed first
+        note(f"{final.reason}; stopped this host's ranks")
+        who = f"rank {final.rank}'s exit code" if final.rank is not None else final.reason
+        note(f"exit {final.code}: {who} (on host {final.host})")
+    elif final.source == Source.WORKER and final.rank is not None:
         rank = plan.ranks[final.rank]
+        shown = final.rank + plan.rank_offset  # the global rank, in a job over several hosts
         others = [e for e in final.exits if e.rank != final.rank and e.stopped]
         how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
         note(
-            f"rank {final.rank} ({', '.join(rank.bdfs)}) {how}"
+            f"rank {shown} ({', '.join(rank.bdfs)}) {how}"
             + (f"; stopped {len(others)} other rank(s)" if others else "")
         )
         if final.error_message:
-            note(f"rank {final.rank} raised {final.error_message}")
+            note(f"rank {shown} raised {final.error_message}")
         if final.stderr_tail:
-            note(f"last lines of rank {final.rank}'s stderr:")
+            note(f"last lines of rank {shown}'s stderr:")
             for line in final.stderr_tail[-5:]:
                 note(f"  {line}")
-        note(f"exit {final.code}: rank {final.rank}'s exit code")
+        note(f"exit {final.code}: rank {shown}'s exit code")
     elif final.code != 0:
         note(f"exit {final.code}: {final.reason}")
 

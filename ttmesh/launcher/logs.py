@@ -39,6 +39,7 @@ class Console:
         quiet: bool = False,
         attempt: int = 0,
         launcher: bool = False,
+        offset: int = 0,
     ) -> None:
         self.filter = ranks_filter
         self.quiet = quiet
@@ -46,7 +47,8 @@ class Console:
             "stdout": os.isatty(1) and not os.environ.get("NO_COLOR"),
             "stderr": os.isatty(2) and not os.environ.get("NO_COLOR"),
         }
-        self.width = len(str(max(world - 1, 0)))
+        self.offset = offset  # ranks are shown by their global number (a job over several hosts)
+        self.width = len(str(max(offset + world - 1, 0)))
         self.on_line: Callable[[int, str], None] | None = None
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
@@ -62,7 +64,7 @@ class Console:
     def _prefix(self, rank: int, name: str) -> bytes:
         if rank == LAUNCHER:
             return b"[mpirun] "
-        tag = f"[r{rank}]".ljust(self.width + 3)
+        tag = f"[r{rank + self.offset}]".ljust(self.width + 3)
         if self.colour[name]:
             tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
         return (tag + " ").encode()

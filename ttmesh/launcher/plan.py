@@ -134,6 +134,7 @@ class LaunchPlan:
     ready_timeout: float | None = None
     ready_pattern: str | None = None
     serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
+    rank_offset: int = 0  # this host's first global rank, in a job over several hosts
 
     @property
     def fabric_at_start(self) -> bool:

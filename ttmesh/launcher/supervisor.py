@@ -47,6 +47,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 # Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
 # on to the workers, SIGINT is Ctrl-C (a second one kills at once).
 STOPPING: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
+# From the launcher only: another host of the job failed, stop this host's ranks (gracefully).
+PEER_STOP = signal.SIGRTMIN + 1
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
@@ -70,6 +72,7 @@ class AttemptResult:
     duration: float = 0.0
     hung: bool = False  # no failure, but not ready in time: restartable
     supervisor_lost: bool = False  # the guardian itself was killed: how the ranks ended is unknown
+    host: str | None = None  # the host of the failing rank, in a job over several hosts
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +100,7 @@ def run_attempt(
     base_env: dict[str, str],
     orphaned: Callable[[AttemptResult], int] | None = None,
     host: Host | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> AttemptResult:
     """Run one attempt of the job (every rank once) and return how it ended.
 
@@ -131,6 +135,8 @@ def run_attempt(
             os._exit(code)
     os.close(alive_r)
     os.close(result_w)
+    if on_start is not None:
+        on_start(pid)
     previous = {}
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, functools.partial(_forward, pid))
@@ -273,7 +279,7 @@ class Guardian:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
-        for sig in (*FORWARDED, signal.SIGCHLD):
+        for sig in (*FORWARDED, signal.SIGCHLD, PEER_STOP):
             signal.signal(sig, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "signals")
@@ -308,6 +314,7 @@ class Guardian:
             self.options.quiet,
             self.attempt,
             launcher=self.starter.has_launcher,
+            offset=self.plan.rank_offset,
         )
         self.starter.console = self.console
         if self.ready_re is not None:
@@ -385,6 +392,10 @@ class Guardian:
                 why = f"{STOPPING[sig]} ({procs.signal_name(sig)})"
                 self._emit(f"{why}: stopping every worker")
                 self._begin_stop(Stop(why, 128 + sig))
+            elif sig == PEER_STOP and self.stop is None and self.first_failure is None:
+                self._begin_stop(
+                    Stop("stopped: another host of the job failed", 128 + signal.SIGTERM)
+                )
             elif sig in (signal.SIGUSR1, signal.SIGUSR2):
                 procs.signal_groups(self.starter.signal_targets(self.running), sig)
         self._reap()

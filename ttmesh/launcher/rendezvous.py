@@ -1,0 +1,385 @@
+"""Multi-host jobs: one ttmesh agent per host, joined through torch's c10d rendezvous.
+
+The engine is torch's own (``torch.distributed.elastic.rendezvous``: a ``DynamicRendezvousHandler``
+over a ``C10dRendezvousBackend`` on a ``TCPStore``), imported only here and only in multi-host mode,
+so a single-host launch never imports torch. ttmesh adds, on that store:
+
+* **a job record** published by node 0 (the store's host) and **node claims**: every agent
+  claims its node rank with an atomic compare-and-set, so a duplicate node rank is refused
+  before it can take another's place; an agent first verifies the job record, so one with the
+  wrong token is refused before it joins;
+* **signed records**: every value an agent publishes carries an HMAC with the job's token
+  (``--rdzv-token`` / ``TTMESH_RDZV_TOKEN``) and readers ignore what does not verify, so a peer
+  without the token can neither join nor change the plan. The store itself, like torchrun's,
+  has no authentication: keep it on a trusted network. It listens only on the address given;
+* **the plan's facts** (each host's address, ranks, pre-flight verdict; node 0's master port),
+  **heartbeats**, and each attempt's **end** (the first failing rank, its host and code),
+  so every agent tears down when any rank anywhere fails, and notices a host that disappears
+  within ``--heartbeat-timeout``.
+
+The store carries data, never a command line: each host runs only the command it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ttmesh.errors import TTMeshError, bad_input, refused
+
+PREFIX = "ttmesh/"
+BEAT_EVERY = 0.5  # seconds between heartbeats
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoint(text: str, default_port: int = 29400) -> Endpoint:
+    """``HOST[:PORT]`` (torchrun's ``--rdzv-endpoint``)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host, port = text.strip(), str(default_port)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad_input(
+            f"--rdzv-endpoint {text!r}: expected HOST:PORT", "e.g. --rdzv-endpoint node0:29400"
+        )
+    return Endpoint(host, int(port))
+
+
+@dataclass
+class Node:
+    """What one agent tells the others about its host."""
+
+    node: int
+    hostname: str
+    addr: str  # where ranks on other hosts reach this host's ranks
+    nproc: int  # local ranks
+    chips: list[str] = field(default_factory=list)  # PCI addresses, in local rank order
+    root: str = ""
+    pid: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+class Coordinator:
+    """This agent's view of the job's store: signed records, claims, heartbeats, ends."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        job: str,
+        nnodes: int,
+        node: int,
+        token: str,
+        *,
+        timeout: float = 300.0,
+        heartbeat_timeout: float = 5.0,
+        local_addr: str | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.job = job
+        self.nnodes = nnodes
+        self.node = node
+        self.key = token.encode()
+        self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.local_addr = local_addr
+        self.store: Any = None
+        self.listener: socket.socket | None = None
+        self.nodes: dict[int, Node] = {}
+        self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+        self._beat_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.lost: str | None = None  # why a peer or the store is considered gone
+        self.peer_end: dict[str, Any] | None = None  # the first failure another host reported
+        self._on_peer: Any = None
+        self._lock = threading.Lock()
+
+    # -- signed records
+
+    def _sign(self, key: str, data: str) -> str:
+        return hmac.new(self.key, f"{key}\n{data}".encode(), hashlib.sha256).hexdigest()
+
+    def publish(self, key: str, value: Any) -> None:
+        data = json.dumps(value, sort_keys=True)
+        with self._lock:
+            self.store.set(PREFIX + key, json.dumps({"data": data, "mac": self._sign(key, data)}))
+
+    def read(self, key: str) -> Any:
+        """The value at ``key`` if it is there and signed with this job's token, else None."""
+        with self._lock:
+            if not self.store.check([PREFIX + key]):
+                return None
+            raw = self.store.get(PREFIX + key)
+        return self._verify(key, raw)
+
+    def _verify(self, key: str, raw: bytes) -> Any:
+        try:
+            record = json.loads(raw)
+            data, mac = record["data"], record["mac"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not hmac.compare_digest(mac, self._sign(key, data)):
+            return None
+        return json.loads(data)
+
+    def wait_for(self, keys: list[str], what: str, timeout: float | None = None) -> dict[str, Any]:
+        """Every key's verified value, waiting up to ``timeout``; refuses naming what is missing."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        found: dict[str, Any] = {}
+        unsigned: set[str] = set()
+        while True:
+            for key in keys:
+                if key in found:
+                    continue
+                with self._lock:
+                    present = self.store.check([PREFIX + key])
+                    raw = self.store.get(PREFIX + key) if present else None
+                if raw is None:
+                    continue
+                value = self._verify(key, raw)
+                if value is None:
+                    unsigned.add(key)
+                else:
+                    found[key] = value
+                    unsigned.discard(key)
+            if len(found) == len(keys):
+                return found
+            if time.monotonic() >= deadline:
+                missing = [k for k in keys if k not in found]
+                if unsigned:
+                    raise refused(
+                        f"{what}: {', '.join(sorted(unsigned))} at {self.endpoint} is not signed "
+                        "with this job's token",
+                        "give every host the same --rdzv-token (or TTMESH_RDZV_TOKEN)",
+                    )
+                raise refused(
+                    f"{what}: nothing from {', '.join(missing)} after {timeout or self.timeout:g} s",
+                    f"start ttmesh on every host with the same --rdzv-endpoint {self.endpoint} and job id",
+                )
+            time.sleep(0.05)
+
+    # -- joining
+
+    def join(self, me: Node) -> None:
+        """Connect (node 0 hosts the store), check the job and this node rank, then meet every
+        other agent in torch's rendezvous and learn every host's facts."""
+        self._connect()
+        if self.node == 0:
+            self.publish("job", {"job": self.job, "nnodes": self.nnodes, "host": me.hostname})
+        job = self.wait_for(["job"], f"the job record of {self.job}")["job"]
+        if job["nnodes"] != self.nnodes:
+            raise bad_input(
+                f"--nnodes {self.nnodes}, but node 0 ({job['host']}) started the job with {job['nnodes']}",
+                "give every host the same --nnodes",
+            )
+        with self._lock:
+            claimed = self.store.compare_set(PREFIX + f"claim/{self.node}", "", self.agent_id)
+        claimed = claimed.decode() if isinstance(claimed, bytes) else str(claimed)
+        if claimed != self.agent_id:
+            holder = claimed.split(":")
+            raise bad_input(
+                f"--node-rank {self.node} is already taken in job {self.job} (by {holder[0]}, pid {holder[1] if len(holder) > 1 else '?'})",
+                f"give each host its own --node-rank, 0..{self.nnodes - 1}",
+            )
+        self._rendezvous()
+        self.publish(f"node/{self.node}", me.to_json())
+        found = self.wait_for([f"node/{n}" for n in range(self.nnodes)], "the other hosts")
+        self.nodes = {n: Node(**found[f"node/{n}"]) for n in range(self.nnodes)}
+        self._beat_thread = threading.Thread(
+            target=self._beat, name="ttmesh-heartbeat", daemon=True
+        )
+        self._beat_thread.start()
+
+    def _connect(self) -> None:
+        from torch.distributed import TCPStore
+
+        wait = timedelta(seconds=self.timeout)
+        if self.node == 0:
+            self.listener = _listen(self.endpoint)  # bound to the address given, nothing else
+            self.store = TCPStore(
+                self.endpoint.host, self.endpoint.port, None, True, wait, False, True,
+                self.listener.fileno(),
+            )  # fmt: skip
+            return
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.store = TCPStore(
+                    self.endpoint.host, self.endpoint.port, None, False, timedelta(seconds=5)
+                )
+                return
+            except (RuntimeError, TimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise refused(
+                        f"no rendezvous at {self.endpoint} after {self.timeout:g} s ({str(exc).splitlines()[0]})",
+                        "start node 0 (--node-rank 0) on the endpoint's host first, or check the address",
+                    )
+                time.sleep(0.2)
+
+    def _rendezvous(self) -> None:
+        from torch.distributed import PrefixStore
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend,
+        )
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler,
+            RendezvousTimeout,
+        )
+
+        store = PrefixStore(PREFIX + "rdzv/", self.store)
+        backend = C10dRendezvousBackend(store, self.job)
+        handler = DynamicRendezvousHandler.from_backend(
+            self.job, store, backend, self.nnodes, self.nnodes, self.local_addr,
+            RendezvousTimeout(join=timedelta(seconds=self.timeout), last_call=timedelta(seconds=1)),
+        )  # fmt: skip
+        try:
+            handler.next_rendezvous()
+        except Exception as exc:  # torch's RendezvousError and friends
+            raise refused(f"the rendezvous at {self.endpoint} failed: {str(exc).splitlines()[0]}")
+        self.handler = handler
+
+    # -- during a job
+
+    def _beat(self) -> None:
+        """Publish this agent's heartbeat; notice peers whose heartbeats stop, or a lost store."""
+        last: dict[int, tuple[Any, float]] = {}
+        count = 0
+        while not self._stop.wait(BEAT_EVERY):
+            count += 1
+            try:
+                self.publish(f"alive/{self.node}", count)
+                for n in self.nodes:
+                    if n == self.node:
+                        continue
+                    value = self.read(f"alive/{n}")
+                    now = time.monotonic()
+                    if n not in last or last[n][0] != value:
+                        last[n] = (value, now)
+                    elif now - last[n][1] > self.heartbeat_timeout:
+                        self._gone(f"host {self.nodes[n].hostname} (node {n}) stopped answering "
+                                   f"for {self.heartbeat_timeout:g} s")  # fmt: skip
+                        return
+                self._check_ends()
+            except (RuntimeError, OSError, TimeoutError) as exc:
+                self._gone(
+                    f"the rendezvous store at {self.endpoint} is gone ({str(exc).splitlines()[0]})"
+                )
+                return
+
+    def _gone(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            if self._on_peer is not None:
+                self._on_peer()
+
+    def watch(self, attempt: int, on_peer: Any) -> None:
+        """Call ``on_peer()`` (once) when another host's rank fails or a host is lost."""
+        self.attempt = attempt
+        self.peer_end = None
+        self._on_peer = on_peer
+
+    def _check_ends(self) -> None:
+        attempt = getattr(self, "attempt", None)
+        if attempt is None or self.peer_end is not None:
+            return
+        first = self.read(f"first/{attempt}")
+        if first is not None and first.get("node") != self.node and first.get("code", 0) != 0:
+            self.peer_end = first
+            if self._on_peer is not None:
+                self._on_peer()
+
+    def report_end(self, attempt: int, end: dict[str, Any]) -> dict[str, Any]:
+        """Publish how this host's attempt ended; the attempt's first failure anywhere, if any
+        (this one when it failed first)."""
+        self.publish(f"end/{attempt}/{self.node}", end)
+        if end.get("code", 0) != 0:
+            with self._lock:
+                order = self.store.add(PREFIX + f"failures/{attempt}", 1)
+            if order == 1:
+                self.publish(f"first/{attempt}", {**end, "node": self.node})
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            first = self.read(f"first/{attempt}")
+            if first is not None:
+                return first
+            with self._lock:
+                failures = self.store.add(PREFIX + f"failures/{attempt}", 0)
+            if failures == 0:
+                return end
+            time.sleep(0.05)
+        return end
+
+    def wait_ends(self, attempt: int, timeout: float) -> None:
+        """Node 0 hosts the store: it stays until every host has said how its attempt ended."""
+        keys = [f"end/{attempt}/{n}" for n in range(self.nnodes)]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.lost is None:
+            if all(self.read(k) is not None for k in keys):
+                return
+            time.sleep(0.1)
+
+    def barrier(self, name: str, value: Any, timeout: float) -> dict[int, Any]:
+        """Publish ``value`` under ``name`` and wait for every host's."""
+        self.publish(f"{name}/{self.node}", value)
+        found = self.wait_for([f"{name}/{n}" for n in range(self.nnodes)], name, timeout)
+        return {n: found[f"{name}/{n}"] for n in range(self.nnodes)}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(timeout=2)
+        with contextlib.suppress(Exception):
+            self.handler.shutdown()
+        if self.listener is not None:
+            with contextlib.suppress(OSError):
+                self.listener.close()
+
+
+def _listen(endpoint: Endpoint) -> socket.socket:
+    """A listening socket bound to exactly the endpoint's address (not every interface)."""
+    try:
+        infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise bad_input(
+            f"--rdzv-endpoint {endpoint}: {exc.strerror or exc}", "give an address of this host"
+        )
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise bad_input(
+            f"node 0 cannot listen on --rdzv-endpoint {endpoint}: {exc.strerror}",
+            "run node 0 on the endpoint's host, or pick a free port",
+        )
+    sock.listen(128)
+    return sock
+
+
+def token_of(given: str | None) -> str:
+    return given if given is not None else os.environ.get("TTMESH_RDZV_TOKEN", "")
+
+
+class PeerFailure(TTMeshError):
+    pass

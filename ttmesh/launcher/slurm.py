@@ -1,0 +1,61 @@
+"""Slurm's host lists, expanded as ``scontrol show hostnames`` does.
+
+``galaxy[01-03,07]`` is galaxy01, galaxy02, galaxy03 and galaxy07 (zero padding kept);
+``rack[1-2]-n[1-2]`` is every combination; commas outside brackets separate entries.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ttmesh.errors import bad_input
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _range(spec: str, where: str) -> list[str]:
+    out = []
+    for item in spec.split(","):
+        low, sep, high = item.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise bad_input(f"SLURM_JOB_NODELIST {where!r}: cannot read [{spec}]")
+        if not sep:
+            out.append(low)
+            continue
+        width = len(low)
+        out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    return out
+
+
+def expand(nodelist: str) -> list[str]:
+    """Every host name of a Slurm node list, in order."""
+    names: list[str] = []
+    for entry in _split_top(nodelist):
+        expanded = [""]
+        pos = 0
+        for match in _BRACKET.finditer(entry):
+            literal = entry[pos : match.start()]
+            values = _range(match.group(1), entry)
+            expanded = [e + literal + v for e in expanded for v in values]
+            pos = match.end()
+        expanded = [e + entry[pos:] for e in expanded]
+        names += expanded
+    if not names:
+        raise bad_input(f"SLURM_JOB_NODELIST {nodelist!r}: no host in it")
+    return names

@@ -69,8 +69,8 @@ def run(args: list[str] | None = None) -> int:
         return _fail(argv, BAD_INPUT, exc.format_message(), f"see: {cmd} --help")
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except click.Abort:
-        return _fail(argv, 130, "aborted", None)
+    except (click.Abort, KeyboardInterrupt):
+        return _fail(argv, 130, "interrupted", None)
     except BrokenPipeError:
         return 1
     except OSError as exc:

@@ -23,6 +23,7 @@ The store carries data, never a command line: each host runs only the command it
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -210,16 +211,18 @@ class Coordinator:
         self._beat_thread.start()
 
     def _connect(self) -> None:
-        from torch.distributed import TCPStore
+        TCPStore = _torch_store()  # noqa: N806 (a class)
 
         wait = timedelta(seconds=self.timeout)
         if self.node == 0:
             self.listener = _listen(self.endpoint)  # bound to the address given, nothing else
-            self.store = TCPStore(
-                self.endpoint.host, self.endpoint.port, None, True, wait, False, True,
-                self.listener.fileno(),
-            )  # fmt: skip
-            return
+            if self.listener is not None:
+                self.store = TCPStore(
+                    self.endpoint.host, self.endpoint.port, None, True, wait, False, True,
+                    self.listener.fileno(),
+                )  # fmt: skip
+                return
+            # Someone already listens there: as a client, this agent's claim will say who.
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -354,8 +357,9 @@ class Coordinator:
                 self.listener.close()
 
 
-def _listen(endpoint: Endpoint) -> socket.socket:
-    """A listening socket bound to exactly the endpoint's address (not every interface)."""
+def _listen(endpoint: Endpoint) -> socket.socket | None:
+    """A listening socket bound to exactly the endpoint's address (not every interface); None
+    when the port is taken already (another node 0, or the job's own store)."""
     try:
         infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -369,12 +373,27 @@ def _listen(endpoint: Endpoint) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
         raise bad_input(
             f"node 0 cannot listen on --rdzv-endpoint {endpoint}: {exc.strerror}",
             "run node 0 on the endpoint's host, or pick a free port",
         )
     sock.listen(128)
     return sock
+
+
+def _torch_store() -> Any:
+    """torch's TCPStore, imported quietly: torch's C++ logs every retry of a client connecting
+    (with a C++ stack) unless told not to; ttmesh says what went wrong in one line itself."""
+    previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = previous or "FATAL"
+    try:
+        from torch.distributed import TCPStore
+    finally:
+        if previous is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+    return TCPStore
 
 
 def token_of(given: str | None) -> str:

@@ -1,0 +1,235 @@
+"""Jobs over several hosts (issue 13), on hosts emulated on this machine (tests/hosts.py):
+an 8-rank all-reduce over two QuietBox 2s started by hand and by ``--hosts``, failures and a
+lost host across hosts, and the rendezvous' refusals (wrong token, duplicate node rank)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TAG, TW, alive, run_cli, scratch, wait_for
+from hosts import can_emulate, launch_agent, make_hosts, mpi_env
+
+from ttmesh import procs
+from ttmesh.launcher import slurm
+
+WHY = can_emulate()
+needs_hosts = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+ALLREDUCE = str(REPO / "examples" / "allreduce.py")
+TOKEN = {"TTMESH_RDZV_TOKEN": "test-token-1"}
+
+
+def _port(addr: str = "127.0.0.2") -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def _listening(addr: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((addr, port)) == 0
+
+
+def _agents(
+    hosts, port: int, *args: str, env: dict[str, str] | None = None, ranks=None, nnodes=None
+):
+    """One agent per host, by hand (torchrun's flags), stdout and stderr piped."""
+    procs_ = []
+    for i, host in enumerate(hosts):
+        rank = i if ranks is None else ranks[i]
+        procs_.append(
+            host.ttmesh(
+                "launch", "--nnodes", str(nnodes or len(hosts)), "--node-rank", str(rank),
+                "--rdzv-endpoint", f"{hosts[0].addr}:{port}", "--job-id", f"mh-{port}",
+                "--heartbeat-timeout", "3", "--rdzv-timeout", "60", *args,
+                env={**TOKEN, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+        )  # fmt: skip
+    return procs_
+
+
+def _finish(procs_, timeout: float = 120) -> list[tuple[int, str, str]]:
+    out = []
+    for p in procs_:
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+        out.append((p.returncode, o, e))
+    return out
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    """A directory every emulated host sees (their /tmp is their own: not under it)."""
+    with scratch(tmp_path / "world") as path:
+        path.chmod(0o777)
+        yield path
+
+
+@pytest.fixture
+def two_qb2(world: Path):
+    return make_hosts(world, "quietbox2", 2)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "names"),
+    [
+        ("galaxy[01-03,07]", ["galaxy01", "galaxy02", "galaxy03", "galaxy07"]),
+        ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+        ("rack[1-2]-n[8-9]", ["rack1-n8", "rack1-n9", "rack2-n8", "rack2-n9"]),
+        ("node007", ["node007"]),
+    ],
+)
+def test_slurm_nodelists_expand_as_scontrol_does(nodelist: str, names: list[str]) -> None:
+    assert slurm.expand(nodelist) == names
+
+
+def test_multihost_bad_input(qb2: Path) -> None:
+    for args, needle in (
+        (["--nnodes", "2", "--tp-size", "1"], "which host is this?"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "1"], "--node-rank 2: must be 0..1"),
+        (["--nnodes", "1:4", "--tp-size", "1"], "no elastic MIN:MAX"),
+        (["--node-rank", "1", "--tp-size", "1"], "--node-rank goes with --nnodes N"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "1"], "expected HOST:PORT"),
+        (["--hosts", "a", "--tp-size", "1"], "name two or more different hosts"),
+    ):  # fmt: skip
+        res = run_cli("launch", "--root", str(qb2), *args, "true")
+        assert res.code == 2, (args, res.err)
+        assert needle in res.err.strip().splitlines()[-1], (args, res.err)
+
+
+# --------------------------------------------------------------------------- emulated hosts
+
+
+@needs_hosts
+def test_two_hosts_by_hand_all_reduce(two_qb2, world: Path) -> None:
+    """8 ranks over two QuietBox 2s: global ranks node-major, one world, the right sum."""
+    port = _port()
+    envs = world / "envs"
+    envs.mkdir()
+    envs.chmod(0o777)
+    results = _finish(_agents(two_qb2, port, "--tp-size", "4", "--",
+                              sys.executable, TW, TAG, f"env={envs}", "exit=0"))  # fmt: skip
+    for code, _o, e in results:
+        assert code == 0, e
+    seen = {}
+    for path in envs.glob("rank*.json"):
+        env = json.loads(path.read_text())
+        seen[int(env["RANK"])] = env
+    assert sorted(seen) == list(range(8))
+    for rank, env in seen.items():
+        node = rank // 4
+        assert env["WORLD_SIZE"] == "8" and env["LOCAL_WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank % 4) and env["GROUP_RANK"] == str(node)
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.2"
+        assert env["TTMESH_SIM_ROOT"] == str(two_qb2[node].root)
+    results = _finish(_agents(two_qb2, _port(), "--tp-size", "4", ALLREDUCE))
+    lines = [ln for _c, o, _e in results for ln in o.splitlines()]
+    assert len([ln for ln in lines if "all_reduce = 36 ok" in ln]) == 8, lines
+    assert {re.match(r"\[r(\d)\]", ln).group(1) for ln in lines} == {str(r) for r in range(8)}
+
+
+@needs_hosts
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
+)
+def test_two_hosts_started_by_hosts_flag(two_qb2, world: Path) -> None:
+    agent = launch_agent(world, two_qb2)
+    port = _port()
+    res = subprocess.run(
+        [sys.executable, "-m", "ttmesh", "launch", "--hosts", ",".join(h.name for h in two_qb2),
+         "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}", "--tp-size", "4", ALLREDUCE],
+        capture_output=True, text=True, timeout=180, env={**__import__("os").environ, **mpi_env(agent), **TOKEN},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("all_reduce = 36 ok") == 8, res.stdout + res.stderr
+
+
+@needs_hosts
+def test_a_rank_failing_on_host1_stops_every_host(two_qb2, world: Path) -> None:
+    pids = world / "pids"
+    pids.mkdir()
+    pids.chmod(0o777)
+    t0 = time.monotonic()
+    results = _finish(_agents(two_qb2, _port(), "--tp-size", "4", "--grace", "2", "--",
+                              sys.executable, TW, TAG, f"pids={pids}", "fail-after=6:2:7"))  # fmt: skip
+    took = time.monotonic() - t0
+    for code, _o, e in results:
+        assert code == 7, e
+    assert "exit 7: rank 6's exit code (on host ttmh-1)" in results[0][2]
+    assert "rank 6 (0000:" in results[1][2]
+    assert took < 60
+    workers = [int(p.read_text()) for p in pids.glob("*.pid")]
+    assert len(workers) == 8 and not any(alive(p) for p in workers)
+
+
+@needs_hosts
+def test_an_agent_killed_stops_the_others_within_the_heartbeat_timeout(
+    two_qb2, world: Path
+) -> None:
+    pids = world / "pids"
+    pids.mkdir()
+    pids.chmod(0o777)
+    agents = _agents(
+        two_qb2, _port(), "--tp-size", "2", "--", sys.executable, TW, TAG, f"pids={pids}"
+    )
+    try:
+        wait_for(
+            lambda: len(list(pids.glob("*.pid"))) == 4 or any(a.poll() is not None for a in agents),
+            timeout=90,
+            what="every rank",
+        )
+        assert len(list(pids.glob("*.pid"))) == 4, _finish(agents, 5)
+        assert "ttmesh" in (procs.command_line(agents[1].pid) or "")  # unshare and sh exec'd it
+        t0 = time.monotonic()
+        agents[1].send_signal(signal.SIGKILL)  # the agent of host 1, gone without a word
+        code0, _o, err0 = _finish(agents[:1], timeout=60)[0]
+        took = time.monotonic() - t0
+    finally:
+        _finish(agents, timeout=30)
+    assert code0 != 0, err0
+    assert "stopped answering" in err0 or "store" in err0, err0
+    assert took < 3 + 5 + 5, took  # heartbeat timeout + grace + a beat
+    workers = [int(p.read_text()) for p in pids.glob("*.pid")]
+    wait_for(lambda: not any(alive(p) for p in workers), timeout=10, what="every worker gone")
+
+
+@needs_hosts
+def test_a_wrong_token_and_a_duplicate_node_rank_are_refused(two_qb2) -> None:
+    port = _port()
+    good = _agents(two_qb2[:1], port, "--tp-size", "1", "--", "sleep", "30", nnodes=2)
+    try:
+        wait_for(lambda: _listening(two_qb2[0].addr, port), timeout=60, what="node 0's store")
+        bad = two_qb2[1].ttmesh(
+            "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}",
+            "--job-id", f"mh-{port}", "--rdzv-timeout", "5", "--tp-size", "1", "--", "true",
+            env={"TTMESH_RDZV_TOKEN": "wrong"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        code, _o, err = _finish([bad], timeout=60)[0]
+        assert code == 3, err
+        assert "is not signed with this job's token" in err.strip().splitlines()[-1], err
+        dup = two_qb2[1].ttmesh(
+            "launch", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}",
+            "--job-id", f"mh-{port}", "--rdzv-timeout", "5", "--tp-size", "1", "--", "true",
+            env=TOKEN, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        code, _o, err = _finish([dup], timeout=60)[0]
+        assert code == 2, err
+        assert "--node-rank 0 is already taken" in err.strip().splitlines()[-1], err
+    finally:
+        for p in good:
+            p.send_signal(signal.SIGINT)
+        _finish(good, timeout=30)

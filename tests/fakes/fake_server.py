@@ -16,7 +16,8 @@ sgl_jax.launch_server`` with ``tests/fakes`` on PYTHONPATH. What it does, as the
 
 ``$FAKE_MODE`` makes it misbehave: ``crash`` (exit 3 after ready), ``hang`` (never ready),
 ``unhealthy`` (``/health`` 503 after ready), ``child-dies`` (a child exits after ready),
-``ignore-term`` (ignores SIGTERM). ``$FAKE_READY_AFTER`` seconds to ready (0.3).
+``ignore-term`` (ignores SIGTERM). ``$FAKE_READY_AFTER`` seconds to ready (0.3). ``$FAKE_SAY``: a
+line it prints on stderr once it has started (what a failing libtt or tt-metal would say).
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ def main(stack: str) -> None:
         signal.signal(signal.SIGTERM, stop)
     sys.stdout.write(f"fake {stack} server on port {one(f, '--port', '30000')}\n")
     sys.stdout.flush()
+    if os.environ.get("FAKE_SAY"):
+        sys.stderr.write(os.environ["FAKE_SAY"] + "\n")
+        sys.stderr.flush()
     if mode != "hang":
         time.sleep(float(os.environ.get("FAKE_READY_AFTER", "0.3")))
         state["ready"] = True

@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input, refused
@@ -31,6 +31,9 @@ from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
 from ttmesh.runtime import jobs, leases
 from ttmesh.vocab import MPI_LAYOUTS, Layout, Source, StartMode
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.failures import Diagnosis
 
 
 @dataclass
@@ -630,10 +633,11 @@ class JobRun:
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
         self._release(status, final.code)
-        _summarize(self.prepared, self.results)
+        diagnosis = _explain(self.prepared, final)
+        _summarize(self.prepared, self.results, diagnosis)
         if self.summary_json:
             with contextlib.suppress(OSError):
-                _write_summary(self.summary_json, final, self.results)
+                _write_summary(self.summary_json, final, self.results, diagnosis)
         return final.code
 
 
@@ -653,14 +657,30 @@ def execute(
     ).run()
 
 
-def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
+def _explain(prepared: Prepared, final: AttemptResult) -> Diagnosis | None:
+    """The known failure the guardian found in the output, its fix filled in for this job."""
+    if final.code == 0 or not final.diagnosis:
+        return None
+    from ttmesh.launcher import failures
+
+    try:
+        return failures.explain(final.diagnosis, prepared.inv, prepared.plan.all_chips())
+    except Exception as exc:  # the job's end is still reported, without the explanation
+        note(f"could not explain the failure ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _summarize(
+    prepared: Prepared, results: list[AttemptResult], diagnosis: Diagnosis | None = None
+) -> None:
     final = results[-1]
     plan = prepared.plan
     if final.code == 0 and len(results) == 1:
         return
     if len(results) > 1:
         for r in results:
-            note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s)")
+            known = f"; known failure: {r.diagnosis['id']}" if r.diagnosis else ""
+            note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s){known}")
     if final.host is not None and final.code != 0:  # a rank on another host failed first
         note(f"{final.reason}; stopped this host's ranks")
         who = f"rank {final.rank}'s exit code" if final.rank is not None else final.reason
@@ -680,8 +700,12 @@ def _summarize(prepared: Prepared, results: list[AttemptResult]) -> None:
             note(f"last lines of rank {shown}'s stderr:")
             for line in final.stderr_tail[-5:]:
                 note(f"  {line}")
+        for line in diagnosis.lines() if diagnosis else ():
+            note(line)
         note(f"exit {final.code}: rank {shown}'s exit code")
     elif final.code != 0:
+        for line in diagnosis.lines() if diagnosis else ():
+            note(line)
         note(f"exit {final.code}: {final.reason}")
 
 
@@ -693,12 +717,18 @@ def write_refusal(path: str, exc: TTMeshError) -> None:
         "code": exc.code,
         "reason": str(exc),
         "attempts": [],
+        "diagnosis": None,
     }
     with contextlib.suppress(OSError):
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _write_summary(path: str, final: AttemptResult, results: list[AttemptResult]) -> None:
+def _write_summary(
+    path: str,
+    final: AttemptResult,
+    results: list[AttemptResult],
+    diagnosis: Diagnosis | None = None,
+) -> None:
     data = {
         "source": final.source,
         "rank": final.rank,
@@ -708,5 +738,6 @@ def _write_summary(path: str, final: AttemptResult, results: list[AttemptResult]
             {"attempt": r.attempt, "code": r.code, "rank": r.rank, "reason": r.reason}
             for r in results
         ],
+        "diagnosis": diagnosis.to_json() if diagnosis else None,
     }
     Path(path).write_text(json.dumps(data, indent=2) + "\n")

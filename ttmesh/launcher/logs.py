@@ -3,8 +3,8 @@
 The supervisor is the only writer to ttmesh's stdout and stderr while a job runs: it reads each
 worker's pipes, cuts complete lines and writes each one with a single ``write`` call, prefixed
 ``[r0]`` (coloured on a terminal). ``--ranks-filter`` limits what reaches the console; per-rank
-log files (``--log-dir``) always get everything, without prefixes. The last lines of each rank's
-stderr are kept for the failure summary.
+log files (``--log-dir``) always get everything, without prefixes. The last lines of each stream
+are kept for the failure summary.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from typing import IO
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 MAX_PARTIAL = 64 * 1024
 LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
-TAIL_LINES = 20
+# The last lines of each stream, kept for the failure summary and to find a known failure line
+# (ttmesh.launcher.failures): tt-metal follows its error with a C++ backtrace of dozens of lines.
+TAIL_LINES = 100
+TAIL_WIDTH = 4096  # characters kept of each line in the tail
 
 
 @dataclass
@@ -72,7 +75,7 @@ class Console:
     def _emit(self, stream: Stream, lines: list[bytes]) -> None:
         for line in lines:
             text = line.decode(errors="replace")
-            stream.tail.append(text)
+            stream.tail.append(text[:TAIL_WIDTH])
             if self.on_line is not None:
                 self.on_line(stream.rank, text)
         if stream.log is not None:

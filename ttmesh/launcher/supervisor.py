@@ -73,6 +73,8 @@ class AttemptResult:
     hung: bool = False  # no failure, but not ready in time: restartable
     supervisor_lost: bool = False  # the guardian itself was killed: how the ranks ended is unknown
     host: str | None = None  # the host of the failing rank, in a job over several hosts
+    # A known failure line in the output (ttmesh.launcher.failures.match), found on failure only.
+    diagnosis: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -612,6 +614,28 @@ class Guardian:
             os.write(2, f"ttmesh: {message}\n".encode())
 
     def _result(self) -> AttemptResult:
+        result = self._verdict()
+        if result.code != 0:
+            result.diagnosis = self._diagnose(result.rank)
+        return result
+
+    def _diagnose(self, rank: int | None) -> dict[str, Any] | None:
+        """A known failure line in the output that tells: the failing rank's, or every rank's
+        when ttmesh ended the attempt (a server is rank 0 of its plan); then mpirun's own."""
+        from ttmesh.launcher import failures
+
+        assert self.console is not None
+        owners = [rank] if rank is not None else [r.rank for r in self.plan.ranks]
+        if self.starter.has_launcher:
+            owners.append(LAUNCHER)
+        server = self.server.name if self.server is not None else None
+        try:
+            return failures.match(failures.tails(owners, self.console.tail, server))
+        except Exception as exc:  # a broken table must not hide how the job ended
+            self._emit(f"the table of known failures could not be read: {exc}")
+            return None
+
+    def _verdict(self) -> AttemptResult:
         assert self.console is not None
         base = AttemptResult(
             attempt=self.attempt,

@@ -1,7 +1,7 @@
 """The ``ttmesh`` command line: parse, call one function, render its result.
 
 A package with one module per command (``ls``, ``launch``, ``ps``, ``check``, ``reset``,
-``descriptor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
+``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
 that opens a host (:mod:`~ttmesh.cli.hosts`, the only importer of the simulator) and the text
 views (:mod:`~ttmesh.cli.views`). Kept light: importing it pulls in click and nothing heavy
 (no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant.
@@ -17,6 +17,7 @@ import click
 from ttmesh import __version__
 from ttmesh.cli.check import check_cmd
 from ttmesh.cli.descriptor import descriptor_cmd
+from ttmesh.cli.doctor import doctor_cmd
 from ttmesh.cli.launch import launch_cmd
 from ttmesh.cli.ls import ls_cmd
 from ttmesh.cli.options import CONTEXT
@@ -40,7 +41,7 @@ def main() -> None:
 
 for command in (
     ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
-    sim_group,
+    doctor_cmd, sim_group,
 ):  # fmt: skip
     main.add_command(command)
 

@@ -31,19 +31,55 @@ def sim_systems() -> None:
 @click.option(
     "--system",
     "system",
-    required=True,
     metavar="NAME|FILE",
     help="A stock system (ttmesh sim systems) or a system YAML file.",
 )
+@click.option(
+    "--from-capture",
+    "capture",
+    metavar="FILE",
+    help="An archive from ttmesh doctor --capture: the same chips, links and faults.",
+)
 @click.option("--root", "root", required=True, metavar="DIR", help="Where to build the host.")
 @click.option("--force", is_flag=True, help="Recreate DIR if it already is a simulated host.")
-def sim_create(system: str, root: str, force: bool) -> None:
-    """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in."""
+def sim_create(system: str | None, capture: str | None, root: str, force: bool) -> None:
+    """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in.
+
+    \b
+    --from-capture rebuilds the host a field capture saw (ttmesh doctor --capture): its chips
+    (unique ids, PCI addresses, /dev/tenstorrent numbers, cards, boards, harvesting), links,
+    dead or lost chips and links down. What the simulator cannot express (processes holding
+    chips, leases, ...) is listed by ttmesh sim show.
+
+    \b
+    Examples:
+      ttmesh sim create --system t3k --root /tmp/t3k
+      ttmesh sim create --from-capture host.tar.gz --root /tmp/field
+    """
     from pathlib import Path
 
+    from ttmesh.errors import bad_input
+
+    if (system is None) == (capture is None):
+        raise bad_input(
+            "give one of --system NAME and --from-capture FILE",
+            "e.g. --system quietbox2 (see ttmesh sim systems)",
+        )
+    if capture is not None:
+        from ttmesh.sim.from_capture import recreate
+
+        rec, path = recreate(Path(capture), Path(root), force=force)
+        model = rec.model
+        click.echo(f"simulated {model.name} ({len(model.chips)} chips) at {path}: {model.title}")
+        for line in rec.reproduced:
+            click.echo(f"  reproduced: {line}")
+        for line in rec.not_reproduced:
+            click.echo(f"  not reproduced: {line}")
+        return
     from ttmesh.sim.create import create
     from ttmesh.sim.system import load
 
+    assert system is not None
     model = load(system)
     path = create(model, Path(root), force=force)
     click.echo(f"simulated {model.name} ({len(model.chips)} chips) at {path}")
@@ -190,6 +226,17 @@ def sim_show(host: Any, as_json: bool) -> None:
     for m in view["fabric_marks"]:
         status = "open" if m["alive"] else "ABANDONED (links down)"
         click.echo(f"fabric mark: pid {m['pid']} {status}: {', '.join(m['chips'])}")
+    capture = view.get("capture")
+    if capture:
+        host = capture.get("host") or {}
+        click.echo(
+            f"recreated from {capture.get('archive')} (captured {capture.get('captured')} on "
+            f"{host.get('hostname', '?')}, root {host.get('root', '?')})"
+        )
+        for line in capture.get("reproduced") or []:
+            click.echo(f"  reproduced: {line}")
+        for line in capture.get("not_reproduced") or []:
+            click.echo(f"  not reproduced: {line}")
 
 
 @sim_group.command("config", context_settings=CONTEXT)

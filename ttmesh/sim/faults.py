@@ -198,6 +198,8 @@ def clear(host: Host) -> dict[str, int]:
 
 
 def show(host: Host) -> dict[str, Any]:
+    from ttmesh.sim.from_capture import capture_info
+
     sim = sim_of(host)
     state = sim.read_state()
     dead_marks = sim.dead_marked_chips(state)
@@ -237,4 +239,5 @@ def show(host: Host) -> dict[str, Any]:
         "faults": state["faults"],
         "fabric_marks": [{**m, "alive": not sim.mark_dead(m)} for m in state["fabric_marks"]],
         "resets": len(state["resets"]),
+        "capture": capture_info(sim.root),
     }

@@ -1,0 +1,490 @@
+"""A simulated host rebuilt from a field capture: ``ttmesh sim create --from-capture FILE``.
+
+The chips come from the capture's cluster descriptor (unique ids, arch, harvesting, boards,
+links, PCI addresses) and the driver's files (``/dev/tenstorrent`` numbers, card types, board
+ids); without a descriptor (a host without tt-umd), from the driver's files alone, with no
+links. Then the state the capture saw, where the simulator can express it: chips whose
+heartbeat was frozen are dead, chips the topology had but the driver lost are gone, links the
+check found down are down. What it cannot express (holders, leases, links of unknown state, ...)
+is listed in ``sim/capture.json`` and shown by ``ttmesh sim show``.
+
+The archive is read by :func:`ttmesh.recovery.capture.read_archive`, which refuses hostile
+ones before anything is written; its members are then copied under ``sim/capture/`` of the new
+root (files and directories first, links last, none followed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input, from_os_error
+from ttmesh.host import boards as boardfacts
+from ttmesh.host import clusterdesc
+from ttmesh.recovery import capture as cap
+from ttmesh.sim import core
+from ttmesh.sim.system import SystemModel, from_dict
+
+CAPTURE_DIR = "sim/capture"  # the archive's members, under the recreated root
+CAPTURE_INFO = "sim/capture.json"
+INFO_SCHEMA = "ttmesh.sim-capture/1"
+CLASS = f"{cap.HOST_DIR}/sys/class/tenstorrent"
+DEFAULT_HARVESTING = {
+    "noc_translation": True,
+    "harvest_mask": 0,
+    "dram_harvesting_mask": 0,
+    "eth_harvesting_mask": 0,
+    "pcie_harvesting_mask": 0,
+    "l2cpu_harvesting_mask": 0,
+}
+ALWAYS_NOTED = (
+    "faults that show only during a reset (resets that fail, hang or renumber "
+    "/dev/tenstorrent) cannot be seen in a capture",
+)
+
+
+@dataclass
+class Node:
+    """One /dev/tenstorrent/N as the capture's driver files show it."""
+
+    dev: int
+    asic: str
+    bdf: str | None
+    card_type: str | None
+    serial: int | None
+    heartbeat: int | None
+    fw: str | None
+    arch: str | None
+
+
+@dataclass
+class Recreation:
+    model: SystemModel
+    dead: dict[str, int | None] = field(default_factory=dict)  # asic -> frozen heartbeat
+    gone: list[str] = field(default_factory=list)
+    links_down: list[tuple[str, int, str, int]] = field(default_factory=list)
+    reproduced: list[str] = field(default_factory=list)
+    not_reproduced: list[str] = field(default_factory=list)
+
+
+def _hex(text: str | None) -> int | None:
+    try:
+        return int((text or "").strip(), 16)
+    except ValueError:
+        return None
+
+
+def _nodes(ar: cap.Archive, notes: list[str]) -> dict[str, Node]:
+    """asic id -> the driver node that shows it."""
+    found: dict[str, Node] = {}
+    for name in ar.listdir(CLASS):
+        match = re.fullmatch(r"tenstorrent!(\d{1,6})", name)
+        if not match:
+            continue
+        base = f"{CLASS}/{name}"
+
+        def attr(what: str, base: str = base) -> str | None:
+            text = ar.text(f"{base}/{what}")
+            return text.strip() if text and text.strip() else None
+
+        asic_value = _hex(attr("tt_asic_id"))
+        if asic_value is None or not 0 <= asic_value < 1 << 64:
+            notes.append(f"/dev/tenstorrent/{match.group(1)}: no readable unique id: left out")
+            continue
+        asic = format(asic_value, "016x")
+        pci = ar.resolve(f"{base}/device")
+        bdf = posixpath.basename(pci).lower() if pci else None
+        if bdf is not None and not boardfacts.BDF_RE.match(bdf):
+            bdf = None
+        device = _hex(ar.text(f"{pci}/device")) if pci else None
+        beat = attr("tt_heartbeat")
+        found[asic] = Node(
+            dev=int(match.group(1)),
+            asic=asic,
+            bdf=bdf,
+            card_type=attr("tt_card_type"),
+            serial=_hex(attr("tt_serial")),
+            heartbeat=int(beat) if beat and beat.isdigit() else None,
+            fw=attr("tt_fw_bundle_ver"),
+            arch=boardfacts.PCI_DEVICE_IDS.get(device) if device is not None else None,
+        )
+    return found
+
+
+def _card(
+    node: Node | None, peers: list[Node], board_id: int, board_type: str | None, arch: str
+) -> str | None:
+    """The chip's card type: its own driver node's, a board peer's, or the board id's."""
+    for n in [node, *peers]:
+        if n is not None and n.card_type in boardfacts.CARDS:
+            return n.card_type
+    card = boardfacts.card_for_board_id(board_id)
+    if card is not None:
+        return card.card_type
+    fits = [
+        c.card_type
+        for c in boardfacts.CARDS.values()
+        if c.arch == arch and (board_type is None or c.umd_board_type == board_type)
+    ]
+    return fits[0] if fits else None
+
+
+def _descriptor(ar: cap.Archive) -> clusterdesc.ClusterDescriptor | None:
+    text = ar.text(cap.DESCRIPTOR)
+    if text is None:
+        return None
+    try:
+        return clusterdesc.loads(text)
+    except clusterdesc.DescriptorError as exc:
+        raise bad_input(
+            f"{ar.path}: the capture's {cap.DESCRIPTOR} is not usable: {exc}"[:400],
+            "the host's own topology was broken; the archive still holds it for reading",
+        )
+
+
+def plan(ar: cap.Archive) -> Recreation:
+    """The simulated host a capture describes (bad input when it cannot be built)."""
+    where = str(ar.path)
+    notes: list[str] = []
+    nodes = _nodes(ar, notes)
+    ls = ar.json(cap.LS) or {}
+    check = ar.json(cap.CHECK) or {}
+    ls_chips = {c.get("asic_id"): c for c in ls.get("chips") or [] if isinstance(c, dict)}
+    cd = _descriptor(ar)
+    chips: list[dict[str, Any]] = []
+    boards: list[dict[str, Any]] = []
+    links: list[list[int]] = []
+    remote: list[list[int]] = []
+    if cd is None:
+        why = next(
+            (m.get("why") for m in ar.manifest.get("not_captured") or [] if isinstance(m, dict)
+             and m.get("what") == "cluster descriptor"),
+            "not in the capture",
+        )  # fmt: skip
+        notes.append(
+            f"no cluster descriptor ({why}): chips from the driver's files only, without "
+            "remote chips, links or harvesting"
+        )
+    else:
+        by_dev = {n.dev: n for n in nodes.values()}
+        for c in cd.chips.values():
+            uid = c.unique_id
+            if uid is None and c.mmio_dev is not None and c.mmio_dev in by_dev:
+                uid = int(by_dev[c.mmio_dev].asic, 16)
+            if uid is None:
+                raise bad_input(
+                    f"{where}: chip {c.id} of the cluster descriptor has no unique id",
+                    "a capture's descriptor names every chip by chip_unique_ids",
+                )
+            asic = format(uid, "016x")
+            node = nodes.get(asic)
+            board = cd.board_of(c.id)
+            board_id = board.board_id if board else (node.serial if node and node.serial else 0)
+            peers = [
+                nodes[format(o.unique_id, "016x")]
+                for o in cd.chips.values()
+                if board and o.id in board.chips and o.id != c.id and o.unique_id is not None
+                and format(o.unique_id, "016x") in nodes
+            ]  # fmt: skip
+            arch = boardfacts.normalize_arch(c.arch)
+            bdf = (c.bdf or (node.bdf if node else None) or "").lower() or None
+            is_pci = bdf is not None or c.mmio_dev is not None
+            if is_pci and bdf is None:
+                raise bad_input(
+                    f"{where}: chip {asic} is a PCI device with no PCI address in the capture",
+                    "its driver node and the descriptor's chip_pci_bdfs are both missing",
+                )
+            chips.append(
+                {
+                    "id": c.id,
+                    "unique_id": uid,
+                    "arch": arch,
+                    "card_type": _card(
+                        node, peers, board_id, board.board_type if board else None, arch
+                    ),
+                    "board_id": board_id,
+                    "bdf": bdf,
+                    "dev_index": node.dev if node else None,
+                    "harvesting": dict(c.harvesting),
+                    "dram_mb": _dram(ls_chips.get(asic)),
+                    "bus_id": c.bus_id,
+                    "asic_location": c.asic_location,
+                    "coords": c.coords,
+                }
+            )
+        boards = [
+            {"board_id": b.board_id, "board_type": b.board_type, "chips": list(b.chips)}
+            for b in cd.boards
+        ]
+        links = [[lk.chip_a, lk.chan_a, lk.chip_b, lk.chan_b] for lk in cd.links]
+        remote = [[r.chip, r.chan, r.remote_unique_id, r.remote_chan] for r in cd.remote_links]
+    _add_unlisted(chips, boards, nodes, ls_chips, notes, cd is not None)
+    if not chips:
+        why = ar.manifest.get("driver") is None and "the host had no Tenstorrent driver"
+        raise bad_input(
+            f"{where}: the capture shows no chips" + (f" ({why})" if why else ""),
+            "nothing to simulate; the archive's manifest.json says what was captured",
+        )
+    # PCI chips the driver lost (gone) still need a /dev number to be modelled: a free one.
+    used = {raw["dev_index"] for raw in chips if raw["dev_index"] is not None}
+    for raw in chips:
+        if raw["bdf"] is not None and raw["dev_index"] is None:
+            raw["dev_index"] = next(n for n in range(len(used) + len(chips) + 1) if n not in used)
+            used.add(raw["dev_index"])
+    manifest = ar.manifest
+    host: dict[str, Any] = manifest["host"] if isinstance(manifest.get("host"), dict) else {}
+    fws = Counter(n.fw for n in nodes.values() if n.fw)
+    driver = (ar.text(f"{cap.HOST_DIR}/sys/module/tenstorrent/version") or "").strip()
+    data = {
+        "name": "capture",
+        "title": f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
+        f"at {manifest.get('time', '?')}",
+        "source": f"{ar.path.name} ({ar.top})",
+        "notes": [],
+        "driver_version": driver or str(manifest.get("driver") or "2.10.0"),
+        "fw_bundle_version": fws.most_common(1)[0][0] if fws else "19.10.0.0",
+        "chips": chips,
+        "boards": boards,
+        "links": links,
+        "remote_links": remote,
+    }
+    model = from_dict(data, where)
+    if len(fws) > 1:
+        notes.append(
+            "firmware bundles differ between chips ("
+            + ", ".join(f"{v} x{n}" for v, n in fws.most_common())
+            + f"): every chip reports {data['fw_bundle_version']}"
+        )
+    rec = Recreation(model, not_reproduced=notes)
+    _state(rec, nodes, ls, check)
+    rec.not_reproduced.extend(ALWAYS_NOTED)
+    return rec
+
+
+def _dram(ls_chip: dict[str, Any] | None) -> int | None:
+    value = (ls_chip or {}).get("dram_mb")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _add_unlisted(
+    chips: list[dict[str, Any]],
+    boards: list[dict[str, Any]],
+    nodes: dict[str, Node],
+    ls_chips: dict[Any, dict[str, Any]],
+    notes: list[str],
+    had_descriptor: bool,
+) -> None:
+    """Chips the driver shows that the descriptor does not (or every chip, without one)."""
+    listed = {format(c["unique_id"], "016x") for c in chips}
+    extra = sorted((n for n in nodes.values() if n.asic not in listed), key=lambda n: n.bdf or "")
+    next_id = max((c["id"] for c in chips), default=-1) + 1
+    by_board: dict[int, dict[str, Any]] = {}
+    for n in extra:
+        card = boardfacts.CARDS.get(n.card_type or "")
+        arch = n.arch or (card.arch if card else None)
+        if arch is None:
+            notes.append(f"chip {n.asic} (/dev/tenstorrent/{n.dev}): arch unknown: left out")
+            continue
+        if card is None:
+            card = boardfacts.card_for_board_id(n.serial or 0)
+        if card is None:
+            notes.append(f"chip {n.asic} (/dev/tenstorrent/{n.dev}): card type unknown: left out")
+            continue
+        if had_descriptor:
+            notes.append(
+                f"chip {n.asic} ({n.bdf}) is in the driver's files but not in the cluster "
+                "descriptor: added without links or harvesting"
+            )
+        board_id = n.serial or 0
+        chips.append(
+            {
+                "id": next_id,
+                "unique_id": int(n.asic, 16),
+                "arch": arch,
+                "card_type": card.card_type,
+                "board_id": board_id,
+                "bdf": n.bdf,
+                "dev_index": n.dev,
+                "harvesting": dict(DEFAULT_HARVESTING),
+                "dram_mb": _dram(ls_chips.get(n.asic)),
+                "bus_id": f"0x{int(n.bdf.split(':')[1], 16):04x}" if n.bdf else None,
+            }
+        )
+        board = next((b for b in boards if b["board_id"] == board_id), None)
+        if board is None:
+            board = by_board.setdefault(
+                board_id,
+                {"board_id": board_id, "board_type": card.umd_board_type, "chips": []},
+            )
+            if board not in boards:
+                boards.append(board)
+        board["chips"].append(next_id)
+        next_id += 1
+
+
+def _state(rec: Recreation, nodes: dict[str, Node], ls: dict, check: dict) -> None:
+    """What the capture saw that the simulator can set (and, in words, what it cannot)."""
+    model = rec.model
+    say, cannot = rec.reproduced, rec.not_reproduced
+    name = {c.asic_id: c.bdf or f"remote {c.asic_id}" for c in model.chips}
+    bdfs = {c.asic_id: c.bdf for c in model.chips}
+    asics = set(name)
+    # Gone: PCI chips without a driver node, remote chips whose board has no PCI chip left.
+    for c in model.chips:
+        if c.bdf is not None and c.asic_id not in nodes:
+            rec.gone.append(c.asic_id)
+    for c in model.chips:
+        if c.bdf is None:
+            leads = [o for o in model.board_of(c.id).chips if model.chip(o).bdf]
+            if leads and all(model.chip(o).asic_id in rec.gone for o in leads):
+                rec.gone.append(c.asic_id)
+    for asic in ls.get("missing") or []:
+        if asic in asics and asic not in rec.gone:
+            rec.gone.append(asic)
+    if rec.gone:
+        say.append(
+            "gone (the topology has them, the driver lost them; a reset does not bring them "
+            "back): " + ", ".join(name[a] for a in rec.gone)
+        )
+    views = [v for v in (check, ls) if isinstance(v.get("chips"), list)]
+    beats: dict[str, str] = {}
+    for view in reversed(views):  # check's word wins over ls's
+        for chip in view["chips"]:
+            if isinstance(chip, dict) and chip.get("asic_id") in asics:
+                beats[chip["asic_id"]] = str(chip.get("heartbeat"))
+    for asic, beat in beats.items():
+        if beat == "frozen" and asic not in rec.gone:
+            node = nodes.get(asic)
+            rec.dead[asic] = node.heartbeat if node else None
+        elif beat == "unknown" and asic not in rec.gone:
+            cannot.append(f"{name[asic]}: heartbeat unknown on the host: simulated alive")
+    if rec.dead:
+        say.append(
+            "dead (heartbeat frozen; whether a reset revived them on the host cannot be seen, "
+            "here it does): " + ", ".join(name[a] for a in rec.dead)
+        )
+    for view in views:
+        for chip in view["chips"]:
+            if not isinstance(chip, dict) or chip.get("asic_id") not in asics:
+                continue
+            bdf = bdfs[chip["asic_id"]]
+            for h in chip.get("holders") or [] if bdf else []:  # a remote chip: its lead's
+                if isinstance(h, dict):
+                    what = f"pid {h.get('pid')} ({h.get('user', '?')}: {h.get('cmd', '?')})"
+                    line = (
+                        f"{bdf} was held by {what}: no process holds it here "
+                        f"(ttmesh sim fault hold {bdf} models one)"
+                    )
+                    if line not in cannot:
+                        cannot.append(line)
+            lease = chip.get("lease")
+            if isinstance(lease, dict):
+                line = (
+                    f"{name[chip['asic_id']]} was leased by ttmesh job {lease.get('job')} "
+                    f"(pid {lease.get('pid')}): not leased here"
+                )
+                if line not in cannot:
+                    cannot.append(line)
+    down_chips = set(rec.gone) | set(rec.dead)
+    known = {
+        frozenset({(model.chip(lk.chip_a).asic_id, lk.chan_a), (model.chip(lk.chip_b).asic_id, lk.chan_b)})
+        for lk in model.links
+    }  # fmt: skip
+    view = next((v for v in (check, ls) if isinstance(v.get("links"), list)), {})
+    unknown = 0
+    for link in view.get("links") or []:
+        try:
+            a, b = link["a"], link["b"]
+            ends = ((str(a["asic_id"]), int(a["chan"])), (str(b["asic_id"]), int(b["chan"])))
+            state = link["state"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if frozenset(ends) not in known:
+            if state != "up":
+                cannot.append(f"link {ends[0]}-{ends[1]} ({state}) is not in the topology")
+            continue
+        if state == "down" and not ({ends[0][0], ends[1][0]} & down_chips):
+            rec.links_down.append((ends[0][0], ends[0][1], ends[1][0], ends[1][1]))
+        elif state == "unknown":
+            unknown += 1
+    if rec.links_down:
+        say.append(
+            f"{len(rec.links_down)} link(s) down (why they went down, a fault or a job killed "
+            "with the fabric open, cannot be told apart)"
+        )
+    if unknown:
+        cannot.append(
+            f"{unknown} link(s) of unknown state (firmware that cannot tell): simulated up"
+        )
+
+
+def recreate(archive: Path, root: Path, force: bool = False) -> tuple[Recreation, Path]:
+    """Build the simulated host ``archive`` describes under ``root``."""
+    from ttmesh.sim.create import create
+
+    ar = cap.read_archive(archive)
+    rec = plan(ar)
+    path = create(rec.model, root, force=force)
+    sim = core.SimRoot(str(path))
+    try:
+        with sim.change() as state:
+            for asic, beat in rec.dead.items():
+                chip = state["chips"][asic]
+                if beat is not None:
+                    chip["hb_base"] = beat
+                chip["alive"] = False
+            for asic in rec.gone:
+                chip = state["chips"][asic]
+                chip["alive"] = chip["present"] = False
+                if asic not in state["faults"]["permanent"]:
+                    state["faults"]["permanent"].append(asic)
+            state["links_down"] = sorted({sim.link_key(*lk) for lk in rec.links_down})
+            sim.render(state)
+        _extract(ar, path / CAPTURE_DIR)
+        info = {
+            "schema": INFO_SCHEMA,
+            "archive": str(Path(archive).resolve()),
+            "top": ar.top,
+            "captured": ar.manifest.get("time"),
+            "host": ar.manifest.get("host"),
+            "ttmesh": ar.manifest.get("ttmesh"),
+            "reproduced": rec.reproduced,
+            "not_reproduced": rec.not_reproduced,
+        }
+        (path / CAPTURE_INFO).write_text(json.dumps(info, indent=1) + "\n")
+    except OSError as exc:
+        raise from_os_error(exc, "write the simulated host")
+    return rec, path
+
+
+def _extract(ar: cap.Archive, dest: Path) -> None:
+    """The archive's members under ``dest`` (a new directory): directories and files first,
+    created exclusively and never through a link, then the links (already checked to stay
+    inside the archive by :func:`~ttmesh.recovery.capture.read_archive`)."""
+    os.mkdir(dest, 0o755)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for rel, data in sorted(ar.files.items()):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, flags, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    for rel, link in sorted(ar.links.items()):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(link, target)
+
+
+def capture_info(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What ``sim/capture.json`` says of a host recreated from a capture (None otherwise)."""
+    try:
+        data = json.loads((Path(root) / CAPTURE_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == INFO_SCHEMA else None

@@ -211,7 +211,7 @@ class Coordinator:
         self._beat_thread.start()
 
     def _connect(self) -> None:
-        TCPStore = _torch_store()  # noqa: N806 (a class)
+        TCPStore = _torch_store()
 
         wait = timedelta(seconds=self.timeout)
         if self.node == 0:

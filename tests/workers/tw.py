@@ -9,6 +9,8 @@ Usage: python tw.py ttmesh-test-worker ACTION [ACTION ...]
   on-term=CODE      exit CODE on SIGTERM (after writing DIR/rank<R>.term if pids= was given)
   usr1=DIR          on SIGUSR1 write DIR/rank<R>.usr1
   lines=N           print N long lines, each written in several pieces
+  say=TEXT          print "TEXT from rank R" on stdout
+  await=PATH        wait until PATH exists (exit 1 after 60 s without it)
   fail-rank=R:CODE  rank R exits CODE right away (after the other actions)
   fail-after=R:S:CODE  rank R exits CODE after S seconds
   ready             create $TTMESH_READY_FILE
@@ -80,6 +82,14 @@ def main(args):
                 text = f"rank{rank}-line{i}-" + "x" * 300 + "\n"
                 for j in range(0, len(text), 97):
                     os.write(1, text[j : j + 97].encode())
+        elif key == "say":
+            print(f"{value} from rank {rank}", flush=True)
+        elif key == "await":
+            deadline = time.monotonic() + 60
+            while not os.path.exists(value):
+                if time.monotonic() > deadline:
+                    sys.exit(1)
+                time.sleep(0.01)
         elif key == "ready":
             open(os.environ["TTMESH_READY_FILE"], "a").close()
         elif key == "fabric":

@@ -146,6 +146,12 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
+    "--no-live",
+    is_flag=True,
+    help="On a terminal, print the ranks' prefixed lines only, without the live table of ranks "
+    "and phases (as in a pipe, or with CI set).",
+)
+@click.option(
     "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
 )
 @click.option(
@@ -324,6 +330,7 @@ def launch_cmd(
     ranks_filter: str | None,
     log_dir: str | None,
     quiet: bool,
+    no_live: bool,
     module: bool,
     no_python: bool,
     strict_links: bool,
@@ -368,6 +375,12 @@ def launch_cmd(
     runs as its makers intend: one server process for every chip, its flag rules checked before
     anything starts, ready when its /health answers, stopped with a bounded drain. --tp-size
     is read from the server's own flag when not given.
+
+    \b
+    On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
+    stays under their scrolling output, with the job's phases and their times (checking
+    fabric, resetting, starting, ready or running, stopping, recovering). --no-live, a pipe
+    or CI set in the environment give plain prefixed lines only.
 
     \b
     Examples:
@@ -527,7 +540,13 @@ def launch_cmd(
         except BaseException:
             peers.coord.close()
             raise
-    return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+    from ttmesh.cli.live import JobView, enabled
+
+    if not enabled(sys.stdout, no_live):
+        return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+    with JobView(prepared.plan) as view:
+        options.observer = view
+        return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
 
 
 def _server(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import Any
@@ -63,6 +64,11 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
     help="The tt-smi to run (default: $TTMESH_TT_SMI, the simulated host's, or PATH).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.reset/1 JSON document.")
+@click.option(
+    "--no-live",
+    is_flag=True,
+    help="On a terminal, print progress lines instead of the live table of chips.",
+)
 @click.option("--backoff", type=float, default=1.0, hidden=True, help="Seconds before a retry.")
 def reset_cmd(
     host: Any,
@@ -73,6 +79,7 @@ def reset_cmd(
     retries: int,
     tt_smi: str | None,
     as_json: bool,
+    no_live: bool,
     backoff: float,
 ) -> int:
     """Reset chips safely with tt-smi, then verify they recovered.
@@ -88,6 +95,11 @@ def reset_cmd(
     4. Ignores tt-smi's exit code and verifies: every chip back (found by PCI address and
        unique id, whatever its /dev/tenstorrent number), heartbeats advancing, links
        between the chips up. Retries up to --retries times.
+
+    \b
+    On a terminal a live table shows each chip's stage as it goes (resetting, waiting for
+    PCI, heartbeat, links; done or failed) and for how long: a Galaxy reset takes about 30 s.
+    --no-live, --json, a pipe or CI set in the environment print lines instead.
 
     \b
     Exit 0 recovered and verified, 1 not recovered (says what is still wrong), 2 bad input
@@ -113,9 +125,11 @@ def reset_cmd(
             "name the chips to reset alone, e.g. --chips 0000:01:00.0 --no-expand",
         )
     inv = discover(host)
-    outcome = reset.recover(
+    asics = health.parse_chips(inv, chips)
+    run = functools.partial(
+        reset.recover,
         host,
-        health.parse_chips(inv, chips),
+        asics,
         timeout=timeout,
         retries=retries,
         force=force,
@@ -126,6 +140,15 @@ def reset_cmd(
         backoff=backoff,
         inv=inv,
     )
+    from ttmesh.cli.live import enabled
+
+    if as_json or not enabled(sys.stderr, no_live):
+        outcome = run()
+    else:
+        from ttmesh.cli.live import ResetView
+
+        with ResetView() as view:
+            outcome = run(progress=view.progress)
     if as_json:
         from ttmesh.render import emit_json
 

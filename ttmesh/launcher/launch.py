@@ -24,6 +24,7 @@ from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
+from ttmesh.launcher.events import JobPhase, Observer
 from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_command
 from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
 from ttmesh.mesh import memory
@@ -367,11 +368,13 @@ class Recovery:
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
 
 
-def _preflight(prepared: Prepared, recovery: Recovery) -> None:
+def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None = None) -> None:
     """Refuse (exit 3) to start on chips that are unhealthy, unless --auto-reset fixes them."""
     from ttmesh.errors import refused as refuse
     from ttmesh.fabric import health
 
+    if observer is not None:
+        observer.phase(JobPhase.CHECKING)
     plan = prepared.plan
     inv = prepared.inv
     problems = [
@@ -381,7 +384,7 @@ def _preflight(prepared: Prepared, recovery: Recovery) -> None:
     ]
     if problems and recovery.auto_reset and all(p.kind != "lease" for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
-        outcome = _reset(prepared, recovery, plan.all_chips())
+        outcome = _reset(prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING)
         if outcome is not None and outcome.recovered:
             fresh = discover(inv.host)
             prepared.inv = fresh
@@ -404,9 +407,22 @@ def _preflight(prepared: Prepared, recovery: Recovery) -> None:
 RESETTABLE = ("link-down", "heartbeat")
 
 
-def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
+def _reset(
+    prepared: Prepared,
+    recovery: Recovery,
+    asics: list[str],
+    observer: Observer | None = None,
+    phase: JobPhase = JobPhase.RECOVERING,
+):
     from ttmesh.errors import TTMeshError
     from ttmesh.recovery import reset
+
+    progress = None
+    if observer is not None:
+        observer.phase(phase, "resetting the chips")
+
+        def progress(chips: list[reset.ChipProgress]) -> None:
+            observer.phase(phase, _reset_detail(chips))
 
     try:
         outcome = reset.recover(
@@ -418,6 +434,7 @@ def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
             log=lambda m: note(f"reset: {m}"),
             tt_smi=recovery.tt_smi,
             own_pids=recovery.own_pids,
+            progress=progress,
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
@@ -430,8 +447,22 @@ def _reset(prepared: Prepared, recovery: Recovery, asics: list[str]):
     return outcome
 
 
+def _reset_detail(chips: list[Any]) -> str:
+    """``resetting: 3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
+    counts: dict[str, int] = {}
+    for c in chips:
+        counts[c.stage] = counts.get(c.stage, 0) + 1
+    done = counts.pop("done", 0)
+    rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
+    return f"{done} of {len(chips)} chip(s) done" + (f", {rest}" if rest else "")
+
+
 def _after_crash(
-    prepared: Prepared, recovery: Recovery, result: AttemptResult, always: bool = False
+    prepared: Prepared,
+    recovery: Recovery,
+    result: AttemptResult,
+    always: bool = False,
+    observer: Observer | None = None,
 ) -> None:
     """A job that brought the fabric up and ended abnormally may have left links down.
 
@@ -445,6 +476,8 @@ def _after_crash(
         return
     from ttmesh.fabric import health
 
+    if observer is not None:
+        observer.phase(JobPhase.RECOVERING, "checking the job's chips")
     inv = discover(prepared.inv.host)
     prepared.inv = inv
     down = [
@@ -456,7 +489,7 @@ def _after_crash(
         return
     why = down[0].what if down else "--reset-on-failure"
     note(f"the job ended ({why}): resetting its chips")
-    _reset(prepared, recovery, plan.all_chips())
+    _reset(prepared, recovery, plan.all_chips(), observer)
 
 
 LAUNCHER_KILLED = "launcher killed"
@@ -489,6 +522,7 @@ class JobRun:
         self.restart_backoff = restart_backoff
         # The launcher's leases are the job's own, also for a guardian finishing in its place.
         self.recovery.own_pids = (*recovery.own_pids, os.getpid())
+        self.observer = options.observer  # the front's view of the job (None: plain lines)
         self.results: list[AttemptResult] = []
         self.held: leases.LeaseSet | None = None
         self.run_dir: paths.RunDir | None = None
@@ -519,7 +553,9 @@ class JobRun:
             if self.recovery.preflight or self.peers is not None:
                 try:
                     if self.recovery.preflight:
-                        self._agree("start", lambda: _preflight(self.prepared, self.recovery))
+                        self._agree(
+                            "start", lambda: _preflight(self.prepared, self.recovery, self.observer)
+                        )
                     else:
                         self._agree("start", lambda: None)
                 except TTMeshError as exc:
@@ -575,7 +611,7 @@ class JobRun:
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
             always = result.supervisor_lost or plan.serving is not None
-            _after_crash(self.prepared, recovery, result, always=always)
+            _after_crash(self.prepared, recovery, result, always=always, observer=self.observer)
             if result.interrupted or result.supervisor_lost:
                 break
             if attempt < plan.max_restarts:
@@ -584,18 +620,30 @@ class JobRun:
                     f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
                     f"restarting every rank in {wait:.1f} s"
                 )
-                time.sleep(wait)
+                self._wait(wait, attempt + 2)
                 again = Recovery(**{**recovery.__dict__, "auto_reset": True})
                 try:
                     self._agree(
                         f"restart{attempt + 1}",
-                        functools.partial(_preflight, self.prepared, again)
+                        functools.partial(_preflight, self.prepared, again, self.observer)
                         if recovery.preflight
                         else (lambda: None),
                     )
                 except TTMeshError as exc:
                     note(f"not restarting: {exc}")
                     break
+
+    def _wait(self, seconds: float, next_attempt: int) -> None:
+        """The pause before a restart (a view keeps its clock running meanwhile)."""
+        if self.observer is None:
+            time.sleep(seconds)
+            return
+        total = self.plan.max_restarts + 1
+        self.observer.phase(JobPhase.RESTARTING, f"attempt {next_attempt} of {total}")
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+            self.observer.tick()
 
     def _agree(self, name: str, check: Any) -> None:
         """Run this host's ``check`` (it raises to refuse); with peers, every host must agree."""
@@ -612,6 +660,7 @@ class JobRun:
         """In the guardian, once its workers are down: the launcher was killed, finish here."""
         result.reason = f"{LAUNCHER_KILLED} ({result.reason})"
         self.results.append(result)
+        self.observer = None  # the view was the launcher's (the front's), and it is gone
         note("the launcher was killed: its guardian stopped the workers and finishes the job")
         with contextlib.suppress(Exception):
             _after_crash(self.prepared, self.recovery, result, always=True)
@@ -633,6 +682,8 @@ class JobRun:
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
         self._release(status, final.code)
+        if self.observer is not None:  # the final frame, above the summary
+            self.observer.phase(JobPhase.DONE, f"exit {final.code}")
         diagnosis = _explain(self.prepared, final)
         _summarize(self.prepared, self.results, diagnosis)
         if self.summary_json:

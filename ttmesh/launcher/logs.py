@@ -43,8 +43,11 @@ class Console:
         attempt: int = 0,
         launcher: bool = False,
         offset: int = 0,
+        sink: Callable[[int, bytes], None] | None = None,
     ) -> None:
         self.filter = ranks_filter
+        # Where console bytes go: fd 1 or 2 (a live view takes them to draw above its table).
+        self.sink: Callable[[int, bytes], None] = sink or _write_all
         self.quiet = quiet
         self.colour = {
             "stdout": os.isatty(1) and not os.environ.get("NO_COLOR"),
@@ -88,8 +91,7 @@ class Console:
             return
         prefix = self._prefix(stream.rank, stream.name)
         data = b"".join(prefix + line + b"\n" for line in lines)
-        fd = 1 if stream.name == "stdout" else 2
-        _write_all(fd, data)
+        self.sink(1 if stream.name == "stdout" else 2, data)
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         stream = self.streams[(rank, name)]

@@ -37,6 +37,7 @@ from typing import Any
 
 from ttmesh import procs
 from ttmesh.host.base import Host
+from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.serving.server import Server
@@ -53,6 +54,8 @@ POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
+TICK = 0.05  # the front's observer hears at least this often while an attempt runs
+LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 
 __all__ = ["AttemptResult", "Options", "RankExit", "run_attempt"]
 
@@ -90,6 +93,8 @@ class Options:
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
+    # A view of the job (ttmesh.launcher.events): None keeps the console plain prefixed lines.
+    observer: Observer | None = None
 
 
 # --------------------------------------------------------------------------- front
@@ -109,6 +114,10 @@ def run_attempt(
     ``orphaned``: what the guardian does with the attempt's result when the launcher was
     killed while it ran (finish the job in its place); its return value is the exit code.
     ``host`` hears the job's events (workers holding chips, fabric opened and ended)."""
+    observer = options.observer
+    if observer is not None:
+        observer.attempt(attempt)
+        events_r, events_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     # If the guardian itself dies, what it left is re-parented here and swept below.
@@ -121,7 +130,16 @@ def run_attempt(
         try:
             os.close(alive_w)
             os.close(result_r)
-            guardian = Guardian(plan, attempt, options, base_env, alive_r, host or Host(plan.root))
+            writer = None
+            if observer is not None:
+                os.close(events_r)
+                writer = EventWriter(events_w)
+                # The guardian reports through the pipe; stream wrappers a view installed in
+                # the front (to print above its table) are the front's.
+                sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            guardian = Guardian(
+                plan, attempt, options, base_env, alive_r, host or Host(plan.root), writer
+            )
             result = guardian.run()
             code = result.code
             if guardian.front_gone and orphaned is not None:
@@ -137,12 +155,19 @@ def run_attempt(
             os._exit(code)
     os.close(alive_r)
     os.close(result_w)
+    if observer is not None:
+        os.close(events_w)
     if on_start is not None:
         on_start(pid)
     previous = {}
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, functools.partial(_forward, pid))
     try:
+        if observer is not None:
+            try:
+                _relay(events_r, observer)
+            finally:
+                os.close(events_r)
         status = _wait(pid)
         data = _read_all(result_r)
     finally:
@@ -164,14 +189,63 @@ def run_attempt(
     )
 
 
-def _report_crash(exc: BaseException) -> None:
-    """A bug in the guardian: one line (the traceback with TTMESH_DEBUG=1)."""
+def _relay(fd: int, observer: Observer) -> None:
+    """The guardian's events to ``observer``, until the guardian closes the pipe (it ended,
+    or was killed). A view that fails leaves the console plain for the rest of the attempt."""
+    reader = EventReader(observer)
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            ready = selector.select(TICK)
+            try:
+                if ready:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        break
+                    reader.feed(data)
+                reader.observer.tick()
+            except Exception as exc:
+                if isinstance(reader.observer, _Plain):
+                    raise
+                reader.observer = _Plain()
+                _report_crash(exc, "the live view")
+
+
+class _Plain:
+    """An observer that only writes the console's bytes, as if there were no view."""
+
+    def phase(self, phase: JobPhase, detail: str = "") -> None:
+        pass
+
+    def attempt(self, attempt: int) -> None:
+        pass
+
+    def rank_started(self, rank: int, pid: int) -> None:
+        pass
+
+    def rank_ready(self, rank: int) -> None:
+        pass
+
+    def rank_exited(self, rank: int, code: int, how: str, stopped: bool) -> None:
+        pass
+
+    def lines(self, last: dict[int, str]) -> None:
+        pass
+
+    def output(self, fd: int, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            _write_all(fd, data)
+
+    def tick(self) -> None:
+        pass
+
+
+def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
+    """A bug in the guardian (or a view): one line (the traceback with TTMESH_DEBUG=1)."""
     if os.environ.get("TTMESH_DEBUG"):
-        text = "ttmesh: supervisor error:\n" + traceback.format_exc()
+        text = f"ttmesh: {what} error:\n" + traceback.format_exc()
     else:
-        text = (
-            f"ttmesh: supervisor error: {type(exc).__name__}: {exc} (TTMESH_DEBUG=1 shows more)\n"
-        )
+        text = f"ttmesh: {what} error: {type(exc).__name__}: {exc} (TTMESH_DEBUG=1 shows more)\n"
     with contextlib.suppress(Exception):
         os.write(2, text.encode())
 
@@ -248,8 +322,10 @@ class Guardian:
         base_env: dict[str, str],
         alive_fd: int,
         host: Host,
+        observer: Observer | None = None,
     ) -> None:
         self.plan = plan
+        self.observer = observer  # the front's view, through the pipe (EventWriter)
         self.attempt = attempt
         self.options = options
         self.host = host
@@ -274,6 +350,9 @@ class Guardian:
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
         self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
         self.server: Server | None = Server(plan.serving) if plan.serving is not None else None
+        # What the observer was told: ranks started and ready, the phase; lines not yet sent.
+        self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
+        self.last_lines: dict[int, str] = {}
 
     # -- setup
 
@@ -317,10 +396,12 @@ class Guardian:
             self.attempt,
             launcher=self.starter.has_launcher,
             offset=self.plan.rank_offset,
+            sink=self.observer.output if self.observer is not None else None,
         )
         self.starter.console = self.console
-        if self.ready_re is not None:
+        if self.ready_re is not None or self.observer is not None:
             self.console.on_line = self._on_line
+        self._report()
         self._start()
         self._register()
         self._write_record()
@@ -340,6 +421,7 @@ class Guardian:
             self.console.shutdown()
             if self.server is not None:
                 self.server.close()
+            self._report()
         return self._result()
 
     def _step(self) -> None:
@@ -363,6 +445,7 @@ class Guardian:
                 for path in self.server.clean():
                     self._emit(f"removed {path}, left behind by the server")
             self.phase = Phase.DONE
+        self._report()
 
     def _timeout(self) -> float | None:
         now = time.monotonic()
@@ -414,6 +497,9 @@ class Guardian:
                 continue  # the launcher itself (mpirun) failed: it stands for the job
             self._check_fabric(self.plan.ranks[ended.rank])
             self.exits[ended.rank] = ended
+            if self.observer is not None:
+                self._send_lines()
+                self.observer.rank_exited(ended.rank, ended.code, ended.how, ended.stopped)
             self.running.discard(ended.rank)
             if ended.rank in self.fabric and ended.pid > 0:
                 self.host.worker_ended(ended.pid, clean=ended.code == 0)
@@ -536,6 +622,61 @@ class Guardian:
     def _on_line(self, rank: int, line: str) -> None:
         if rank >= 0 and self.ready_re is not None and self.ready_re.search(line):
             self.ready.add(rank)
+        if rank >= 0 and self.observer is not None:
+            self.last_lines[rank] = line[:LINE_WIDTH]
+
+    # -- what the observer hears (a live view in the front)
+
+    def _report(self) -> None:
+        """Tell the observer what changed since the last step: ranks started and ready, their
+        last lines, the job's phase."""
+        observer = self.observer
+        if observer is None:
+            return
+        started, ready = self.shown["started"], self.shown["ready"]
+        for rank, pid in sorted(self.starter.pids.items()):
+            if rank not in started:
+                started.add(rank)
+                observer.rank_started(rank, pid)
+        if self.plan.ready_timeout is None and self.phase is Phase.RUNNING:
+            for rp in self.plan.ranks:  # ready files, watched for the view only
+                pending = rp.rank not in self.ready and rp.rank in self.running
+                if pending and os.path.exists(rp.env["TTMESH_READY_FILE"]):
+                    self.ready.add(rp.rank)
+        for rank in sorted(self.ready - ready):
+            ready.add(rank)
+            observer.rank_ready(rank)
+        self._send_lines()
+        phase = self._job_phase()
+        if phase is not None and phase != self.shown["phase"]:
+            self.shown["phase"] = phase
+            observer.phase(phase)
+
+    def _send_lines(self) -> None:
+        if self.last_lines and self.observer is not None:
+            last, self.last_lines = self.last_lines, {}
+            self.observer.lines(last)
+
+    def _job_phase(self) -> JobPhase | None:
+        """The attempt's phase as a person sees it (None: no change worth saying)."""
+        if self.stop is not None or self.first_failure is not None:
+            return JobPhase.STOPPING
+        if self.phase is Phase.STARTING:
+            return JobPhase.STARTING
+        if self.phase is not Phase.RUNNING:
+            return None  # every rank ended by itself: the front says how the job ended
+        if not self.running:
+            return None
+        if self.running <= self.ready:
+            return JobPhase.READY
+        watched = (
+            self.plan.ready_timeout is not None
+            or self.ready_re is not None
+            or self.server is not None
+        )
+        if watched or not self.running <= set(self.starter.pids):
+            return JobPhase.STARTING
+        return JobPhase.RUNNING
 
     def _watch_ready(self) -> None:
         if self.plan.ready_timeout is None:
@@ -610,8 +751,12 @@ class Guardian:
             jobs.update(self.plan.job, guardian=self.pid, attempt=self.attempt, ranks=ranks)
 
     def _emit(self, message: str) -> None:
+        data = f"ttmesh: {message}\n".encode()
+        if self.observer is not None:
+            self.observer.output(2, data)
+            return
         with contextlib.suppress(OSError):
-            os.write(2, f"ttmesh: {message}\n".encode())
+            os.write(2, data)
 
     def _result(self) -> AttemptResult:
         result = self._verdict()

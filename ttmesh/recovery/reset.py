@@ -53,6 +53,35 @@ Log = Callable[[str], None]
 GONE, FROZEN, LINKS_DOWN, UNKNOWN, OK = "gone", "frozen", "links down", "unknown", "ok"
 NOT_RESET = "not reset"  # after: the reset did not run to its end (tt-smi timed out or failed)
 
+# Where each chip of a reset is, as it goes (ChipProgress.stage), in the order they come.
+QUEUED = "queued"
+STOPPING = "stopping holders"
+RESETTING = "resetting"  # tt-smi runs
+WAIT_PCI = "waiting for PCI"  # the driver does not list the chip's device (yet)
+WAIT_HEARTBEAT = "waiting for heartbeat"  # back, but its firmware heartbeat does not move
+WAIT_LINKS = "waiting for links"  # alive, but Ethernet links of the set are down
+RETRYING = "retrying"  # the attempt did not recover the set; another follows
+DONE = "done"  # verified (or, heartbeat unknown, as far as can be told)
+FAILED = "failed"  # not recovered when the reset ended
+PROGRESS_EVERY = 0.25  # seconds: a progress callback hears at least this often
+WAITING_FOR = {GONE: WAIT_PCI, FROZEN: WAIT_HEARTBEAT, LINKS_DOWN: WAIT_LINKS}  # status -> stage
+
+
+@dataclass(frozen=True)
+class ChipProgress:
+    """One chip's place in a reset, for a progress view (``ttmesh reset`` on a terminal)."""
+
+    asic: str
+    name: str  # how the plan names it: PCI address, or "remote <asic>"
+    stage: str  # QUEUED ... DONE | FAILED
+    attempt: int  # the tt-smi run it is in (1 first; 0 before any)
+    detail: str = ""
+
+
+# Every chip's progress, called when a stage changes and at least every PROGRESS_EVERY seconds
+# while the reset runs (tt-smi on a Galaxy takes about 30 s), so a view can keep its clock.
+Progress = Callable[[list[ChipProgress]], None]
+
 
 # =========================================================================== planning (pure)
 
@@ -323,11 +352,16 @@ class SmiRun:
 
 
 def run_tt_smi(
-    argv: Sequence[str], timeout: float, *, env_changes: dict[str, str | None] | None = None
+    argv: Sequence[str],
+    timeout: float,
+    *,
+    env_changes: dict[str, str | None] | None = None,
+    waiting: Callable[[], None] | None = None,
 ) -> SmiRun:
     """Run tt-smi (argv list, stdin closed, output captured) in its own process group.
 
     At ``timeout`` the whole group is killed and the process reaped: no zombie, no orphan.
+    ``waiting`` is called every PROGRESS_EVERY seconds while tt-smi runs.
     """
     env = dict(os.environ)
     env["TT_LOGGER_LEVEL"] = "error"
@@ -351,7 +385,7 @@ def run_tt_smi(
         return SmiRun(list(argv), None, False, 0.0, f"cannot run {argv[0]}: {exc.strerror}")
     timed_out = False
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out = _communicate(proc, t0 + timeout, waiting)
     except subprocess.TimeoutExpired:
         timed_out = True
         procs.signal_groups([proc.pid], signal.SIGKILL)
@@ -371,6 +405,24 @@ def run_tt_smi(
     seconds = time.monotonic() - t0
     text = (out or b"").decode(errors="replace")
     return SmiRun(list(argv), None if timed_out else proc.returncode, timed_out, seconds, text)
+
+
+def _communicate(
+    proc: subprocess.Popen, deadline: float, waiting: Callable[[], None] | None
+) -> bytes:
+    """``proc.communicate`` until ``deadline`` (TimeoutExpired then), calling ``waiting``
+    between short waits (communicate may be called again after a timeout, losing nothing)."""
+    while True:
+        left = deadline - time.monotonic()
+        step = left if waiting is None else min(left, PROGRESS_EVERY)
+        try:
+            out, _ = proc.communicate(timeout=max(step, 0.0))
+            return out
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        if waiting is not None:
+            waiting()
 
 
 # =========================================================================== verification
@@ -547,6 +599,43 @@ def check_blockers(
     return [b for b in soft if b.role == Role.HOLDER]
 
 
+class _Tracker:
+    """Each chip's stage for a progress callback: said on every change, and at least every
+    PROGRESS_EVERY seconds when asked to ``tick``."""
+
+    def __init__(self, p: ResetPlan, progress: Progress | None) -> None:
+        self.progress = progress
+        self.chips = {a: ChipProgress(a, p.name(a), QUEUED, 0) for a in p.chips}
+        self.told = 0.0
+
+    def set(self, asics: Iterable[str], stage: str, attempt: int, detail: str = "") -> None:
+        for a in asics:
+            if a in self.chips:
+                self.chips[a] = replace(self.chips[a], stage=stage, attempt=attempt, detail=detail)
+
+    def observed(self, states: dict[str, ChipState], attempt: int) -> None:
+        """After tt-smi: what each chip waits for, or done."""
+        for a, st in states.items():
+            stage = WAITING_FOR.get(st.status, DONE)
+            self.set([a], stage, attempt, st.detail if stage != DONE or st.status != OK else "")
+
+    def tell(self) -> None:
+        if self.progress is not None:
+            self.told = time.monotonic()
+            self.progress(list(self.chips.values()))
+
+    def tick(self) -> None:
+        if self.progress is not None and time.monotonic() - self.told >= PROGRESS_EVERY:
+            self.tell()
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep``, telling the progress on the way."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, PROGRESS_EVERY) if self.progress is not None else left)
+            self.tick()
+
+
 def execute(
     host: Host,
     inv: Inventory,
@@ -562,15 +651,23 @@ def execute(
     stop_grace: float = STOP_GRACE,
     heartbeat_timeout: float = 1.0,
     own_pids: Iterable[int] | None = None,
+    progress: Progress | None = None,
 ) -> ResetOutcome:
     """Steps 2-4 for a plan: refuse or stop holders, reset, verify, retry; never raises for
-    a reset that did not work (that is ``recovered=False``), only for refusals (exit 3)."""
+    a reset that did not work (that is ``recovered=False``), only for refusals (exit 3).
+
+    ``progress`` hears every chip's stage (:class:`ChipProgress`) as the reset goes; with it,
+    the per-chip "waiting for" lines are its to show, not ``log``'s."""
     say = log or (lambda _m: None)
+    track = _Tracker(p, progress)
     t0 = time.monotonic()
     host.check_changeable()
     to_stop = check_blockers(inv, p, force=force, own_pids=own_pids)
+    track.tell()
     stopped: list[int] = []
     if to_stop:
+        track.set({b.asic for b in to_stop if b.asic}, STOPPING, 0)
+        track.tell()
         trouble = stop_processes(to_stop, stop_grace, say)
         if trouble:
             raise failed("could not stop the holders: " + "; ".join(trouble), "stop them by hand")
@@ -599,7 +696,25 @@ def execute(
             attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
             break
         say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
-        run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env())
+        track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
+        track.tell()
+
+        leads = {a: next(iter(pci_targets(current, [a])), None) for a in p.chips}
+
+        def waiting(number: int = number, leads: dict[str, str | None] = leads) -> None:
+            """While tt-smi runs: which chips' PCI devices are off the bus."""
+            if progress is None:
+                return
+            listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
+            for a in p.chips:
+                lead = leads[a]
+                stage = RESETTING if lead is None or lead in listed else WAIT_PCI
+                if track.chips[a].stage != stage:
+                    track.set([a], stage, number, track.chips[a].detail)
+                    track.told = 0.0
+            track.tick()
+
+        run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
         if run.timed_out:
             say(f"tt-smi timed out after {timeout:g} s; killed it")
         deadline = time.monotonic() + (0.0 if run.timed_out else settle)
@@ -607,10 +722,13 @@ def execute(
             current, after, wrong, notes = observe(
                 host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
             )
+            track.observed(after, number)
+            track.tell()
             if not wrong or time.monotonic() >= deadline:
                 break
-            say("waiting for: " + "; ".join(wrong))
-            time.sleep(0.25)
+            if progress is None:
+                say("waiting for: " + "; ".join(wrong))
+            track.sleep(0.25)
         if run.timed_out:
             wrong = [f"tt-smi timed out after {timeout:g} s (killed)", *wrong]
         elif run.code is None:
@@ -628,7 +746,14 @@ def execute(
             say(
                 f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s"
             )
-            time.sleep(wait)
+            track.set(
+                [a for a, c in track.chips.items() if c.stage != DONE],
+                RETRYING,
+                number,
+                f"in {wait:g} s",
+            )
+            track.tell()
+            track.sleep(wait)
     recovered = bool(attempts) and attempts[-1].verified
     # A chip that looks fine after a reset that never ran to its end was not reset at all:
     # say so instead of "ok" beside "not recovered".
@@ -649,6 +774,11 @@ def execute(
         }
         for a in p.chips
     ]
+    for c in chips:
+        ok = c["after"] in (OK, UNKNOWN)
+        why = "" if c["after"] == OK else str(c["after"])
+        track.set([str(c["asic_id"])], DONE if ok else FAILED, len(attempts), why)
+    track.tell()
     problems = _problems(host, p, current, attempts, after, notes, timeout)
     return ResetOutcome(p, recovered, chips, attempts, problems, time.monotonic() - t0, stopped)
 
@@ -713,13 +843,15 @@ def recover(
     own_pids: Iterable[int] = (),
     inv: Inventory | None = None,
     announce: Log | None = None,
+    progress: Progress | None = None,
 ) -> ResetOutcome:
     """Reset ``asics`` (None: every chip) safely and verify them (``ttmesh reset``, and the
     launcher after a crash).
 
     ``own_pids``: more processes (besides this one) whose leases are the caller's own.
     ``inv``: the host as just discovered. ``announce`` (default ``log``) hears the chip set
-    and its warnings before anything happens; ``log`` hears the progress.
+    and its warnings before anything happens; ``log`` hears the progress; ``progress`` each
+    chip's stage (:class:`ChipProgress`), as a view draws it.
 
     Expands the set, refuses (TTMeshError, exit code 3) when another job leases or works on a
     chip of it or, without ``force``, when a process holds one; leases and workers of this
@@ -750,4 +882,5 @@ def recover(
         backoff=backoff,
         settle=settle,
         own_pids={os.getpid(), *own_pids},
+        progress=progress,
     )

@@ -1,0 +1,356 @@
+"""Live views on a terminal (``launch``, ``reset``), and the plain lines without one.
+
+Every view test runs the real entry point on a pseudo-terminal (stdlib ``pty``) against a
+simulated host and reads what a user's terminal would receive. Live frames are redrawn in
+place with cursor movements; stripped of escape sequences, the stream holds every frame in
+order, so a test reads until the frame it waits for arrives (with a deadline), never sleeps.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TAG, TW, worker
+
+from ttmesh.cli.hosts import open_host
+from ttmesh.launcher import events
+from ttmesh.launcher.events import EventReader, EventWriter, JobPhase
+from ttmesh.launcher.logs import COLOURS
+from ttmesh.recovery import reset
+from ttmesh.sim import faults
+
+QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain_text(raw: bytes) -> str:
+    """What the terminal received, without escape sequences; every frame, in order."""
+    text = ESCAPES.sub("", raw.decode(errors="replace"))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class Terminal:
+    """A command on a pseudo-terminal (stdin, stdout and stderr; 50 rows x 160 columns)."""
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str] | None = None, stdout: int | None = None
+    ) -> None:
+        self.leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+        base = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR", "TERM")}
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=follower,
+            stdout=follower if stdout is None else stdout,
+            stderr=follower,
+            env={**base, "TERM": "xterm-256color", **(env or {})},
+            start_new_session=True,
+        )
+        os.close(follower)
+        self.raw = b""
+        self.closed = False
+
+    def _read(self, timeout: float) -> None:
+        if self.closed:
+            return
+        ready, _, _ = select.select([self.leader], [], [], timeout)
+        if not ready:
+            return
+        try:
+            data = os.read(self.leader, 65536)
+        except OSError:  # EIO: every writer is gone
+            data = b""
+        if not data:
+            self.closed = True
+        self.raw += data
+
+    def text(self) -> str:
+        return plain_text(self.raw)
+
+    def until(self, cond: Callable[[str], object], what: str, timeout: float = 30.0) -> str:
+        """Read until ``cond(text so far)`` holds; the text."""
+        deadline = time.monotonic() + timeout
+        while not cond(self.text()):
+            if self.closed or time.monotonic() > deadline:
+                raise AssertionError(f"never saw {what}; the terminal got:\n{self.text()[-3000:]}")
+            self._read(0.1)
+        return self.text()
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A test that failed midway still leaves nothing running: SIGTERM stops a job."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        if not self.closed:
+            self.finish()
+
+    def finish(self, timeout: float = 60.0) -> int:
+        """Read to the end; the exit code."""
+        deadline = time.monotonic() + timeout
+        while not self.closed:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"no end in {timeout} s:\n{self.text()[-3000:]}")
+            self._read(0.1)
+        if self.leader >= 0:
+            os.close(self.leader)
+            self.leader = -1
+        return self.proc.wait(timeout=timeout)
+
+
+def ttmesh(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ttmesh", *args]
+
+
+def last_frame(text: str, head: str = "ttmesh job ") -> str:
+    return text.rsplit(head, 1)[-1] if head in text else ""
+
+
+def rows(frame: str) -> dict[int, list[str]]:
+    """RANK -> the row's cells (split on runs of spaces) in a job frame."""
+    out: dict[int, list[str]] = {}
+    for line in frame.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells and cells[0].isdigit() and len(cells) >= 6:
+            out[int(cells[0])] = cells
+    return out
+
+
+def phase_line(frame: str) -> str:
+    return frame.splitlines()[1] if frame.count("\n") >= 1 else ""
+
+
+# --------------------------------------------------------------------------- ttmesh launch
+
+
+def test_launch_draws_ranks_and_phases_and_keeps_the_output(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Every rank's row (its chip, PID, state) under the workers' own lines, the phases in
+    order with their times, and the exit code of the job."""
+    root = make_sim("quietbox2")
+    go = tmp_path / "go"
+
+    def all_ready(text: str) -> bool:
+        frame = last_frame(text)
+        shown = rows(frame)
+        return (
+            sorted(shown) == [0, 1, 2, 3]
+            and all(cells[3] == "ready" for cells in shown.values())
+            and phase_line(frame).strip().split(" › ")[-1].startswith("ready")
+        )
+
+    with Terminal(
+        ttmesh(
+            "launch", "--root", str(root), "--tp-size", "4", "--ready-timeout", "60",
+            *worker("say=hello", "ready", f"await={go}", "exit=0"),
+        )
+    ) as term:  # fmt: skip
+        frame = last_frame(term.until(all_ready, "every rank ready"))
+        shown = rows(frame)
+        assert sorted(cells[1] for cells in shown.values()) == QB2  # each rank's PCI address
+        pids = [int(cells[2]) for cells in shown.values()]
+        assert len(set(pids)) == 4
+        for pid in pids:  # the PIDs shown are the workers', running now
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert TAG.encode() in f.read()
+        assert "hello from rank 0" in frame  # a rank's last line
+        go.touch()
+        code = term.finish()
+    assert code == 0, term.text()[-3000:]
+    text = term.text()
+    for rank in range(4):
+        assert f"[r{rank}] hello from rank {rank}" in text  # the output still scrolls above
+    final = last_frame(text)
+    times = re.compile(r" (\d+\.\ds|\d+:\d\d(:\d\d)?)$")
+    phases = [times.sub("", p) for p in phase_line(final).strip().split(" › ")]
+    assert phases[:3] == ["checking fabric", "starting", "ready"]
+    assert phases[-1] == "done (exit 0)"
+    assert all(cells[3] == "done" for cells in rows(final).values())
+    assert re.search(r"checking fabric \d+\.\ds › starting \d+\.\ds › ready \d+\.\ds", final)
+
+
+def test_launch_view_of_a_failure_recovery_and_restart(make_sim: Callable[..., Path]) -> None:
+    """A rank fails after bringing the fabric up: the others are stopped, the chips recovered
+    (their links were left down), every rank restarted once, the same failure; exit code and
+    summary unchanged, the summary below the last frame."""
+    root = make_sim("quietbox2")
+    with Terminal(
+        ttmesh(
+            "launch", "--root", str(root), "--tp-size", "4", "--max-restarts", "1",
+            *worker("fabric", "fail-rank=1:3"),
+        )
+    ) as term:  # fmt: skip
+        code = term.finish()
+    text = term.text()
+    assert code == 3, text[-3000:]
+    for phase in ("stopping", "recovering (", "restarting (attempt 2 of 2)", "done (exit 3)"):
+        assert phase in text, phase
+    final = last_frame(text)
+    assert "attempt 2 of 2" in final.splitlines()[0]
+    shown = rows(final)
+    assert shown[1][3] == "failed: exited with code 3"
+    assert all(shown[r][3].startswith("stopped: ") for r in (0, 2, 3))
+    assert all(cells[5] == "1" for cells in shown.values())  # RESTARTS
+    assert "rank 1 failing on purpose" in shown[1][6]  # its last line
+    summary = text.rfind("ttmesh: exit 3: rank 1's exit code")
+    assert summary > text.rfind("RANK"), "the summary follows the last frame"
+
+
+@pytest.mark.parametrize("how", ["CI", "--no-live"])
+def test_without_a_view_the_terminal_gets_todays_lines_byte_for_byte(
+    make_sim: Callable[..., Path], how: str
+) -> None:
+    """CI set, or --no-live: the prefixed lines and nothing else (no table, no cursor moves)."""
+    root = make_sim("quietbox2")
+    flags = ["--no-live"] if how == "--no-live" else []
+    term = Terminal(
+        ttmesh(
+            "launch", "--root", str(root), "--tp-size", "4", *flags, *worker("say=hi", "exit=0")
+        ),
+        env={"CI": "1"} if how == "CI" else None,
+    )
+    assert term.finish() == 0
+    lines = term.raw.split(b"\r\n")
+    assert lines[0] == f"simulated host: {root.resolve()}".encode()
+    assert lines[-1] == b""
+    expected = sorted(
+        f"\x1b[{COLOURS[r]}m[r{r}]\x1b[0m hi from rank {r}".encode() for r in range(4)
+    )
+    assert sorted(lines[1:-1]) == expected
+
+
+def test_rich_is_imported_only_to_draw(make_sim: Callable[..., Path]) -> None:
+    """Neither --help nor a launch into a pipe imports rich; a launch on a terminal does."""
+    root = make_sim("quietbox2")
+    code = (
+        "import sys, io, contextlib\n"
+        "import ttmesh.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert ttmesh.cli.run(['--help']) == 0\n"
+        "assert ttmesh.cli.run(sys.argv[1:]) == 0\n"
+        "sys.stderr.write(repr('rich' in sys.modules))\n"
+    )
+    argv = [
+        sys.executable, "-c", code, "launch", "--root", str(root), "--tp-size", "1",
+        "--", sys.executable, TW, TAG, "exit=0",
+    ]  # fmt: skip
+    piped = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr.endswith("False"), piped.stderr
+    term = Terminal(argv)
+    assert term.finish() == 0
+    assert term.text().endswith("True"), term.text()[-2000:]
+
+
+def test_events_cross_the_pipe_in_any_pieces(capfd: pytest.CaptureFixture[str]) -> None:
+    """What the guardian reports reaches the front's observer whole, however the pipe cuts
+    it; with the front gone, output still reaches the console."""
+    heard: list[tuple[Any, ...]] = []
+
+    class Ear:
+        def __getattr__(self, name: str) -> Callable[..., None]:
+            return lambda *args: heard.append((name, *args))
+
+    r, w = os.pipe()
+    writer = EventWriter(w)
+    writer.phase(JobPhase.READY)
+    writer.rank_started(2, 1234)
+    writer.output(1, b"[r2] x\n")
+    writer.lines({2: "x"})
+    writer.rank_exited(2, 3, "exited with code 3", False)
+    data = os.read(r, 65536)
+    reader = EventReader(Ear())  # type: ignore[arg-type]
+    for i in range(len(data)):
+        reader.feed(data[i : i + 1])
+    assert heard == [
+        ("phase", JobPhase.READY, ""),
+        ("rank_started", 2, 1234),
+        ("output", 1, b"[r2] x\n"),
+        ("lines", {2: "x"}),
+        ("rank_exited", 2, 3, "exited with code 3", False),
+    ]
+    os.close(r)  # the front is gone
+    writer.output(1, b"still here\n")
+    writer.rank_ready(0)
+    assert writer.lost
+    assert capfd.readouterr().out == "still here\n"
+    assert set(events.EVENTS) <= {n for n in dir(writer) if not n.startswith("_")}
+
+
+# --------------------------------------------------------------------------- ttmesh reset
+
+
+def test_reset_progress_per_chip(make_sim: Callable[..., Path]) -> None:
+    """Each chip's stages as the reset goes: a chip that never comes back waits for PCI, is
+    retried and fails; the chips linked to it wait for their links and fail; the last one is
+    done. Progress is heard while tt-smi runs."""
+    root = make_sim("quietbox2", reset_seconds=0.6)
+    host = open_host(root)
+    dead = "0000:07:00.0"
+    faults.chip_dead(host, dead, permanent=True)
+    heard: list[list[reset.ChipProgress]] = []
+    outcome = reset.recover(host, None, retries=1, backoff=0, progress=heard.append)
+    assert not outcome.recovered
+    stages: dict[str, list[str]] = {}
+    for batch in heard:
+        for c in batch:
+            seen = stages.setdefault(c.name, [])
+            if not seen or seen[-1] != c.stage:
+                seen.append(c.stage)
+    assert sorted(stages) == QB2
+    # (a chip's device may drop off the bus for a moment while tt-smi runs: waiting for PCI)
+    assert stages[dead][:2] == [reset.QUEUED, reset.RESETTING]
+    assert {reset.WAIT_PCI, reset.RETRYING} <= set(stages[dead])
+    assert stages[dead][-1] == reset.FAILED
+    for linked in ("0000:03:00.0", "0000:05:00.0"):  # its Ethernet neighbours
+        assert {reset.WAIT_LINKS, reset.RETRYING} <= set(stages[linked])
+        assert stages[linked][-1] == reset.FAILED
+    assert stages["0000:01:00.0"][-1] == reset.DONE
+    final = {c.name: c for c in heard[-1]}
+    assert final[dead].detail == "gone" and final["0000:05:00.0"].detail == "links down"
+    assert final[dead].attempt == 2
+    while_running = [b for b in heard if all(c.stage == reset.RESETTING for c in b)]
+    assert len(while_running) >= 3  # told on entering the stage, then every 0.25 s of 0.6 s
+
+
+def test_reset_on_a_terminal_shows_each_chip(make_sim: Callable[..., Path]) -> None:
+    root = make_sim("quietbox2", reset_seconds=0.3)
+    term = Terminal(ttmesh("reset", "--root", str(root)))
+    assert term.finish() == 0
+    text = term.text()
+    frames = text.split("ttmesh reset · ")[1:]
+    assert frames, text
+    for stage in ("resetting", "done"):  # a frame with every chip at that stage
+        assert any(all(re.search(rf"{bdf}\s+{stage}\s+1\s", f) for bdf in QB2) for f in frames), (
+            stage,
+            text,
+        )
+    assert "recovered and verified: 4 chip(s)" in text.rsplit("ttmesh reset · ", 1)[-1]
+
+
+def test_reset_json_on_a_terminal_is_the_document_alone(make_sim: Callable[..., Path]) -> None:
+    root = make_sim("quietbox2")
+    term = Terminal(ttmesh("reset", "--root", str(root), "--json"), stdout=subprocess.PIPE)
+    assert term.proc.stdout is not None
+    out = term.proc.stdout.read()
+    assert term.finish() == 0
+    assert json.loads(out)["schema"] == "ttmesh.reset/1"
+    assert "STAGE" not in term.text() and "\x1b[" not in term.raw.decode()

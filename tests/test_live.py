@@ -1,4 +1,4 @@
-"""Live views on a terminal (``launch``, ``reset``), and the plain lines without one.
+"""Live views on a terminal (``launch``, ``reset``, ``top``), and the plain lines without one.
 
 Every view test runs the real entry point on a pseudo-terminal (stdlib ``pty``) against a
 simulated host and reads what a user's terminal would receive. Live frames are redrawn in
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TAG, TW, worker
+from conftest import TAG, TW, run_cli, worker
 
 from ttmesh.cli.hosts import open_host
 from ttmesh.launcher import events
@@ -354,3 +354,103 @@ def test_reset_json_on_a_terminal_is_the_document_alone(make_sim: Callable[..., 
     assert term.finish() == 0
     assert json.loads(out)["schema"] == "ttmesh.reset/1"
     assert "STAGE" not in term.text() and "\x1b[" not in term.raw.decode()
+
+
+# --------------------------------------------------------------------------- ttmesh top
+
+
+def test_top_once_and_json_with_the_job_holding_chips(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    root = make_sim("quietbox2")
+    go = tmp_path / "go"
+    job = subprocess.Popen(
+        ttmesh("launch", "--root", str(root), "--tp-size", "2", "--job-id", "topjob",
+               "--ready-timeout", "60", *worker("ready", f"await={go}", "exit=0")),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        doc: dict[str, Any] = {}
+
+        def leased() -> bool:
+            res = run_cli("top", "--root", str(root), "--json")
+            assert res.code == 0, res.err
+            doc.update(json.loads(res.out))
+            return sum(1 for c in doc["chips"] if c["lease"]) == 2
+
+        deadline = time.monotonic() + 30
+        while not leased():
+            assert job.poll() is None and time.monotonic() < deadline, "the job never leased"
+        assert doc["schema"] == "ttmesh.top/1" and doc["source"] == "tt-smi"
+        assert [c["bdf"] for c in doc["chips"]] == QB2
+        for c in doc["chips"]:
+            assert c["telemetry"] == "tt-smi"
+            assert c["temperature_c"] == 45.0 and c["power_w"] == 35.0
+            assert c["aiclk_mhz"] == 1350.0
+            assert c["heartbeat"]["state"] == "alive" and c["heartbeat"]["count"] > 0
+            assert c["links"]["expected"] > 0 and c["links"]["up"] == c["links"]["expected"]
+        held = [c for c in doc["chips"] if c["lease"]]
+        assert {c["lease"]["job"] for c in held} == {"topjob"}
+        once = run_cli("top", "--root", str(root), "--once")
+        assert once.code == 0, once.err
+        lines = once.out.splitlines()
+        assert lines[1].split() == ["DEV", "PCI", "BOARD", "TEMP", "POWER", "AICLK",
+                                    "HEARTBEAT", "LINKS", "JOB"]  # fmt: skip
+        shown = [ln for ln in lines if "0000:" in ln]
+        assert len(shown) == 4
+        assert sum("topjob (pid" in ln for ln in shown) == 2
+        assert all("45.0 °C" in ln and "1350 MHz" in ln and "alive" in ln for ln in shown)
+    finally:
+        go.touch()
+        assert job.wait(timeout=60) == 0, job.stderr.read() if job.stderr else ""
+
+
+def test_top_reads_the_driver_files_when_tt_smi_gives_nothing(
+    make_sim: Callable[..., Path],
+) -> None:
+    """The same path as on a real host without tt-smi: the clock from the driver's files,
+    a dead chip's heartbeat frozen, temperature and power unknown, said in a note."""
+    root = make_sim("quietbox2")
+    faults.chip_dead(open_host(root), "0000:05:00.0")
+    res = run_cli("top", "--root", str(root), "--json", env={"TTMESH_TT_SMI": "/bin/false"})
+    assert res.code == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["source"] == "driver"
+    assert any("tt-smi -s gave no telemetry (exit 1)" in n for n in doc["notes"])
+    by_bdf = {c["bdf"]: c for c in doc["chips"]}
+    assert all(c["aiclk_mhz"] == 1350.0 and c["telemetry"] == "driver" for c in doc["chips"])
+    assert all(c["temperature_c"] is None for c in doc["chips"])
+    assert by_bdf["0000:05:00.0"]["heartbeat"]["state"] == "frozen"
+    assert by_bdf["0000:01:00.0"]["heartbeat"]["state"] == "alive"
+
+
+def test_top_on_a_terminal_redraws_until_interrupted(make_sim: Callable[..., Path]) -> None:
+    root = make_sim("quietbox2")
+    with Terminal(ttmesh("top", "--root", str(root), "--interval", "0.2")) as term:
+        term.until(lambda t: t.count("ttmesh top · ") >= 3, "three frames")
+        os.kill(term.proc.pid, signal.SIGINT)
+        assert term.finish() == 0
+    frame = term.text().rsplit("ttmesh top · ", 1)[-1]
+    for bdf in QB2:
+        assert re.search(rf"{bdf}\s+p300a\s+45\.0 °C\s+35\.0 W\s+1350 MHz\s+alive", frame), frame
+    assert "Traceback" not in term.text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["top", "--interval", "0"], "--interval 0: give a positive number of seconds"),
+        (["top", "--interval", "nan"], "--interval nan: give a positive number of seconds"),
+        (["top", "--tt-smi", "/nonexistent/tt-smi"], "tt-smi not found: --tt-smi"),
+        (["top", "--interval", "x"], "'x' is not a valid float"),
+    ],
+)
+def test_top_bad_input_is_one_line(
+    make_sim: Callable[..., Path], args: list[str], message: str
+) -> None:
+    root = make_sim("quietbox2")
+    res = run_cli(*args, "--root", str(root))
+    assert res.code == 2, res
+    lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host: ")]
+    assert len(lines) == 1 and message in lines[0], res.err
+    assert res.out == ""

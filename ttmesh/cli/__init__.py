@@ -1,7 +1,7 @@
 """The ``ttmesh`` command line: parse, call one function, render its result.
 
 A package with one module per command (``ls``, ``launch``, ``ps``, ``check``, ``reset``,
-``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
+``top``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
 that opens a host (:mod:`~ttmesh.cli.hosts`, the only importer of the simulator) and the text
 views (:mod:`~ttmesh.cli.views`). Kept light: importing it pulls in click and nothing heavy
 (no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant.
@@ -25,6 +25,7 @@ from ttmesh.cli.ps import ps_cmd
 from ttmesh.cli.reset import reset_cmd
 from ttmesh.cli.serving import profiles_cmd, stop_cmd
 from ttmesh.cli.sim import sim_group
+from ttmesh.cli.top import top_cmd
 from ttmesh.errors import BAD_INPUT, TTMeshError
 
 
@@ -41,7 +42,7 @@ def main() -> None:
 
 for command in (
     ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
-    doctor_cmd, sim_group,
+    top_cmd, doctor_cmd, sim_group,
 ):  # fmt: skip
     main.add_command(command)
 

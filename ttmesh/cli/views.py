@@ -189,3 +189,64 @@ def problem_lines(problems: list[Any]) -> list[str]:
         out.append(f"{p.severity}: {p.what}")
         out.append(f"  fix: {p.fix}")
     return out
+
+
+TOP_HEADERS = ["DEV", "PCI", "BOARD", "TEMP", "POWER", "AICLK", "HEARTBEAT", "LINKS", "JOB"]
+
+
+def top_rows(data: dict) -> list[list[str]]:
+    """One row per chip of a ttmesh.top/1 document (the live view draws the same cells)."""
+    bdf_of = {c["asic_id"]: c["bdf"] for c in data["chips"]}
+    rows = []
+    for c in data["chips"]:
+        links = c["links"]
+        linked = "-"
+        if links["expected"]:
+            linked = f"{links['up']}/{links['expected']} up"
+            if links["down"]:
+                linked += f", {links['down']} down"
+        rows.append(
+            [
+                "-" if c["dev_index"] is None else str(c["dev_index"]),
+                c["bdf"] or f"remote via {bdf_of.get(c['via']) or '?'}",
+                c["board_type"],
+                _unit(c["temperature_c"], "{:.1f} °C"),
+                _unit(c["power_w"], "{:.1f} W"),
+                _unit(c["aiclk_mhz"], "{:.0f} MHz"),
+                c["heartbeat"]["state"],
+                linked,
+                _holder(c),
+            ]
+        )
+    return rows
+
+
+def _unit(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _holder(chip: dict) -> str:
+    """The job leasing the chip, else who holds it."""
+    if chip["lease"]:
+        return f"{chip['lease']['job']} (pid {chip['lease']['pid']})"
+    if chip["holders"] is None:
+        return "unknown"
+    held = chip["holders"]
+    if not held:
+        return "-"
+    first = held[0]
+    who = first.get("job") or f"pid {first['pid']} ({first['cmd'][:40]})"
+    return who + (f" +{len(held) - 1}" if len(held) > 1 else "")
+
+
+def top_text(data: dict) -> str:
+    """A ttmesh.top/1 document as a table, with its source and notes."""
+    import time
+
+    when = time.strftime("%H:%M:%S", time.localtime(data["time"]))
+    out = [
+        f"{when}  {len(data['chips'])} chip(s), telemetry from {data['source']}",
+        table(TOP_HEADERS, top_rows(data)),
+    ]
+    out += [f"note: {n}" for n in data["notes"]]
+    return "\n".join(out)

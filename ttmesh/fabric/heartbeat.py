@@ -15,7 +15,8 @@ from ttmesh.vocab import Heartbeat
 ALIVE, FROZEN, UNKNOWN = Heartbeat.ALIVE, Heartbeat.FROZEN, Heartbeat.UNKNOWN
 
 
-def _read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
+def read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
+    """Each chip's heartbeat counter now (None: it cannot be read)."""
     values: dict[str, int | None] = {}
     remote = []
     for c in chips:
@@ -35,7 +36,7 @@ def _read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
 def poll(inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0) -> dict[str, str]:
     """State per asic id: alive (counter moved), frozen (did not within timeout), unknown."""
     chips = inv.chips if chips is None else chips
-    first = _read(inv, chips)
+    first = read(inv, chips)
     result: dict[str, str] = {a: (UNKNOWN if v is None else FROZEN) for a, v in first.items()}
     pending = [c for c in chips if first.get(c.asic_id) is not None]
     deadline = time.monotonic() + timeout
@@ -43,7 +44,7 @@ def poll(inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0) 
     while pending and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
-        now = _read(inv, pending)
+        now = read(inv, pending)
         still = []
         for c in pending:
             value = now.get(c.asic_id)

@@ -1,4 +1,5 @@
-"""What a real host's chips report beyond sysfs: topology, Ethernet status, remote heartbeats.
+"""What a real host's chips report beyond sysfs: topology, Ethernet status, remote heartbeats;
+and every host's chip telemetry (temperature, power, clock) from tt-smi or the driver's files.
 
 The kernel driver shows PCI devices only. Remote chips (behind an n300's PCI chip), Ethernet
 links and their live status come from the chips' firmware, read through tt-umd (the ``hw``
@@ -13,9 +14,11 @@ non-simulated root answers unknown.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ttmesh.host import clusterdesc
@@ -118,3 +121,96 @@ def status_bits(provider: Any) -> int | None:
 def remote_heartbeats(host: Host, asics: list[str]) -> dict[str, int | None]:
     """Firmware heartbeat counters of chips without a driver node of their own."""
     return _per_chip(host, asics, lambda provider: provider.get_heartbeat())
+
+
+# --------------------------------------------------------------------------- chip telemetry
+# Temperature, power, clock and voltage, for ``ttmesh top``. Two sources, read the same way on
+# every host: the host's tt-smi snapshot (``tt-smi -s``; on a simulated host its tt-smi
+# stand-in, which reports the simulated chips), parsed here, and the driver's own files (the
+# hwmon node tt-kmd registers for each PCI device, ``tt_aiclk``), read through the host reader.
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One chip's telemetry; None where the source does not say."""
+
+    temperature_c: float | None = None
+    power_w: float | None = None
+    aiclk_mhz: float | None = None
+    voltage_v: float | None = None
+
+    def known(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+
+@dataclass(frozen=True)
+class SmiDevice:
+    """A device of a tt-smi snapshot: how to find its chip, and its reading."""
+
+    bdf: str | None  # None: a remote chip (tt-smi says "N/A")
+    board_id: str | None
+    asic_id: str | None  # Blackhole telemetry carries the unique id; Wormhole's does not
+    reading: Reading
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def parse_snapshot(doc: Any) -> list[SmiDevice]:
+    """The devices of a ``tt-smi -s`` document (what cannot be read is left out)."""
+    devices = doc.get("device_info") if isinstance(doc, dict) else None
+    out: list[SmiDevice] = []
+    for entry in devices if isinstance(devices, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        board = entry.get("board_info") or {}
+        telem = entry.get("telemetry") or {}
+        smbus = entry.get("smbus_telem") or {}
+        if not isinstance(board, dict) or not isinstance(telem, dict):
+            continue
+        bus = str(board.get("bus_id") or "").strip().lower()
+        board_id = str(board.get("board_id") or "").strip().lower() or None
+        asic = None
+        if isinstance(smbus, dict) and smbus.get("ASIC_ID_HIGH") and smbus.get("ASIC_ID_LOW"):
+            with contextlib.suppress(ValueError, TypeError):
+                high = int(str(smbus["ASIC_ID_HIGH"]), 0)
+                low = int(str(smbus["ASIC_ID_LOW"]), 0)
+                asic = format((high << 32) | low, "016x")
+        reading = Reading(
+            temperature_c=_number(telem.get("asic_temperature")),
+            power_w=_number(telem.get("power")),
+            aiclk_mhz=_number(telem.get("aiclk")),
+            voltage_v=_number(telem.get("voltage")),
+        )
+        bdf = bus if bus and bus != "n/a" else None
+        out.append(SmiDevice(bdf, board_id, asic, reading))
+    return out
+
+
+HWMON = "sys/class/tenstorrent/tenstorrent!{dev}/device/hwmon"
+
+
+def sysfs_reading(host: Host, dev: int) -> Reading:
+    """What the driver shows of PCI device ``dev``: its hwmon node (tt-kmd 1.29 and later:
+    ``temp1_input`` in m°C, ``power1_input`` in µW, ``in0_input`` in mV) and ``tt_aiclk``."""
+    values: dict[str, float | None] = {}
+    base = HWMON.format(dev=dev)
+    try:
+        nodes = sorted(os.listdir(host.path(base)))
+    except OSError:
+        nodes = []
+    for node in nodes[:1]:
+        for key, name, scale in (
+            ("temperature_c", "temp1_input", 1e-3),
+            ("power_w", "power1_input", 1e-6),
+            ("voltage_v", "in0_input", 1e-3),
+        ):
+            number = _number(host.read_text(f"{base}/{node}/{name}"))
+            values[key] = None if number is None else number * scale
+    values["aiclk_mhz"] = _number(host.attr(dev, "tt_aiclk"))
+    return Reading(**values)

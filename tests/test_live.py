@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TAG, TW, run_cli, worker
+from conftest import TAG, TW, run_cli, wait_for, worker
 
 from ttmesh.cli.hosts import open_host
 from ttmesh.launcher import events
 from ttmesh.launcher.events import EventReader, EventWriter, JobPhase
 from ttmesh.launcher.logs import COLOURS
 from ttmesh.recovery import reset
-from ttmesh.sim import faults
+from ttmesh.sim import core, faults
 
 QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -214,6 +214,53 @@ def test_launch_view_of_a_failure_recovery_and_restart(make_sim: Callable[..., P
     assert summary > text.rfind("RANK"), "the summary follows the last frame"
 
 
+def _running(text: str) -> bool:
+    shown = rows(last_frame(text))
+    return len(shown) == 4 and all(cells[3] == "running" for cells in shown.values())
+
+
+def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
+    """The guardian's own messages reach the view through the pipe; the exit code is 130."""
+    root = make_sim("quietbox2")
+    with Terminal(
+        ttmesh("launch", "--root", str(root), "--tp-size", "4", *worker("say=up"))
+    ) as term:
+        term.until(_running, "every rank running")
+        os.kill(term.proc.pid, signal.SIGINT)
+        code = term.finish()
+    text = term.text()
+    assert code == 130, text[-3000:]
+    assert "ttmesh: interrupted: stopping every worker" in text
+    final = last_frame(text)
+    assert re.search(r"› stopping \d+\.\ds › done \(exit 130\)$", phase_line(final).strip())
+    assert all(cells[3] == "stopped: killed by SIGTERM" for cells in rows(final).values())
+
+
+def test_sigkill_of_ttmesh_under_the_view_its_guardian_finishes(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The view was the killed process's: the guardian's output falls back to the terminal,
+    and it finishes the job as it does without a view (no traceback, the job recorded)."""
+    from ttmesh.runtime import jobs
+
+    root = make_sim("quietbox2")
+    job = f"live-killed-{os.getpid()}"
+    with Terminal(
+        ttmesh("launch", "--root", str(root), "--tp-size", "4", "--job-id", job, *worker("fabric"))
+    ) as term:
+        term.until(_running, "every rank running")
+        sim = core.SimRoot(str(root))
+        wait_for(lambda: sim.read_state()["fabric_marks"], what="the fabric to come up")
+        os.kill(term.proc.pid, signal.SIGKILL)
+        assert term.finish() == -signal.SIGKILL
+    text = term.text()
+    assert "Traceback" not in text and "error" not in text, text[-3000:]
+    assert "the launcher was killed: its guardian stopped the workers" in text
+    assert "chips recovered and verified" in text
+    (record,) = [r for r in jobs.every() if r["job"] == job]
+    assert record["status"].startswith("launcher killed") and record.get("ended")
+
+
 @pytest.mark.parametrize("how", ["CI", "--no-live"])
 def test_without_a_view_the_terminal_gets_todays_lines_byte_for_byte(
     make_sim: Callable[..., Path], how: str
@@ -277,7 +324,7 @@ def test_events_cross_the_pipe_in_any_pieces(capfd: pytest.CaptureFixture[str]) 
     writer.lines({2: "x"})
     writer.rank_exited(2, 3, "exited with code 3", False)
     data = os.read(r, 65536)
-    reader = EventReader(Ear())  # type: ignore[arg-type]
+    reader = EventReader(Ear())
     for i in range(len(data)):
         reader.feed(data[i : i + 1])
     assert heard == [

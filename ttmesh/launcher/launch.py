@@ -448,11 +448,13 @@ def _reset(
 
 
 def _reset_detail(chips: list[Any]) -> str:
-    """``resetting: 3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
+    """``3 of 4 chip(s) done, 1 waiting for links``: a reset's progress in a few words."""
+    from ttmesh.recovery.reset import DONE
+
     counts: dict[str, int] = {}
     for c in chips:
         counts[c.stage] = counts.get(c.stage, 0) + 1
-    done = counts.pop("done", 0)
+    done = counts.pop(DONE, 0)
     rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
     return f"{done} of {len(chips)} chip(s) done" + (f", {rest}" if rest else "")
 

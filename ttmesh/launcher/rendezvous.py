@@ -233,7 +233,7 @@ class Coordinator:
             except (RuntimeError, TimeoutError) as exc:
                 if time.monotonic() >= deadline:
                     raise refused(
-                        f"no rendezvous at {self.endpoint} after {self.timeout:g} s ({str(exc).splitlines()[0]})",
+                        f"no rendezvous at {self.endpoint} after {self.timeout:g} s ({_first_line(exc)})",
                         "start node 0 (--node-rank 0) on the endpoint's host first, or check the address",
                     )
                 time.sleep(0.2)
@@ -257,7 +257,7 @@ class Coordinator:
         try:
             handler.next_rendezvous()
         except Exception as exc:  # torch's RendezvousError and friends
-            raise refused(f"the rendezvous at {self.endpoint} failed: {str(exc).splitlines()[0]}")
+            raise refused(f"the rendezvous at {self.endpoint} failed: {_first_line(exc)}")
         self.handler = handler
 
     # -- during a job
@@ -283,9 +283,7 @@ class Coordinator:
                         return
                 self._check_ends()
             except (RuntimeError, OSError, TimeoutError) as exc:
-                self._gone(
-                    f"the rendezvous store at {self.endpoint} is gone ({str(exc).splitlines()[0]})"
-                )
+                self._gone(f"the rendezvous store at {self.endpoint} is gone ({_first_line(exc)})")
                 return
 
     def _gone(self, why: str) -> None:
@@ -394,6 +392,13 @@ def _torch_store() -> Any:
         if previous is None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
     return TCPStore
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type when it has none (torch's
+    rendezvous timeout has an empty message)."""
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def token_of(given: str | None) -> str:

@@ -201,7 +201,7 @@ def test_hold(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
     (problem,) = errors(doc)
     assert problem["what"].startswith(f"{C07} is held by pid {pid} (")
     assert "ttmesh-sim-hold" in problem["what"] and "\n" not in problem["what"]
-    assert re.fullmatch(rf"stop pid {pid} \(\S+: .*ttmesh-sim-hold {C07}\)", problem["fix"])
+    assert re.fullmatch(rf"kill {pid} \(\S+: .*ttmesh-sim-hold {C07}\)", problem["fix"])
     chips = {c["bdf"]: c for c in doc["chips"]}
     assert [h["pid"] for h in chips[C07]["holders"]] == [pid]
     assert chips[C07]["holders"][0]["job"] is None
@@ -401,7 +401,7 @@ def test_preflight(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
     pid = int(re.search(r"pid (\d+)", fault(cli, qb2, "hold", C03)).group(1))
     hold_pids.append(pid)
     (held,) = health.preflight(inv, [a01, a03])
-    assert (held.kind, held.chips) == ("holder", (a03,)) and f"stop pid {pid}" in held.fix
+    assert (held.kind, held.chips) == ("holder", (a03,)) and f"kill {pid} (" in held.fix
     assert health.preflight(inv, [a01, a03], allow_holders_pids=[pid]) == []
 
     from ttmesh.runtime import leases

@@ -111,6 +111,37 @@ def test_multihost_bad_input(qb2: Path) -> None:
         assert needle in res.err.strip().splitlines()[-1], (args, res.err)
 
 
+def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: Path) -> None:
+    """Two agents of one job on one machine (a split host, each given its chips): each part
+    has its own run directory, leases and record (JOB-n0, JOB-n1); ranks and messages are
+    global."""
+    port = _port("127.0.0.1")
+    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
+              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", "1"]  # fmt: skip
+    code = (
+        "import os, sys; print(os.environ['RANK'], os.environ['TT_VISIBLE_DEVICES']); "
+        "sys.exit(7 if os.environ['RANK'] == '1' else 0)"
+    )
+    agents = []
+    for n in (0, 1):
+        argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--node-rank", str(n),
+                *common, "--chips", ("0000:01:00.0", "0000:03:00.0")[n],
+                "--", sys.executable, "-c", code]  # fmt: skip
+        env = {**__import__("os").environ, **TOKEN}
+        pipe = subprocess.PIPE
+        agents.append(subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env))
+    results = _finish(agents, timeout=120)
+    assert [c for c, _o, _e in results] == [7, 7], results
+    assert "already exists" not in results[0][2] + results[1][2]
+    assert [o.split()[-1] for _c, o, _e in results] == ["0000:01:00.0", "0000:03:00.0"], results
+    err1 = results[1][2]
+    assert "attempt 1 of 2 failed (rank 1 exited with code 7)" in err1, err1
+    assert "rank 1 (0000:03:00.0) exited with code 7" in err1 and "rank 0" not in err1, err1
+    listed = json.loads(run_cli("ps", "--all", "--json").out)
+    ours = {j["job"] for j in listed["jobs"] if j["job"].startswith(f"rdzv-127.0.0.1-{port}")}
+    assert ours == {f"rdzv-127.0.0.1-{port}-n0", f"rdzv-127.0.0.1-{port}-n1"}, ours
+
+
 # --------------------------------------------------------------------------- emulated hosts
 
 
@@ -215,9 +246,10 @@ def test_a_wrong_token_and_a_duplicate_node_rank_are_refused(two_qb2) -> None:
         wait_for(lambda: _listening(two_qb2[0].addr, port), timeout=60, what="node 0's store")
         bad = two_qb2[1].ttmesh(
             "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}",
-            "--job-id", f"mh-{port}", "--rdzv-timeout", "5", "--tp-size", "1", "--", "true",
+            "--job-id", f"mh-{port}", "--rdzv-timeout", "900", "--tp-size", "1", "--", "true",
             env={"TTMESH_RDZV_TOKEN": "wrong"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
+        # Refused as soon as the job record is read, not at the end of --rdzv-timeout.
         code, _o, err = _finish([bad], timeout=60)[0]
         assert code == 3, err
         assert "is not signed with this job's token" in err.strip().splitlines()[-1], err

@@ -315,6 +315,23 @@ def test_a_model_name_skips_the_budget_with_a_note(qb2: Path) -> None:
     assert "not a local directory (nothing is downloaded)" in data["serving"]["memory_note"]
 
 
+def test_the_model_is_a_flag_or_an_entry_points_positional_never_a_script() -> None:
+    from ttmesh.launcher.serving import args, rules
+
+    def model(command: list[str]) -> str:
+        return rules.Context(args.parse(command), {}, {}, 1).model()
+
+    parsed = args.parse(["vllm", "serve", "meta-llama/Llama-3.1-8B", "--max-model-len", "8192"])
+    assert (parsed.program, parsed.positionals) == ("vllm serve", ["meta-llama/Llama-3.1-8B"])
+    script = args.parse(["python", "serve.py", "--tp-size", "2"])
+    assert (script.program, script.positionals) == ("python serve.py", [])
+    flagged = args.parse(["python", "-m", "sglang.launch_server", "--model-path", "/m/q"])
+    assert flagged.value("--model-path") == "/m/q" and flagged.positionals == []
+    assert model(["vllm", "serve", "meta-llama/Llama-3.1-8B"]) == "meta-llama/Llama-3.1-8B"
+    assert model(["python", "serve.py", "--tp-size", "2"]) == ""
+    assert model(["python", "-m", "sglang.launch_server", "--model-path", "/m/q"]) == "/m/q"
+
+
 # --------------------------------------------------------------------------- running
 
 

@@ -42,6 +42,7 @@ if root and chips:
     sim = core.SimRoot(root)
     sim.add_holder(chips[:1], os.getpid(), kind="fake-scheduler")
     sim.mark_fabric(chips, os.getpid(), owner="fake-scheduler")
+os.write(int(sys.argv[2]), b"up")  # initialised: the server may say it is ready
 while True:
     time.sleep(60)
 """
@@ -91,19 +92,24 @@ def main(stack: str) -> None:
         sys.exit(1)
     chips = json.loads(os.environ.get("TTMESH_JOB_CHIPS") or "[]")
     children: list[subprocess.Popen] = []
+    up_r, up_w = os.pipe()  # each child says "up" once it holds its chips, as SGLang's
+    # schedulers finish initialising before the server reports ready
     if stack == "sglang" and tpu and tp > 1:  # one process per chip, libtt assigns them
         for i in range(tp):
             mine = chips[i:] + chips[:i]
             children.append(
                 subprocess.Popen(
-                    [f"sglang::scheduler_TP{i}", "-c", CHILD, json.dumps(mine)],
+                    [f"sglang::scheduler_TP{i}", "-c", CHILD, json.dumps(mine), str(up_w)],
                     executable=sys.executable,
+                    pass_fds=(up_w,),
                 )
             )
     else:
         children.append(
             subprocess.Popen(
-                ["sglang::scheduler", "-c", CHILD, json.dumps(chips)], executable=sys.executable
+                ["sglang::scheduler", "-c", CHILD, json.dumps(chips), str(up_w)],
+                executable=sys.executable,
+                pass_fds=(up_w,),
             )
         )
     state = {"ready": False, "draining": False}
@@ -162,6 +168,13 @@ def main(stack: str) -> None:
     if os.environ.get("FAKE_SAY"):
         sys.stderr.write(os.environ["FAKE_SAY"] + "\n")
         sys.stderr.flush()
+    os.close(up_w)
+    heard = b""
+    while len(heard) < 2 * len(children):
+        got = os.read(up_r, 64)
+        if not got:
+            break  # a child died before it was up
+        heard += got
     if mode != "hang":
         time.sleep(float(os.environ.get("FAKE_READY_AFTER", "0.3")))
         state["ready"] = True

@@ -50,7 +50,7 @@ def check_cmd(
     process outside the ttmesh job that leases it holds it. A chip the topology expects but
     the host lost is an error. Per Ethernet link: up, down (an error) or unknown (a warning,
     an error with --strict); a chip pair with fewer links than its peers is a warning.
-    Every problem comes with a fix, e.g. `ttmesh reset --chips ...` or `stop pid 1234 ...`.
+    Every problem comes with a fix, e.g. `ttmesh reset --chips ...` or `kill 1234 ...`.
 
     \b
     On a real host the expected links are what discovery sees merged with the last

@@ -405,8 +405,13 @@ def launch_cmd(
 
         argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
         return agents.start(hosts, multi, argv, dry_run=dry_run)
-    if multi is not None and job_id is None:
-        job_id = multi[1]
+    rdzv_job = ""
+    if multi is not None:
+        # The job's id is shared by every host; this host's part of it (its run directory,
+        # leases and `ttmesh ps` record) is named per node, so two agents on one machine
+        # (a split Galaxy, a test) never meet in one run directory.
+        rdzv_job = paths.safe_name(multi[1], "--job-id")
+        job_id = f"{rdzv_job[:56]}-n{multi[0].node_rank}"
     if rank_binding is not None and mesh_layout is not None:
         raise bad_input(
             "--rank-binding and --mesh-layout together",
@@ -534,7 +539,7 @@ def launch_cmd(
     if multi is not None:
         from ttmesh.launcher.multihost import Peers
 
-        peers = Peers(multi[0], prepared.plan.job)
+        peers = Peers(multi[0], rdzv_job)
         try:
             prepared.plan = peers.join(prepared.plan)
         except BaseException:

@@ -426,16 +426,21 @@ def heartbeat_problem(
     return None
 
 
+def kill_fix(h: ChipProcess) -> str:
+    """A fix a user can run as printed: end the process that holds a chip."""
+    return f"kill {h.pid} ({h.user}: {h.cmd})"
+
+
 def holder_problem(inv: Inventory, asic: str, h: ChipProcess, lease: ChipProcess | None) -> Problem:
     name = chip_name(inv, asic)
     if h.job is not None:
         what = f"{name} is held by {h.who}, a worker of ttmesh job {h.job}, which does not lease it"
-        fix = f"stop job {h.job} (see ttmesh ps)"
+        fix = f"ttmesh stop {h.job} (see ttmesh ps)"
     elif lease is not None:
         what = f"{name} is leased by ttmesh job {lease.job} but held by {h.who} outside it"
-        fix = f"stop {h.who}"
+        fix = kill_fix(h)
     else:
-        what, fix = f"{name} is held by {h.who}", f"stop {h.who}"
+        what, fix = f"{name} is held by {h.who}", kill_fix(h)
     return Problem(ERROR, what, fix, "holder", (asic,))
 
 

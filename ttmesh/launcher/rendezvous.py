@@ -151,9 +151,15 @@ class Coordinator:
             for key in keys:
                 if key in found:
                     continue
-                with self._lock:
-                    present = self.store.check([PREFIX + key])
-                    raw = self.store.get(PREFIX + key) if present else None
+                try:
+                    with self._lock:
+                        present = self.store.check([PREFIX + key])
+                        raw = self.store.get(PREFIX + key) if present else None
+                except (RuntimeError, OSError, TimeoutError) as exc:  # DistNetworkError & co
+                    raise refused(
+                        f"{what}: lost the rendezvous store at {self.endpoint} ({_first_line(exc)})",
+                        "node 0 ended or is unreachable: see its output, then start every host again",
+                    )
                 if raw is None:
                     continue
                 value = self._verify(key, raw)
@@ -162,16 +168,18 @@ class Coordinator:
                 else:
                     found[key] = value
                     unsigned.discard(key)
+            if unsigned:
+                # Records are written once and never replaced: one signed with another token
+                # will not become ours by waiting, so say so now rather than at the deadline.
+                raise refused(
+                    f"{what}: {', '.join(sorted(unsigned))} at {self.endpoint} is not signed "
+                    "with this job's token",
+                    "give every host the same --rdzv-token (or TTMESH_RDZV_TOKEN)",
+                )
             if len(found) == len(keys):
                 return found
             if time.monotonic() >= deadline:
                 missing = [k for k in keys if k not in found]
-                if unsigned:
-                    raise refused(
-                        f"{what}: {', '.join(sorted(unsigned))} at {self.endpoint} is not signed "
-                        "with this job's token",
-                        "give every host the same --rdzv-token (or TTMESH_RDZV_TOKEN)",
-                    )
                 raise refused(
                     f"{what}: nothing from {', '.join(missing)} after {timeout or self.timeout:g} s",
                     f"start ttmesh on every host with the same --rdzv-endpoint {self.endpoint} and job id",
@@ -317,17 +325,22 @@ class Coordinator:
                 order = self.store.add(PREFIX + f"failures/{attempt}", 1)
             if order == 1:
                 self.publish(f"first/{attempt}", {**end, "node": self.node})
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
+        # The attempt is over when every host has said how it ended: a host whose ranks all
+        # succeeded waits for the others (their ranks may still fail: then the job failed
+        # and this host exits with that code too). A host that stops answering ends the wait
+        # through the heartbeat (self.lost).
+        ends = [f"end/{attempt}/{n}" for n in range(self.nnodes)]
+        while True:
             first = self.read(f"first/{attempt}")
             if first is not None:
                 return first
             with self._lock:
                 failures = self.store.add(PREFIX + f"failures/{attempt}", 0)
-            if failures == 0:
+            if self.lost is not None or (
+                failures == 0 and all(self.read(k) is not None for k in ends)
+            ):
                 return end
             time.sleep(0.05)
-        return end
 
     def wait_ends(self, attempt: int, timeout: float) -> None:
         """Node 0 hosts the store: it stays until every host has said how its attempt ended."""

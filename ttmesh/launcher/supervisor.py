@@ -812,7 +812,7 @@ class Guardian:
             )  # fmt: skip
         error = _error_message(self.plan.ranks[failure.rank].env["TORCHELASTIC_ERROR_FILE"])
         return replace(
-            base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank} {failure.how}",
+            base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank + self.plan.rank_offset} {failure.how}",  # global rank
             stderr_tail=self.console.tail(failure.rank)[-10:], error_message=error,
         )  # fmt: skip
 

@@ -591,7 +591,7 @@ def check_blockers(
     if soft and not force:
         more = f" (and {len(soft) - 1} more)" if len(soft) > 1 else ""
         hint = (
-            f"stop {soft[0].who}, or add --force to stop it (SIGTERM, then SIGKILL)"
+            f"kill {soft[0].pid} ({soft[0].user}: {soft[0].cmd}), or add --force to stop it (SIGTERM, then SIGKILL)"
             if soft[0].role == Role.HOLDER
             else "run as root to see the holders, or add --force to reset anyway"
         )

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 class ServerArgs:
     program: str  # "sglang.launch_server" (a module), or an entry point's name ("vllm serve")
     flags: dict[str, list[str]] = field(default_factory=dict)
+    # Words before the first flag, after the program: ``vllm serve MODEL`` gives ["MODEL"].
+    positionals: list[str] = field(default_factory=list)
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -44,7 +46,9 @@ def parse(command: list[str], module: bool = False) -> ServerArgs:
         return ServerArgs("")
     name = os.path.basename(command[0])
     if len(command) > 1 and not command[1].startswith("-"):
-        return ServerArgs(f"{name} {command[1]}", _flags(command[2:]))  # vllm serve MODEL ...
+        rest = command[2:]  # vllm serve MODEL ...; python serve.py ...
+        lead = next((i for i, w in enumerate(rest) if w.startswith("-")), len(rest))
+        return ServerArgs(f"{name} {command[1]}", _flags(rest), rest[:lead])
     return ServerArgs(name, _flags(command[1:]))
 
 

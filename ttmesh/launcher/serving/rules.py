@@ -83,9 +83,10 @@ class Context:
         return _floats([expr])[0] if _floats([expr]) else None
 
     def model(self) -> str:
-        return next((v for f in MODEL_FLAGS if (v := self.args.value(f))), "") or (
-            self.args.program.split()[1] if " " in self.args.program else ""
-        )
+        # A model flag, or an entry point's positional (`vllm serve MODEL`); a script's name
+        # (`python serve.py`) is not a model.
+        positional = self.args.positionals[0] if self.args.positionals else ""
+        return next((v for f in MODEL_FLAGS if (v := self.args.value(f))), "") or positional
 
 
 def _floats(texts: list[str | None]) -> list[float]:

@@ -289,6 +289,30 @@ def test_second_sigint_kills_at_once(qb2: Path, tmp_path: Path) -> None:
     assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
 
 
+def test_sigint_while_a_failure_stops_the_job_is_a_stop(qb2: Path, tmp_path: Path) -> None:
+    """Ctrl-C while ttmesh stops the ranks after a failure (found by scripts/chaos.py): kills
+    at once, exits 130 as SIGTERM exits 143 there, and never restarts the job."""
+    summary = tmp_path / "summary.json"
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--grace", "60", "--max-restarts", "2",
+        "--summary-json", str(summary),
+        *worker(f"pids={tmp_path}", "ignore-term", "fail-after=0:0.2:3"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        failing = read_pids(tmp_path, "pid")["rank0"]
+        wait_for(lambda: not alive(failing), what="rank 0 to fail")
+        time.sleep(0.2)  # the other rank ignores SIGTERM; the grace is 60 s
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "restarting" not in err
+    assert [a["code"] for a in json.loads(summary.read_text())["attempts"]] == [130]
+    assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
+
+
 def test_usr1_is_forwarded(qb2: Path, tmp_path: Path) -> None:
     proc = start_launch(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}", f"usr1={tmp_path}"))
     try:

@@ -385,7 +385,11 @@ class Guardian:
         for sig in data:
             if sig == signal.SIGINT:
                 if self.stop is not None or self.first_failure is not None:
-                    self._emit("second interrupt: killing every worker now")
+                    if self.stop is None:  # a failing rank's teardown: the user's stop wins,
+                        self.stop = Stop("interrupted (SIGINT)", 130)  # as SIGTERM's does
+                        self._emit("interrupted while stopping: killing every worker now")
+                    else:
+                        self._emit("second interrupt: killing every worker now")
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")

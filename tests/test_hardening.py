@@ -4,6 +4,7 @@ whichever ttmesh process survives a kill -9 finishes the job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -302,6 +303,34 @@ def test_sighup_to_ttmesh_is_ttmeshs(qb2: Path, tmp_path: Path) -> None:
     assert "ttmesh: hangup (SIGHUP): stopping every worker" in err
     assert "killed by SIGHUP" not in err and "rank 0" not in err.split("hangup")[-1]
     assert err.splitlines()[-1] == "ttmesh: exit 129: hangup (SIGHUP)"
+
+
+def _guardian_of(pid: int) -> int | None:
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            return child.pid
+    return None
+
+
+def test_sigterm_as_the_guardian_is_forked_is_a_graceful_stop(qb2: Path, runtime: Path) -> None:
+    """A SIGTERM the moment the guardian exists (found by scripts/chaos.py: one in five ended
+    the front before its forwarders were installed, recorded as "launcher killed"): held until
+    the front forwards it and the guardian handles it, every time."""
+    for i in range(6):
+        job = f"fork-{os.getpid()}-{i}"
+        proc = start_launch(qb2, "--tp-size", "4", "--job-id", job, *worker("fabric"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            while _guardian_of(proc.pid) is None and proc.poll() is None:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert (record(job) or {}).get("status") == "terminated (SIGTERM)", err
+        assert "supervisor" not in err
 
 
 # --------------------------------------------------------------------------- ps and JSON

@@ -115,7 +115,16 @@ def run_attempt(
     procs.set_subreaper()
     alive_r, alive_w = os.pipe()
     result_r, result_w = os.pipe()
-    pid = os.fork()
+    # A signal for ttmesh that arrives around the fork waits (blocked, pending) until someone
+    # handles it: the front's forwarders below, the guardian's handlers (Guardian._signals).
+    # Unblocked, it would end the front before its forwarders exist, or the guardian before
+    # its own, with the front's handlers (a SIGTERM meant to stop the job gracefully).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid == 0:  # the guardian
         code = 1
         try:
@@ -137,12 +146,13 @@ def run_attempt(
             os._exit(code)
     os.close(alive_r)
     os.close(result_w)
-    if on_start is not None:
-        on_start(pid)
     previous = {}
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, functools.partial(_forward, pid))
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
+        if on_start is not None:
+            on_start(pid)
         status = _wait(pid)
         data = _read_all(result_r)
     finally:
@@ -286,6 +296,9 @@ class Guardian:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "signals")
         self.selector.register(self.alive_fd, selectors.EVENT_READ, "front")
+        # Blocked since the fork (run_attempt): what arrived meanwhile is delivered now, here.
+        # Before the first worker starts: a child inherits the mask, even across exec.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
     def _start(self) -> None:
         failed = self.starter.start()

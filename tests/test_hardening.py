@@ -305,6 +305,58 @@ def test_sighup_to_ttmesh_is_ttmeshs(qb2: Path, tmp_path: Path) -> None:
     assert err.splitlines()[-1] == "ttmesh: exit 129: hangup (SIGHUP)"
 
 
+@pytest.mark.parametrize(
+    ("sig", "moment"),
+    [(signal.SIGTERM, "preflight"), (signal.SIGINT, "recovery"), (signal.SIGHUP, "recovery")],
+)
+def test_a_stop_signal_between_attempts_stops_the_job(
+    make_sim, runtime: Path, tmp_path: Path, sig: int, moment: str
+) -> None:
+    """SIGTERM, SIGHUP or Ctrl-C while ttmesh itself resets chips, before the start or after a
+    crash (found by scripts/chaos.py): no guardian is there to handle it, yet the job ends as
+    a stop does: exit 128 + signal, its record closed with why, its run directory removed."""
+    root = make_sim("quietbox2", reset_seconds=30.0)
+    job = f"between-{moment}-{os.getpid()}"
+    summary = tmp_path / "summary.json"
+    args = ["--tp-size", "4", "--job-id", job, "--summary-json", str(summary)]
+    if moment == "preflight":
+        run_cli("sim", "fault", "--root", str(root), "link-down", "0000:01:00.0", "0000:03:00.0")
+        args += ["--auto-reset", *worker("exit=0")]
+        event = "resetting the chips first"
+    else:
+        args += worker("fabric", "fail-after=0:0.2:3")
+        event = "resetting its chips"
+    proc = start_launch(root, *args, stdout=subprocess.DEVNULL)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while event not in seen:
+            line = proc.stderr.readline()
+            assert line, f"ttmesh ended before {event!r}"
+            seen += line
+        time.sleep(0.3)  # tt-smi runs (for 30 s)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    how = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted", signal.SIGHUP: "hangup"}
+    status = f"{how[sig]} ({signal.Signals(sig).name})"
+    assert proc.returncode == 128 + sig, err
+    assert err.splitlines()[-1] == f"ttmesh: exit {128 + sig}: {status}", err
+    assert "Traceback" not in err
+    rec = record(job) or {}
+    assert (rec.get("status"), rec.get("code")) == (status, 128 + sig)
+    assert not (jobs.runs_dir() / job).exists()  # removed by the job, not left to a sweep
+    assert json.loads(summary.read_text())["code"] == 128 + sig
+    asics = [
+        c["asic_id"] for c in json.loads(run_cli("ls", "--root", str(root), "--json").out)["chips"]
+    ]
+    assert leases.probe(Host(root), asics) == {}
+    # tt-smi was stopped with ttmesh: the links stay down, the host says how to recover them.
+    assert run_cli("check", "--root", str(root)).code == 1
+
+
 def _guardian_of(pid: int) -> int | None:
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process(pid).children():

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
 from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_command
-from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
+from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
@@ -463,6 +464,19 @@ LAUNCHER_KILLED = "launcher killed"
 SUPERVISOR_KILLED = "supervisor killed"
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the launcher outside an attempt (pre-flight, recovery after
+    a crash, a restart's wait), where no guardian is there to handle it."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+def _raise_stopped(sig: int, _frame: object) -> None:
+    raise Stopped(sig)
+
+
 class JobRun:
     """One job from its leases to its end: attempts, recovery, and the finish.
 
@@ -514,26 +528,44 @@ class JobRun:
             self._release()
             raise
         status, ok = None, False
+        # A stop signal between attempts stops the job as one during an attempt does (an
+        # attempt forwards it to its guardian): Ctrl-C raises KeyboardInterrupt, these Stopped.
+        previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOPPING}
         try:
-            self._record()
-            if self.recovery.preflight or self.peers is not None:
-                try:
-                    if self.recovery.preflight:
-                        self._agree("start", lambda: _preflight(self.prepared, self.recovery))
-                    else:
-                        self._agree("start", lambda: None)
-                except TTMeshError as exc:
-                    status = f"refused: {exc}"
-                    if self.summary_json:
-                        write_refusal(self.summary_json, exc)
-                    raise
-            write_files(plan)
-            self._attempts()
+            try:
+                self._record()
+                if self.recovery.preflight or self.peers is not None:
+                    try:
+                        if self.recovery.preflight:
+                            self._agree("start", lambda: _preflight(self.prepared, self.recovery))
+                        else:
+                            self._agree("start", lambda: None)
+                    except TTMeshError as exc:
+                        status = f"refused: {exc}"
+                        if self.summary_json:
+                            write_refusal(self.summary_json, exc)
+                        raise
+                write_files(plan)
+                self._attempts()
+            except (KeyboardInterrupt, Stopped) as exc:
+                self._stopped(exc.sig if isinstance(exc, Stopped) else signal.SIGINT)
             ok = True
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if not ok:
                 self._release(status or "ttmesh failed before the job ended", None)
         return self.finish()
+
+    def _stopped(self, sig: int) -> None:
+        """A stop signal outside an attempt ends the job there: it is the last result."""
+        reason = stop_reason(sig)
+        note(f"{reason}: stopping the job")
+        self.results.append(
+            AttemptResult(
+                len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
+            )
+        )
 
     def _record(self) -> None:
         plan = self.plan

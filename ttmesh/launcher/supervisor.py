@@ -47,6 +47,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 # Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
 # on to the workers, SIGINT is Ctrl-C (a second one kills at once).
 STOPPING: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
+
+
+def stop_reason(sig: int) -> str:
+    """How a job stopped by a signal to ttmesh ends: "interrupted (SIGINT)", "terminated
+    (SIGTERM)", "hangup (SIGHUP)"."""
+    what = "interrupted" if sig == signal.SIGINT else STOPPING[sig]
+    return f"{what} ({procs.signal_name(sig)})"
+
+
 # From the launcher only: another host of the job failed, stop this host's ranks (gracefully).
 PEER_STOP = signal.SIGRTMIN + 1
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
@@ -54,7 +63,7 @@ HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) use
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
 
-__all__ = ["AttemptResult", "Options", "RankExit", "run_attempt"]
+__all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
 
 
 @dataclass
@@ -399,16 +408,16 @@ class Guardian:
             if sig == signal.SIGINT:
                 if self.stop is not None or self.first_failure is not None:
                     if self.stop is None:  # a failing rank's teardown: the user's stop wins,
-                        self.stop = Stop("interrupted (SIGINT)", 130)  # as SIGTERM's does
+                        self.stop = Stop(stop_reason(sig), 130)  # as SIGTERM's does
                         self._emit("interrupted while stopping: killing every worker now")
                     else:
                         self._emit("second interrupt: killing every worker now")
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop("interrupted (SIGINT)", 130))
+                    self._begin_stop(Stop(stop_reason(sig), 130))
             elif sig in STOPPING and self.stop is None:
-                why = f"{STOPPING[sig]} ({procs.signal_name(sig)})"
+                why = stop_reason(sig)
                 self._emit(f"{why}: stopping every worker")
                 self._begin_stop(Stop(why, 128 + sig))
             elif sig == PEER_STOP and self.stop is None and self.first_failure is None:

@@ -278,6 +278,36 @@ def test_sigkill_of_ttmesh_whose_readers_are_gone(qb2: Path, tmp_path: Path) -> 
     _finished(qb2, tmp_path, job, "launcher killed")
 
 
+def test_sigkill_of_ttmesh_as_its_ranks_have_ended(qb2: Path, tmp_path: Path) -> None:
+    """ttmesh SIGKILLed while its guardian makes the verdict of an attempt whose ranks have
+    all ended (found by scripts/chaos.py): the guardian, which can no longer hand the result
+    over, finishes the job in its place, as it does while ranks run."""
+    hits = 0
+    for i in range(3):
+        job = f"verdict-{os.getpid()}-{i}"
+        out = tmp_path / str(i)
+        out.mkdir()
+        proc = start_launch(
+            qb2, "--tp-size", "4", "--grace", "1", "--job-id", job,
+            *worker(f"pids={out}", "fabric", "fail-after=1:0.3:3"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(lambda out=out: len(list(out.glob("rank*.pid"))) == 4, what="the workers")
+        ranks = [int(p.read_text()) for p in out.glob("rank*.pid")]
+        wait_for(lambda ranks=ranks: not any(alive(p) for p in ranks), what="the ranks' end")
+        guardian = _guardian_of(proc.pid)
+        proc.kill()
+        proc.wait()
+        if guardian is None:
+            continue  # already done: the launcher was killed in its own recovery
+        hits += 1
+        wait_for(lambda job=job: (record(job) or {}).get("ended"), timeout=20, what="the end")
+        assert str(record(job)["status"]).startswith("launcher killed")
+        assert link_states(qb2) == {"up"}
+        assert not (jobs.runs_dir() / job).exists()
+    assert hits, "never killed ttmesh while its guardian made the verdict"
+
+
 def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> None:
     job = f"guardian-{os.getpid()}"
     proc = _fabric_job(qb2, tmp_path, job)

@@ -145,7 +145,15 @@ def run_attempt(
             if guardian.front_gone and orphaned is not None:
                 code = orphaned(result)
             else:
-                _write_all(result_w, json.dumps(result.to_json()).encode())
+                try:
+                    _write_all(result_w, json.dumps(result.to_json()).encode())
+                except BrokenPipeError:
+                    # The front died after the ranks had ended (while the verdict was made):
+                    # nobody reads the result, so finish the job in its place.
+                    if orphaned is None:
+                        raise
+                    guardian.front_gone = True
+                    code = orphaned(result)
         except BaseException as exc:
             if not isinstance(exc, BrokenPipeError | SystemExit):
                 _report_crash(exc)

@@ -164,8 +164,9 @@ def run_attempt(
     os.close(alive_r)
     os.close(result_w)
     previous = {}
+    stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
     for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, functools.partial(_forward, pid))
+        previous[sig] = signal.signal(sig, functools.partial(_forward, pid, stops))
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         if on_start is not None:
@@ -179,7 +180,16 @@ def run_attempt(
         os.close(alive_w)
     _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
     if data:
-        return AttemptResult.from_json(json.loads(data))
+        result = AttemptResult.from_json(json.loads(data))
+        if stops and result.code != 0 and not result.interrupted:
+            # A stop the guardian did not act on: it came as a failed attempt ended (the
+            # verdict was being made), or while a restartable stop (a hang) was under way.
+            # It is still the user's stop: the job ends as stopped, never restarted.
+            result = replace(
+                result, code=128 + stops[0], source=Source.TTMESH, rank=None,
+                reason=stop_reason(stops[0]), interrupted=True, hung=False,
+            )  # fmt: skip
+        return result
     how = procs.describe_status(status)
     return AttemptResult(
         attempt,
@@ -203,7 +213,9 @@ def _report_crash(exc: BaseException) -> None:
         os.write(2, text.encode())
 
 
-def _forward(pid: int, sig: int, _frame: object = None) -> None:
+def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> None:
+    if sig == signal.SIGINT or sig in STOPPING:
+        stops.append(sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 

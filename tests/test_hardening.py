@@ -378,7 +378,10 @@ def test_a_stop_signal_between_attempts_stops_the_job(
     rec = record(job) or {}
     assert (rec.get("status"), rec.get("code")) == (status, 128 + sig)
     assert not (jobs.runs_dir() / job).exists()  # removed by the job, not left to a sweep
-    assert json.loads(summary.read_text())["code"] == 128 + sig
+    data = json.loads(summary.read_text())
+    assert (data["code"], data["reason"]) == (128 + sig, status)
+    # The attempts are those that ran (a stop between them is not one).
+    assert [a["code"] for a in data["attempts"]] == ([] if moment == "preflight" else [3])
     asics = [
         c["asic_id"] for c in json.loads(run_cli("ls", "--root", str(root), "--json").out)["chips"]
     ]

@@ -504,6 +504,7 @@ class JobRun:
         # The launcher's leases are the job's own, also for a guardian finishing in its place.
         self.recovery.own_pids = (*recovery.own_pids, os.getpid())
         self.results: list[AttemptResult] = []
+        self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
         self.held: leases.LeaseSet | None = None
         self.run_dir: paths.RunDir | None = None
 
@@ -558,13 +559,12 @@ class JobRun:
         return self.finish()
 
     def _stopped(self, sig: int) -> None:
-        """A stop signal outside an attempt ends the job there: it is the last result."""
+        """A stop signal outside an attempt ends the job there, and says how it ended (it is
+        not an attempt: the attempts that ran stay as they ended)."""
         reason = stop_reason(sig)
         note(f"{reason}: stopping the job")
-        self.results.append(
-            AttemptResult(
-                len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
-            )
+        self.stop = AttemptResult(
+            len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
         )
 
     def _record(self) -> None:
@@ -659,14 +659,17 @@ class JobRun:
             self.run_dir.remove()
 
     def finish(self, status: str | None = None) -> int:
-        final = self.results[-1]
+        final = self.stop or self.results[-1]
         if self.peers is not None:
-            self.peers.close(len(self.results) - 1)
+            if self.results:
+                self.peers.close(len(self.results) - 1)
+            else:  # stopped before this host's first attempt: no end to wait for
+                self.peers.coord.close()
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
         self._release(status, final.code)
         diagnosis = _explain(self.prepared, final)
-        _summarize(self.prepared, self.results, diagnosis)
+        _summarize(self.prepared, self.results, diagnosis, final)
         if self.summary_json:
             with contextlib.suppress(OSError):
                 _write_summary(self.summary_json, final, self.results, diagnosis)
@@ -703,9 +706,14 @@ def _explain(prepared: Prepared, final: AttemptResult) -> Diagnosis | None:
 
 
 def _summarize(
-    prepared: Prepared, results: list[AttemptResult], diagnosis: Diagnosis | None = None
+    prepared: Prepared,
+    results: list[AttemptResult],
+    diagnosis: Diagnosis | None = None,
+    final: AttemptResult | None = None,
 ) -> None:
-    final = results[-1]
+    """The end of a job, on stderr. ``final``: how it ended, when not its last attempt (a stop
+    signal between attempts)."""
+    final = final if final is not None else results[-1]
     plan = prepared.plan
     if final.code == 0 and len(results) == 1:
         return

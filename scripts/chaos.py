@@ -781,34 +781,38 @@ def _signal_case(t: Trial, target: str, sig: str, moment: str) -> None:
         extra += ["--max-restarts", "1"]  # a stop (or a dead guardian) must not restart
     la = t.launch("--grace", grace, *opts, *extra, worker=acts, n=n)
     guardian = _aim(t, la, moment, n, teardown)
-    if target == "guardian":
-        if guardian is None or not kill(guardian, signal.SIGKILL):
-            raise Missed("the guardian was gone")
-        la.expect = Expect({137}, (SUPERVISOR_KILLED,))
-        if moment == "end":  # it may have handed its verdict over already: then as if not killed
-            la.expect = Expect({137, code}, (SUPERVISOR_KILLED, f"rank {rank} exited"))
-    else:
-        kill(la.pid, SIGNALS[sig])
-        if sig == "KILL":
-            la.wait()
-            # Alive once ttmesh is gone: it can't hand its verdict over, it finishes the job.
-            # (One that had just handed it over ends at once, the job unfinished: nobody is
-            # left, as when ttmesh is killed in its own recovery.)
-            if la.orphans():
-                status: tuple[str, ...] = (LAUNCHER_KILLED,)
-            else:  # nobody left to finish: the next ps closes the record
-                status = (PS_KILLED,)
-                if t.reset_ok is None:
-                    t.reset_ok = "ttmesh SIGKILLed while no guardian ran: nobody left to recover"
-            la.expect = Expect({137}, status)
-        else:
-            la.expect = Expect({128 + SIGNALS[sig]}, (STOP_STATUS[sig],))
+    _send(t, la, target, sig, guardian)
+    if target == "guardian" and moment == "end":  # it may have handed its verdict over already
+        la.expect = Expect({137, code}, (SUPERVISOR_KILLED, f"rank {rank} exited"))
     t.faults += 1
     la.wait()
     summary = t.summary(la) or {}
     stopped = la.code in (137, 128 + SIGNALS[sig])
     if t.phase in ("teardown", "end") and stopped and len(summary.get("attempts", [])) > 1:
         t.violation(f"restarted after {target} SIG{sig} during {t.phase}")
+
+
+def _send(t: Trial, la: Launch, target: str, sig: str, guardian: int | None) -> None:
+    """Signal ttmesh (SIG``sig``) or SIGKILL its ``guardian``; what the launch must end with."""
+    if target == "guardian":
+        if guardian is None or not kill(guardian, signal.SIGKILL):
+            raise Missed("the guardian was gone")
+        la.expect = Expect({137}, (SUPERVISOR_KILLED,))
+        return
+    kill(la.pid, SIGNALS[sig])
+    if sig != "KILL":
+        la.expect = Expect({128 + SIGNALS[sig]}, (STOP_STATUS[sig],))
+        return
+    la.wait()
+    # Alive once ttmesh is gone: it can't hand its verdict over, it finishes the job. (One
+    # that had just handed it over ends at once, the job unfinished: nobody is left, as when
+    # ttmesh is killed in its own recovery.)
+    if la.orphans():
+        la.expect = Expect({137}, (LAUNCHER_KILLED,))
+    else:  # nobody left to finish: the next ps closes the record
+        la.expect = Expect({137}, (PS_KILLED,))
+        if t.reset_ok is None:
+            t.reset_ok = "ttmesh SIGKILLed while no guardian ran: nobody left to recover"
 
 
 for _target, _sigs, _moments in (
@@ -987,17 +991,7 @@ def _mpi_signal(t: Trial, target: str, sig: str) -> None:
         t.hit("startup" if la.started_workers() < n else "running")
     else:
         _aim(t, la, "running", n, None)
-    if target == "guardian":
-        g = la.guardian()
-        if g is None or not kill(g, signal.SIGKILL):
-            raise Missed("the guardian was gone")
-        la.expect = Expect({137}, (SUPERVISOR_KILLED,))
-    else:
-        kill(la.pid, SIGNALS[sig])
-        if sig == "KILL":
-            la.expect = Expect({137}, (LAUNCHER_KILLED,))
-        else:
-            la.expect = Expect({128 + SIGNALS[sig]}, (STOP_STATUS[sig],))
+    _send(t, la, target, sig, la.guardian())
     t.faults += 1
 
 

@@ -1134,6 +1134,12 @@ def main(argv: list[str] | None = None) -> int:
         import ttmesh  # noqa: F401
     except ImportError:
         parser.error("ttmesh is not importable by this Python: run it with the venv's python")
+    # Started in the background (nohup, `&` in a script) SIGINT is ignored, and an ignored
+    # signal stays ignored across exec: ttmesh would inherit that and never see our SIGINTs.
+    # A handled signal is reset to its default in a child.
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler)
     base = scratch_base()
     work = [(c, i) for i in range(repeat) for c in cases]
     print(f"chaos: {len(cases)} case(s) x {repeat}, seed {seed}, {args.jobs} at once, in {base}",

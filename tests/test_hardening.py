@@ -4,6 +4,7 @@ whichever ttmesh process survives a kill -9 finishes the job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -277,6 +278,36 @@ def test_sigkill_of_ttmesh_whose_readers_are_gone(qb2: Path, tmp_path: Path) -> 
     _finished(qb2, tmp_path, job, "launcher killed")
 
 
+def test_sigkill_of_ttmesh_as_its_ranks_have_ended(qb2: Path, tmp_path: Path) -> None:
+    """ttmesh SIGKILLed while its guardian makes the verdict of an attempt whose ranks have
+    all ended (found by scripts/chaos.py): the guardian, which can no longer hand the result
+    over, finishes the job in its place, as it does while ranks run."""
+    hits = 0
+    for i in range(3):
+        job = f"verdict-{os.getpid()}-{i}"
+        out = tmp_path / str(i)
+        out.mkdir()
+        proc = start_launch(
+            qb2, "--tp-size", "4", "--grace", "1", "--job-id", job,
+            *worker(f"pids={out}", "fabric", "fail-after=1:0.3:3"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(lambda out=out: len(list(out.glob("rank*.pid"))) == 4, what="the workers")
+        ranks = [int(p.read_text()) for p in out.glob("rank*.pid")]
+        wait_for(lambda ranks=ranks: not any(alive(p) for p in ranks), what="the ranks' end")
+        guardian = _guardian_of(proc.pid)
+        proc.kill()
+        proc.wait()
+        if guardian is None:
+            continue  # already done: the launcher was killed in its own recovery
+        hits += 1
+        wait_for(lambda job=job: (record(job) or {}).get("ended"), timeout=20, what="the end")
+        assert str(record(job)["status"]).startswith("launcher killed")
+        assert link_states(qb2) == {"up"}
+        assert not (jobs.runs_dir() / job).exists()
+    assert hits, "never killed ttmesh while its guardian made the verdict"
+
+
 def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> None:
     job = f"guardian-{os.getpid()}"
     proc = _fabric_job(qb2, tmp_path, job)
@@ -302,6 +333,89 @@ def test_sighup_to_ttmesh_is_ttmeshs(qb2: Path, tmp_path: Path) -> None:
     assert "ttmesh: hangup (SIGHUP): stopping every worker" in err
     assert "killed by SIGHUP" not in err and "rank 0" not in err.split("hangup")[-1]
     assert err.splitlines()[-1] == "ttmesh: exit 129: hangup (SIGHUP)"
+
+
+@pytest.mark.parametrize(
+    ("sig", "moment"),
+    [(signal.SIGTERM, "preflight"), (signal.SIGINT, "recovery"), (signal.SIGHUP, "recovery")],
+)
+def test_a_stop_signal_between_attempts_stops_the_job(
+    make_sim, runtime: Path, tmp_path: Path, sig: int, moment: str
+) -> None:
+    """SIGTERM, SIGHUP or Ctrl-C while ttmesh itself resets chips, before the start or after a
+    crash (found by scripts/chaos.py): no guardian is there to handle it, yet the job ends as
+    a stop does: exit 128 + signal, its record closed with why, its run directory removed."""
+    root = make_sim("quietbox2", reset_seconds=30.0)
+    job = f"between-{moment}-{os.getpid()}"
+    summary = tmp_path / "summary.json"
+    args = ["--tp-size", "4", "--job-id", job, "--summary-json", str(summary)]
+    if moment == "preflight":
+        run_cli("sim", "fault", "--root", str(root), "link-down", "0000:01:00.0", "0000:03:00.0")
+        args += ["--auto-reset", *worker("exit=0")]
+        event = "resetting the chips first"
+    else:
+        args += worker("fabric", "fail-after=0:0.2:3")
+        event = "resetting its chips"
+    proc = start_launch(root, *args, stdout=subprocess.DEVNULL)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while event not in seen:
+            line = proc.stderr.readline()
+            assert line, f"ttmesh ended before {event!r}"
+            seen += line
+        time.sleep(0.3)  # tt-smi runs (for 30 s)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    how = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted", signal.SIGHUP: "hangup"}
+    status = f"{how[sig]} ({signal.Signals(sig).name})"
+    assert proc.returncode == 128 + sig, err
+    assert err.splitlines()[-1] == f"ttmesh: exit {128 + sig}: {status}", err
+    assert "Traceback" not in err
+    rec = record(job) or {}
+    assert (rec.get("status"), rec.get("code")) == (status, 128 + sig)
+    assert not (jobs.runs_dir() / job).exists()  # removed by the job, not left to a sweep
+    data = json.loads(summary.read_text())
+    assert (data["code"], data["reason"]) == (128 + sig, status)
+    # The attempts are those that ran (a stop between them is not one).
+    assert [a["code"] for a in data["attempts"]] == ([] if moment == "preflight" else [3])
+    asics = [
+        c["asic_id"] for c in json.loads(run_cli("ls", "--root", str(root), "--json").out)["chips"]
+    ]
+    assert leases.probe(Host(root), asics) == {}
+    # tt-smi was stopped with ttmesh: the links stay down, the host says how to recover them.
+    assert run_cli("check", "--root", str(root)).code == 1
+
+
+def _guardian_of(pid: int) -> int | None:
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            return child.pid
+    return None
+
+
+def test_sigterm_as_the_guardian_is_forked_is_a_graceful_stop(qb2: Path, runtime: Path) -> None:
+    """A SIGTERM the moment the guardian exists (found by scripts/chaos.py: one in five ended
+    the front before its forwarders were installed, recorded as "launcher killed"): held until
+    the front forwards it and the guardian handles it, every time."""
+    for i in range(6):
+        job = f"fork-{os.getpid()}-{i}"
+        proc = start_launch(qb2, "--tp-size", "4", "--job-id", job, *worker("fabric"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            while _guardian_of(proc.pid) is None and proc.poll() is None:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert (record(job) or {}).get("status") == "terminated (SIGTERM)", err
+        assert "supervisor" not in err
 
 
 # --------------------------------------------------------------------------- ps and JSON

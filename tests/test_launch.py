@@ -289,6 +289,73 @@ def test_second_sigint_kills_at_once(qb2: Path, tmp_path: Path) -> None:
     assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
 
 
+def test_sigint_while_a_failure_stops_the_job_is_a_stop(qb2: Path, tmp_path: Path) -> None:
+    """Ctrl-C while ttmesh stops the ranks after a failure (found by scripts/chaos.py): kills
+    at once, exits 130 as SIGTERM exits 143 there, and never restarts the job."""
+    summary = tmp_path / "summary.json"
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--grace", "60", "--max-restarts", "2",
+        "--summary-json", str(summary),
+        *worker(f"pids={tmp_path}", "ignore-term", "fail-after=0:0.2:3"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        failing = read_pids(tmp_path, "pid")["rank0"]
+        wait_for(lambda: not alive(failing), what="rank 0 to fail")
+        time.sleep(0.2)  # the other rank ignores SIGTERM; the grace is 60 s
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "restarting" not in err
+    assert [a["code"] for a in json.loads(summary.read_text())["attempts"]] == [130]
+    assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_as_a_failed_attempt_ends_is_not_lost(qb2: Path, tmp_path: Path, sig: int) -> None:
+    """A stop signal the moment every rank of a failed attempt has ended, while the guardian
+    makes its verdict (found by scripts/chaos.py): the guardian no longer acts on signals,
+    yet the job ends as stopped (128 + signal) and is not restarted."""
+    summary = tmp_path / "summary.json"
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--max-restarts", "1", "--summary-json", str(summary),
+        *worker(f"pids={tmp_path}", "fail-after=1:0.3:3"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
+        ranks = list(read_pids(tmp_path, "pid").values())
+        wait_for(lambda: not any(alive(p) for p in ranks), what="the ranks' end")
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert "restarting" not in err
+    assert [a["code"] for a in json.loads(summary.read_text())["attempts"]] == [128 + sig]
+
+
+def test_sigterm_while_a_hang_is_stopped_ends_the_job(qb2: Path, tmp_path: Path) -> None:
+    """SIGTERM while ttmesh stops a job that never became ready (a restartable stop, which the
+    guardian does not replace): the user's stop still wins, no restart."""
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--ready-timeout", "0.5", "--grace", "1.5", "--max-restarts", "2",
+        *worker(f"pids={tmp_path}", "ignore-term"),
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        while "treating the job as hung" not in proc.stderr.readline():
+            pass
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "restarting" not in err
+    assert err.splitlines()[-1] == "ttmesh: exit 143: terminated (SIGTERM)"
+
+
 def test_usr1_is_forwarded(qb2: Path, tmp_path: Path) -> None:
     proc = start_launch(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}", f"usr1={tmp_path}"))
     try:

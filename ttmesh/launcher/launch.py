@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
 from ttmesh.launcher.events import JobPhase, Observer
 from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_command
-from ttmesh.launcher.supervisor import AttemptResult, Options, run_attempt
+from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
@@ -498,6 +499,19 @@ LAUNCHER_KILLED = "launcher killed"
 SUPERVISOR_KILLED = "supervisor killed"
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the launcher outside an attempt (pre-flight, recovery after
+    a crash, a restart's wait), where no guardian is there to handle it."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+def _raise_stopped(sig: int, _frame: object) -> None:
+    raise Stopped(sig)
+
+
 class JobRun:
     """One job from its leases to its end: attempts, recovery, and the finish.
 
@@ -526,6 +540,7 @@ class JobRun:
         self.recovery.own_pids = (*recovery.own_pids, os.getpid())
         self.observer = options.observer  # the front's view of the job (None: plain lines)
         self.results: list[AttemptResult] = []
+        self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
         self.held: leases.LeaseSet | None = None
         self.run_dir: paths.RunDir | None = None
 
@@ -550,28 +565,46 @@ class JobRun:
             self._release()
             raise
         status, ok = None, False
+        # A stop signal between attempts stops the job as one during an attempt does (an
+        # attempt forwards it to its guardian): Ctrl-C raises KeyboardInterrupt, these Stopped.
+        previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOPPING}
         try:
-            self._record()
-            if self.recovery.preflight or self.peers is not None:
-                try:
-                    if self.recovery.preflight:
-                        self._agree(
-                            "start", lambda: _preflight(self.prepared, self.recovery, self.observer)
-                        )
-                    else:
-                        self._agree("start", lambda: None)
-                except TTMeshError as exc:
-                    status = f"refused: {exc}"
-                    if self.summary_json:
-                        write_refusal(self.summary_json, exc)
-                    raise
-            write_files(plan)
-            self._attempts()
+            try:
+                self._record()
+                if self.recovery.preflight or self.peers is not None:
+                    try:
+                        if self.recovery.preflight:
+                            self._agree(
+                                "start",
+                                lambda: _preflight(self.prepared, self.recovery, self.observer),
+                            )
+                        else:
+                            self._agree("start", lambda: None)
+                    except TTMeshError as exc:
+                        status = f"refused: {exc}"
+                        if self.summary_json:
+                            write_refusal(self.summary_json, exc)
+                        raise
+                write_files(plan)
+                self._attempts()
+            except (KeyboardInterrupt, Stopped) as exc:
+                self._stopped(exc.sig if isinstance(exc, Stopped) else signal.SIGINT)
             ok = True
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if not ok:
                 self._release(status or "ttmesh failed before the job ended", None)
         return self.finish()
+
+    def _stopped(self, sig: int) -> None:
+        """A stop signal outside an attempt ends the job there, and says how it ended (it is
+        not an attempt: the attempts that ran stay as they ended)."""
+        reason = stop_reason(sig)
+        note(f"{reason}: stopping the job")
+        self.stop = AttemptResult(
+            len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
+        )
 
     def _record(self) -> None:
         plan = self.plan
@@ -678,16 +711,19 @@ class JobRun:
             self.run_dir.remove()
 
     def finish(self, status: str | None = None) -> int:
-        final = self.results[-1]
+        final = self.stop or self.results[-1]
         if self.peers is not None:
-            self.peers.close(len(self.results) - 1)
+            if self.results:
+                self.peers.close(len(self.results) - 1)
+            else:  # stopped before this host's first attempt: no end to wait for
+                self.peers.coord.close()
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
         self._release(status, final.code)
         if self.observer is not None:  # the final frame, above the summary
             self.observer.phase(JobPhase.DONE, f"exit {final.code}")
         diagnosis = _explain(self.prepared, final)
-        _summarize(self.prepared, self.results, diagnosis)
+        _summarize(self.prepared, self.results, diagnosis, final)
         if self.summary_json:
             with contextlib.suppress(OSError):
                 _write_summary(self.summary_json, final, self.results, diagnosis)
@@ -724,9 +760,14 @@ def _explain(prepared: Prepared, final: AttemptResult) -> Diagnosis | None:
 
 
 def _summarize(
-    prepared: Prepared, results: list[AttemptResult], diagnosis: Diagnosis | None = None
+    prepared: Prepared,
+    results: list[AttemptResult],
+    diagnosis: Diagnosis | None = None,
+    final: AttemptResult | None = None,
 ) -> None:
-    final = results[-1]
+    """The end of a job, on stderr. ``final``: how it ended, when not its last attempt (a stop
+    signal between attempts)."""
+    final = final if final is not None else results[-1]
     plan = prepared.plan
     if final.code == 0 and len(results) == 1:
         return

@@ -48,6 +48,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 # Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
 # on to the workers, SIGINT is Ctrl-C (a second one kills at once).
 STOPPING: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
+
+
+def stop_reason(sig: int) -> str:
+    """How a job stopped by a signal to ttmesh ends: "interrupted (SIGINT)", "terminated
+    (SIGTERM)", "hangup (SIGHUP)"."""
+    what = "interrupted" if sig == signal.SIGINT else STOPPING[sig]
+    return f"{what} ({procs.signal_name(sig)})"
+
+
 # From the launcher only: another host of the job failed, stop this host's ranks (gracefully).
 PEER_STOP = signal.SIGRTMIN + 1
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
@@ -57,7 +66,7 @@ DRAIN = 0.5  # seconds to read what the pipes still hold once every process is g
 TICK = 0.05  # the front's observer hears at least this often while an attempt runs
 LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 
-__all__ = ["AttemptResult", "Options", "RankExit", "run_attempt"]
+__all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
 
 
 @dataclass
@@ -124,7 +133,16 @@ def run_attempt(
     procs.set_subreaper()
     alive_r, alive_w = os.pipe()
     result_r, result_w = os.pipe()
-    pid = os.fork()
+    # A signal for ttmesh that arrives around the fork waits (blocked, pending) until someone
+    # handles it: the front's forwarders below, the guardian's handlers (Guardian._signals).
+    # Unblocked, it would end the front before its forwarders exist, or the guardian before
+    # its own, with the front's handlers (a SIGTERM meant to stop the job gracefully).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid == 0:  # the guardian
         code = 1
         try:
@@ -145,7 +163,15 @@ def run_attempt(
             if guardian.front_gone and orphaned is not None:
                 code = orphaned(result)
             else:
-                _write_all(result_w, json.dumps(result.to_json()).encode())
+                try:
+                    _write_all(result_w, json.dumps(result.to_json()).encode())
+                except BrokenPipeError:
+                    # The front died after the ranks had ended (while the verdict was made):
+                    # nobody reads the result, so finish the job in its place.
+                    if orphaned is None:
+                        raise
+                    guardian.front_gone = True
+                    code = orphaned(result)
         except BaseException as exc:
             if not isinstance(exc, BrokenPipeError | SystemExit):
                 _report_crash(exc)
@@ -157,12 +183,14 @@ def run_attempt(
     os.close(result_w)
     if observer is not None:
         os.close(events_w)
-    if on_start is not None:
-        on_start(pid)
     previous = {}
+    stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
     for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, functools.partial(_forward, pid))
+        previous[sig] = signal.signal(sig, functools.partial(_forward, pid, stops))
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
+        if on_start is not None:
+            on_start(pid)
         if observer is not None:
             try:
                 _relay(events_r, observer)
@@ -177,7 +205,16 @@ def run_attempt(
         os.close(alive_w)
     _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
     if data:
-        return AttemptResult.from_json(json.loads(data))
+        result = AttemptResult.from_json(json.loads(data))
+        if stops and result.code != 0 and not result.interrupted:
+            # A stop the guardian did not act on: it came as a failed attempt ended (the
+            # verdict was being made), or while a restartable stop (a hang) was under way.
+            # It is still the user's stop: the job ends as stopped, never restarted.
+            result = replace(
+                result, code=128 + stops[0], source=Source.TTMESH, rank=None,
+                reason=stop_reason(stops[0]), interrupted=True, hung=False,
+            )  # fmt: skip
+        return result
     how = procs.describe_status(status)
     return AttemptResult(
         attempt,
@@ -250,7 +287,9 @@ def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
         os.write(2, text.encode())
 
 
-def _forward(pid: int, sig: int, _frame: object = None) -> None:
+def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> None:
+    if sig == signal.SIGINT or sig in STOPPING:
+        stops.append(sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 
@@ -365,6 +404,9 @@ class Guardian:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "signals")
         self.selector.register(self.alive_fd, selectors.EVENT_READ, "front")
+        # Blocked since the fork (run_attempt): what arrived meanwhile is delivered now, here.
+        # Before the first worker starts: a child inherits the mask, even across exec.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
     def _start(self) -> None:
         failed = self.starter.start()
@@ -468,13 +510,17 @@ class Guardian:
         for sig in data:
             if sig == signal.SIGINT:
                 if self.stop is not None or self.first_failure is not None:
-                    self._emit("second interrupt: killing every worker now")
+                    if self.stop is None:  # a failing rank's teardown: the user's stop wins,
+                        self.stop = Stop(stop_reason(sig), 130)  # as SIGTERM's does
+                        self._emit("interrupted while stopping: killing every worker now")
+                    else:
+                        self._emit("second interrupt: killing every worker now")
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop("interrupted (SIGINT)", 130))
+                    self._begin_stop(Stop(stop_reason(sig), 130))
             elif sig in STOPPING and self.stop is None:
-                why = f"{STOPPING[sig]} ({procs.signal_name(sig)})"
+                why = stop_reason(sig)
                 self._emit(f"{why}: stopping every worker")
                 self._begin_stop(Stop(why, 128 + sig))
             elif sig == PEER_STOP and self.stop is None and self.first_failure is None:

@@ -22,6 +22,7 @@ LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
 # (ttmesh.launcher.failures): tt-metal follows its error with a C++ backtrace of dozens of lines.
 TAIL_LINES = 100
 TAIL_WIDTH = 4096  # characters kept of each line in the tail
+TAIL_BYTES = 4 * TAIL_WIDTH  # bytes kept of each line: TAIL_WIDTH characters in any UTF-8
 
 
 @dataclass
@@ -73,13 +74,16 @@ class Console:
         return (tag + " ").encode()
 
     def _emit(self, stream: Stream, lines: list[bytes]) -> None:
-        for line in lines:
-            text = line.decode(errors="replace")
-            stream.tail.append(text[:TAIL_WIDTH])
-            if self.on_line is not None:
-                self.on_line(stream.rank, text)
+        # Whole batches at C speed (a rank printing 100 MB must not cost a Python loop per
+        # line): the tail keeps bytes, decoded only when asked for.
+        if not lines:
+            return
+        stream.tail.extend(line[:TAIL_BYTES] for line in lines[-TAIL_LINES:])
+        if self.on_line is not None:
+            for line in lines:
+                self.on_line(stream.rank, line.decode(errors="replace"))
         if stream.log is not None:
-            stream.log.write(b"".join(line + b"\n" for line in lines))
+            stream.log.write(b"\n".join(lines) + b"\n")
             stream.log.flush()
         hidden = (
             self.filter is not None and stream.rank not in self.filter and stream.rank != LAUNCHER
@@ -87,7 +91,7 @@ class Console:
         if self.quiet or hidden:
             return
         prefix = self._prefix(stream.rank, stream.name)
-        data = b"".join(prefix + line + b"\n" for line in lines)
+        data = prefix + (b"\n" + prefix).join(lines) + b"\n"
         fd = 1 if stream.name == "stdout" else 2
         _write_all(fd, data)
 
@@ -110,7 +114,9 @@ class Console:
             stream.buffer = b""
 
     def tail(self, rank: int, name: str = "stderr") -> list[str]:
-        return list(self.streams[(rank, name)].tail)
+        return [
+            line.decode(errors="replace")[:TAIL_WIDTH] for line in self.streams[(rank, name)].tail
+        ]
 
     def shutdown(self) -> None:
         for (rank, name), stream in self.streams.items():

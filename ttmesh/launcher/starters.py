@@ -15,6 +15,7 @@ to learn which ranks ended and how. Two modes:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,16 +96,24 @@ class Starter:
 
     # -- shared by the modes
 
-    def _popen(self, argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+    def _popen(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, wrap: bool = False
+    ) -> subprocess.Popen:
+        """Start ``argv`` in its own session, SIGKILLed if the guardian dies. ``wrap``: through
+        setpriv's parent-death signal when the system has it (Python then spawns with vfork:
+        no copy of the guardian, no Python code before exec); else a ``preexec_fn`` sets it.
+        A process whose guardian dies before setpriv sets the signal is re-parented to the
+        launcher, which sweeps what its guardian left."""
+        prefix = procs.pdeathsig_wrapper() if wrap else None
         proc = subprocess.Popen(
-            argv,
+            [*prefix, *argv] if prefix else argv,
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=procs.pdeathsig_preexec(self.guardian),
+            preexec_fn=None if prefix else procs.pdeathsig_preexec(self.guardian),
             close_fds=True,
         )
         proc.returncode = 0  # reaped by the guardian's own waitpid, never by Popen
@@ -133,10 +142,12 @@ class DirectStarter(Starter):
     def start(self) -> list[RankExit]:
         for rank in self.plan.ranks:
             env = self.plan.rank_env(rank, self.base_env, self.attempt)
+            cwd = rank.workdir or self.plan.cwd or None
             try:
                 if rank.workdir:
                     os.makedirs(rank.workdir, exist_ok=True)
-                proc = self._popen(list(rank.argv), env, rank.workdir or self.plan.cwd or None)
+                _check_program(rank.argv[0], env, cwd)
+                proc = self._popen(list(rank.argv), env, cwd, wrap=True)
             except OSError as exc:
                 # The ranks already started are stopped; the rest never start.
                 return [RankExit(rank.rank, -1, 127, f"could not start ({exc.strerror})", False)]
@@ -153,6 +164,24 @@ class DirectStarter(Starter):
         return [
             RankExit(rank, pid, procs.exit_code(status), procs.describe_status(status), stopping)
         ]
+
+
+def _check_program(program: str, env: dict[str, str], cwd: str | None) -> None:
+    """Raise the OSError exec would for ``program`` (not found, not executable), as a rank
+    started without a wrapper fails to start; found ones are executed by name, as before."""
+    import errno
+
+    if "/" in program:
+        path: str | None = program if os.path.isabs(program) else os.path.join(cwd or ".", program)
+    else:
+        path = shutil.which(program, path=env.get("PATH", os.defpath))
+        if path is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    assert path is not None
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
 
 
 class MpiStarter(Starter):

@@ -85,7 +85,7 @@ def _load(path: Path) -> Profile:
     from ttmesh import yamlio
 
     try:
-        data = yamlio.load_file(path, "profile")
+        data = yamlio.load_cached(path, "profile")  # every launch recognises servers
         if not isinstance(data, dict):
             raise ValueError("not a map")
         ready = data.get("ready") or {}

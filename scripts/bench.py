@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -399,7 +398,9 @@ def bench_failure(b: Bench) -> list[dict]:
     for ignore in (False, True):
         codes: dict[str, set[int]] = {k: set() for k in LAUNCHERS}
 
-        def job(launcher: str, ignore: bool = ignore) -> Callable[[], float]:
+        def job(
+            launcher: str, ignore: bool = ignore, codes: dict[str, set[int]] = codes
+        ) -> Callable[[], float]:
             def run() -> float:
                 seconds, code = _failure(b, launcher, ignore)
                 codes[launcher].add(code)

@@ -580,6 +580,7 @@ def preflight(
     *,
     timeout: float = 1.0,
     beats: dict[str, str] | None = None,
+    heartbeats: bool = True,
 ) -> list[Problem]:
     """What stands between ``asics`` and a launch on them; errors mean "refuse".
 
@@ -588,6 +589,8 @@ def preflight(
     it, is in ``allow_holders_pids`` or is this process (the launcher's own workers and leases).
     Takes a few tens of milliseconds on a simulated host with 100 Hz heartbeats. ``beats``:
     heartbeat states just polled by the caller; chips already seen alive are not polled again.
+    ``heartbeats`` False: chips without a state in ``beats`` are not polled at all (the caller
+    watches them while the job starts: :class:`ttmesh.fabric.heartbeat.Watch`).
     """
     allowed = {int(p) for p in allow_holders_pids} | {os.getpid()}
     wanted = list(dict.fromkeys(asics))
@@ -610,7 +613,7 @@ def preflight(
                 seen.add((pid, lead.asic_id))
                 problems.append(holder_problem(inv, c.asic_id, h, None))
     known = dict(beats or {})
-    todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE]
+    todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE and heartbeats]
     known.update(heartbeat.poll(inv, todo, timeout=timeout) if todo else {})
     for c in chips:
         beat = heartbeat_problem(inv, c.asic_id, known.get(c.asic_id, heartbeat.ALIVE), exp, False)

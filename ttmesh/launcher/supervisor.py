@@ -29,19 +29,21 @@ import selectors
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ttmesh import procs
+from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
-from ttmesh.launcher.serving.server import Server
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.vocab import Layout, Source
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.serving.server import Server
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
@@ -75,6 +77,9 @@ class AttemptResult:
     host: str | None = None  # the host of the failing rank, in a job over several hosts
     # A known failure line in the output (ttmesh.launcher.failures.match), found on failure only.
     diagnosis: dict[str, Any] | None = None
+    # [code, message, hint]: a check still running as the ranks started refused the job (a
+    # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
+    refusal: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +88,19 @@ class AttemptResult:
     def from_json(cls, data: dict[str, Any]) -> AttemptResult:
         exits = [RankExit(**e) for e in data.pop("exits", [])]
         return cls(**data, exits=exits)
+
+
+class Pending(Protocol):
+    """A check still under way when the ranks start (the chips' heartbeats, read while the
+    workers start rather than before: ``ttmesh.launcher.launch.Liveness``). The guardian asks
+    it on its own timer and ends no attempt before it is decided; when it refuses, every
+    worker is stopped and the attempt ends with the refusal."""
+
+    refusal: TTMeshError | None  # once decided: why the job may not run
+
+    def step(self) -> float | None:
+        """Work on it; seconds until it wants asking again, or None once decided."""
+        ...
 
 
 @dataclass
@@ -103,12 +121,14 @@ def run_attempt(
     orphaned: Callable[[AttemptResult], int] | None = None,
     host: Host | None = None,
     on_start: Callable[[int], None] | None = None,
+    pending: Pending | None = None,
 ) -> AttemptResult:
     """Run one attempt of the job (every rank once) and return how it ended.
 
     ``orphaned``: what the guardian does with the attempt's result when the launcher was
     killed while it ran (finish the job in its place); its return value is the exit code.
-    ``host`` hears the job's events (workers holding chips, fabric opened and ended)."""
+    ``host`` hears the job's events (workers holding chips, fabric opened and ended).
+    ``pending``: a check the guardian completes while the ranks run (:class:`Pending`)."""
     sys.stdout.flush()
     sys.stderr.flush()
     # If the guardian itself dies, what it left is re-parented here and swept below.
@@ -121,7 +141,9 @@ def run_attempt(
         try:
             os.close(alive_w)
             os.close(result_r)
-            guardian = Guardian(plan, attempt, options, base_env, alive_r, host or Host(plan.root))
+            guardian = Guardian(
+                plan, attempt, options, base_env, alive_r, host or Host(plan.root), pending
+            )
             result = guardian.run()
             code = result.code
             if guardian.front_gone and orphaned is not None:
@@ -167,6 +189,8 @@ def run_attempt(
 def _report_crash(exc: BaseException) -> None:
     """A bug in the guardian: one line (the traceback with TTMESH_DEBUG=1)."""
     if os.environ.get("TTMESH_DEBUG"):
+        import traceback
+
         text = "ttmesh: supervisor error:\n" + traceback.format_exc()
     else:
         text = (
@@ -237,6 +261,7 @@ class Stop:
     restartable: bool = (
         False  # not ready in time, unhealthy: a restart may help (not a user's stop)
     )
+    user: bool = False  # the user stopped the job (a signal to ttmesh)
 
 
 class Guardian:
@@ -248,8 +273,12 @@ class Guardian:
         base_env: dict[str, str],
         alive_fd: int,
         host: Host,
+        pending: Pending | None = None,
     ) -> None:
         self.plan = plan
+        self.pending = pending
+        self.pending_due = 0.0  # when to ask it next (monotonic)
+        self.refusal: TTMeshError | None = None
         self.attempt = attempt
         self.options = options
         self.host = host
@@ -273,7 +302,11 @@ class Guardian:
         self.registered = False  # the host heard which workers hold which chips
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
         self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
-        self.server: Server | None = Server(plan.serving) if plan.serving is not None else None
+        self.server: Server | None = None
+        if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
+            from ttmesh.launcher.serving.server import Server
+
+            self.server = Server(plan.serving)
 
     # -- setup
 
@@ -344,6 +377,7 @@ class Guardian:
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
+        self._ask_pending()
         if not self.registered:
             self._register()
         self._poll_fabric()
@@ -357,7 +391,7 @@ class Guardian:
             self._kill()
         if not self.running and self.phase is not Phase.DRAINING:
             self.phase = Phase.DRAINING
-        if self.phase is Phase.DRAINING and self._swept():
+        if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
             self._drain(None)
             if self.server is not None:
                 for path in self.server.clean():
@@ -373,7 +407,28 @@ class Guardian:
             waits.append(POLL)  # rank PIDs, fabric marks, readiness
         if self.phase is Phase.DRAINING:
             waits.append(SWEEP_POLL)
+        if self.pending is not None:
+            waits.append(max(0.0, self.pending_due - now))
         return min(waits) if waits else None
+
+    def _ask_pending(self) -> None:
+        """The check still running since the start: ask it when due; a refusal stops the job
+        (whatever the ranks did meanwhile, it decides the attempt). A stop the user asked for
+        does not wait for it."""
+        if self.pending is None:
+            return
+        if self.front_gone or (self.stop is not None and self.stop.user):
+            self.pending = None
+            return
+        if time.monotonic() < self.pending_due:
+            return
+        wait = self.pending.step()
+        if wait is not None:
+            self.pending_due = time.monotonic() + wait
+            return
+        self.refusal, self.pending = self.pending.refusal, None
+        if self.refusal is not None:
+            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code))
 
     # -- events
 
@@ -389,11 +444,11 @@ class Guardian:
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop("interrupted (SIGINT)", 130))
+                    self._begin_stop(Stop("interrupted (SIGINT)", 130, user=True))
             elif sig in STOPPING and self.stop is None:
                 why = f"{STOPPING[sig]} ({procs.signal_name(sig)})"
                 self._emit(f"{why}: stopping every worker")
-                self._begin_stop(Stop(why, 128 + sig))
+                self._begin_stop(Stop(why, 128 + sig, user=True))
             elif sig == PEER_STOP and self.stop is None and self.first_failure is None:
                 self._begin_stop(
                     Stop("stopped: another host of the job failed", 128 + signal.SIGTERM)
@@ -615,6 +670,12 @@ class Guardian:
 
     def _result(self) -> AttemptResult:
         result = self._verdict()
+        if self.refusal is not None:
+            r = self.refusal
+            return replace(
+                result, code=r.code, source=Source.TTMESH, rank=None, reason=f"refused: {r}",
+                interrupted=True, refusal=[r.code, r.message, r.hint],
+            )  # fmt: skip
         if result.code != 0:
             result.diagnosis = self._diagnose(result.rank)
         return result

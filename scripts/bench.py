@@ -113,14 +113,17 @@ time.sleep(60)
 """
 
 WRITER = r"""
-import sys
-left = int(sys.argv[1])
+import os, sys, time
+left, out_dir = int(sys.argv[1]), sys.argv[2]
 block = (b"x" * 99 + b"\n") * 10_000
 out = sys.stdout.buffer
+start = time.time()
 while left > 0:
     out.write(block[:left])
     left -= len(block)
 out.flush()
+with open(os.path.join(out_dir, "rank" + os.environ["RANK"]), "w") as f:
+    f.write(f"{start} {time.time()}")
 """
 
 STARTER = 'printf %s "$EPOCHREALTIME" > "$0/start.$RANK"; sleep "$1"'
@@ -427,49 +430,87 @@ def bench_help(b: Bench) -> list[dict]:
     return [row("--help", "s", med, lower=True)]
 
 
-def _rss(b: Bench, launcher: str) -> float:
-    """Peak RSS in MB of the launcher's own processes (not its workers), summed."""
+def _rss(b: Bench, launcher: str) -> tuple[float, float]:
+    """(peak RSS, peak PSS) in MB of the launcher's own processes (not its workers) while 4
+    ranks of ``sleep 0.5`` run: the sum of each process's VmHWM, and the highest sum of their
+    Pss (shared pages divided among the processes sharing them, so a forked guardian's pages
+    count once), sampled every 5 ms."""
     argv = b.argv(launcher, 4, ["sleep", "0.5"], "qb2")
     proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     python = os.path.realpath(f"/proc/{proc.pid}/exe")
     peak: dict[int, int] = {}
     exe: dict[int, str] = {}  # a worker is a copy of its launcher until it calls exec
+    pss_peak = 0
     while proc.poll() is None:
+        pss = {}
         for pid in [proc.pid, *_children(proc.pid)]:
             try:
                 exe[pid] = os.path.realpath(f"/proc/{pid}/exe")
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            peak[pid] = max(peak.get(pid, 0), int(line.split()[1]))
-            except OSError:
+                peak[pid] = max(peak.get(pid, 0), _kb(f"/proc/{pid}/status", "VmHWM:"))
+                pss[pid] = _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+            except (OSError, ValueError):
                 continue
+        pss_peak = max(pss_peak, sum(kb for pid, kb in pss.items() if exe.get(pid) == python))
         time.sleep(0.005)
     if proc.returncode != 0:
         sys.exit(f"{launcher}: sleep job failed (exit {proc.returncode})")
-    return sum(kb for pid, kb in peak.items() if exe.get(pid) == python) / 1024
+    rss = sum(kb for pid, kb in peak.items() if exe.get(pid) == python)
+    return rss / 1024, pss_peak / 1024
+
+
+def _kb(path: str, key: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    raise ValueError(f"no {key} in {path}")
 
 
 def _children(pid: int) -> list[int]:
-    out = []
+    """Descendants of ``pid`` (children of each of its threads, recursively)."""
+    out: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            out = [int(p) for p in f.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
     for child in list(out):
         out += _children(child)
     return out
 
 
 def bench_rss(b: Bench) -> list[dict]:
-    med = interleaved(b.runs, {k: (lambda k=k: _rss(b, k)) for k in LAUNCHERS})
-    return [row("peak RSS of the launcher", "MB", med, lower=True)]
+    pss: dict[str, list[float]] = {k: [] for k in LAUNCHERS}
+
+    def job(launcher: str) -> Callable[[], float]:
+        def run() -> float:
+            rss, p = _rss(b, launcher)
+            pss[launcher].append(p)
+            return rss
+
+        return run
+
+    med = interleaved(b.runs, {k: job(k) for k in LAUNCHERS})
+    return [
+        row("peak RSS of the launcher (VmHWM, summed)", "MB", med, lower=True),
+        row("peak PSS of the launcher", "MB", {k: median(v) for k, v in pss.items()}, lower=True),
+    ]
 
 
-def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> float:
+def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> tuple[float, float]:
+    """(MB/s while the ranks write, MB/s over the whole run). The first is 50 MB over the time
+    from the first rank starting to write to the last one done (each rank records both):
+    what fan-in costs, without the launcher's and the workers' start-up."""
+    out = b.work / "fanin"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
     per_rank = FAN_IN_BYTES // 4
-    argv = b.argv(launcher, 4, [str(b.writer), str(per_rank)], "qb2")
+    argv = b.argv(launcher, 4, [str(b.writer), str(per_rank), str(out)], "qb2")
     lines = FAN_IN_BYTES // 100
     t0 = time.perf_counter()
     if devnull:
@@ -489,22 +530,36 @@ def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> float:
     seconds = time.perf_counter() - t0
     if proc.returncode != 0 or got != lines:
         sys.exit(f"{launcher}: fan-in got {got} of {lines} lines (exit {proc.returncode})")
-    return FAN_IN_BYTES / 1e6 / seconds
+    spans = [tuple(map(float, p.read_text().split())) for p in out.glob("rank*")]
+    writing = max(end for _, end in spans) - min(start for start, _ in spans)
+    return FAN_IN_BYTES / 1e6 / writing, FAN_IN_BYTES / 1e6 / seconds
 
 
 def bench_fanin(b: Bench) -> list[dict]:
-    jobs: dict[str, Callable[[], float]] = {k: (lambda k=k: _fan_in(b, k)) for k in LAUNCHERS}
-    jobs["devnull"] = lambda: _fan_in(b, "bare", devnull=True)
+    whole: dict[str, list[float]] = {}
+
+    def job(launcher: str, devnull: bool = False) -> Callable[[], float]:
+        def run() -> float:
+            writing, overall = _fan_in(b, launcher, devnull)
+            whole.setdefault("devnull" if devnull else launcher, []).append(overall)
+            return writing
+
+        return run
+
+    jobs = {k: job(k) for k in LAUNCHERS}
+    jobs["devnull"] = job("bare", devnull=True)
     med = interleaved(b.runs, jobs)
+    overall = {k: median(v) for k, v in whole.items()}
     return [
         row(
-            "fan-in, 4 ranks x 12.5 MB",
-            "MB/s",
-            med,
-            lower=False,
-            note=f"/dev/null: {med['devnull']:.0f} MB/s",
-        )
-    ]
+            "fan-in, 4 ranks x 12.5 MB, while writing", "MB/s", med, lower=False,
+            note=f"ranks writing to /dev/null: {med['devnull']:.0f} MB/s",
+        ),
+        row(
+            "fan-in, whole run (start-up included)", "MB/s", overall, lower=False,
+            note=f"/dev/null: {overall['devnull']:.0f} MB/s",
+        ),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -552,7 +607,10 @@ def main() -> int:
     unknown = [n for n in only if n not in BENCHES]
     if unknown or args.runs < 1:
         parser.error(f"unknown benchmark {unknown}" if unknown else "--runs must be positive")
-    work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-"))
+    # In memory, like the test suite's simulated roots: on a real host the driver's files and
+    # /run/lock (the leases) are in memory too.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-", dir=shm))
     try:
         b = Bench(args.runs, work, args.ttmesh)
         grid = work / "p150-grid128.yaml"

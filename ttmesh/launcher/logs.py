@@ -32,6 +32,7 @@ class Stream:
     buffer: bytes = b""
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     log: IO[bytes] | None = None
+    last: bytes | None = None  # the last block of lines when it alone holds the whole tail
 
 
 class Console:
@@ -73,17 +74,22 @@ class Console:
             tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
         return (tag + " ").encode()
 
-    def _emit(self, stream: Stream, lines: list[bytes]) -> None:
-        # Whole batches at C speed (a rank printing 100 MB must not cost a Python loop per
-        # line): the tail keeps bytes, decoded only when asked for.
-        if not lines:
-            return
-        stream.tail.extend(line[:TAIL_BYTES] for line in lines[-TAIL_LINES:])
+    def _emit(self, stream: Stream, block: bytes) -> None:
+        """Complete lines (``block`` ends with a newline), at C speed: a rank printing 100 MB
+        must not cost a Python object, or a loop step, per line. The tail keeps bytes (its last
+        lines only, split from the end), decoded when asked for."""
+        body = block[:-1]
+        if block.count(b"\n") >= TAIL_LINES:  # this block holds the whole tail: cut it later
+            stream.tail.clear()
+            stream.last = body
+        else:
+            self._settle(stream)
+            stream.tail.extend(piece[:TAIL_BYTES] for piece in body.split(b"\n"))
         if self.on_line is not None:
-            for line in lines:
+            for line in body.split(b"\n"):
                 self.on_line(stream.rank, line.decode(errors="replace"))
         if stream.log is not None:
-            stream.log.write(b"\n".join(lines) + b"\n")
+            stream.log.write(block)
             stream.log.flush()
         hidden = (
             self.filter is not None and stream.rank not in self.filter and stream.rank != LAUNCHER
@@ -91,29 +97,37 @@ class Console:
         if self.quiet or hidden:
             return
         prefix = self._prefix(stream.rank, stream.name)
-        data = prefix + (b"\n" + prefix).join(lines) + b"\n"
+        data = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
         fd = 1 if stream.name == "stdout" else 2
         _write_all(fd, data)
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         stream = self.streams[(rank, name)]
-        stream.buffer += data
-        if b"\n" not in stream.buffer and len(stream.buffer) < MAX_PARTIAL:
-            return
-        *lines, rest = stream.buffer.split(b"\n")
-        if len(rest) >= MAX_PARTIAL:
-            lines.append(rest)
-            rest = b""
-        stream.buffer = rest
-        self._emit(stream, lines)
+        buffer = stream.buffer + data if stream.buffer else data
+        cut = buffer.rfind(b"\n") + 1  # 0: no complete line yet
+        if len(buffer) - cut >= MAX_PARTIAL:  # an endless line: cut it here
+            block, stream.buffer = buffer + b"\n", b""
+        else:
+            block, stream.buffer = buffer[:cut], buffer[cut:]
+        if block:
+            self._emit(stream, block)
 
     def close(self, rank: int, name: str) -> None:
         stream = self.streams[(rank, name)]
         if stream.buffer:
-            self._emit(stream, [stream.buffer])
+            self._emit(stream, stream.buffer + b"\n")
             stream.buffer = b""
 
+    @staticmethod
+    def _settle(stream: Stream) -> None:
+        """The tail's lines out of the last big block, if one is kept whole."""
+        if stream.last is not None:
+            pieces = stream.last.rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]
+            stream.tail.extend(piece[:TAIL_BYTES] for piece in pieces)
+            stream.last = None
+
     def tail(self, rank: int, name: str = "stderr") -> list[str]:
+        self._settle(self.streams[(rank, name)])
         return [
             line.decode(errors="replace")[:TAIL_WIDTH] for line in self.streams[(rank, name)].tail
         ]

@@ -14,6 +14,8 @@ to learn which ranks ended and how. Two modes:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -120,11 +122,15 @@ class Starter:
         return proc
 
     def _watch(self, proc: subprocess.Popen, owner: int) -> None:
+        size = _pipe_size(2 * max(len(self.plan.ranks), 1))
         for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
             fd = os.dup(stream.fileno())
             stream.close()
             os.set_blocking(fd, False)
+            if size:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
             self.streams.append(Stream(fd, owner, name))
 
     def _workdirs(self) -> None:
@@ -164,6 +170,21 @@ class DirectStarter(Starter):
         return [
             RankExit(rank, pid, procs.exit_code(status), procs.describe_status(status), stopping)
         ]
+
+
+PIPE_BUDGET = 16 << 20  # bytes of pipe buffers a job's output may take in all
+
+
+def _pipe_size(pipes: int) -> int:
+    """A bigger pipe per stream while the job's pipes stay within PIPE_BUDGET (0: the kernel's
+    64 KiB). A rank that prints fast fills a 64 KiB pipe in microseconds and then waits for the
+    guardian to be scheduled, read and write it on: a few big pipes make that round trip rare.
+    Within budget, far below the kernel's per-user limit (pipe-user-pages-soft, 64 MiB), past
+    which new pipes would shrink to a page."""
+    size = 1 << 20
+    while size > 64 << 10 and pipes * size > PIPE_BUDGET:
+        size >>= 1
+    return size if size > 64 << 10 else 0
 
 
 def _check_program(program: str, env: dict[str, str], cwd: str | None) -> None:

@@ -55,6 +55,7 @@ POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
+READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
 
 __all__ = ["AttemptResult", "Options", "RankExit", "run_attempt"]
 
@@ -278,6 +279,7 @@ class Guardian:
         self.plan = plan
         self.pending = pending
         self.pending_due = 0.0  # when to ask it next (monotonic)
+        self.polled = 0.0  # when fabric marks and readiness were last looked at (monotonic)
         self.refusal: TTMeshError | None = None
         self.attempt = attempt
         self.options = options
@@ -380,13 +382,16 @@ class Guardian:
         self._ask_pending()
         if not self.registered:
             self._register()
-        self._poll_fabric()
-        if self.phase is Phase.RUNNING:
-            self._watch_ready()
-            if self.server is not None and 0 not in self.ready:
-                progress = self.server.progress(time.monotonic() - self.started)
-                if progress:
-                    self._emit(progress)
+        now = time.monotonic()
+        if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
+            self.polled = now
+            self._poll_fabric()
+            if self.phase is Phase.RUNNING:
+                self._watch_ready()
+                if self.server is not None and 0 not in self.ready:
+                    progress = self.server.progress(time.monotonic() - self.started)
+                    if progress:
+                        self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
             self._kill()
         if not self.running and self.phase is not Phase.DRAINING:
@@ -490,7 +495,7 @@ class Guardian:
             return  # already drained and closed while this event was pending
         owner, name = self.open[fd]
         try:
-            data = os.read(fd, 65536)
+            data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError:

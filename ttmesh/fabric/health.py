@@ -41,6 +41,8 @@ ASIC_HEX = 16
 
 @dataclass(frozen=True)
 class Problem:
+    """One thing wrong with a host, and the one fix a user can run for it."""
+
     severity: str  # "error" | "warning"
     what: str
     fix: str
@@ -53,6 +55,8 @@ class Problem:
 
 @dataclass
 class ChipHealth:
+    """One chip's health, as ``check`` reports it."""
+
     asic_id: str
     bdf: str | None
     dev_index: int | None
@@ -83,6 +87,8 @@ class ChipHealth:
 
 @dataclass
 class HealthReport:
+    """``check``'s answer: every chip and link looked at, and the problems found."""
+
     chips: list[ChipHealth]
     links: list[links.Observed]
     problems: list[Problem]

@@ -32,6 +32,8 @@ SCHEMA = "ttmesh.topology/1"
 
 @dataclass
 class Record:
+    """A recorded topology: the chips and links a host had when every link was up."""
+
     path: Path
     chips: dict[str, dict]  # asic id -> {"bdf", "board_type", "arch", "via"}
     links: list[LinkSpec]

@@ -20,6 +20,8 @@ UP, DOWN, UNKNOWN = LinkState.UP, LinkState.DOWN, LinkState.UNKNOWN
 
 @dataclass(frozen=True)
 class Observed:
+    """An expected link and the state its ends report."""
+
     spec: LinkSpec
     state: LinkState
 

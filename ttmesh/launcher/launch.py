@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Prepared:
+    """A launch ready to run: its plan, the inventory and selection it came from."""
+
     plan: LaunchPlan
     inv: Inventory
     selection: meshselect.Selection

@@ -27,6 +27,8 @@ TAIL_BYTES = 4 * TAIL_WIDTH  # bytes kept of each line: TAIL_WIDTH characters in
 
 @dataclass
 class Stream:
+    """One output stream of a rank: the unfinished line, the last lines, its log file."""
+
     rank: int
     name: str  # "stdout" | "stderr"
     buffer: bytes = b""

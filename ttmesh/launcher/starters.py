@@ -32,6 +32,8 @@ Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) 
 
 @dataclass
 class RankExit:
+    """How one rank ended."""
+
     rank: int
     pid: int
     code: int  # as a shell reports it: exit code, or 128 + signal
@@ -41,6 +43,8 @@ class RankExit:
 
 @dataclass
 class Stream:
+    """An output pipe the guardian reads: whose it is and which stream."""
+
     fd: int
     owner: int  # a rank, or LAUNCHER (mpirun's own pipes)
     name: str  # "stdout" | "stderr"

@@ -62,6 +62,8 @@ __all__ = ["AttemptResult", "Options", "RankExit", "run_attempt"]
 
 @dataclass
 class AttemptResult:
+    """How one attempt ended, sent from the guardian to the launcher as JSON."""
+
     attempt: int
     code: int
     source: Source  # who decided the code
@@ -106,6 +108,8 @@ class Pending(Protocol):
 
 @dataclass
 class Options:
+    """How the guardian shows the workers' output."""
+
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False

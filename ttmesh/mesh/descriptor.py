@@ -181,6 +181,8 @@ def _message_class() -> Any:
 
 @dataclass(frozen=True)
 class MeshSpec:
+    """One mesh of a mesh graph descriptor: its grid, dimension types and channels."""
+
     name: str
     arch: str  # BLACKHOLE | WORMHOLE_B0
     dims: tuple[int, int]
@@ -202,6 +204,8 @@ class Connection:
 
 @dataclass
 class MeshGraph:
+    """A whole descriptor: its meshes, their instances and the connections between them."""
+
     meshes: list[MeshSpec]
     # (mesh descriptor name, mesh_id) per instance; one instance means no graph descriptor
     instances: list[tuple[str, int]]

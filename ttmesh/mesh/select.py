@@ -47,6 +47,8 @@ class Unit:
 
 @dataclass
 class Selection:
+    """The chips chosen for a job: their grid, rank order, units and links."""
+
     shape: tuple[int, int]
     grid: dict[Coord, str]  # coordinate -> asic id
     order: list[Coord]  # rank order over coordinates (ring or snake)

@@ -25,6 +25,8 @@ CHIPS_MESH_DEVICE = "mesh-device"  # vLLM's plugin: MESH_DEVICE names the system
 
 @dataclass(frozen=True)
 class Profile:
+    """A serving stack: how it is recognised, started, made ready and stopped."""
+
     name: str
     title: str
     source: str

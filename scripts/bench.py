@@ -29,7 +29,7 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
   writing to /dev/null under bare. Throughput in MB/s (1 MB = 10^6 bytes).
 
-Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...]
+Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]
 Targets (docs/performance.md): launch overhead <= 1.5 x bare and <= 0.1 x torchrun; everything
 down <= 50 ms after a failure; ``ttmesh --help`` <= 0.15 s; peak RSS <= 40 MB; fan-in >= half a
 raw pipe. Python's bytecode cache is used as users have it (PYTHONDONTWRITEBYTECODE is unset).
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 BENCHES = ("launch", "start", "preflight", "failure", "help", "rss", "fanin")
-LAUNCHERS = ("ttmesh", "torchrun", "bare")
+LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
 
@@ -182,13 +182,16 @@ def alive(pid: int) -> bool:
 
 
 class Bench:
-    def __init__(self, runs: int, work: Path, ttmesh: str | None = None) -> None:
+    def __init__(
+        self, runs: int, work: Path, ttmesh: str | None = None, before: str | None = None
+    ) -> None:
         self.runs = runs
         self.work = work
         self.py = sys.executable
         self.ttmesh_bin = (
             [ttmesh] if ttmesh else self._script("ttmesh") or [self.py, "-m", "ttmesh"]
         )
+        self.before_bin = [before] if before else None  # another ttmesh build (--compare)
         torchrun = self._script("torchrun")
         if torchrun is None:
             sys.exit("torchrun not found: pip install torch==2.13.0")
@@ -236,10 +239,15 @@ class Bench:
         self.roots[key] = root
         return root
 
+    def ttmesh(self, launcher: str) -> list[str]:
+        """The ttmesh command of ``launcher``: this build, or the one compared with."""
+        assert launcher == "ttmesh" or self.before_bin is not None
+        return self.ttmesh_bin if launcher == "ttmesh" else self.before_bin  # type: ignore[return-value]
+
     def argv(self, launcher: str, n: int, cmd: list[str], root: str = "", extra=()) -> list[str]:
-        if launcher == "ttmesh":
+        if launcher in ("ttmesh", "before"):
             return [
-                *self.ttmesh_bin, "launch", "--root", str(self.roots[root]), "--tp-size", str(n),
+                *self.ttmesh(launcher), "launch", "--root", str(self.roots[root]), "--tp-size", str(n),
                 *extra, "--", *cmd,
             ]  # fmt: skip
         if launcher == "torchrun":
@@ -331,6 +339,8 @@ def bench_preflight(b: Bench) -> list[dict]:
         "torchrun": lambda: b.timed(b.argv("torchrun", 4, ["true"]))[0],
         "bare": lambda: b.timed(b.argv("bare", 4, ["true"]))[0],
     }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: b.timed(b.argv("before", 4, ["true"], "qb2hz2"))[0]
     med = interleaved(b.runs, jobs)
     rows.append(
         row(
@@ -343,6 +353,8 @@ def bench_preflight(b: Bench) -> list[dict]:
         "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[0],
         "bare": lambda: _start_latency(b, "bare", "qb2")[0],
     }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[0]
     med = interleaved(b.runs, jobs)
     rows.append(
         row(
@@ -359,6 +371,8 @@ def bench_preflight(b: Bench) -> list[dict]:
         "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[1],
         "bare": lambda: _start_latency(b, "bare", "qb2")[1],
     }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[1]
     med = interleaved(b.runs, jobs)
     rows.append(
         row(
@@ -379,7 +393,7 @@ def _failure(b: Bench, launcher: str, ignore_term: bool) -> tuple[float, int]:
     out.mkdir()
     extra = ()
     if ignore_term:
-        extra = ("--grace", str(GRACE)) if launcher == "ttmesh" else extra
+        extra = ("--grace", str(GRACE)) if launcher in ("ttmesh", "before") else extra
         extra = ("--shutdown-timeout", str(GRACE)) if launcher == "torchrun" else extra
     cmd = [str(b.failer), str(out), *(["ignore-term"] if ignore_term else [])]
     argv = b.argv(launcher, 4, cmd, "qb2", extra)
@@ -424,6 +438,8 @@ def bench_help(b: Bench) -> list[dict]:
         "torchrun": [*b.torchrun_bin, "--help"],
         "bare": [b.py, str(b.bare_py), "--help"],
     }
+    if "before" in LAUNCHERS:
+        argvs["before"] = [*b.ttmesh("before"), "--help"]
     for argv in argvs.values():
         b.timed(argv)
     med = interleaved(b.runs, {k: (lambda a=a: b.timed(a)[0]) for k, a in argvs.items()})
@@ -567,30 +583,39 @@ def bench_fanin(b: Bench) -> list[dict]:
 
 def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:
     t, tr, bare = med["ttmesh"], med["torchrun"], med["bare"]
-    return {
+    out = {
         "name": name,
         "unit": unit,
-        "ttmesh": t,
-        "torchrun": tr,
-        "bare": bare,
+        "lower_is_better": lower,
+        **{k: med.get(k) for k in LAUNCHERS},
         "ttmesh/bare": t / bare if bare else None,
         "ttmesh/torchrun": t / tr if tr else None,
         "extra": {k: v for k, v in med.items() if k not in LAUNCHERS},
         "note": note,
     }
+    if "before" in LAUNCHERS and med.get("before"):
+        out["before/bare"] = med["before"] / bare if bare else None
+        out["before/torchrun"] = med["before"] / tr if tr else None
+    return out
 
 
 def show(rows: list[dict]) -> str:
-    out = [
-        f"{'benchmark':44} {'ttmesh':>9} {'torchrun':>9} {'bare':>9} {'/bare':>7} {'/torchrun':>9}"
-    ]
+    heads = [*LAUNCHERS, "/bare", "/torchrun"]
+    if "before" in LAUNCHERS:
+        heads += ["before/bare", "before/tr"]
+    out = [f"{'benchmark':48} " + " ".join(f"{h:>11}" for h in heads)]
     for r in rows:
-        fmt = "{:9.3f}" if r["unit"] == "s" else "{:9.1f}"
-        cells = [fmt.format(r[k]) for k in LAUNCHERS]
-        ratios = [f"{r['ttmesh/bare']:7.2f}", f"{r['ttmesh/torchrun']:9.3f}"]
-        out.append(f"{r['name'] + ' (' + r['unit'] + ')':44} {' '.join(cells)} {' '.join(ratios)}")
+        fmt = "{:11.3f}" if r["unit"] == "s" else "{:11.1f}"
+        cells = [fmt.format(r[k]) if r.get(k) is not None else f"{'-':>11}" for k in LAUNCHERS]
+        ratios = [f"{r['ttmesh/bare']:11.2f}", f"{r['ttmesh/torchrun']:11.3f}"]
+        if "before" in LAUNCHERS:
+            ratios += [
+                f"{r[k]:11.2f}" if r.get(k) is not None else f"{'-':>11}"
+                for k in ("before/bare", "before/torchrun")
+            ]
+        out.append(f"{r['name'] + ' (' + r['unit'] + ')':48} {' '.join(cells)} {' '.join(ratios)}")
         if r["note"]:
-            out.append(f"{'':44}   {r['note']}")
+            out.append(f"{'':48}   {r['note']}")
     return "\n".join(out)
 
 
@@ -602,7 +627,14 @@ def main() -> int:
     parser.add_argument(
         "--ttmesh", metavar="PATH", help="the ttmesh to measure (default: this Python's)"
     )
+    parser.add_argument(
+        "--compare",
+        metavar="PATH",
+        help="another ttmesh (e.g. an earlier commit's) measured in the same run: column 'before'",
+    )
     args = parser.parse_args()
+    if args.compare:
+        LAUNCHERS.append("before")
     only = args.only.split(",") if args.only else list(BENCHES)
     unknown = [n for n in only if n not in BENCHES]
     if unknown or args.runs < 1:
@@ -612,7 +644,7 @@ def main() -> int:
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-", dir=shm))
     try:
-        b = Bench(args.runs, work, args.ttmesh)
+        b = Bench(args.runs, work, args.ttmesh, args.compare)
         grid = work / "p150-grid128.yaml"
         grid.write_text(grid_system())
         b.sim("qb2", "quietbox2")

@@ -150,13 +150,17 @@ class DirectStarter(Starter):
         return True  # every rank it started, it started itself
 
     def start(self) -> list[RankExit]:
+        checked: set[tuple[str, str | None, str | None]] = set()
         for rank in self.plan.ranks:
             env = self.plan.rank_env(rank, self.base_env, self.attempt)
             cwd = rank.workdir or self.plan.cwd or None
             try:
                 if rank.workdir:
                     os.makedirs(rank.workdir, exist_ok=True)
-                _check_program(rank.argv[0], env, cwd)
+                program = (rank.argv[0], env.get("PATH"), cwd)
+                if program not in checked:  # 128 ranks of one command: one PATH search
+                    _check_program(rank.argv[0], env, cwd)
+                    checked.add(program)
                 proc = self._popen(list(rank.argv), env, cwd, wrap=True)
             except OSError as exc:
                 # The ranks already started are stopped; the rest never start.

@@ -62,7 +62,7 @@ class SimHost(Host):
             state = self.sim.state_now()
             return f"{self.sim.heartbeat(state, asic)}\n" if asic in state["chips"] else None
         match = _PIDS.match(rel)
-        if match and self.path(rel).exists():
+        if match and os.path.exists(self._join(rel)):
             asic = self.attr(int(match.group(1)), "tt_asic_id")
             if asic is None:
                 return ""

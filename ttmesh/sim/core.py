@@ -96,6 +96,7 @@ class SimRoot:
         self._remote_links: list[tuple[str, int, str, int]] | None = None
         self._ends: dict[str, list[tuple[int, tuple[str, int, str, int], bool]]] | None = None
         self._seen: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._by_asic: dict[str, dict[str, Any]] | None = None
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
@@ -113,10 +114,12 @@ class SimRoot:
         return self.system["chips"]
 
     def chip_by_asic(self, asic: str) -> dict[str, Any]:
-        for chip in self.chips():
-            if asic_hex(chip["unique_id"]) == asic:
-                return chip
-        raise SimError(f"no chip {asic} on this simulated host")
+        if self._by_asic is None:  # the system never changes: indexed once
+            self._by_asic = {asic_hex(c["unique_id"]): c for c in self.chips()}
+        chip = self._by_asic.get(asic)
+        if chip is None:
+            raise SimError(f"no chip {asic} on this simulated host")
+        return chip
 
     def chip_by_id(self, cid: int) -> dict[str, Any]:
         for chip in self.chips():

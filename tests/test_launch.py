@@ -635,3 +635,83 @@ def test_sigkill_of_the_guardian_leaves_nothing(qb2: Path, tmp_path: Path) -> No
         proc.communicate()
     assert proc.returncode == 128 + signal.SIGKILL, err
     assert "the supervisor killed by SIGKILL" in err
+
+
+# --------------------------------------------------------------------------- heartbeats at start-up
+
+C03 = "0000:03:00.0"
+
+
+def _only_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if not ln.startswith("simulated host: ")]
+    assert len(lines) == 1 and lines[0].startswith("ttmesh: "), err
+    return lines[0]
+
+
+def test_frozen_chip_found_during_startup_refuses_and_leaves_nothing(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """A named chip's heartbeat is read while its worker starts (it can refuse the launch, not
+    change its chips). Frozen: the worker is stopped and ttmesh refuses exactly as when the
+    heartbeats were read first (a dry run still reads them first): exit 3, the same line and
+    summary, and no process, lease, holder, record or run directory left."""
+    assert run_cli("sim", "fault", "--root", str(qb2), "chip-dead", C03).code == 0
+    first = run_cli("launch", "--root", str(qb2), "--chips", C03, "--dry-run", *worker("exit=0"))
+    assert first.code == 3, first.err
+    summary = tmp_path / "s.json"
+    res = run_cli(
+        "launch", "--root", str(qb2), "--chips", C03, "--job-id", "frozen-at-start",
+        "--summary-json", str(summary), *worker(f"pids={tmp_path}"),
+    )  # fmt: skip
+    assert res.code == 3, res.err
+    assert _only_line(res.err) == _only_line(first.err)
+    assert "is dead: its heartbeat is frozen" in res.err and "--auto-reset" in res.err
+    pids = read_pids(tmp_path, "pid")
+    assert len(pids) == 1, "the worker had started before the heartbeat was known"
+    assert not any(alive(p) for p in pids.values())
+    data = json.loads(summary.read_text())
+    assert (data["source"], data["rank"], data["code"], data["attempts"]) == ("ttmesh", None, 3, [])
+    assert data["reason"] == _only_line(first.err).removeprefix("ttmesh: ")
+    _assert_idle(qb2)
+    ended = json.loads(run_cli("ps", "--all", "--root", str(qb2), "--json").out)["jobs"]
+    assert ended == []  # as when nothing started: no record
+    from ttmesh.runtime import jobs
+
+    assert not (jobs.runs_dir() / "frozen-at-start").exists()
+    state = json.loads(run_cli("sim", "show", "--root", str(qb2), "--json").out)
+    assert state["fabric_marks"] == [] and all(c["holders"] == [] for c in state["chips"])
+
+
+def test_slow_heartbeats_do_not_delay_the_start(make_sim, tmp_path: Path) -> None:
+    """At 2 Hz a live chip's heartbeat takes up to half a second to move. Launching on the whole
+    host (the verdict can only refuse it), the workers start without waiting for it: here no
+    counter moves until rank 0 has started (it brings the next tick forward), yet the job runs
+    and succeeds; reading the heartbeats first, the launch would have waited for a tick that
+    came only after its workers started, and found every chip frozen."""
+    root = make_sim("quietbox2", heartbeat_hz=2.0)
+    from ttmesh.sim.core import SimRoot
+
+    with SimRoot(str(root)).change() as state:
+        for chip in state["chips"].values():
+            chip["hb_t0"] = time.time() + 3600  # no tick for an hour: counters stand still
+    script = tmp_path / "tick.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "from ttmesh.sim.core import SimRoot\n"
+        "sim = SimRoot(os.environ['TTMESH_SIM_ROOT'])\n"
+        "state = sim.read_state()\n"
+        "still = all(c['hb_t0'] > time.time() for c in state['chips'].values())\n"
+        "open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK']), 'w').write(str(still))\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    with sim.change() as state:\n"
+        "        for chip in state['chips'].values():\n"
+        "            chip['hb_t0'] = time.time() - 0.49  # the next tick: 10 ms from now\n"
+    )
+    res = run_cli(
+        "launch", "--root", str(root), "--tp-size", "4",
+        "--", sys.executable, str(script), str(tmp_path), "ttmesh-test-worker",
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    seen = {p.name: p.read_text() for p in tmp_path.glob("rank*")}
+    assert seen["rank0"] == "True", "rank 0 started before any heartbeat moved"
+    assert len(seen) == 4

@@ -250,11 +250,29 @@ def test_help_imports_nothing_heavy() -> None:
         "    rc = ttmesh.cli.run(['--help'])\n"
         "assert rc == 0, rc\n"
         "assert 'ls' in out.getvalue(), out.getvalue()\n"
-        "print(sorted(m for m in ('torch', 'yaml', 'rich') if m in sys.modules))\n"
+        "heavy = ('torch', 'yaml', 'rich', 'psutil', 'google.protobuf')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ttmesh.launcher')))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert proc.stdout.split("\n")[:2] == ["[]", "[]"], proc.stdout
+
+
+def test_help_lists_each_command_as_its_own_help_says() -> None:
+    """``ttmesh --help`` lists the commands from a table, without importing them: the table
+    says what each command's own help says."""
+    import click
+
+    from ttmesh import cli
+
+    ctx = click.Context(cli.main)
+    for name, (_module, _attr, text) in cli.COMMANDS.items():
+        command = cli.main.get_command(ctx, name)
+        assert command is not None and command.name == name
+        first = (command.help or "").split("\n\n")[0]
+        assert " ".join(first.split()) == text, name
+    assert cli.main.list_commands(ctx) == sorted(cli.COMMANDS)
 
 
 def test_tables_are_drawn_on_a_terminal_plain_when_piped(qb2: Path) -> None:

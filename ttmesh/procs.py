@@ -87,8 +87,65 @@ def parents() -> dict[int, int]:
     return out
 
 
+def _children_of(pid: int) -> list[int] | None:
+    """The children of ``pid`` from /proc/PID/task/*/children; None when the kernel does not
+    provide it (then only a scan of every process tells)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone
+    out: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended
+            return None  # no children files (CONFIG_PROC_CHILDREN off)
+        except OSError:
+            continue
+    return out
+
+
+def _has_children() -> bool:
+    """This process has children (live or not yet reaped), asked without reaping any."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _walk(root: int) -> list[int] | None:
+    """Descendants of ``root`` through the children lists; None without children files."""
+    out: list[int] = []
+    stack = _children_of(root)
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        found = _children_of(pid)
+        if found is None:
+            return None
+        stack.extend(found)
+    return None if stack is None else out
+
+
 def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
-    """Every descendant of ``root`` (not ``root`` itself), parents before children."""
+    """Every descendant of ``root`` (not ``root`` itself), parents before children.
+
+    Without a ``table`` (pid -> ppid of every process), the tree is walked from ``root`` down
+    through each process's list of children, which costs the tree's size, not the machine's
+    (reading every process's stat, hundreds of files, on each sweep); and this process, asked
+    about itself with no child at all, answers at once. A walk can miss a process being
+    re-parented at that very moment: the sweeps that rely on it repeat until nothing is left,
+    and what outlives the guardian is re-parented to the launcher, which sweeps again."""
+    if table is None:
+        if root == os.getpid() and not _has_children():
+            return []
+        walked = _walk(root)
+        if walked is not None:
+            return walked
     table = parents() if table is None else table
     children: dict[int, list[int]] = {}
     for pid, ppid in table.items():
@@ -139,6 +196,32 @@ def environ_value(pid: int, key: str) -> str | None:
 def set_subreaper() -> None:
     """Orphaned descendants of this process are re-parented to it instead of to init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")  # util-linux's, where the system keeps it
+_setpriv: list[str] | bool | None = False  # not looked for yet
+
+
+def pdeathsig_wrapper() -> list[str] | None:
+    """``[setpriv, --pdeathsig, KILL, --]``: a command prefix that gives the command SIGKILL
+    when its spawner dies, or None when this system's setpriv can't (util-linux < 2.33).
+
+    The prefix lets a spawner keep the parent-death signal without a ``preexec_fn``, which
+    makes Python fork the whole interpreter and run Python code in the child before exec
+    (milliseconds a process under load: 128 ranks took seconds); without one it uses vfork.
+    Only the system's own setpriv is used (never one found on PATH), known by its help text."""
+    global _setpriv
+    if _setpriv is False:
+        _setpriv = None
+        for path in SETPRIV:
+            try:
+                with open(path, "rb") as f:
+                    if b"pdeathsig" in f.read(1 << 20) and os.access(path, os.X_OK):
+                        _setpriv = [path, "--pdeathsig", "KILL", "--"]
+                        break
+            except OSError:
+                continue
+    return _setpriv if isinstance(_setpriv, list) else None
 
 
 def pdeathsig_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:

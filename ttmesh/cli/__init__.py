@@ -4,32 +4,111 @@ A package with one module per command (``ls``, ``launch``, ``ps``, ``check``, ``
 ``top``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
 that opens a host (:mod:`~ttmesh.cli.hosts`, the only importer of the simulator) and the text
 views (:mod:`~ttmesh.cli.views`). Kept light: importing it pulls in click and nothing heavy
-(no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant.
+(no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant; a command's module (its
+options, dozens for ``launch``) is imported only when that command runs (:data:`COMMANDS`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
 from ttmesh import __version__
-from ttmesh.cli.check import check_cmd
-from ttmesh.cli.descriptor import descriptor_cmd
-from ttmesh.cli.doctor import doctor_cmd
-from ttmesh.cli.launch import launch_cmd
-from ttmesh.cli.ls import ls_cmd
 from ttmesh.cli.options import CONTEXT
-from ttmesh.cli.ps import ps_cmd
-from ttmesh.cli.reset import reset_cmd
-from ttmesh.cli.serving import profiles_cmd, stop_cmd
-from ttmesh.cli.sim import sim_group
-from ttmesh.cli.top import top_cmd
 from ttmesh.errors import BAD_INPUT, TTMeshError
 
+# name -> (module, attribute, the first paragraph of its help, for the list in ttmesh --help).
+# tests/test_ls.py checks each against the command itself.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": (
+        "ttmesh.cli.check", "check_cmd",
+        "Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.",
+    ),
+    "descriptor": (
+        "ttmesh.cli.descriptor", "descriptor_cmd",
+        "Write tt-metal mesh graph descriptors for a set of chips, as ttmesh launch would.",
+    ),
+    "doctor": (
+        "ttmesh.cli.doctor", "doctor_cmd",
+        "Capture a host's state into one archive: the driver's files, the cluster descriptor, "
+        "`tt-smi -s`, kernel messages about the chips, and `ttmesh ls` / `check` as JSON.",
+    ),
+    "launch": (
+        "ttmesh.cli.launch", "launch_cmd",
+        "Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.",
+    ),
+    "ls": (
+        "ttmesh.cli.ls", "ls_cmd",
+        "List the host's chips, who holds or leases them, and their Ethernet links.",
+    ),
+    "profiles": (
+        "ttmesh.cli.serving", "profiles_cmd",
+        "List the serving stacks ttmesh recognises, and how it runs each.",
+    ),
+    "ps": (
+        "ttmesh.cli.ps", "ps_cmd",
+        "List your ttmesh jobs on every host (real or simulated): id, state, root, chips, ranks.",
+    ),
+    "reset": (
+        "ttmesh.cli.reset", "reset_cmd",
+        "Reset chips safely with tt-smi, then verify they recovered.",
+    ),
+    "sim": (
+        "ttmesh.cli.sim", "sim_group",
+        "Simulated hosts: the same files and tt-smi as a real machine, with fault injection.",
+    ),
+    "stop": (
+        "ttmesh.cli.serving", "stop_cmd",
+        "Stop a running job gracefully, from another terminal (as Ctrl-C would).",
+    ),
+    "top": (
+        "ttmesh.cli.top", "top_cmd",
+        "Show every chip's telemetry, refreshed: temperature, power, clock (AICLK), heartbeat, "
+        "Ethernet links up, and the job leasing the chip or the processes holding it.",
+    ),
+}  # fmt: skip
 
-@click.group(context_settings=CONTEXT)
+
+class Commands(click.Group):
+    """A group whose commands are imported when one is run (or asked for its help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        import importlib
+
+        module, attribute, _ = COMMANDS[cmd_name]
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            # click >= 8.4 suggests a close name from the commands it holds: ours are lazy.
+            name = getattr(exc, "command_name", None)
+            if name is None or getattr(exc, "possibilities", None):
+                raise
+            raise type(exc)(name, possibilities=list(COMMANDS), ctx=ctx) from None  # type: ignore[call-arg]
+
+    def format_commands(self, ctx: click.Context, formatter: Any) -> None:
+        """The list of commands, from :data:`COMMANDS`: no command's module is imported."""
+        stubs = {name: click.Command(name, help=text) for name, (_, _, text) in COMMANDS.items()}
+        limit = formatter.width - 6 - max(len(name) for name in stubs)
+        rows = [(name, stubs[name].get_short_help_str(limit)) for name in sorted(stubs)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=Commands, context_settings=CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="ttmesh")
 def main() -> None:
     """Launch and supervise multi-chip Tenstorrent jobs: one worker per chip.
@@ -38,13 +117,6 @@ def main() -> None:
     Try it without hardware, on a simulated QuietBox 2:
       ttmesh ls --sim quietbox2
     """
-
-
-for command in (
-    ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
-    top_cmd, doctor_cmd, sim_group,
-):  # fmt: skip
-    main.add_command(command)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -107,6 +179,7 @@ def _json_requested(argv: list[str]) -> bool:
     """Did the user ask for --json (among ttmesh's own options, not a launched command's)?"""
     words = argv[: argv.index("--")] if "--" in argv else argv
     if "launch" in words:
+        from ttmesh.cli.launch import launch_cmd
         from ttmesh.cli.launch_args import command_start
 
         at = words.index("launch") + 1

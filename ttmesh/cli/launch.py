@@ -497,17 +497,19 @@ def launch_cmd(
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:
         prepared = launch.prepare(
-            request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset
-        )
+            request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset,
+            defer_liveness=not dry_run and multi is None,
+        )  # fmt: skip
         if shown_ranks is not None:
             world = len(prepared.plan.ranks)
             extra = sorted(r for r in shown_ranks if not 0 <= r < world)
             if extra:
-                raise bad_input(
+                err = bad_input(
                     f"--ranks-filter {ranks_filter}: no rank {', '.join(map(str, extra))} "
                     f"in a job of {world} rank(s)",
                     f"ranks are 0..{world - 1}",
                 )
+                raise prepared.liveness.first(err) if prepared.liveness else err
     except TTMeshError as exc:
         if summary_json and not dry_run:
             launch.write_refusal(summary_json, exc)
@@ -564,7 +566,7 @@ def _server(
     nproc: int | None,
 ) -> tuple[Any, Any, int | None, list[Any]] | None:
     """(profile, server args, chips, findings) when COMMAND is a server a profile knows."""
-    from ttmesh.launcher.serving import args, profiles, spec
+    from ttmesh.launcher.serving import args, profiles
 
     if profile_name == "none":
         return None
@@ -587,6 +589,8 @@ def _server(
             f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
             "drop --mesh-layout",
         )
+    from ttmesh.launcher.serving import spec
+
     tp, findings = spec.server_tp(profile, parsed, tp_size)
     if tp is None and profile.tp_flag:
         tp = 1  # the server's own default: one chip

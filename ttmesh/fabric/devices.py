@@ -22,6 +22,8 @@ from ttmesh.host.base import Host
 
 @dataclass(frozen=True)
 class Chip:
+    """One ASIC of the host, as discovery found it."""
+
     asic_id: str
     bdf: str | None  # None for a remote chip
     dev_index: int | None  # N of /dev/tenstorrent/N now (never store it)
@@ -61,6 +63,8 @@ class LinkSpec:
 
 @dataclass
 class Inventory:
+    """What a host has: its chips, the links expected between them, and their source."""
+
     host: Host
     driver: str
     chips: list[Chip]

@@ -41,6 +41,8 @@ ASIC_HEX = 16
 
 @dataclass(frozen=True)
 class Problem:
+    """One thing wrong with a host, and the one fix a user can run for it."""
+
     severity: str  # "error" | "warning"
     what: str
     fix: str
@@ -53,6 +55,8 @@ class Problem:
 
 @dataclass
 class ChipHealth:
+    """One chip's health, as ``check`` reports it."""
+
     asic_id: str
     bdf: str | None
     dev_index: int | None
@@ -83,6 +87,8 @@ class ChipHealth:
 
 @dataclass
 class HealthReport:
+    """``check``'s answer: every chip and link looked at, and the problems found."""
+
     chips: list[ChipHealth]
     links: list[links.Observed]
     problems: list[Problem]
@@ -585,6 +591,7 @@ def preflight(
     *,
     timeout: float = 1.0,
     beats: dict[str, str] | None = None,
+    heartbeats: bool = True,
 ) -> list[Problem]:
     """What stands between ``asics`` and a launch on them; errors mean "refuse".
 
@@ -593,6 +600,8 @@ def preflight(
     it, is in ``allow_holders_pids`` or is this process (the launcher's own workers and leases).
     Takes a few tens of milliseconds on a simulated host with 100 Hz heartbeats. ``beats``:
     heartbeat states just polled by the caller; chips already seen alive are not polled again.
+    ``heartbeats`` False: chips without a state in ``beats`` are not polled at all (the caller
+    watches them while the job starts: :class:`ttmesh.fabric.heartbeat.Watch`).
     """
     allowed = {int(p) for p in allow_holders_pids} | {os.getpid()}
     wanted = list(dict.fromkeys(asics))
@@ -615,7 +624,7 @@ def preflight(
                 seen.add((pid, lead.asic_id))
                 problems.append(holder_problem(inv, c.asic_id, h, None))
     known = dict(beats or {})
-    todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE]
+    todo = [c for c in chips if known.get(c.asic_id) != heartbeat.ALIVE and heartbeats]
     known.update(heartbeat.poll(inv, todo, timeout=timeout) if todo else {})
     for c in chips:
         beat = heartbeat_problem(inv, c.asic_id, known.get(c.asic_id, heartbeat.ALIVE), exp, False)

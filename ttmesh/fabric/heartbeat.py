@@ -35,24 +35,70 @@ def read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
 
 def poll(inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0) -> dict[str, str]:
     """State per asic id: alive (counter moved), frozen (did not within timeout), unknown."""
-    chips = inv.chips if chips is None else chips
-    first = read(inv, chips)
-    result: dict[str, str] = {a: (UNKNOWN if v is None else FROZEN) for a, v in first.items()}
-    pending = [c for c in chips if first.get(c.asic_id) is not None]
-    deadline = time.monotonic() + timeout
-    delay = 0.002
-    while pending and time.monotonic() < deadline:
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-        now = read(inv, pending)
-        still = []
-        for c in pending:
-            value = now.get(c.asic_id)
-            if value is None:
-                result[c.asic_id] = UNKNOWN
-            elif value != first[c.asic_id]:
-                result[c.asic_id] = ALIVE
-            else:
-                still.append(c)
-        pending = still
-    return result
+    return Watch(inv, chips, timeout).wait()
+
+
+class Watch:
+    """Heartbeats under watch: read once when created, then again each time :meth:`step` is
+    called once its next reading is due (2 ms, then twice as long each time, up to 50 ms
+    apart), until every counter has moved (alive) or ``timeout`` has passed since the first
+    reading (frozen). :func:`poll` waits for the verdict; a launcher can take the first reading,
+    start its workers and ask the watch between other work (a chip whose heartbeat ticks twice
+    a second takes up to half a second to show it is alive)."""
+
+    def __init__(self, inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0):
+        self.inv = inv
+        chips = inv.chips if chips is None else chips
+        self.first = read(inv, chips)
+        self.states: dict[str, str] = {
+            a: (UNKNOWN if v is None else FROZEN) for a, v in self.first.items()
+        }
+        self.pending = [c for c in chips if self.first.get(c.asic_id) is not None]
+        now = time.monotonic()
+        self.deadline = now + timeout
+        self.delay = 0.002
+        self.due = now + self.delay
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def only(self, asics: list[str]) -> None:
+        """Watch only these chips (the others' verdicts no longer matter)."""
+        keep = set(asics)
+        self.pending = [c for c in self.pending if c.asic_id in keep]
+
+    def known(self) -> dict[str, str]:
+        """The verdicts so far: alive, frozen (only once the watch is done) or unknown."""
+        pending = {c.asic_id for c in self.pending}
+        return {a: s for a, s in self.states.items() if a not in pending}
+
+    def step(self) -> float | None:
+        """Read the pending counters if a reading is due; seconds until the next one is (0 when
+        overdue), or None once every chip is decided."""
+        if not self.pending:
+            return None
+        now = time.monotonic()
+        if now >= self.due:
+            values = read(self.inv, self.pending)
+            still = []
+            for c in self.pending:
+                value = values.get(c.asic_id)
+                if value is None:
+                    self.states[c.asic_id] = UNKNOWN
+                elif value != self.first[c.asic_id]:
+                    self.states[c.asic_id] = ALIVE
+                else:
+                    still.append(c)
+            self.pending = [] if now >= self.deadline else still  # the rest: frozen
+            self.delay = min(self.delay * 2, 0.05)
+            self.due = min(now + self.delay, self.deadline)
+            if not self.pending:
+                return None
+        return max(0.0, self.due - time.monotonic())
+
+    def wait(self) -> dict[str, str]:
+        """Every chip's verdict, reading until they are all decided."""
+        while (wait := self.step()) is not None:
+            time.sleep(wait)
+        return dict(self.states)

@@ -18,11 +18,8 @@ A simulated host does not use records: its cluster descriptor is already the com
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import socket
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,12 +32,20 @@ SCHEMA = "ttmesh.topology/1"
 
 @dataclass
 class Record:
+    """A recorded topology: the chips and links a host had when every link was up."""
+
     path: Path
     chips: dict[str, dict]  # asic id -> {"bdf", "board_type", "arch", "via"}
     links: list[LinkSpec]
     written: float = 0.0
     host: str = ""
     pairs: dict[frozenset, int] = field(default_factory=dict)  # links per chip pair
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def store_dir() -> Path:
@@ -54,6 +59,8 @@ def store_dir() -> Path:
 
 
 def host_key(asics: Iterable[str]) -> str:
+    import hashlib  # (this module is on the launch path, which never records: imports on use)
+
     return hashlib.sha256(",".join(sorted(set(asics))).encode()).hexdigest()
 
 
@@ -151,7 +158,7 @@ def save(inv: Inventory, links: list[LinkSpec], directory: Path | None = None) -
     doc = {
         "schema": SCHEMA,
         "written": time.time(),
-        "host": socket.gethostname(),
+        "host": _hostname(),
         "chips": [
             {
                 "asic_id": c.asic_id,
@@ -173,6 +180,8 @@ def save(inv: Inventory, links: list[LinkSpec], directory: Path | None = None) -
         old = _parse(path)
         if old is not None and set(old.chips) == asics and _same_links(old.links, links):
             return path  # unchanged: keep the file as it is
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(prefix=".topology.", dir=directory)
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1)

@@ -20,6 +20,8 @@ UP, DOWN, UNKNOWN = LinkState.UP, LinkState.DOWN, LinkState.UNKNOWN
 
 @dataclass(frozen=True)
 class Observed:
+    """An expected link and the state its ends report."""
+
     spec: LinkSpec
     state: LinkState
 
@@ -48,7 +50,7 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
     known = {c.asic_id: c for c in inv.chips}
     status = inv.host.eth_live_status([a for a in asics if a in known])
     fw = {}
-    for c in inv.chips:
+    for c in (known[a] for a in asics if a in known):  # the firmware of the chips asked about
         lead = inv.lead(c)
         fw[c.asic_id] = (
             inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")

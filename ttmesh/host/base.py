@@ -52,6 +52,7 @@ class Host:
                 "give --root an existing directory, or use --sim NAME",
             )
         self.root = path.resolve()
+        self._root = str(self.root)
         # How a user names this host on ttmesh's command line, for the fix lines ttmesh prints
         # ("ttmesh reset --sim quietbox2 --chips ..."): "" for this machine.
         if flag is None:
@@ -66,6 +67,11 @@ class Host:
 
     # -- the reader
 
+    def _join(self, rel: str) -> str:
+        """:meth:`path` as a string (a Path per read costs more than the read, for a host's
+        hundreds of driver files)."""
+        return os.path.join(self._root, rel.lstrip("/"))
+
     def read_text(self, rel: str) -> str | None:
         """Read a host file (``rel`` is relative to the root); None when it does not exist."""
         rel = rel.lstrip("/")
@@ -73,7 +79,8 @@ class Host:
         if dynamic is not None:
             return dynamic
         try:
-            return self.path(rel).read_text()
+            with open(self._join(rel)) as f:
+                return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -107,8 +114,8 @@ class Host:
 
     def bdf_of(self, dev: int) -> str | None:
         """The PCI address of /dev/tenstorrent/<dev>: the basename of its ``device`` link."""
-        link = self.path(f"{CLASS_DIR}/tenstorrent!{dev}/device")
-        if not link.exists():
+        link = self._join(f"{CLASS_DIR}/tenstorrent!{dev}/device")
+        if not os.path.exists(link):
             return None
         return os.path.basename(os.path.realpath(link))
 

@@ -20,6 +20,8 @@ PCI_DEVICE_FOR_ARCH = {arch: dev for dev, arch in PCI_DEVICE_IDS.items()}
 
 @dataclass(frozen=True)
 class ArchFacts:
+    """What an architecture's chips have: Ethernet and DRAM channels, and its names."""
+
     name: str  # as tt-umd spells it
     mgd_name: str  # as tt-metal's mesh graph descriptor spells it
     eth_channels: int
@@ -50,6 +52,8 @@ def dram_mb(arch: str, dram_harvesting_mask: int = 0) -> int:
 
 @dataclass(frozen=True)
 class CardFacts:
+    """A card type as the driver, tt-umd and tt-smi name it, and what it carries."""
+
     card_type: str  # the driver's tt_card_type
     umd_board_type: str  # the cluster descriptor's board_type
     smi_board_type: str  # what tt-smi prints as board_info.board_type (before " L"/" R")

@@ -86,6 +86,8 @@ class RemoteLink:
 
 @dataclass(frozen=True)
 class Board:
+    """A board and the chips on it (by descriptor chip id)."""
+
     board_id: int
     board_type: str
     chips: tuple[int, ...]
@@ -93,6 +95,8 @@ class Board:
 
 @dataclass
 class ClusterDescriptor:
+    """A whole cluster descriptor: chips, links (local and remote) and boards."""
+
     chips: dict[int, CDChip]
     links: list[Link] = field(default_factory=list)
     remote_links: list[RemoteLink] = field(default_factory=list)

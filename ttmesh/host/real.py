@@ -9,7 +9,6 @@ the chips' firmware through tt-umd (the ``hw`` extra, :mod:`ttmesh.host.telemetr
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +44,8 @@ class RealHost(Host):
     def default_tt_smi(self) -> str:
         if self.root != Path("/"):
             return super().default_tt_smi()
+        import shutil
+
         found = shutil.which("tt-smi")
         if found:
             return found

@@ -99,7 +99,7 @@ def table() -> tuple[Entry, ...]:
     """The packaged table, read and compiled once (on the first failure)."""
     from ttmesh import yamlio
 
-    return parse(yamlio.loads(TABLE.read_text()), str(TABLE))
+    return parse(yamlio.load_cached(TABLE, "the failure table"), str(TABLE))
 
 
 def clean(line: str) -> str:

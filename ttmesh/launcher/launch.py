@@ -12,8 +12,8 @@ import functools
 import json
 import os
 import signal
-import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,9 +40,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Prepared:
+    """A launch ready to run: its plan, the inventory and selection it came from."""
+
     plan: LaunchPlan
     inv: Inventory
     selection: meshselect.Selection
+    liveness: Liveness | None = None  # heartbeats still being read as the workers start
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -70,23 +73,36 @@ def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
     return out
 
 
+def _tcp_socket() -> Any:
+    # The socket module's C core: the module itself builds its enums on import (milliseconds
+    # on every launch, for one bind).
+    import _socket
+
+    return _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s = _tcp_socket()
+    try:
         s.bind((addr, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+    finally:
+        s.close()
 
 
 def check_port(port: int, addr: str = "127.0.0.1") -> None:
     if not 0 < port < 65536:
         raise bad_input(f"--master-port {port}: not a TCP port", "use 1..65535, or omit it")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((addr, port))
-        except OSError:
-            raise bad_input(
-                f"--master-port {port} is already in use on {addr}",
-                "pick another port, or omit --master-port to get a free one",
-            )
+    s = _tcp_socket()
+    try:
+        s.bind((addr, port))
+    except OSError:
+        raise bad_input(
+            f"--master-port {port} is already in use on {addr}",
+            "pick another port, or omit --master-port to get a free one",
+        )
+    finally:
+        s.close()
 
 
 def unavailable_chips(
@@ -95,6 +111,14 @@ def unavailable_chips(
     """(asic -> why it can't be used, asic -> who has it) for dead, held and leased chips.
 
     ``repairable``: dead chips stay usable (``--auto-reset`` recovers them before the start)."""
+    why, who = blocked_chips(inv)
+    beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
+    inv.beats = beats  # seen alive now: pre-flight need not poll these again
+    return _with_dead(why, who, beats, repairable)
+
+
+def blocked_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
+    """:func:`unavailable_chips` without the heartbeats: leased and held chips."""
     from ttmesh.fabric import holders as holdermod
 
     why: dict[str, str] = {}
@@ -110,8 +134,13 @@ def unavailable_chips(
             why[chip.asic_id] = "held"
             h = hs[0]
             who[chip.asic_id] = f"pid {h.pid} ({h.user}: {h.cmd})"
-    beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
-    inv.beats = beats  # seen alive now: pre-flight need not poll these again
+    return why, who
+
+
+def _with_dead(
+    why: dict[str, str], who: dict[str, str], beats: dict[str, str], repairable: bool
+) -> tuple[dict[str, str], dict[str, str]]:
+    why, who = dict(why), dict(who)
     for asic, state in beats.items():
         if state == heartbeat.FROZEN and not repairable:
             why[asic] = "dead"
@@ -138,10 +167,13 @@ def prepare(
     allow_mpi_layouts: bool = False,
     descriptor_only: bool = False,
     repairable: bool = False,
+    defer_liveness: bool = False,
 ) -> Prepared:
     """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
     descriptors without a command, a port or availability checks (``ttmesh descriptor``).
-    ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them)."""
+    ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them).
+    ``defer_liveness``: when the heartbeats cannot change the choice of chips, do not wait for
+    them: ``Prepared.liveness`` reads them while the workers start (:class:`Liveness`)."""
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
@@ -205,9 +237,68 @@ def prepare(
             f"--mesh-shape {rows}x{cols} has {rows * cols} chips but --tp-size is {req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
-    why, who = ({}, {}) if descriptor_only else unavailable_chips(inv, repairable)
-    for c in excluded:
-        why.setdefault(c.asic_id, "excluded")
+    if descriptor_only:
+        blocked: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        watch = None
+    else:
+        blocked = blocked_chips(inv)
+        watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
+
+    def availability(beats: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Why each chip can't be used (in this order: leased, held, dead, excluded), who."""
+        why, who = _with_dead(*blocked, beats, repairable)
+        for c in excluded:
+            why.setdefault(c.asic_id, "excluded")
+        return why, who
+
+    sel = None
+    if watch is not None and defer_liveness and not repairable:
+        # Choose as if every chip's heartbeat moved. When the verdict cannot change that choice
+        # (chips named, or every usable chip taken), a frozen chip can only refuse the launch:
+        # the workers start while the heartbeats are read (Liveness); otherwise, as always,
+        # the heartbeats are read first.
+        try:
+            guess = _choose(inv, req, chosen, *availability({}))
+        except TTMeshError:
+            guess = None  # the refusal might name a frozen chip: read the heartbeats first
+        if guess is not None and _verdict_cannot_change(inv, guess, chosen, availability({})[0]):
+            sel = guess
+    if sel is None:
+        beats = watch.wait() if watch is not None else {}
+        inv.beats = beats  # seen alive now: pre-flight need not poll these again
+        watch = None
+        sel = _choose(inv, req, chosen, *availability(beats))
+    liveness = None
+    if watch is not None:
+        job_chips = [a for u in sel.units for a in u.chips]
+        watch.only(job_chips)
+        liveness = Liveness(
+            watch, functools.partial(_frozen, inv, req, chosen, availability, job_chips)
+        )
+    try:
+        prepared = _plan(req, inv, sel, host, descriptor_only)
+    except TTMeshError as exc:
+        raise (liveness.first(exc) if liveness is not None else exc) from None
+    if liveness is not None and not _can_start_unverified(prepared.plan):
+        refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
+        if refusal is not None:
+            raise refusal
+        liveness = None
+    if liveness is not None:
+        inv.beats = liveness.known()
+    prepared.liveness = liveness
+    return prepared
+
+
+def _choose(
+    inv: Inventory,
+    req: LaunchRequest,
+    chosen: list[Chip],
+    why: dict[str, str],
+    who: dict[str, str],
+) -> meshselect.Selection:
+    """The chips of the job: the ones named (refused when one can't be used), else the best
+    mesh of the free ones (refused, exit 3, when chips in use are why there is none)."""
     labels = {c.asic_id: c.label for c in inv.chips}
     if chosen:
         for c in chosen:
@@ -218,41 +309,135 @@ def prepare(
                 )
         gap = meshselect.check_connected(inv, chosen)
         if req.binding is not None:
-            sel = meshselect.as_given(inv, [c.asic_id for c in chosen])
-        elif gap:
+            return meshselect.as_given(inv, [c.asic_id for c in chosen])
+        if gap:
             raise bad_input(f"--chips are not connected: {gap}", "choose chips linked by Ethernet")
-        else:
-            sel = meshselect.select(
-                inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
-            )
-    else:
+        return meshselect.select(
+            inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
+        )
+    try:
+        return meshselect.select(inv, req.tp_size, shape=req.mesh_shape, unavailable=why)
+    except Exception as exc:
+        blocked = {a: w for a, w in why.items() if w != "excluded"}
+        if not blocked or getattr(exc, "code", None) != 2:
+            raise
+        # Would an idle host serve it? Then the chips in use are the reason: refuse (exit 3).
         try:
-            sel = meshselect.select(inv, req.tp_size, shape=req.mesh_shape, unavailable=why)
-        except Exception as exc:
-            blocked = {a: w for a, w in why.items() if w != "excluded"}
-            if not blocked or getattr(exc, "code", None) != 2:
-                raise
-            # Would an idle host serve it? Then the chips in use are the reason: refuse (exit 3).
-            try:
-                meshselect.select(
-                    inv,
-                    req.tp_size,
-                    shape=req.mesh_shape,
-                    unavailable={a: w for a, w in why.items() if w == "excluded"},
-                )
-            except Exception:
-                raise exc from None
-            first = sorted(blocked)[0]
-            raise refused(
-                f"tp-size {req.tp_size}: not enough free chips; {labels[first]} is "
-                f"{blocked[first]}: {who[first]}"
-                + (
-                    f" (and {len(blocked) - 1} more chip(s) unavailable)"
-                    if len(blocked) > 1
-                    else ""
-                ),
-                _unavailable_hint(inv, blocked),
+            meshselect.select(
+                inv,
+                req.tp_size,
+                shape=req.mesh_shape,
+                unavailable={a: w for a, w in why.items() if w == "excluded"},
             )
+        except Exception:
+            raise exc from None
+        first = sorted(blocked)[0]
+        raise refused(
+            f"tp-size {req.tp_size}: not enough free chips; {labels[first]} is "
+            f"{blocked[first]}: {who[first]}"
+            + (f" (and {len(blocked) - 1} more chip(s) unavailable)" if len(blocked) > 1 else ""),
+            _unavailable_hint(inv, blocked),
+        )
+
+
+def _verdict_cannot_change(
+    inv: Inventory, sel: meshselect.Selection, chosen: list[Chip], why: dict[str, str]
+) -> bool:
+    """Whatever the heartbeats say, the job gets these chips or none: the user named them, or
+    they are every chip that could be used (a frozen one leaves too few: a refusal)."""
+    if chosen:
+        return True
+    used = {a for u in sel.units for a in u.chips}
+    return all(c.asic_id in used for c in inv.chips if c.asic_id not in why)
+
+
+def _can_start_unverified(plan: LaunchPlan) -> bool:
+    """Workers may start before their chips' heartbeats are known when stopping them leaves
+    the chips as they were: one process per chip of its own, started directly. A job that
+    brings the fabric up at its start (meshes, boards of two chips, a server) would leave the
+    links down if stopped for a frozen chip: it waits for the verdict, as every job did."""
+    return plan.launcher == StartMode.DIRECT and plan.serving is None and not plan.fabric_at_start
+
+
+def _frozen(
+    inv: Inventory,
+    req: LaunchRequest,
+    chosen: list[Chip],
+    availability: Callable[[dict[str, str]], tuple[dict[str, str], dict[str, str]]],
+    job_chips: list[str],
+    beats: dict[str, str],
+) -> TTMeshError | None:
+    """The refusal the heartbeats ``beats`` give the job: what choosing the chips would have
+    said had they been read first (the same message and code), or None when none is frozen."""
+    if not any(beats.get(a) == heartbeat.FROZEN for a in job_chips):
+        return None
+    try:
+        _choose(inv, req, chosen, *availability(beats))
+    except TTMeshError as exc:
+        return exc
+    # Other chips would have served (the choice was thought to leave none): refuse all the same.
+    from ttmesh.fabric import health
+
+    dead = [a for a in job_chips if beats.get(a) == heartbeat.FROZEN]
+    problem = health.heartbeat_problem(inv, dead[0], heartbeat.FROZEN, health.expected(inv), False)
+    assert problem is not None
+    return refused(
+        f"pre-flight: {problem.what}",
+        f"{problem.fix}, or add --auto-reset to recover the chips first",
+    )
+
+
+class Liveness:
+    """The heartbeats of a job's chips, still being read when its workers start.
+
+    A chip is alive when its heartbeat counter moves: at two ticks a second that takes up to
+    half a second, which every launch would otherwise wait before starting anything. Used only
+    when the verdict cannot change which chips the job gets, only refuse it: the guardian asks
+    :meth:`step` as it supervises (it is the one process that can stop every worker), stops
+    the job when a chip is frozen and does not end the attempt before the verdict; the launcher
+    then refuses with what it said when it read the heartbeats first (exit 3). Anything else that
+    would stop the launch before its start waits for the verdict too (:meth:`first`)."""
+
+    def __init__(
+        self, watch: heartbeat.Watch, decide: Callable[[dict[str, str]], TTMeshError | None]
+    ) -> None:
+        self.watch = watch
+        self.decide = decide
+        self.decided = False
+        self.refusal: TTMeshError | None = None
+
+    def step(self) -> float | None:
+        """Read the heartbeats if due; seconds until the next reading, None once decided."""
+        wait = self.watch.step()
+        if wait is None and not self.decided:
+            self.decided = True
+            self.refusal = self.decide(self.watch.states)
+        return wait
+
+    def wait(self) -> TTMeshError | None:
+        """The verdict (waiting for it): the refusal, or None."""
+        while (wait := self.step()) is not None:
+            time.sleep(wait)
+        return self.refusal
+
+    def first(self, exc: TTMeshError) -> TTMeshError:
+        """What stops the launch before its start: a frozen chip's refusal if there is one (it
+        came first when the heartbeats were read before anything else), else ``exc``."""
+        return self.wait() or exc
+
+    def known(self) -> dict[str, str]:
+        return self.watch.known()
+
+
+def _plan(
+    req: LaunchRequest,
+    inv: Inventory,
+    sel: meshselect.Selection,
+    host: Host,
+    descriptor_only: bool,
+) -> Prepared:
+    """The rest of :func:`prepare` once the chips are chosen: memory, server, command, port,
+    job id, mock clusters and the plan."""
     req.symmetric_dram_mb = memory.plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
     )
@@ -320,19 +505,17 @@ def mock_clusters(
     """tt-metal's view of a mock cluster per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
     from ttmesh.mesh import layout, mock
 
+    if req.layout == Layout.SINGLE_PROCESS and req.binding is None:
+        return {0: mock.whole_view(cluster, f"ttmesh job {req.job}")}
+    views = mock.ChipViews(cluster)
     if req.binding is not None:
         return {
-            i: mock.chips_view(
-                cluster, [a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}"
-            )
+            i: views.of([a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}")
             for i, units in enumerate(req.binding_units)
         }
-    if req.layout == Layout.SINGLE_PROCESS:
-        return {0: mock.whole_view(cluster, f"ttmesh job {req.job}")}
     sp = layout.split(sel, req.layout, req.nproc)
     return {
-        b.rank: mock.chips_view(cluster, list(b.chips), f"ttmesh job {req.job}, rank {b.rank}")
-        for b in sp.blocks
+        b.rank: views.of(list(b.chips), f"ttmesh job {req.job}, rank {b.rank}") for b in sp.blocks
     }
 
 
@@ -380,7 +563,13 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
     inv = prepared.inv
     problems = [
         p
-        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids, beats=inv.beats)
+        for p in health.preflight(
+            inv,
+            plan.all_chips(),
+            recovery.own_pids,
+            beats=inv.beats,
+            heartbeats=prepared.liveness is None,  # else read while the workers start
+        )
         if p.severity == "error"
     ]
     if problems and recovery.auto_reset and all(p.kind != "lease" for p in problems):
@@ -394,6 +583,10 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
                 for p in health.preflight(fresh, plan.all_chips(), recovery.own_pids)
                 if p.severity == "error"
             ]
+    if problems and prepared.liveness is not None:
+        refusal = prepared.liveness.wait()  # a frozen chip is what reading them first found
+        if refusal is not None:
+            raise refusal
     if problems:
         for p in problems[1:]:
             note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
@@ -543,28 +736,37 @@ class JobRun:
         self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
         self.held: leases.LeaseSet | None = None
         self.run_dir: paths.RunDir | None = None
+        self.status: str | None = None  # how the job ended, when it ends before its finish
+        # Refused for a frozen chip: no job record stays behind (reading the heartbeats first,
+        # the launch never got as far as writing one).
+        self.unrecorded = False
 
     def run(self) -> int:
         plan = self.plan
-        self.prepared.inv.host.check_changeable()
-        self.held = leases.acquire(
-            self.prepared.inv.host,
-            plan.all_chips(),
-            plan.job,
-            cmd=" ".join(plan.ranks[0].argv),
-            symmetric_dram_mb=plan.symmetric_dram_mb,
-            labels={c.asic_id: c.label for c in self.prepared.inv.chips},
-        )
+        try:
+            self.prepared.inv.host.check_changeable()
+            self.held = leases.acquire(
+                self.prepared.inv.host,
+                plan.all_chips(),
+                plan.job,
+                cmd=" ".join(plan.ranks[0].argv),
+                symmetric_dram_mb=plan.symmetric_dram_mb,
+                labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+            )
+        except TTMeshError as exc:
+            raise self._frozen_first(exc) from None
         try:
             self.run_dir = jobs.create_run_dir(plan.job)
             if str(self.run_dir.path) != plan.run_dir:
                 raise bad_input(
                     f"the plan's run directory {plan.run_dir} is not {self.run_dir.path}"
                 )
-        except BaseException:
+        except BaseException as exc:
             self._release()
+            if isinstance(exc, TTMeshError):
+                raise self._frozen_first(exc) from None
             raise
-        status, ok = None, False
+        ok = False
         # A stop signal between attempts stops the job as one during an attempt does (an
         # attempt forwards it to its guardian): Ctrl-C raises KeyboardInterrupt, these Stopped.
         previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOPPING}
@@ -581,10 +783,7 @@ class JobRun:
                         else:
                             self._agree("start", lambda: None)
                     except TTMeshError as exc:
-                        status = f"refused: {exc}"
-                        if self.summary_json:
-                            write_refusal(self.summary_json, exc)
-                        raise
+                        raise self._refuse(self._frozen_first(exc, summary=False)) from None
                 write_files(plan)
                 self._attempts()
             except (KeyboardInterrupt, Stopped) as exc:
@@ -594,7 +793,7 @@ class JobRun:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if not ok:
-                self._release(status or "ttmesh failed before the job ended", None)
+                self._release(self.status or "ttmesh failed before the job ended", None)
         return self.finish()
 
     def _stopped(self, sig: int) -> None:
@@ -605,6 +804,28 @@ class JobRun:
         self.stop = AttemptResult(
             len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
         )
+
+    def _frozen_first(self, exc: TTMeshError, summary: bool = True) -> TTMeshError:
+        """What stops the launch before its start, once the heartbeats still being read are in:
+        a frozen chip's refusal came first when they were read before anything else (and left
+        the outcome for scripts: ``summary``), so it still does."""
+        liveness, self.prepared.liveness = self.prepared.liveness, None
+        if liveness is None:
+            return exc
+        refusal = liveness.wait()
+        if refusal is None:
+            return exc
+        self.unrecorded = True
+        if summary and self.summary_json:
+            write_refusal(self.summary_json, refusal)
+        return refusal
+
+    def _refuse(self, exc: TTMeshError) -> TTMeshError:
+        """Nothing runs: the job record says why, and so does --summary-json."""
+        self.status = f"refused: {exc}"
+        if self.summary_json:
+            write_refusal(self.summary_json, exc)
+        return exc
 
     def _record(self) -> None:
         plan = self.plan
@@ -634,10 +855,19 @@ class JobRun:
             _clear_attempt_files(plan)
             if self.peers is not None:
                 self.peers.watch(attempt)
+            liveness, self.prepared.liveness = self.prepared.liveness, None
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
                 on_start=self.peers.started if self.peers is not None else None,
+                pending=liveness,
             )  # fmt: skip
+            if result.refusal is not None:
+                # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
+                # chips as a stopped job does, then refuse as the heartbeats read first did.
+                _after_crash(self.prepared, recovery, result)
+                code, message, hint = result.refusal
+                self.unrecorded = True
+                raise self._refuse(TTMeshError(message, hint, code))
             if self.peers is not None:
                 result = self.peers.ended(attempt, result)
             self.results.append(result)
@@ -702,7 +932,10 @@ class JobRun:
         return self.finish(LAUNCHER_KILLED)
 
     def _release(self, status: str | None = None, code: int | None = None) -> None:
-        if status is not None:
+        if self.unrecorded:
+            with contextlib.suppress(OSError, TTMeshError):
+                jobs.remove(self.plan.job)
+        elif status is not None:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.close(self.plan.job, status, code)
         if self.held is not None:

@@ -22,15 +22,19 @@ LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
 # (ttmesh.launcher.failures): tt-metal follows its error with a C++ backtrace of dozens of lines.
 TAIL_LINES = 100
 TAIL_WIDTH = 4096  # characters kept of each line in the tail
+TAIL_BYTES = 4 * TAIL_WIDTH  # bytes kept of each line: TAIL_WIDTH characters in any UTF-8
 
 
 @dataclass
 class Stream:
+    """One output stream of a rank: the unfinished line, the last lines, its log file."""
+
     rank: int
     name: str  # "stdout" | "stderr"
     buffer: bytes = b""
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     log: IO[bytes] | None = None
+    last: bytes | None = None  # the last block of lines when it alone holds the whole tail
 
 
 class Console:
@@ -75,14 +79,22 @@ class Console:
             tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
         return (tag + " ").encode()
 
-    def _emit(self, stream: Stream, lines: list[bytes]) -> None:
-        for line in lines:
-            text = line.decode(errors="replace")
-            stream.tail.append(text[:TAIL_WIDTH])
-            if self.on_line is not None:
-                self.on_line(stream.rank, text)
+    def _emit(self, stream: Stream, block: bytes) -> None:
+        """Complete lines (``block`` ends with a newline), at C speed: a rank printing 100 MB
+        must not cost a Python object, or a loop step, per line. The tail keeps bytes (its last
+        lines only, split from the end), decoded when asked for."""
+        body = block[:-1]
+        if block.count(b"\n") >= TAIL_LINES:  # this block holds the whole tail: cut it later
+            stream.tail.clear()
+            stream.last = body
+        else:
+            self._settle(stream)
+            stream.tail.extend(piece[:TAIL_BYTES] for piece in body.split(b"\n"))
+        if self.on_line is not None:
+            for line in body.split(b"\n"):
+                self.on_line(stream.rank, line.decode(errors="replace"))
         if stream.log is not None:
-            stream.log.write(b"".join(line + b"\n" for line in lines))
+            stream.log.write(block)
             stream.log.flush()
         hidden = (
             self.filter is not None and stream.rank not in self.filter and stream.rank != LAUNCHER
@@ -90,29 +102,39 @@ class Console:
         if self.quiet or hidden:
             return
         prefix = self._prefix(stream.rank, stream.name)
-        data = b"".join(prefix + line + b"\n" for line in lines)
+        data = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
         self.sink(1 if stream.name == "stdout" else 2, data)
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         stream = self.streams[(rank, name)]
-        stream.buffer += data
-        if b"\n" not in stream.buffer and len(stream.buffer) < MAX_PARTIAL:
-            return
-        *lines, rest = stream.buffer.split(b"\n")
-        if len(rest) >= MAX_PARTIAL:
-            lines.append(rest)
-            rest = b""
-        stream.buffer = rest
-        self._emit(stream, lines)
+        buffer = stream.buffer + data if stream.buffer else data
+        cut = buffer.rfind(b"\n") + 1  # 0: no complete line yet
+        if len(buffer) - cut >= MAX_PARTIAL:  # an endless line: cut it here
+            block, stream.buffer = buffer + b"\n", b""
+        else:
+            block, stream.buffer = buffer[:cut], buffer[cut:]
+        if block:
+            self._emit(stream, block)
 
     def close(self, rank: int, name: str) -> None:
         stream = self.streams[(rank, name)]
         if stream.buffer:
-            self._emit(stream, [stream.buffer])
+            self._emit(stream, stream.buffer + b"\n")
             stream.buffer = b""
 
+    @staticmethod
+    def _settle(stream: Stream) -> None:
+        """The tail's lines out of the last big block, if one is kept whole."""
+        if stream.last is not None:
+            pieces = stream.last.rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]
+            stream.tail.extend(piece[:TAIL_BYTES] for piece in pieces)
+            stream.last = None
+
     def tail(self, rank: int, name: str = "stderr") -> list[str]:
-        return list(self.streams[(rank, name)].tail)
+        self._settle(self.streams[(rank, name)])
+        return [
+            line.decode(errors="replace")[:TAIL_WIDTH] for line in self.streams[(rank, name)].tail
+        ]
 
     def shutdown(self) -> None:
         for (rank, name), stream in self.streams.items():

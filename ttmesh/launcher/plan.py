@@ -90,6 +90,8 @@ class LaunchRequest:
 
 @dataclass(frozen=True)
 class RankPlan:
+    """One rank: its chips, place in the mesh, command and the environment ttmesh adds."""
+
     rank: int
     units: tuple[Unit, ...]
     chips: tuple[str, ...]  # asic ids
@@ -110,6 +112,8 @@ class RankPlan:
 
 @dataclass
 class LaunchPlan:
+    """Everything a launch runs, pure and printable (``--dry-run`` shows it)."""
+
     job: str
     layout: str
     mesh_shape: tuple[int, int]

@@ -14,7 +14,10 @@ to learn which ranks ended and how. Two modes:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +32,8 @@ Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) 
 
 @dataclass
 class RankExit:
+    """How one rank ended."""
+
     rank: int
     pid: int
     code: int  # as a shell reports it: exit code, or 128 + signal
@@ -38,6 +43,8 @@ class RankExit:
 
 @dataclass
 class Stream:
+    """An output pipe the guardian reads: whose it is and which stream."""
+
     fd: int
     owner: int  # a rank, or LAUNCHER (mpirun's own pipes)
     name: str  # "stdout" | "stderr"
@@ -95,27 +102,39 @@ class Starter:
 
     # -- shared by the modes
 
-    def _popen(self, argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+    def _popen(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, wrap: bool = False
+    ) -> subprocess.Popen:
+        """Start ``argv`` in its own session, SIGKILLed if the guardian dies. ``wrap``: through
+        setpriv's parent-death signal when the system has it (Python then spawns with vfork:
+        no copy of the guardian, no Python code before exec); else a ``preexec_fn`` sets it.
+        A process whose guardian dies before setpriv sets the signal is re-parented to the
+        launcher, which sweeps what its guardian left."""
+        prefix = procs.pdeathsig_wrapper() if wrap else None
         proc = subprocess.Popen(
-            argv,
+            [*prefix, *argv] if prefix else argv,
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=procs.pdeathsig_preexec(self.guardian),
+            preexec_fn=None if prefix else procs.pdeathsig_preexec(self.guardian),
             close_fds=True,
         )
         proc.returncode = 0  # reaped by the guardian's own waitpid, never by Popen
         return proc
 
     def _watch(self, proc: subprocess.Popen, owner: int) -> None:
+        size = _pipe_size(2 * max(len(self.plan.ranks), 1))
         for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
             fd = os.dup(stream.fileno())
             stream.close()
             os.set_blocking(fd, False)
+            if size:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
             self.streams.append(Stream(fd, owner, name))
 
     def _workdirs(self) -> None:
@@ -131,12 +150,18 @@ class DirectStarter(Starter):
         return True  # every rank it started, it started itself
 
     def start(self) -> list[RankExit]:
+        checked: set[tuple[str, str | None, str | None]] = set()
         for rank in self.plan.ranks:
             env = self.plan.rank_env(rank, self.base_env, self.attempt)
+            cwd = rank.workdir or self.plan.cwd or None
             try:
                 if rank.workdir:
                     os.makedirs(rank.workdir, exist_ok=True)
-                proc = self._popen(list(rank.argv), env, rank.workdir or self.plan.cwd or None)
+                program = (rank.argv[0], env.get("PATH"), cwd)
+                if program not in checked:  # 128 ranks of one command: one PATH search
+                    _check_program(rank.argv[0], env, cwd)
+                    checked.add(program)
+                proc = self._popen(list(rank.argv), env, cwd, wrap=True)
             except OSError as exc:
                 # The ranks already started are stopped; the rest never start.
                 return [RankExit(rank.rank, -1, 127, f"could not start ({exc.strerror})", False)]
@@ -153,6 +178,39 @@ class DirectStarter(Starter):
         return [
             RankExit(rank, pid, procs.exit_code(status), procs.describe_status(status), stopping)
         ]
+
+
+PIPE_BUDGET = 16 << 20  # bytes of pipe buffers a job's output may take in all
+
+
+def _pipe_size(pipes: int) -> int:
+    """A bigger pipe per stream while the job's pipes stay within PIPE_BUDGET (0: the kernel's
+    64 KiB). A rank that prints fast fills a 64 KiB pipe in microseconds and then waits for the
+    guardian to be scheduled, read and write it on: a few big pipes make that round trip rare.
+    Within budget, far below the kernel's per-user limit (pipe-user-pages-soft, 64 MiB), past
+    which new pipes would shrink to a page."""
+    size = 1 << 20
+    while size > 64 << 10 and pipes * size > PIPE_BUDGET:
+        size >>= 1
+    return size if size > 64 << 10 else 0
+
+
+def _check_program(program: str, env: dict[str, str], cwd: str | None) -> None:
+    """Raise the OSError exec would for ``program`` (not found, not executable), as a rank
+    started without a wrapper fails to start; found ones are executed by name, as before."""
+    import errno
+
+    if "/" in program:
+        path: str | None = program if os.path.isabs(program) else os.path.join(cwd or ".", program)
+    else:
+        path = shutil.which(program, path=env.get("PATH", os.defpath))
+        if path is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    assert path is not None
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
 
 
 class MpiStarter(Starter):

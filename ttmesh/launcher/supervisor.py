@@ -29,20 +29,22 @@ import selectors
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ttmesh import procs
+from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
-from ttmesh.launcher.serving.server import Server
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.vocab import Layout, Source
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.serving.server import Server
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
@@ -65,12 +67,15 @@ SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
 TICK = 0.05  # the front's observer hears at least this often while an attempt runs
 LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
+READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
 
 __all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
 
 
 @dataclass
 class AttemptResult:
+    """How one attempt ended, sent from the guardian to the launcher as JSON."""
+
     attempt: int
     code: int
     source: Source  # who decided the code
@@ -87,6 +92,9 @@ class AttemptResult:
     host: str | None = None  # the host of the failing rank, in a job over several hosts
     # A known failure line in the output (ttmesh.launcher.failures.match), found on failure only.
     diagnosis: dict[str, Any] | None = None
+    # [code, message, hint]: a check still running as the ranks started refused the job (a
+    # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
+    refusal: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +105,23 @@ class AttemptResult:
         return cls(**data, exits=exits)
 
 
+class Pending(Protocol):
+    """A check still under way when the ranks start (the chips' heartbeats, read while the
+    workers start rather than before: ``ttmesh.launcher.launch.Liveness``). The guardian asks
+    it on its own timer and ends no attempt before it is decided; when it refuses, every
+    worker is stopped and the attempt ends with the refusal."""
+
+    refusal: TTMeshError | None  # once decided: why the job may not run
+
+    def step(self) -> float | None:
+        """Work on it; seconds until it wants asking again, or None once decided."""
+        ...
+
+
 @dataclass
 class Options:
+    """How the guardian shows the workers' output."""
+
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
@@ -117,12 +140,14 @@ def run_attempt(
     orphaned: Callable[[AttemptResult], int] | None = None,
     host: Host | None = None,
     on_start: Callable[[int], None] | None = None,
+    pending: Pending | None = None,
 ) -> AttemptResult:
     """Run one attempt of the job (every rank once) and return how it ended.
 
     ``orphaned``: what the guardian does with the attempt's result when the launcher was
     killed while it ran (finish the job in its place); its return value is the exit code.
-    ``host`` hears the job's events (workers holding chips, fabric opened and ended)."""
+    ``host`` hears the job's events (workers holding chips, fabric opened and ended).
+    ``pending``: a check the guardian completes while the ranks run (:class:`Pending`)."""
     observer = options.observer
     if observer is not None:
         observer.attempt(attempt)
@@ -156,7 +181,7 @@ def run_attempt(
                 # the front (to print above its table) are the front's.
                 sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             guardian = Guardian(
-                plan, attempt, options, base_env, alive_r, host or Host(plan.root), writer
+                plan, attempt, options, base_env, alive_r, host or Host(plan.root), writer, pending
             )
             result = guardian.run()
             code = result.code
@@ -280,6 +305,8 @@ class _Plain:
 def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
     """A bug in the guardian (or a view): one line (the traceback with TTMESH_DEBUG=1)."""
     if os.environ.get("TTMESH_DEBUG"):
+        import traceback
+
         text = f"ttmesh: {what} error:\n" + traceback.format_exc()
     else:
         text = f"ttmesh: {what} error: {type(exc).__name__}: {exc} (TTMESH_DEBUG=1 shows more)\n"
@@ -350,6 +377,7 @@ class Stop:
     restartable: bool = (
         False  # not ready in time, unhealthy: a restart may help (not a user's stop)
     )
+    user: bool = False  # the user stopped the job (a signal to ttmesh)
 
 
 class Guardian:
@@ -362,9 +390,14 @@ class Guardian:
         alive_fd: int,
         host: Host,
         observer: Observer | None = None,
+        pending: Pending | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer  # the front's view, through the pipe (EventWriter)
+        self.pending = pending
+        self.pending_due = 0.0  # when to ask it next (monotonic)
+        self.polled = 0.0  # when fabric marks and readiness were last looked at (monotonic)
+        self.refusal: TTMeshError | None = None
         self.attempt = attempt
         self.options = options
         self.host = host
@@ -388,7 +421,11 @@ class Guardian:
         self.registered = False  # the host heard which workers hold which chips
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
         self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
-        self.server: Server | None = Server(plan.serving) if plan.serving is not None else None
+        self.server: Server | None = None
+        if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
+            from ttmesh.launcher.serving.server import Server
+
+            self.server = Server(plan.serving)
         # What the observer was told: ranks started and ready, the phase; lines not yet sent.
         self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
         self.last_lines: dict[int, str] = {}
@@ -468,20 +505,24 @@ class Guardian:
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
+        self._ask_pending()
         if not self.registered:
             self._register()
-        self._poll_fabric()
-        if self.phase is Phase.RUNNING:
-            self._watch_ready()
-            if self.server is not None and 0 not in self.ready:
-                progress = self.server.progress(time.monotonic() - self.started)
-                if progress:
-                    self._emit(progress)
+        now = time.monotonic()
+        if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
+            self.polled = now
+            self._poll_fabric()
+            if self.phase is Phase.RUNNING:
+                self._watch_ready()
+                if self.server is not None and 0 not in self.ready:
+                    progress = self.server.progress(time.monotonic() - self.started)
+                    if progress:
+                        self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
             self._kill()
         if not self.running and self.phase is not Phase.DRAINING:
             self.phase = Phase.DRAINING
-        if self.phase is Phase.DRAINING and self._swept():
+        if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
             self._drain(None)
             if self.server is not None:
                 for path in self.server.clean():
@@ -498,7 +539,28 @@ class Guardian:
             waits.append(POLL)  # rank PIDs, fabric marks, readiness
         if self.phase is Phase.DRAINING:
             waits.append(SWEEP_POLL)
+        if self.pending is not None:
+            waits.append(max(0.0, self.pending_due - now))
         return min(waits) if waits else None
+
+    def _ask_pending(self) -> None:
+        """The check still running since the start: ask it when due; a refusal stops the job
+        (whatever the ranks did meanwhile, it decides the attempt). A stop the user asked for
+        does not wait for it."""
+        if self.pending is None:
+            return
+        if self.front_gone or (self.stop is not None and self.stop.user):
+            self.pending = None
+            return
+        if time.monotonic() < self.pending_due:
+            return
+        wait = self.pending.step()
+        if wait is not None:
+            self.pending_due = time.monotonic() + wait
+            return
+        self.refusal, self.pending = self.pending.refusal, None
+        if self.refusal is not None:
+            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code))
 
     # -- events
 
@@ -511,18 +573,18 @@ class Guardian:
             if sig == signal.SIGINT:
                 if self.stop is not None or self.first_failure is not None:
                     if self.stop is None:  # a failing rank's teardown: the user's stop wins,
-                        self.stop = Stop(stop_reason(sig), 130)  # as SIGTERM's does
+                        self.stop = Stop(stop_reason(sig), 130, user=True)  # as SIGTERM's does
                         self._emit("interrupted while stopping: killing every worker now")
                     else:
                         self._emit("second interrupt: killing every worker now")
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop(stop_reason(sig), 130))
+                    self._begin_stop(Stop(stop_reason(sig), 130, user=True))
             elif sig in STOPPING and self.stop is None:
                 why = stop_reason(sig)
                 self._emit(f"{why}: stopping every worker")
-                self._begin_stop(Stop(why, 128 + sig))
+                self._begin_stop(Stop(why, 128 + sig, user=True))
             elif sig == PEER_STOP and self.stop is None and self.first_failure is None:
                 self._begin_stop(
                     Stop("stopped: another host of the job failed", 128 + signal.SIGTERM)
@@ -567,7 +629,7 @@ class Guardian:
             return  # already drained and closed while this event was pending
         owner, name = self.open[fd]
         try:
-            data = os.read(fd, 65536)
+            data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError:
@@ -806,6 +868,12 @@ class Guardian:
 
     def _result(self) -> AttemptResult:
         result = self._verdict()
+        if self.refusal is not None:
+            r = self.refusal
+            return replace(
+                result, code=r.code, source=Source.TTMESH, rank=None, reason=f"refused: {r}",
+                interrupted=True, refusal=[r.code, r.message, r.hint],
+            )  # fmt: skip
         if result.code != 0:
             result.diagnosis = self._diagnose(result.rank)
         return result

@@ -14,8 +14,9 @@ Several meshes are joined by a graph descriptor of type FABRIC.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -180,6 +181,8 @@ def _message_class() -> Any:
 
 @dataclass(frozen=True)
 class MeshSpec:
+    """One mesh of a mesh graph descriptor: its grid, dimension types and channels."""
+
     name: str
     arch: str  # BLACKHOLE | WORMHOLE_B0
     dims: tuple[int, int]
@@ -201,6 +204,8 @@ class Connection:
 
 @dataclass
 class MeshGraph:
+    """A whole descriptor: its meshes, their instances and the connections between them."""
+
     meshes: list[MeshSpec]
     # (mesh descriptor name, mesh_id) per instance; one instance means no graph descriptor
     instances: list[tuple[str, int]]
@@ -228,22 +233,40 @@ def to_text(graph: MeshGraph, comment: str = "") -> str:
     """The protobuf text tt-metal reads, preceded by ``# `` comment lines.
 
     Rendering imports protobuf (tens of milliseconds); the text of a given graph never changes,
-    so it is remembered on disk and later launches skip the import.
+    so it is remembered on disk (one file per graph, whatever the comment: the ranks of an
+    isolated job share one) and later launches skip the import.
     """
-    key = hashlib.sha256(f"{SCHEMA_TEXT}\n{graph!r}\n{comment}".encode()).hexdigest()[:32]
-    cached = _cache_dir() / f"{key}.textproto"
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + _body(graph)
+
+
+_bodies: dict[str, str] = {}
+
+
+def _body(graph: MeshGraph) -> str:
+    graph_key = repr(graph)
+    if graph_key in _bodies:
+        return _bodies[graph_key]
+    key = {"schema": zlib.crc32(SCHEMA_TEXT.encode()), "graph": graph_key}
+    # The file's name is a checksum; the key inside it is compared whole.
+    name = f"{zlib.crc32(json.dumps(key).encode()):08x}.json"
+    cached = _cache_dir() / name
     try:
-        return cached.read_text()
-    except OSError:
+        data = json.loads(cached.read_text())
+        if data["key"] == key and isinstance(data["text"], str):
+            _bodies[graph_key] = data["text"]
+            return str(data["text"])
+    except (OSError, ValueError, KeyError, TypeError):
         pass
-    text = _render(graph, comment)
+    text = _render(graph, "")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{key}.{os.getpid()}")
-        tmp.write_text(text)
+        tmp = cached.with_name(f".{name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "text": text}))
         os.replace(tmp, cached)
     except OSError:
         pass
+    _bodies[graph_key] = text
     return text
 
 

@@ -30,6 +30,8 @@ from ttmesh.vocab import LAYOUTS, Layout
 
 @dataclass(frozen=True)
 class Block:
+    """The part of the mesh one rank drives."""
+
     rank: int
     origin: Coord  # top-left coordinate in the mesh
     shape: tuple[int, int]
@@ -46,6 +48,8 @@ class Block:
 
 @dataclass
 class Split:
+    """A selected mesh split over processes: a block per rank."""
+
     layout: str
     host_dims: tuple[int, int]  # blocks per mesh row/col (mesh layout's host_topology)
     blocks: list[Block]  # in rank order

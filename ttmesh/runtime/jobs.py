@@ -11,9 +11,9 @@ next command that looks.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,9 @@ from ttmesh import paths
 from ttmesh.procs import alive as proc_alive
 from ttmesh.procs import start_time as proc_start_time
 
-HISTORY = 50  # ended jobs kept for ``ps --all``
+HISTORY = 50  # ended jobs ``ps --all`` shows
+PRUNE_AT = HISTORY + 50  # records on disk before the oldest ended ones are removed
+_tmp_names = itertools.count()
 HINT = "set XDG_RUNTIME_DIR to a directory of your own"
 KILLED = "ttmesh killed (its processes are gone)"
 
@@ -36,6 +38,8 @@ def base_dir() -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
         return shm / f"ttmesh-{os.getuid()}"
+    import tempfile
+
     return Path(tempfile.gettempdir()) / f"ttmesh-{os.getuid()}"
 
 
@@ -71,11 +75,23 @@ def write(record: dict[str, Any]) -> Path:
     if record.get("guardian") and record.get("guardian_start") is None:
         record["guardian_start"] = proc_start_time(record["guardian"])
     path = directory / f"{paths.safe_name(record['job'], 'job id')}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".job.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    # A name of this process's own in a private directory (no tempfile: its import costs more
+    # than the write). One that exists was left by a killed process that had this PID.
+    tmp = directory / f".job.{os.getpid()}.{next(_tmp_names)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record))  # dumps encodes in C; dump, in Python
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -150,12 +166,23 @@ def running(root: str | None = None) -> list[dict[str, Any]]:
 
 
 def every(root: str | None = None) -> list[dict[str, Any]]:
-    """Running and ended jobs, oldest first."""
-    out = [r for r in _records() if root is None or r.get("root") == root]
+    """Running jobs and the last :data:`HISTORY` ended ones, oldest first."""
+    records = _records()
+    ended = sorted((r for r in records if r.get("ended")), key=lambda r: r["ended"])
+    old = {id(r) for r in ended[:-HISTORY]}
+    out = [r for r in records if id(r) not in old and (root is None or r.get("root") == root)]
     return sorted(out, key=lambda r: r.get("started", 0))
 
 
 def _prune() -> None:
+    """Remove the oldest ended records beyond :data:`HISTORY`, once there are :data:`PRUNE_AT`
+    records: a directory listing on every job's end, reading them all only now and then."""
+    try:
+        count = sum(name.endswith(".json") for name in os.listdir(jobs_dir()))
+    except OSError:
+        return
+    if count < PRUNE_AT:
+        return
     ended = sorted((r for r in _records() if r.get("ended")), key=lambda r: r["ended"])
     for r in ended[:-HISTORY]:
         remove(r["job"])

@@ -59,25 +59,24 @@ class SimHost(Host):
             asic = self.attr(int(match.group(1)), "tt_asic_id")
             if asic is None:
                 return None
-            state = self.sim.read_state()
+            state = self.sim.state_now()
             return f"{self.sim.heartbeat(state, asic)}\n" if asic in state["chips"] else None
         match = _PIDS.match(rel)
-        if match and self.path(rel).exists():
+        if match and os.path.exists(self._join(rel)):
             asic = self.attr(int(match.group(1)), "tt_asic_id")
             if asic is None:
                 return ""
-            pids = self.sim.holders(self.sim.read_state(), asic)
+            pids = self.sim.holders(self.sim.state_now(), asic)
             return "".join(f"{p}\n" for p in pids)
         return None
 
     def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
-        state = self.sim.read_state()
-        return {
-            a: (self.sim.eth_live_status(state, a) if a in state["chips"] else None) for a in asics
-        }
+        state = self.sim.state_now()
+        known = self.sim.eth_live_statuses(state, [a for a in asics if a in state["chips"]])
+        return {a: known.get(a) for a in asics}
 
     def remote_heartbeats(self, asics: list[str]) -> dict[str, int | None]:
-        state = self.sim.read_state()
+        state = self.sim.state_now()
         return {a: (self.sim.heartbeat(state, a) if a in state["chips"] else None) for a in asics}
 
     # -- topology
@@ -100,7 +99,7 @@ class SimHost(Host):
     def mock_cluster(self) -> clusterdesc.ClusterDescriptor:
         """The descriptor as discovery would find it now: links the sim has down left out."""
         cd = self.descriptor()
-        state = self.sim.read_state()
+        state = self.sim.state_now()
         marks = self.sim.dead_marked_chips(state)
         ids = {c.id: c.asic_id or "" for c in cd.chips.values()}
         links = [

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +38,7 @@ VENDOR_ID = 0x1E52
 PCI_DEVICE = {"blackhole": 0xB140, "wormhole_b0": 0x401E}
 LINK_SPEED = {"blackhole": "32.0 GT/s PCIe", "wormhole_b0": "16.0 GT/s PCIe"}
 DEFAULT_CONFIG = {"heartbeat_hz": 100.0, "reset_seconds": 0.05}
+_tmp_names = itertools.count()
 FAULT_KINDS = (
     "link-down",
     "chip-dead",
@@ -91,6 +92,11 @@ class SimRoot:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self._system: dict[str, Any] | None = None
+        self._links: list[tuple[str, int, str, int]] | None = None
+        self._remote_links: list[tuple[str, int, str, int]] | None = None
+        self._ends: dict[str, list[tuple[int, tuple[str, int, str, int], bool]]] | None = None
+        self._seen: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._by_asic: dict[str, dict[str, Any]] | None = None
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
@@ -108,10 +114,12 @@ class SimRoot:
         return self.system["chips"]
 
     def chip_by_asic(self, asic: str) -> dict[str, Any]:
-        for chip in self.chips():
-            if asic_hex(chip["unique_id"]) == asic:
-                return chip
-        raise SimError(f"no chip {asic} on this simulated host")
+        if self._by_asic is None:  # the system never changes: indexed once
+            self._by_asic = {asic_hex(c["unique_id"]): c for c in self.chips()}
+        chip = self._by_asic.get(asic)
+        if chip is None:
+            raise SimError(f"no chip {asic} on this simulated host")
+        return chip
 
     def chip_by_id(self, cid: int) -> dict[str, Any]:
         for chip in self.chips():
@@ -132,13 +140,32 @@ class SimRoot:
         return [chip]
 
     def links(self) -> list[tuple[str, int, str, int]]:
-        """Local links as (asic_a, chan_a, asic_b, chan_b)."""
-        ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
-        return [(ids[a], ca, ids[b], cb) for a, ca, b, cb in self.system["links"]]
+        """Local links as (asic_a, chan_a, asic_b, chan_b) (the system never changes: kept)."""
+        if self._links is None:
+            ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
+            self._links = [(ids[a], ca, ids[b], cb) for a, ca, b, cb in self.system["links"]]
+        return list(self._links)
 
     def remote_links(self) -> list[tuple[str, int, str, int]]:
-        ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
-        return [(ids[a], ca, asic_hex(r), cr) for a, ca, r, cr in self.system["remote_links"]]
+        if self._remote_links is None:
+            ids = {c["id"]: asic_hex(c["unique_id"]) for c in self.chips()}
+            self._remote_links = [
+                (ids[a], ca, asic_hex(r), cr) for a, ca, r, cr in self.system["remote_links"]
+            ]
+        return list(self._remote_links)
+
+    def _link_ends(self) -> dict[str, list[tuple[int, tuple[str, int, str, int], bool]]]:
+        """Per chip: (its channel, the link, remote?) for every link it is an end of."""
+        if self._ends is None:
+            ends: dict[str, list[tuple[int, tuple[str, int, str, int], bool]]] = {}
+            for remote, found in ((False, self.links()), (True, self.remote_links())):
+                for link in found:
+                    a, ca, b, cb = link
+                    ends.setdefault(a, []).append((ca, link, remote))
+                    if b != a or cb != ca:
+                        ends.setdefault(b, []).append((cb, link, remote))
+            self._ends = ends
+        return self._ends
 
     # -- state
 
@@ -148,6 +175,16 @@ class SimRoot:
         if state.get("schema") != STATE_SCHEMA:
             raise SimError(f"{self.path(STATE_FILE)}: unknown state schema {state.get('schema')!r}")
         return state
+
+    def state_now(self) -> dict[str, Any]:
+        """The state as it is now, for reading only (never change what this returns): parsed
+        again only when the file was replaced. Every change replaces it (a new inode, a new
+        modification time), so a heartbeat or holder read costs a stat, not a JSON parse."""
+        st = os.stat(self.path(STATE_FILE))
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._seen is None or self._seen[0] != key:
+            self._seen = (key, self.read_state())
+        return self._seen[1]
 
     @contextlib.contextmanager
     def change(self) -> Iterator[dict[str, Any]]:
@@ -163,11 +200,15 @@ class SimRoot:
 
     def _write_state(self, state: dict[str, Any]) -> None:
         directory = os.path.dirname(self.path(STATE_FILE))
-        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
+        # Written under the state lock: a name of this process's own is enough (O_EXCL still).
+        tmp = os.path.join(directory, f".state.{os.getpid()}.{next(_tmp_names)}")
+        fd = _create(tmp, 0o644)
         try:
             os.fchmod(fd, 0o644)  # readable by every user, as the driver's files are
             with os.fdopen(fd, "w") as f:
-                json.dump(state, f, indent=1, sort_keys=True)
+                # One line: json.dumps encodes in C, json.dump (or any indent) in Python, ten
+                # times slower on a big host's state (``ttmesh sim show`` shows it readably).
+                f.write(json.dumps(state, sort_keys=True))
             os.replace(tmp, self.path(STATE_FILE))
         except BaseException:
             with contextlib.suppress(OSError):
@@ -254,23 +295,28 @@ class SimRoot:
         chip = state["chips"][asic]
         if not chip["alive"] or not chip["present"]:
             return 0
-        marks = self.dead_marked_chips(state)
-        value = 0
-        for link in self.links() + self.remote_links():
-            a, ca, b, cb = link
-            for here, chan in ((a, ca), (b, cb)):
-                if here != asic:
-                    continue
-                value |= 1 << chan
-                remote = link in self.remote_links()
-                up = (
-                    (self.link_key(*link) not in state["links_down"])
-                    if remote
-                    else self.link_up(state, link, marks)
-                )
-                if up:
-                    value |= 1 << (16 + chan)
-        return value
+        return self.eth_live_statuses(state, [asic])[asic]
+
+    def eth_live_statuses(self, state: dict[str, Any], asics: list[str]) -> dict[str, int]:
+        """:meth:`eth_live_status` of several chips (the fabric marks are looked at once)."""
+        marks: list[set[str]] | None = None
+        out = {}
+        for asic in asics:
+            chip = state["chips"][asic]
+            value = 0
+            if chip["alive"] and chip["present"]:
+                for chan, link, remote in self._link_ends().get(asic, ()):
+                    value |= 1 << chan
+                    if remote:
+                        up = self.link_key(*link) not in state["links_down"]
+                    else:
+                        if marks is None:
+                            marks = self.dead_marked_chips(state)
+                        up = self.link_up(state, link, marks)
+                    if up:
+                        value |= 1 << (16 + chan)
+            out[asic] = value
+        return out
 
     def holders(self, state: dict[str, Any], asic: str) -> list[int]:
         return sorted(
@@ -560,6 +606,17 @@ class SimRoot:
             link = self.path(f"sys/bus/pci/devices/{bdf}")
             if not os.path.islink(link):
                 os.symlink(f"../../../devices/pci0000:00/{bdf}", link)
+
+
+def _create(path: str, mode: int) -> int:
+    """A new file ``path`` (O_EXCL); one with that name is left by a killed process that had
+    this PID (two processes never share one), so it is replaced."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, mode)
 
 
 def _write(path: str, text: str) -> None:

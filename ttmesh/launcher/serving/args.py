@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ServerArgs:
+    """A server's command line: the program run and its flags with their values."""
+
     program: str  # "sglang.launch_server" (a module), or an entry point's name ("vllm serve")
     flags: dict[str, list[str]] = field(default_factory=dict)
     # Words before the first flag, after the program: ``vllm serve MODEL`` gives ["MODEL"].

@@ -25,6 +25,8 @@ CHIPS_MESH_DEVICE = "mesh-device"  # vLLM's plugin: MESH_DEVICE names the system
 
 @dataclass(frozen=True)
 class Profile:
+    """A serving stack: how it is recognised, started, made ready and stopped."""
+
     name: str
     title: str
     source: str
@@ -85,7 +87,7 @@ def _load(path: Path) -> Profile:
     from ttmesh import yamlio
 
     try:
-        data = yamlio.load_file(path, "profile")
+        data = yamlio.load_cached(path, "profile")  # every launch recognises servers
         if not isinstance(data, dict):
             raise ValueError("not a map")
         ready = data.get("ready") or {}

@@ -1,0 +1,683 @@
+#!/usr/bin/env python3
+"""Benchmarks: ttmesh against torchrun and a bare ``subprocess.Popen`` launcher, in one run.
+
+Every job runs under the three launchers, interleaved run by run on the same machine, and the
+median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh / torchrun.
+
+* ``launch N x true``: wall time from starting the launcher until it has exited, for N = 4, 32
+  and 128 ranks of ``true`` (which costs ~1 ms per process under every launcher: the rest is the
+  launcher's overhead). ttmesh runs on simulated hosts with pre-flight, leases and job records:
+  a QuietBox 2 (4 chips), a Wormhole Galaxy (32 chips) and 128 p150 chips in a 8x16 grid (a
+  system file this script writes, ``sim create --system FILE``). torchrun: ``--standalone
+  --nproc-per-node N --no-python true``.
+* ``workers running``: time from starting the launcher until every one of 4 workers has
+  started (each writes bash's ``$EPOCHREALTIME``), then sleeps 0.6 s.
+* ``pre-flight at 2 Hz``: the same two jobs on a QuietBox 2 whose heartbeats advance twice a
+  second (``ttmesh sim config --heartbeat-hz 2``): a liveness check that waits for a heartbeat
+  to move costs up to 0.5 s there. torchrun and bare have no pre-flight (their 4-rank numbers).
+* ``down after a failure``: 4 ranks; rank 2 exits 3 after 1 s (writing the time just before).
+  Measured: from that exit until the launcher has exited and every worker is gone. Then the same
+  with workers that ignore SIGTERM, under the same grace for all (ttmesh ``--grace``, torchrun
+  ``--shutdown-timeout``, bare: SIGKILL after it): the floor is the grace itself.
+* ``--help``: ``ttmesh --help`` against ``torchrun --help`` (bare: its own ``--help``).
+* ``peak RSS``: the launcher's processes (ttmesh: the front and its guardian; torchrun; bare)
+  while 4 ranks of ``sleep 0.5`` run: the highest VmHWM of each process (/proc/PID/status,
+  sampled every 5 ms), summed. The guardian is forked from the front and shares most pages
+  with it, so the sum counts those twice.
+* ``fan-in``: 4 ranks writing 50 MB together (100-byte lines) to the launcher's stdout, a pipe
+  this script drains. ttmesh cuts every line and prefixes it with its rank; torchrun and bare
+  let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
+  writing to /dev/null under bare. Throughput in MB/s (1 MB = 10^6 bytes).
+
+Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]
+Targets (docs/performance.md): launch overhead <= 1.5 x bare and <= 0.1 x torchrun; everything
+down <= 50 ms after a failure; ``ttmesh --help`` <= 0.15 s; peak RSS <= 40 MB; fan-in >= half a
+raw pipe. Python's bytecode cache is used as users have it (PYTHONDONTWRITEBYTECODE is unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+BENCHES = ("launch", "start", "preflight", "failure", "help", "rss", "fanin")
+LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
+FAN_IN_BYTES = 50_000_000
+GRACE = 1  # seconds (torchrun takes whole seconds)
+
+# The reference: N processes, wait, stop all on the first failure (SIGKILL after the grace).
+BARE = r'''"""bare N COMMAND...: N copies of COMMAND (RANK set); the first failure stops the rest."""
+import os, signal, subprocess, sys, time
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--help"]:
+        print(__doc__)
+        return 0
+    n, cmd, grace = int(sys.argv[1]), sys.argv[2:], float(os.environ.get("BARE_GRACE", "5"))
+    procs = {}
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n)}
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        procs[proc.pid] = proc  # kept: a dropped Popen is reaped by the next one
+    code, deadline = 0, None
+    while procs:
+        pid, status = os.waitpid(-1, os.WNOHANG if deadline else 0)
+        if pid == 0:  # stopping: SIGKILL whatever outlives the grace
+            if time.monotonic() >= deadline:
+                kill(procs, signal.SIGKILL)
+            time.sleep(0.002)
+            continue
+        if procs.pop(pid, None) is not None and status != 0 and deadline is None:
+            code = os.waitstatus_to_exitcode(status)
+            code = code if code > 0 else 128 - code
+            deadline = time.monotonic() + grace
+            kill(procs, signal.SIGTERM)
+    return code
+
+
+def kill(pids, sig):
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+sys.exit(main())
+'''
+
+FAILER = r"""
+import os, signal, sys, time
+rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK"))
+out = sys.argv[1]
+if len(sys.argv) > 2 and rank != "2":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.path.join(out, f"pid{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+if rank == "2":
+    time.sleep(1.0)
+    with open(os.path.join(out, "failed_at"), "w") as f:
+        f.write(repr(time.time()))
+    os._exit(3)
+time.sleep(60)
+"""
+
+WRITER = r"""
+import os, sys, time
+left, out_dir = int(sys.argv[1]), sys.argv[2]
+block = (b"x" * 99 + b"\n") * 10_000
+out = sys.stdout.buffer
+start = time.time()
+while left > 0:
+    out.write(block[:left])
+    left -= len(block)
+out.flush()
+with open(os.path.join(out_dir, "rank" + os.environ["RANK"]), "w") as f:
+    f.write(f"{start} {time.time()}")
+"""
+
+STARTER = 'printf %s "$EPOCHREALTIME" > "$0/start.$RANK"; sleep "$1"'
+
+
+def grid_system(rows: int = 8, cols: int = 16) -> str:
+    """A system file: rows x cols p150 chips (Blackhole, one chip per board), grid-linked by
+    two links per neighbour pair, one PCI domain per 128 buses."""
+    lines = [
+        f"# {rows * cols} x p150b in a {rows}x{cols} grid: written by scripts/bench.py",
+        f"name: p150-grid{rows * cols}",
+        f"title: '{rows * cols} x p150b, a {rows}x{cols} mesh (benchmark host)'",
+        "chips:",
+    ]
+    for i in range(rows * cols):
+        board = (0x41 << 36) | (0x100000 + i)
+        lines += [
+            f"- id: {i}",
+            f"  unique_id: {0x8200_0000_0000 + i * 0x10}",
+            "  arch: blackhole",
+            "  card_type: p150b",
+            f"  board_id: {board}",
+            f"  bdf: '{i // 128:04x}:{i % 128 + 1:02x}:00.0'",
+            f"  dev_index: {i}",
+            "  dram_mb: 32768",
+            "  harvesting: {noc_translation: true, harvest_mask: 128, dram_harvesting_mask: 0,"
+            " eth_harvesting_mask: 0, pcie_harvesting_mask: 2, l2cpu_harvesting_mask: 0}",
+            f"  bus_id: '0x{i % 128 + 1:02x}'",
+            "  asic_location: 0",
+        ]
+    lines.append("boards:")
+    for i in range(rows * cols):
+        board = (0x41 << 36) | (0x100000 + i)
+        lines += [f"- board_id: {board}", "  board_type: p150", f"  chips: [{i}]"]
+    lines.append("links:")
+    for r in range(rows):
+        for c in range(cols):
+            i = r * cols + c
+            if c + 1 < cols:  # east: 4<->7, 6<->5
+                lines += [f"- [{i}, 4, {i + 1}, 7]", f"- [{i}, 6, {i + 1}, 5]"]
+            if r + 1 < rows:  # south: 8<->11, 10<->9
+                lines += [f"- [{i}, 8, {i + cols}, 11]", f"- [{i}, 10, {i + cols}, 9]"]
+    lines.append("remote_links: []")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- running
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+class Bench:
+    def __init__(
+        self, runs: int, work: Path, ttmesh: str | None = None, before: str | None = None
+    ) -> None:
+        self.runs = runs
+        self.work = work
+        self.py = sys.executable
+        self.ttmesh_bin = (
+            [ttmesh] if ttmesh else self._script("ttmesh") or [self.py, "-m", "ttmesh"]
+        )
+        self.before_bin = [before] if before else None  # another ttmesh build (--compare)
+        torchrun = self._script("torchrun")
+        if torchrun is None:
+            sys.exit("torchrun not found: pip install torch==2.13.0")
+        self.torchrun_bin = torchrun
+        self.env = {
+            **os.environ,
+            "XDG_CACHE_HOME": str(work / "cache"),
+            "XDG_RUNTIME_DIR": str(work / "run"),
+            "OMP_NUM_THREADS": "1",
+            "NO_COLOR": "1",
+            "BARE_GRACE": str(GRACE),
+        }
+        # As users run them: with Python's bytecode cache (torch's wheel ships .pyc files; an
+        # editable ttmesh writes its own on the warm-up runs).
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
+        for name in ("TTMESH_ROOT", "TTMESH_RUNTIME_DIR", "TT_VISIBLE_DEVICES"):
+            self.env.pop(name, None)
+        (work / "run").mkdir(mode=0o700)
+        self.bare_py = work / "bare.py"
+        self.bare_py.write_text(BARE)
+        self.failer = work / "failer.py"
+        self.failer.write_text(FAILER)
+        self.writer = work / "writer.py"
+        self.writer.write_text(WRITER)
+        self.roots: dict[str, Path] = {}
+
+    def _script(self, name: str) -> list[str] | None:
+        here = Path(self.py).with_name(name)
+        found = str(here) if here.exists() else shutil.which(name)
+        return [found] if found else None
+
+    def sim(self, key: str, system: str, hz: float | None = None) -> Path:
+        root = self.work / "roots" / key
+        proc = subprocess.run(
+            [*self.ttmesh_bin, "sim", "create", "--system", system, "--root", str(root)],
+            env=self.env, capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            sys.exit(f"sim create {system}: {proc.stderr.strip()}")
+        if hz is not None:
+            subprocess.run(
+                [*self.ttmesh_bin, "sim", "config", "--root", str(root), "--heartbeat-hz", str(hz)],
+                env=self.env, check=True, capture_output=True,
+            )  # fmt: skip
+        self.roots[key] = root
+        return root
+
+    def ttmesh(self, launcher: str) -> list[str]:
+        """The ttmesh command of ``launcher``: this build, or the one compared with."""
+        assert launcher == "ttmesh" or self.before_bin is not None
+        return self.ttmesh_bin if launcher == "ttmesh" else self.before_bin  # type: ignore[return-value]
+
+    def argv(self, launcher: str, n: int, cmd: list[str], root: str = "", extra=()) -> list[str]:
+        if launcher in ("ttmesh", "before"):
+            return [
+                *self.ttmesh(launcher), "launch", "--root", str(self.roots[root]), "--tp-size", str(n),
+                *extra, "--", *cmd,
+            ]  # fmt: skip
+        if launcher == "torchrun":
+            python = [] if cmd[0].endswith(".py") else ["--no-python"]
+            return [
+                *self.torchrun_bin, "--standalone", "--nproc-per-node", str(n), *extra, *python,
+                *cmd,
+            ]  # fmt: skip
+        command = [self.py, *cmd] if cmd[0].endswith(".py") else cmd
+        return [self.py, str(self.bare_py), str(n), *command]
+
+    def timed(self, argv: list[str], stdout: int = subprocess.DEVNULL) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, env=self.env, stdout=stdout, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t0, proc.returncode
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def interleaved(
+    runs: int, jobs: dict[str, Callable[[], float]], check: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Run every job once per round, ``runs`` rounds; the median of each."""
+    samples: dict[str, list[float]] = {k: [] for k in jobs}
+    for _ in range(runs):
+        for key, job in jobs.items():
+            samples[key].append(job())
+    return {k: median(v) for k, v in samples.items()}
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+def bench_launch(b: Bench) -> list[dict]:
+    rows = []
+    for n, root in ((4, "qb2"), (32, "galaxy"), (128, "grid128")):
+        for launcher in LAUNCHERS:  # warm-up (bytecode, caches)
+            b.timed(b.argv(launcher, n, ["true"], root))
+
+        def job(launcher: str, n: int = n, root: str = root) -> Callable[[], float]:
+            def run() -> float:
+                seconds, code = b.timed(b.argv(launcher, n, ["true"], root))
+                if code != 0:
+                    sys.exit(f"{launcher} failed on {n} x true (exit {code})")
+                return seconds
+
+            return run
+
+        med = interleaved(b.runs, {k: job(k) for k in LAUNCHERS})
+        rows.append(row(f"launch {n} x true", "s", med, lower=True))
+    return rows
+
+
+def _start_latency(b: Bench, launcher: str, root: str, sleep: str = "0.6") -> tuple[float, float]:
+    """(seconds until every worker started, seconds until the launcher exited)."""
+    out = b.work / "start"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cmd = ["bash", "-c", STARTER, str(out), sleep]
+    argv = b.argv(launcher, 4, cmd, root)
+    t0 = time.time()
+    seconds, code = b.timed(argv)
+    if code != 0:
+        sys.exit(f"{launcher}: workers failed (exit {code})")
+    starts = [float(p.read_text()) for p in out.glob("start.*")]
+    if len(starts) != 4:
+        sys.exit(f"{launcher}: {len(starts)} of 4 workers started")
+    return max(starts) - t0, seconds
+
+
+def bench_start(b: Bench) -> list[dict]:
+    for launcher in LAUNCHERS:
+        _start_latency(b, launcher, "qb2", "0")
+    med = interleaved(
+        b.runs, {k: (lambda k=k: _start_latency(b, k, "qb2", "0")[0]) for k in LAUNCHERS}
+    )
+    return [row("every worker running (4 ranks)", "s", med, lower=True)]
+
+
+def bench_preflight(b: Bench) -> list[dict]:
+    rows = []
+    for launcher in LAUNCHERS:
+        b.timed(b.argv(launcher, 4, ["true"], "qb2hz2"))
+    jobs: dict[str, Callable[[], float]] = {
+        "ttmesh": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2hz2"))[0],
+        "ttmesh-100hz": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2"))[0],
+        "torchrun": lambda: b.timed(b.argv("torchrun", 4, ["true"]))[0],
+        "bare": lambda: b.timed(b.argv("bare", 4, ["true"]))[0],
+    }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: b.timed(b.argv("before", 4, ["true"], "qb2hz2"))[0]
+    med = interleaved(b.runs, jobs)
+    rows.append(
+        row(
+            "2 Hz: launch 4 x true", "s", med, lower=True, note=f"100 Hz: {med['ttmesh-100hz']:.3f}"
+        )
+    )
+    jobs = {
+        "ttmesh": lambda: _start_latency(b, "ttmesh", "qb2hz2")[0],
+        "ttmesh-100hz": lambda: _start_latency(b, "ttmesh", "qb2")[0],
+        "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[0],
+        "bare": lambda: _start_latency(b, "bare", "qb2")[0],
+    }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[0]
+    med = interleaved(b.runs, jobs)
+    rows.append(
+        row(
+            "2 Hz: every worker running",
+            "s",
+            med,
+            lower=True,
+            note=f"100 Hz: {med['ttmesh-100hz']:.3f}",
+        )
+    )
+    jobs = {
+        "ttmesh": lambda: _start_latency(b, "ttmesh", "qb2hz2")[1],
+        "ttmesh-100hz": lambda: _start_latency(b, "ttmesh", "qb2")[1],
+        "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[1],
+        "bare": lambda: _start_latency(b, "bare", "qb2")[1],
+    }
+    if "before" in LAUNCHERS:
+        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[1]
+    med = interleaved(b.runs, jobs)
+    rows.append(
+        row(
+            "2 Hz: 4 x (start, sleep 0.6 s)",
+            "s",
+            med,
+            lower=True,
+            note=f"100 Hz: {med['ttmesh-100hz']:.3f}",
+        )
+    )
+    return rows
+
+
+def _failure(b: Bench, launcher: str, ignore_term: bool) -> tuple[float, int]:
+    """Seconds from the failing rank's exit until the launcher and every worker are gone."""
+    out = b.work / "fail"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    extra = ()
+    if ignore_term:
+        extra = ("--grace", str(GRACE)) if launcher in ("ttmesh", "before") else extra
+        extra = ("--shutdown-timeout", str(GRACE)) if launcher == "torchrun" else extra
+    cmd = [str(b.failer), str(out), *(["ignore-term"] if ignore_term else [])]
+    argv = b.argv(launcher, 4, cmd, "qb2", extra)
+    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=120)
+    code = proc.returncode
+    launcher_done = time.time()
+    pids = [int(p.read_text()) for p in out.glob("pid*")]
+    while any(alive(p) for p in pids) and time.time() - launcher_done < 60:
+        time.sleep(0.0005)
+    all_done = max(launcher_done, time.time())
+    if not (out / "failed_at").exists():
+        sys.exit(f"{launcher}: no rank failed (exit {code}): {err.decode()[-2000:]}")
+    return all_done - float((out / "failed_at").read_text()), code
+
+
+def bench_failure(b: Bench) -> list[dict]:
+    rows = []
+    for ignore in (False, True):
+        codes: dict[str, set[int]] = {k: set() for k in LAUNCHERS}
+
+        def job(
+            launcher: str, ignore: bool = ignore, codes: dict[str, set[int]] = codes
+        ) -> Callable[[], float]:
+            def run() -> float:
+                seconds, code = _failure(b, launcher, ignore)
+                codes[launcher].add(code)
+                return seconds
+
+            return run
+
+        med = interleaved(max(3, b.runs), {k: job(k) for k in LAUNCHERS})
+        what = f"SIGTERM ignored, grace {GRACE:g} s" if ignore else "rank 2 exits 3 after 1 s"
+        note = "exit codes " + ", ".join(f"{k} {sorted(v)}" for k, v in codes.items())
+        rows.append(row(f"all down after a failure ({what})", "s", med, lower=True, note=note))
+    return rows
+
+
+def bench_help(b: Bench) -> list[dict]:
+    argvs = {
+        "ttmesh": [*b.ttmesh_bin, "--help"],
+        "torchrun": [*b.torchrun_bin, "--help"],
+        "bare": [b.py, str(b.bare_py), "--help"],
+    }
+    if "before" in LAUNCHERS:
+        argvs["before"] = [*b.ttmesh("before"), "--help"]
+    for argv in argvs.values():
+        b.timed(argv)
+    med = interleaved(b.runs, {k: (lambda a=a: b.timed(a)[0]) for k, a in argvs.items()})
+    return [row("--help", "s", med, lower=True)]
+
+
+def _rss(b: Bench, launcher: str) -> tuple[float, float]:
+    """(peak RSS, peak PSS) in MB of the launcher's own processes (not its workers) while 4
+    ranks of ``sleep 0.5`` run: the sum of each process's VmHWM, and the highest sum of their
+    Pss (shared pages divided among the processes sharing them, so a forked guardian's pages
+    count once), sampled every 5 ms."""
+    argv = b.argv(launcher, 4, ["sleep", "0.5"], "qb2")
+    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    python = os.path.realpath(f"/proc/{proc.pid}/exe")
+    peak: dict[int, int] = {}
+    exe: dict[int, str] = {}  # a worker is a copy of its launcher until it calls exec
+    pss_peak = 0
+    while proc.poll() is None:
+        pss = {}
+        for pid in [proc.pid, *_children(proc.pid)]:
+            try:
+                exe[pid] = os.path.realpath(f"/proc/{pid}/exe")
+                peak[pid] = max(peak.get(pid, 0), _kb(f"/proc/{pid}/status", "VmHWM:"))
+                pss[pid] = _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+            except (OSError, ValueError):
+                continue
+        pss_peak = max(pss_peak, sum(kb for pid, kb in pss.items() if exe.get(pid) == python))
+        time.sleep(0.005)
+    if proc.returncode != 0:
+        sys.exit(f"{launcher}: sleep job failed (exit {proc.returncode})")
+    rss = sum(kb for pid, kb in peak.items() if exe.get(pid) == python)
+    return rss / 1024, pss_peak / 1024
+
+
+def _kb(path: str, key: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    raise ValueError(f"no {key} in {path}")
+
+
+def _children(pid: int) -> list[int]:
+    """Descendants of ``pid`` (children of each of its threads, recursively)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    for child in list(out):
+        out += _children(child)
+    return out
+
+
+def bench_rss(b: Bench) -> list[dict]:
+    pss: dict[str, list[float]] = {k: [] for k in LAUNCHERS}
+
+    def job(launcher: str) -> Callable[[], float]:
+        def run() -> float:
+            rss, p = _rss(b, launcher)
+            pss[launcher].append(p)
+            return rss
+
+        return run
+
+    med = interleaved(b.runs, {k: job(k) for k in LAUNCHERS})
+    return [
+        row("peak RSS of the launcher (VmHWM, summed)", "MB", med, lower=True),
+        row("peak PSS of the launcher", "MB", {k: median(v) for k, v in pss.items()}, lower=True),
+    ]
+
+
+def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> tuple[float, float]:
+    """(MB/s while the ranks write, MB/s over the whole run). The first is 50 MB over the time
+    from the first rank starting to write to the last one done (each rank records both):
+    what fan-in costs, without the launcher's and the workers' start-up."""
+    out = b.work / "fanin"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    per_rank = FAN_IN_BYTES // 4
+    argv = b.argv(launcher, 4, [str(b.writer), str(per_rank), str(out)], "qb2")
+    lines = FAN_IN_BYTES // 100
+    t0 = time.perf_counter()
+    if devnull:
+        proc = subprocess.Popen(
+            argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        proc.wait()
+        got = lines
+    else:
+        proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        got = 0
+        while chunk := os.read(fd, 1 << 20):
+            got += chunk.count(b"\n")
+        proc.wait()
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0 or got != lines:
+        sys.exit(f"{launcher}: fan-in got {got} of {lines} lines (exit {proc.returncode})")
+    spans = [tuple(map(float, p.read_text().split())) for p in out.glob("rank*")]
+    writing = max(end for _, end in spans) - min(start for start, _ in spans)
+    return FAN_IN_BYTES / 1e6 / writing, FAN_IN_BYTES / 1e6 / seconds
+
+
+def bench_fanin(b: Bench) -> list[dict]:
+    whole: dict[str, list[float]] = {}
+
+    def job(launcher: str, devnull: bool = False) -> Callable[[], float]:
+        def run() -> float:
+            writing, overall = _fan_in(b, launcher, devnull)
+            whole.setdefault("devnull" if devnull else launcher, []).append(overall)
+            return writing
+
+        return run
+
+    jobs = {k: job(k) for k in LAUNCHERS}
+    jobs["devnull"] = job("bare", devnull=True)
+    med = interleaved(b.runs, jobs)
+    overall = {k: median(v) for k, v in whole.items()}
+    return [
+        row(
+            "fan-in, 4 ranks x 12.5 MB, while writing", "MB/s", med, lower=False,
+            note=f"ranks writing to /dev/null: {med['devnull']:.0f} MB/s",
+        ),
+        row(
+            "fan-in, whole run (start-up included)", "MB/s", overall, lower=False,
+            note=f"/dev/null: {overall['devnull']:.0f} MB/s",
+        ),
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- report
+
+
+def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:
+    t, tr, bare = med["ttmesh"], med["torchrun"], med["bare"]
+    out = {
+        "name": name,
+        "unit": unit,
+        "lower_is_better": lower,
+        **{k: med.get(k) for k in LAUNCHERS},
+        "ttmesh/bare": t / bare if bare else None,
+        "ttmesh/torchrun": t / tr if tr else None,
+        "extra": {k: v for k, v in med.items() if k not in LAUNCHERS},
+        "note": note,
+    }
+    if "before" in LAUNCHERS and med.get("before"):
+        out["before/bare"] = med["before"] / bare if bare else None
+        out["before/torchrun"] = med["before"] / tr if tr else None
+    return out
+
+
+def show(rows: list[dict]) -> str:
+    heads = [*LAUNCHERS, "/bare", "/torchrun"]
+    if "before" in LAUNCHERS:
+        heads += ["before/bare", "before/tr"]
+    out = [f"{'benchmark':48} " + " ".join(f"{h:>11}" for h in heads)]
+    for r in rows:
+        fmt = "{:11.3f}" if r["unit"] == "s" else "{:11.1f}"
+        cells = [fmt.format(r[k]) if r.get(k) is not None else f"{'-':>11}" for k in LAUNCHERS]
+        ratios = [f"{r['ttmesh/bare']:11.2f}", f"{r['ttmesh/torchrun']:11.3f}"]
+        if "before" in LAUNCHERS:
+            ratios += [
+                f"{r[k]:11.2f}" if r.get(k) is not None else f"{'-':>11}"
+                for k in ("before/bare", "before/torchrun")
+            ]
+        out.append(f"{r['name'] + ' (' + r['unit'] + ')':48} {' '.join(cells)} {' '.join(ratios)}")
+        if r["note"]:
+            out.append(f"{'':48}   {r['note']}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, metavar="K", help="runs per job (median)")
+    parser.add_argument("--json", metavar="FILE", help="write the results to FILE")
+    parser.add_argument("--only", metavar="NAME,...", help="some of: " + ", ".join(BENCHES))
+    parser.add_argument(
+        "--ttmesh", metavar="PATH", help="the ttmesh to measure (default: this Python's)"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="PATH",
+        help="another ttmesh (e.g. an earlier commit's) measured in the same run: column 'before'",
+    )
+    args = parser.parse_args()
+    if args.compare:
+        LAUNCHERS.append("before")
+    only = args.only.split(",") if args.only else list(BENCHES)
+    unknown = [n for n in only if n not in BENCHES]
+    if unknown or args.runs < 1:
+        parser.error(f"unknown benchmark {unknown}" if unknown else "--runs must be positive")
+    # In memory, like the test suite's simulated roots: on a real host the driver's files and
+    # /run/lock (the leases) are in memory too.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-", dir=shm))
+    try:
+        b = Bench(args.runs, work, args.ttmesh, args.compare)
+        grid = work / "p150-grid128.yaml"
+        grid.write_text(grid_system())
+        b.sim("qb2", "quietbox2")
+        b.sim("galaxy", "galaxy-wh")
+        b.sim("grid128", str(grid))
+        b.sim("qb2hz2", "quietbox2", hz=2)
+        load = os.getloadavg()
+        started = time.time()
+        rows: list[dict] = []
+        for name in only:
+            added = globals()[f"bench_{name}"](b)
+            rows += added
+            print(show(added).split("\n", 1)[1], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(show(rows))
+    print(
+        f"\nmedians of {args.runs} runs; load average before: {load[0]:.2f} (after: {os.getloadavg()[0]:.2f})"
+    )
+    if args.json:
+        doc = {
+            "runs": args.runs,
+            "cpus": os.cpu_count(),
+            "load_before": load,
+            "load_after": os.getloadavg(),
+            "seconds": time.time() - started,
+            "python": sys.version.split()[0],
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

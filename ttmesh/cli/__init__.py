@@ -18,6 +18,7 @@ from ttmesh import __version__
 from ttmesh.cli.check import check_cmd
 from ttmesh.cli.descriptor import descriptor_cmd
 from ttmesh.cli.doctor import doctor_cmd
+from ttmesh.cli.hostreport import host_report_cmd
 from ttmesh.cli.launch import launch_cmd
 from ttmesh.cli.ls import ls_cmd
 from ttmesh.cli.options import CONTEXT
@@ -41,7 +42,7 @@ def main() -> None:
 
 for command in (
     ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
-    doctor_cmd, sim_group,
+    doctor_cmd, sim_group, host_report_cmd,
 ):  # fmt: skip
     main.add_command(command)
 

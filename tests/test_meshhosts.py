@@ -1,4 +1,5 @@
-"""A tt-metal mesh over several hosts (issue 13): one global plan from every host's report.
+"""A tt-metal mesh over several hosts (issue 13): one global plan from every host's report, and
+one MPMD mpirun whose ranks do their host's duties (ttmesh _rank) before the command runs.
 
 The planner is tested on simulated hosts read in this process (their reports built as each
 host's ttmesh builds them); the reports through mpirun and the runs across hosts on emulated
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CAPTURES, scratch
+from conftest import CAPTURES, TAG, TW, scratch
 from hosts import can_emulate, launch_agent, make_hosts, mpi_env
 
 from ttmesh.errors import TTMeshError
@@ -224,6 +225,51 @@ def test_open_mpi_4_and_5_spell_rankfiles_and_agents_differently() -> None:
         assert mpi.VERSION.search(text).groups()[:2] == tuple(str(v) for v in ver)  # type: ignore[union-attr]
 
 
+# --------------------------------------------------------------------------- the rank's duties
+
+
+def _rank(
+    root: Path, chips: list[str], *command: str, files: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TTMESH_ROOT": str(root), "TTMESH_RANK": "0", "TTMESH_RANK_HOST": "h0",
+           "TTMESH_JOB_ID": "mh-shim", "TTMESH_RANK_CHIPS": json.dumps(chips),
+           "TTMESH_RANK_FILES": json.dumps(files or {})}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ttmesh", "_rank", "--", *command],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_rank_on_the_wrong_host_stops_with_one_line(base: Path) -> None:
+    _reports(base, "dual-t3k")
+    host0 = [
+        c.asic_id
+        for c in system.load_any("dual-t3k").host(0).to_cluster_descriptor().chips.values()
+    ]  # type: ignore[union-attr]
+    res = _rank(base / "dual-t3k-1", host0, "true")
+    assert res.returncode == 3, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("ttmesh: rank 0 was planned on host h0 but runs on ")
+    assert "which has none of its chips" in line and "the hosts are swapped" in line
+
+
+def test_a_rank_writes_its_files_and_holds_its_leases_while_it_runs(base: Path) -> None:
+    _reports(base, "dual-t3k")
+    root = base / "dual-t3k-0"
+    chips = sorted(system.load_any("dual-t3k").host(0).chips, key=lambda c: c.id)  # type: ignore[union-attr]
+    asics = [c.asic_id for c in chips]
+    target = base / "run" / "mesh" / "mesh.textproto"
+    res = _rank(root, asics, sys.executable, "-m", "ttmesh", "ls", "--root", str(root), "--json",
+                files={str(target): "mesh {}\n"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    seen = json.loads(res.stdout)
+    assert {c["asic_id"]: (c["lease"] or {}).get("job") for c in seen["chips"]} == dict.fromkeys(
+        asics, "mh-shim"
+    )
+    assert target.read_text() == "mesh {}\n"
+    after = subprocess.run([sys.executable, "-m", "ttmesh", "ls", "--root", str(root), "--json"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert all(c["lease"] is None for c in json.loads(after.stdout)["chips"])
+
+
 # --------------------------------------------------------------------------- emulated hosts
 
 
@@ -272,6 +318,37 @@ def test_descriptor_over_two_emulated_t3ks(world: Path, tmp_path: Path) -> None:
     }  # fmt: skip
     assert (out / "b.rankfile").read_text() == "rank 0=ttmh-0 slot=0\nrank 1=ttmh-1 slot=0\n"
     assert "--host ttmh-0:1,ttmh-1:1 --rankfile b.rankfile" in (out / "b.yaml").read_text()
+
+
+@needs_hosts
+@needs_mpirun
+def test_a_mesh_over_two_emulated_t3ks_runs_each_rank_on_its_host(world: Path) -> None:
+    """One MPMD mpirun (rankfile, --host, the agent instead of ssh): every rank starts on its
+    own emulated host, with its chips, host rank and mock cluster there; the plan's exit code."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    envs = world / "envs"
+    envs.mkdir()
+    envs.chmod(0o777)
+    res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+               "--nproc-per-node", "2", "--tp-size", "16", "--", sys.executable, TW, TAG,
+               f"env={envs}", "exit=0")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = {
+        int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in envs.glob("*.json")
+    }
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, env in seen.items():
+        node = rank // 2
+        assert env["TTMESH_RANK_HOST"] == f"ttmh-{node}" and env["GROUP_RANK"] == str(node)
+        assert env["TTMESH_ROOT"] == str(hosts[node].root)  # started by that host's agent
+        assert env["TTMESH_SIM_ROOT"] == str(hosts[node].root)
+        assert env["TT_MESH_HOST_RANK"] == str(rank) and env["LOCAL_RANK"] == str(rank % 2)
+        assert "TTMESH_RANK_FILES" not in env  # the rank's ttmesh wrote them, then dropped it
+    failing = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+                   "--nproc-per-node", "1", "--tp-size", "16", "--", sys.executable, TW, TAG,
+                   "exit=7")  # fmt: skip
+    assert failing.returncode == 7, failing.stderr
 
 
 @needs_hosts

@@ -23,6 +23,7 @@ from ttmesh.cli.launch import launch_cmd
 from ttmesh.cli.ls import ls_cmd
 from ttmesh.cli.options import CONTEXT
 from ttmesh.cli.ps import ps_cmd
+from ttmesh.cli.rank import rank_cmd
 from ttmesh.cli.reset import reset_cmd
 from ttmesh.cli.serving import profiles_cmd, stop_cmd
 from ttmesh.cli.sim import sim_group
@@ -42,7 +43,7 @@ def main() -> None:
 
 for command in (
     ls_cmd, launch_cmd, ps_cmd, stop_cmd, profiles_cmd, descriptor_cmd, check_cmd, reset_cmd,
-    doctor_cmd, sim_group, host_report_cmd,
+    doctor_cmd, sim_group, host_report_cmd, rank_cmd,
 ):  # fmt: skip
     main.add_command(command)
 

@@ -553,11 +553,6 @@ def launch_cmd(
 
             click.echo(plan_text(data))
         return 0
-    if mesh_hosts is not None:
-        raise bad_input(
-            "--hosts with a tt-metal mesh: this version plans it (--dry-run) but does not start it",
-            "add --dry-run, or export the plan: ttmesh descriptor --hosts ... --export-rank-binding",
-        )
     recovery = launch.Recovery(
         auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
     )

@@ -9,9 +9,11 @@ first failing rank and its code are read from mpirun's report, and the whole tre
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 
 from ttmesh import procs
@@ -41,11 +43,14 @@ def mpirun_argv(
     mpirun: str, plan: LaunchPlan, base_env: dict[str, str], attempt: int
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment of mpirun itself): one ``-np 1 -x K=V ... prog`` section per rank."""
-    argv = [mpirun, "--tag-output", "--bind-to", "none"]
+    argv = [mpirun, "--tag-output"]
+    if not plan.hosts:
+        argv += ["--bind-to", "none"]  # (a rankfile places and does not bind: tt-run's rule)
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
-    if len(plan.ranks) > (os.cpu_count() or 1):
+    if len(plan.ranks) > (os.cpu_count() or 1) and "--oversubscribe" not in plan.mpi_args:
         argv.append("--oversubscribe")
+    argv += plan.mpi_args
     env = {k: v for k, v in base_env.items() if not scrubbed(k)}
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = "1"
@@ -53,13 +58,31 @@ def mpirun_argv(
         if i:
             argv.append(":")
         argv += ["-np", "1"]
-        if rank.workdir:
+        if rank.workdir and not plan.hosts:
             argv += ["--wdir", rank.workdir]
         rank_env = {**rank.env, "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+        command = list(rank.argv)
+        if plan.hosts:
+            # On its host, the rank's own ttmesh writes its files, leases its chips and checks
+            # them, then runs the command (ttmesh.launcher.rankshim).
+            rank_env["TTMESH_RANK_FILES"] = json.dumps(rank_files(plan, rank.rank))
+            rank_env["TTMESH_RANK_HOST"] = plan.hosts[rank.node]
+            rank_env["TTMESH_RANK_CHIPS"] = json.dumps([a for u in rank.units for a in u.chips])
+            if rank.workdir:  # made on the rank's host (mpirun's --wdir needs it to exist)
+                rank_env["TTMESH_RANK_WORKDIR"] = rank.workdir
+            command = [sys.executable, "-m", "ttmesh", "_rank", "--", *command]
         for key, value in rank_env.items():
             argv += ["-x", f"{key}={value}"]
-        argv += list(rank.argv)
+        argv += command
     return argv, env
+
+
+def rank_files(plan: LaunchPlan, rank: int) -> dict[str, str]:
+    """The files a rank of a mesh over several hosts needs on its own host."""
+    mine = f"/mock/rank{rank}_cluster_descriptor.yaml"
+    return {
+        path: text for path, text in plan.files.items() if "/mesh/" in path or path.endswith(mine)
+    }
 
 
 class Demux:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import CAPTURES, TAG, TW, scratch
-from hosts import can_emulate, launch_agent, make_hosts, mpi_env
+from hosts import Network, can_emulate, can_network, launch_agent, make_hosts, mpi_env
 
 from ttmesh.errors import TTMeshError
 from ttmesh.host import clusterdesc
@@ -28,6 +28,7 @@ from ttmesh.mesh import cluster as meshcluster
 from ttmesh.sim import system
 
 WHY = can_emulate()
+NET_WHY = can_network()
 needs_hosts = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 needs_mpirun = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).returncode != 0,
@@ -386,3 +387,37 @@ def test_a_binding_with_swapped_host_ranks_is_refused_before_anything_starts(
         "in the wiring (ttmesh descriptor --hosts ... --export-rank-binding writes one))"
     )
     assert not marker.exists()
+
+
+@needs_hosts
+@needs_mpirun
+@pytest.mark.skipif(NET_WHY is not None, reason=NET_WHY or "")
+def test_a_mesh_over_hosts_on_a_network_of_their_own(world: Path) -> None:
+    """The emulated hosts on a test network (one namespace each, bridged): mpirun, started in
+    the launcher's namespace, reaches them over it, and the ranks' MPI transport is tt-run's
+    --tcp-interface (their eth0)."""
+    net = Network(f"ttmt{os.getpid() % 100000}", 2)
+    net.up()
+    try:
+        hosts = make_hosts(world, "dual-t3k", net=net)
+        agent = launch_agent(world, hosts)
+        envs = world / "envs"
+        envs.mkdir()
+        envs.chmod(0o777)
+        res = subprocess.run(
+            [*net.enter(net.launcher), sys.executable, "-m", "ttmesh", "launch", "--hosts",
+             ",".join(h.name for h in hosts), "--tcp-interface", "eth0", "--mesh-layout", "mesh",
+             "--nproc-per-node", "1", "--tp-size", "16", "--", sys.executable, TW, TAG,
+             f"env={envs}", "exit=0"],
+            capture_output=True, text=True, timeout=180, env={**os.environ, **mpi_env(agent, net)},
+        )  # fmt: skip
+    finally:
+        net.down()
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = {
+        int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in envs.glob("*.json")
+    }
+    assert {r: env["TTMESH_ROOT"] for r, env in seen.items()} == {
+        0: str(hosts[0].root),
+        1: str(hosts[1].root),
+    }

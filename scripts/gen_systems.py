@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from ttmesh.host import boards as boardfacts  # noqa: E402
 from ttmesh.host import clusterdesc  # noqa: E402
-from ttmesh.sim.system import from_dict  # noqa: E402
+from ttmesh.sim.system import from_dict, load_any  # noqa: E402
 
 # name: (capture file, title). The driver's card type comes from each board id's product code
 # (bits 36.., as tt-smi and the driver decode it), so tt_card_type, tt-smi's board_type and the
@@ -50,14 +50,49 @@ SYSTEMS = {
 }
 
 
+# Systems of several hosts: name -> (one capture per host, title). Each host's capture is what
+# tt-umd wrote on that host; its links to remote devices that name a chip of another host of the
+# system become cables. A capture listed twice is a second machine of the same kind: its unique
+# ids and board serials are invented (product code kept), as a real second machine has its own.
+MULTI = {
+    "dual-t3k": (
+        ["dual-t3k-host0.yaml", "dual-t3k-host1.yaml"],
+        "Two T3000s cabled as one Wormhole mesh (tt-metal's dual-T3K: 1x16 over 2 hosts)",
+    ),
+    "quad-galaxy": (
+        [f"quad-galaxy-host{i}.yaml" for i in range(4)],
+        "Four Wormhole 6U Galaxies cabled as one 8x16 torus (tt-metal's quad Galaxy: 1x4 hosts)",
+    ),
+    "quietbox2x2": (
+        ["quietbox2.yaml", "quietbox2.yaml"],
+        "Two QuietBox 2s without cables between them (torch-style jobs over two hosts)",
+    ),
+}
+
+
 def invented_unique_id(system: str, chip: int) -> int:
     digest = hashlib.sha256(f"ttmesh-sim:{system}:{chip}".encode()).hexdigest()
     return int(digest[:11], 16)
 
 
 def build(name: str, captures: Path) -> dict:
+    if name in MULTI:
+        return build_multi(name, captures)
     capture, title = SYSTEMS[name]
+    return _host(name, title, capture, captures)
+
+
+def _host(name: str, title: str, capture: str, captures: Path, copy: int = 0) -> dict:
+    """One host's system from its capture; ``copy`` > 0: another machine of the same kind."""
     cd = clusterdesc.load(captures / capture)
+    if copy:
+        import dataclasses
+
+        for c in cd.chips.values():
+            c.unique_id = invented_unique_id(f"{name}/{copy}", c.id)
+        cd.boards = [
+            dataclasses.replace(b, board_id=b.board_id ^ (copy << 8) ^ 0x5A) for b in cd.boards
+        ]
     notes: list[str] = []
     chips = []
     missing_uid = [c.id for c in cd.chips.values() if c.unique_id is None]
@@ -125,6 +160,56 @@ def build(name: str, captures: Path) -> dict:
     return data
 
 
+def build_multi(name: str, captures: Path) -> dict:
+    files, title = MULTI[name]
+    hosts = []
+    for i, capture in enumerate(files):
+        copy = files[:i].count(capture)
+        host = _host(name, title, capture, captures, copy)
+        if copy:
+            host["notes"].append(
+                f"a second {capture.removesuffix('.yaml')}: unique ids and board serials invented"
+            )
+        hosts.append(host)
+    where = {c["unique_id"]: (h, c["id"]) for h, host in enumerate(hosts) for c in host["chips"]}
+    cables, seen = [], set()
+    remote = [list(host["remote_links"]) for host in hosts]
+    for h, host in enumerate(hosts):
+        kept = []
+        for chip, chan, uid, peer_chan in host["remote_links"]:
+            if uid not in where:
+                kept.append([chip, chan, uid, peer_chan])  # outside the system: stays remote
+                continue
+            ph, pchip = where[uid]
+            mine = next(c["unique_id"] for c in host["chips"] if c["id"] == chip)
+            back = [r for r in remote[ph] if r[:2] == [pchip, peer_chan]]
+            if back != [[pchip, peer_chan, mine, chan]]:
+                raise SystemExit(f"{name}: host {h} chip {chip} ch{chan} has no matching far end")
+            key = tuple(sorted([(h, chip, chan), (ph, pchip, peer_chan)]))
+            if key not in seen:
+                seen.add(key)
+                cables.append([*key[0], *key[1]])
+        host["remote_links"] = kept
+    shared = {capture for capture, _title in SYSTEMS.values()}
+    sources = [
+        f"shared/reference/cluster-descriptors/{f}" if f in shared else f"tests/data/captures/{f}"
+        for f in files
+    ]
+    for host, src in zip(hosts, sources, strict=True):
+        host["source"] = src
+        for key in ("name", "title"):
+            host.pop(key)
+    data = {
+        "name": name,
+        "title": title,
+        "source": ", ".join(dict.fromkeys(sources)),
+        "notes": [],
+        "hosts": [{k: v for k, v in h.items() if k != "notes" or v} for h in hosts],
+        "cables": sorted(cables),
+    }
+    return data
+
+
 def render(data: dict) -> str:
     import yaml
 
@@ -142,6 +227,8 @@ def render(data: dict) -> str:
         "# Change the generator (or the capture), not this file. Links: [chip, chan, chip, chan];\n"
         "# remote_links: [chip, chan, remote unique id, remote chan].\n"
     )
+    if "hosts" in data:
+        head += "# cables (between hosts): [host, chip, chan, host, chip, chan].\n"
     return head + yaml.dump(data, Dumper=Dumper, sort_keys=False, width=100)
 
 
@@ -152,7 +239,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     stale = []
-    for name in SYSTEMS:
+    for name in [*SYSTEMS, *MULTI]:
         text = render(build(name, args.captures))
         target = args.out / f"{name}.yaml"
         if args.check:
@@ -160,6 +247,7 @@ def main() -> int:
                 stale.append(name)
         else:
             target.write_text(text)
+            load_any(str(target))  # as ttmesh reads it (a system of several hosts validated whole)
     if stale:
         print("out of date: " + ", ".join(stale) + " (run scripts/gen_systems.py)", file=sys.stderr)
         return 1

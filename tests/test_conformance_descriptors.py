@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CONFORMANCE, STOCK
+from conftest import CAPTURES, CONFORMANCE, STOCK
 
 from ttmesh.sim import system
 
@@ -103,3 +103,27 @@ def test_umd_parse_accepts_stock_system(name: str, make_sim: Callable[..., Path]
     assert links == {
         frozenset({(lk.chip_a, lk.chan_a), (lk.chip_b, lk.chan_b)}) for lk in model.links
     }
+
+
+@pytest.mark.parametrize(("name", "hosts"), [("dual-t3k", 2), ("quad-galaxy", 4)])
+def test_umd_parse_sees_each_hosts_cables_as_remote_links(
+    name: str, hosts: int, tmp_path: Path
+) -> None:
+    """tt-umd reads every host of a multi-host system as it reads tt-metal's own capture of that
+    host: the same chips and links, and each cable as a link to a remote device (read back from
+    tt-umd's own serialization of what it parsed)."""
+    from ttmesh.sim.create import create
+
+    cluster = system.load_any(name)
+    assert isinstance(cluster, system.ClusterModel)
+    for i in range(hosts):
+        root = create(cluster.host(i), tmp_path / f"host{i}")
+        ours = _run(CONFORMANCE / "umd-parse", root / "cluster_descriptor.yaml")
+        theirs = _run(CONFORMANCE / "umd-parse", CAPTURES / f"{name}-host{i}.yaml")
+        assert ours.returncode == theirs.returncode == 0, ours.stdout + theirs.stdout
+        mine, capture = json.loads(ours.stdout), json.loads(theirs.stdout)
+        for key in ("chips", "chips_with_mmio", "links", "remote_links"):
+            assert mine[key] == capture[key], (i, key)
+        peers = {u for _c, _ch, u, _pc in mine["remote_links"]}
+        others = {c.unique_id for j, h in enumerate(cluster.hosts) if j != i for c in h.chips}
+        assert mine["remote_links"] and peers <= others

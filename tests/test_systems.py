@@ -24,6 +24,7 @@ from ttmesh.host import boards as boardfacts
 from ttmesh.sim import system
 
 EXTRA = ["n300x2", "p300x2-disconnected"]
+MULTI = ["dual-t3k", "quad-galaxy", "quietbox2x2"]
 
 # (chips, PCI chips, local links, links to remote devices, arch): README.md of the captures.
 SHAPES = {
@@ -46,7 +47,7 @@ SHAPES = {
 
 
 def test_stock_names_are_exactly_the_known_systems() -> None:
-    assert system.stock_names() == sorted(STOCK + EXTRA)
+    assert system.stock_names() == sorted(STOCK + EXTRA + MULTI)
 
 
 @pytest.mark.parametrize("name", STOCK + EXTRA)
@@ -447,3 +448,192 @@ def test_sim_create_refuses_a_file_as_root(cli: Callable[..., Any], tmp_path: Pa
     assert r.code == 2
     assert "exists and is not a directory" in _one_error_line(r.err)
     assert root.read_text() == "data\n"
+
+
+# --------------------------------------------------------------------------- several hosts
+
+# system: (each host's capture, cables, the host pairs they join)
+CLUSTERS = {
+    "dual-t3k": ([f"dual-t3k-host{i}.yaml" for i in range(2)], 8, {(0, 1)}),
+    "quad-galaxy": ([f"quad-galaxy-host{i}.yaml" for i in range(4)], 128, {(0, 1), (1, 2), (2, 3), (0, 3)}),
+    "quietbox2x2": (["quietbox2.yaml", "quietbox2.yaml"], 0, set()),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_multi_host_system_loads(name: str) -> None:
+    captures, cables, pairs = CLUSTERS[name]
+    model = system.load_any(name)
+    assert isinstance(model, system.ClusterModel)
+    assert len(model.hosts) == len(captures)
+    assert len(model.cables) == cables
+    assert {(c.host_a, c.host_b) for c in model.cables} == pairs
+    # Every chip of the system has its own unique id (two machines never share one).
+    uids = [c.unique_id for h in model.hosts for c in h.chips]
+    assert len(set(uids)) == len(uids) == model.chip_count
+
+
+@pytest.mark.parametrize("name", ["dual-t3k", "quad-galaxy"])
+def test_each_host_is_tt_metals_own_capture_of_that_host(name: str) -> None:
+    """Host N's cluster descriptor is, chip for chip and link for link, the file tt-umd wrote on
+    host N of tt-metal's own multi-host test system: its chips, the links between them, and every
+    cable to another host as a link to a remote device named by the peer's unique id."""
+    from ttmesh.host import clusterdesc
+
+    captures, _cables, _pairs = CLUSTERS[name]
+    model = system.load_any(name)
+    for i, capture in enumerate(captures):
+        host = model.host(i)
+        assert (host.host, host.hosts, host.name) == (i, len(captures), name)
+        ours = host.to_cluster_descriptor()
+        theirs = clusterdesc.load(CAPTURES / capture)
+        assert {c.id: (c.unique_id, c.mmio_dev, c.arch) for c in ours.chips.values()} == {
+            c.id: (c.unique_id, c.mmio_dev, c.arch) for c in theirs.chips.values()
+        }
+        assert set(ours.links) == set(theirs.links)
+        assert sorted(ours.remote_links, key=str) == sorted(theirs.remote_links, key=str)
+        assert [(b.board_id, b.board_type, b.chips) for b in ours.boards] == [
+            (b.board_id, b.board_type, b.chips) for b in theirs.boards
+        ]
+
+
+def test_dual_t3k_cables_are_the_captures_remote_links() -> None:
+    model = system.load_any("dual-t3k")
+    # host 0 chip 0 ch6/7 <-> host 1 chip 2 ch6/7 and so on: tt-metal's t3k_dual_host capture.
+    assert [list(c.__dict__.values()) for c in model.cables] == [
+        [0, 0, 6, 1, 2, 6], [0, 0, 7, 1, 2, 7], [0, 1, 6, 1, 3, 6], [0, 1, 7, 1, 3, 7],
+        [0, 2, 0, 1, 0, 0], [0, 2, 1, 1, 0, 1], [0, 3, 0, 1, 1, 0], [0, 3, 1, 1, 1, 1],
+    ]  # fmt: skip
+    host1 = model.host(1)
+    assert [r for r in host1.remote_links if r.chip == 2] == [
+        system.RemoteLink(2, 6, model.hosts[0].chip(0).unique_id, 6),
+        system.RemoteLink(2, 7, model.hosts[0].chip(0).unique_id, 7),
+    ]
+
+
+def test_quietbox2x2_is_two_machines_of_one_kind() -> None:
+    model = system.load_any("quietbox2x2")
+    one = system.load("quietbox2")
+    for host in model.hosts:
+        assert [(c.id, c.bdf, c.card_type, c.harvesting) for c in host.chips] == [
+            (c.id, c.bdf, c.card_type, c.harvesting) for c in one.chips
+        ]
+        assert host.links == one.links and host.remote_links == []
+    assert [c.unique_id for c in model.hosts[0].chips] == [c.unique_id for c in one.chips]
+    assert not {c.unique_id for c in model.hosts[1].chips} & {c.unique_id for c in one.chips}
+    # The second machine's board serials still decode as the same card.
+    for c in model.hosts[1].chips:
+        assert boardfacts.card_for_board_id(c.board_id).card_type == c.card_type
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_multi_host_system_round_trips_through_a_user_file(name: str, tmp_path: Path) -> None:
+    model = system.load_any(name)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    again = system.load_any(str(path))
+    assert again.to_dict() == model.to_dict()
+
+
+def _cluster_base() -> dict[str, Any]:
+    return copy.deepcopy(system.load_any("dual-t3k").to_dict())
+
+
+BAD_CLUSTERS = {
+    "cable-within-a-host": (
+        lambda d: d["cables"].append([1, 0, 12, 1, 1, 12]),
+        "cable 1:0:12-1:1:12 joins host 1 to itself",
+    ),
+    "cable-to-missing-host": (
+        lambda d: d["cables"].append([0, 0, 12, 2, 0, 12]),
+        "cable 0:0:12-2:0:12 names host 2, which is not defined",
+    ),
+    "cable-to-missing-chip": (
+        lambda d: d["cables"].append([0, 0, 12, 1, 9, 12]),
+        "cable 0:0:12-1:9:12 names chip 9 of host 1, which is not defined",
+    ),
+    "cable-on-a-used-channel": (
+        lambda d: d["cables"].append([0, 0, 8, 1, 0, 12]),
+        "channel 8 of host 0 chip 0 is used twice (a link and cable 0:0:8-1:0:12)",
+    ),
+    "two-cables-on-one-channel": (
+        lambda d: d["cables"].append([0, 0, 6, 1, 0, 12]),
+        "channel 6 of host 0 chip 0 is used twice (cable 0:0:6-1:2:6 and cable 0:0:6-1:0:12)",
+    ),
+    "malformed-cable": (lambda d: d["cables"].append([0, 0, 6]), "malformed cable [0, 0, 6]"),
+    "one-host": (lambda d: d["hosts"].pop(), "'hosts' must list two or more hosts"),
+    "unique-id-on-two-hosts": (
+        lambda d: d["hosts"][1]["chips"][0].update(
+            unique_id=d["hosts"][0]["chips"][0]["unique_id"]
+        ),
+        "host 0 chip 0 and host 1 chip 0 share the unique id 10226774024",
+    ),
+    "bad-host-inside": (
+        lambda d: d["hosts"][1]["links"].append([0, 12, 9, 4]),
+        "hosts[1]: link 9:4 names chip 9, which is not defined",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CLUSTERS))
+def test_bad_multi_host_file_is_one_line_bad_input(case: str, tmp_path: Path) -> None:
+    mutate, expected = BAD_CLUSTERS[case]
+    data = _cluster_base()
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(TTMeshError) as info:
+        system.load_any(str(path))
+    _assert_bad_input(info.value, f"{path}: ", expected)
+
+
+def test_sim_create_builds_one_host_of_several(cli: Callable[..., Any], tmp_path: Path) -> None:
+    from ttmesh.host import clusterdesc
+
+    root = tmp_path / "t3k-b"
+    r = cli("sim", "create", "--system", "dual-t3k", "--host", "1", "--root", str(root))
+    assert r.code == 0, r.err
+    assert r.out.strip() == f"simulated dual-t3k host 1 of 2 (8 chips) at {root}"
+    assert json.loads((root / ".ttmesh-sim").read_text())["host"] == 1
+    written = clusterdesc.load(root / "cluster_descriptor.yaml")
+    theirs = clusterdesc.load(CAPTURES / "dual-t3k-host1.yaml")
+    assert sorted(written.remote_links, key=str) == sorted(theirs.remote_links, key=str)
+    assert len(written.remote_links) == 8
+    show = cli("sim", "show", "--root", str(root))
+    assert show.out.splitlines()[0] == f"dual-t3k host 1 at {root}"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--system", "dual-t3k"], "dual-t3k is a system of 2 hosts: each host is simulated in a "
+         "root of its own (build one with ttmesh sim create --system dual-t3k --host N --root DIR "
+         "(N = 0..1))"),
+        (["--system", "quad-galaxy", "--host", "4"], "quad-galaxy has no host 4 (its hosts are 0..3)"),
+        (["--system", "t3k", "--host", "0"], "t3k is a single host: --host 0 names none (drop --host)"),
+        (["--from-capture", "x.tar.gz", "--host", "1"], "--host goes with --system (a capture is one host: drop --host)"),
+    ],
+)  # fmt: skip
+def test_sim_create_host_mistakes(
+    args: list[str], needle: str, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    r = cli("sim", "create", *args, "--root", str(root))
+    assert r.code == 2
+    assert _one_error_line(r.err) == f"ttmesh: {needle}"
+    assert not root.exists()
+
+
+def test_sim_flag_refuses_a_system_of_several_hosts(cli: Callable[..., Any]) -> None:
+    r = cli("ls", "--sim", "quad-galaxy")
+    assert r.code == 2
+    assert "quad-galaxy is a system of 4 hosts" in _one_error_line(r.err)
+
+
+def test_sim_systems_lists_hosts(cli: Callable[..., Any]) -> None:
+    r = cli("sim", "systems")
+    assert r.code == 0, r.err
+    rows = {line.split()[0]: line.split()[1:4] for line in r.out.splitlines()[1:]}
+    assert rows["dual-t3k"] == ["2", "2", "x"]
+    assert rows["quad-galaxy"][:2] == ["4", "4"] and "4 x 32" in r.out
+    assert rows["t3k"] == ["1", "8", "wormhole_b0"]

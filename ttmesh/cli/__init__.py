@@ -71,6 +71,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }  # fmt: skip
 
+# Commands ttmesh runs on other hosts through mpirun (never listed in --help): each host's
+# report of itself, and one rank of a mesh over several hosts.
+HIDDEN: dict[str, tuple[str, str]] = {
+    "_host-report": ("ttmesh.cli.hostreport", "host_report_cmd"),
+    "_rank": ("ttmesh.cli.rank", "rank_cmd"),
+}
+
 
 class Commands(click.Group):
     """A group whose commands are imported when one is run (or asked for its help)."""
@@ -79,11 +86,14 @@ class Commands(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        if cmd_name in COMMANDS:
+            module, attribute, _ = COMMANDS[cmd_name]
+        elif cmd_name in HIDDEN:
+            module, attribute = HIDDEN[cmd_name]
+        else:
             return None
         import importlib
 
-        module, attribute, _ = COMMANDS[cmd_name]
         command: click.Command = getattr(importlib.import_module(module), attribute)
         return command
 

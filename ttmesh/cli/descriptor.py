@@ -52,7 +52,23 @@ from ttmesh.vocab import LAYOUTS, Layout
     "-o", "--output", "out_dir", metavar="DIR", help="Write the files to DIR instead of printing."
 )
 @click.option(
-    "--export-rank-binding", metavar="FILE.yaml", help="Also write tt-run's rank-binding YAML."
+    "--export-rank-binding",
+    metavar="FILE.yaml",
+    help="Also write tt-run's rank-binding YAML (with --hosts, and FILE.rankfile for mpirun).",
+)
+@click.option(
+    "--hosts",
+    metavar="HOST,...",
+    help="One mesh over these hosts (each reports its chips through mpirun; --tp-size counts "
+    "every host's chips, --nproc-per-node one host's processes).",
+)
+@click.option(
+    "--launch-agent",
+    metavar="CMD",
+    help="With --hosts: how mpirun reaches the hosts instead of ssh (Open MPI's plm agent).",
+)
+@click.option(
+    "--tcp-interface", metavar="IF", help="With --hosts: MPI's TCP traffic on this interface."
 )
 def descriptor_cmd(
     host: Any,
@@ -66,6 +82,9 @@ def descriptor_cmd(
     per_rank: bool,
     out_dir: str | None,
     export_rank_binding: str | None,
+    hosts: str | None,
+    launch_agent: str | None,
+    tcp_interface: str | None,
 ) -> None:
     """Write tt-metal mesh graph descriptors for a set of chips, as ttmesh launch would.
 
@@ -75,6 +94,7 @@ def descriptor_cmd(
       ttmesh descriptor --sim galaxy-wh --tp-size 8 --strict-links
       ttmesh descriptor --sim quietbox2 --mesh-layout mesh --per-rank -o /tmp/qb2
       ttmesh descriptor --sim t3k --mesh-layout multi-mesh --export-rank-binding bind.yaml -o out
+      ttmesh descriptor --hosts t3k-a,t3k-b --mesh-layout mesh --nproc-per-node 1 -o out
     """
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest
@@ -89,6 +109,14 @@ def descriptor_cmd(
         paths.writable_dir(out_dir, "-o", "the descriptors")
     if export_rank_binding is not None:
         paths.writable_file(export_rank_binding, "--export-rank-binding", new_parent=True)
+    if hosts is not None:
+        return _over_hosts(
+            hosts, launch_agent, tcp_interface, tp_size, mesh_shape, mesh_layout, nproc, chips,
+            exclude, strict_links, per_rank, out_dir, export_rank_binding,
+        )  # fmt: skip
+    for flag, value in (("--launch-agent", launch_agent), ("--tcp-interface", tcp_interface)):
+        if value is not None:
+            raise bad_input(f"{flag} goes with --hosts", "a single host needs no mpirun options")
     if tp_size is None and not chips:
         from ttmesh.fabric.devices import discover
 
@@ -176,8 +204,102 @@ def _relocate(plan: Any, target: Any) -> Any:
     ranks = []
     for r in plan.ranks:
         env = dict(r.env)
-        env["TT_MESH_GRAPH_DESC_PATH"] = str(
-            target / env["TT_MESH_GRAPH_DESC_PATH"].rsplit("/", 1)[-1]
-        )
+        for key in ("TT_MESH_GRAPH_DESC_PATH", "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"):
+            if key in env:
+                env[key] = str(target / env[key].rsplit("/", 1)[-1])
         ranks.append(dataclasses.replace(r, env=env))
     return dataclasses.replace(plan, ranks=ranks)
+
+
+def _over_hosts(
+    hosts: str,
+    launch_agent: str | None,
+    tcp_interface: str | None,
+    tp_size: int | None,
+    mesh_shape: str | None,
+    mesh_layout: str,
+    nproc: int | None,
+    chips: str | None,
+    exclude: str | None,
+    strict_links: bool,
+    per_rank: bool,
+    out_dir: str | None,
+    export_rank_binding: str | None,
+) -> None:
+    """One mesh over several hosts: the descriptor every host gets, and per rank its host."""
+    from ttmesh.launcher import meshhosts
+    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.vocab import MPI_LAYOUTS
+
+    if chips or exclude:
+        raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
+    if mesh_layout not in MPI_LAYOUTS:
+        raise bad_input(
+            f"--hosts with --mesh-layout {mesh_layout}: a mesh over several hosts is one "
+            "tt-metal world",
+            "use --mesh-layout mesh or multi-mesh",
+        )
+    names = meshhosts.parse_hosts(hosts)
+    mh = meshhosts.setup(names, agent=launch_agent, tcp_interface=tcp_interface)
+    target = Path(out_dir).resolve() if out_dir else Path("/nonexistent")
+    request = LaunchRequest(
+        command=[],
+        tp_size=tp_size,  # type: ignore[arg-type]
+        layout=mesh_layout,
+        mesh_shape=shape(mesh_shape),
+        strict_links=strict_links,
+        nproc=nproc,
+        job="descriptor",
+        run_dir=str(target),
+    )
+    plan = meshhosts.prepare(request, mh, descriptor_only=True).plan
+    mesh_files = {Path(p).name: t for p, t in plan.files.items() if Path(p).parent.name == "mesh"}
+    mocks = {Path(p).name: t for p, t in plan.files.items() if Path(p).parent.name == "mock"}
+    if out_dir:
+        paths.make_dirs(target, "the output directory")
+        for name, text in {**mesh_files, **(mocks if per_rank else {})}.items():
+            (target / name).write_text(text)
+            click.echo(str(target / name))
+        if export_rank_binding:
+            from ttmesh.launcher import mpi
+            from ttmesh.launcher.adapters import ttrun
+
+            relocated = _relocate(plan, target)
+            data = ttrun.rank_binding(relocated, str(target / "mesh.textproto"))
+            groupings = relocated.ranks[0].env.get("TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH")
+            if groupings:
+                data["global_env"]["TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"] = str(
+                    target / Path(groupings).name
+                )
+            binding = Path(export_rank_binding).resolve()
+            rankfile = binding.with_suffix(".rankfile")
+            on = [plan.hosts[r.node] for r in plan.ranks]
+            paths.make_dirs(binding.parent, "the binding's directory")
+            rankfile.write_text(mpi.rankfile_text(on))
+            binding.write_text(
+                ttrun.dump(
+                    data,
+                    "ttmesh: rank bindings for tt-run over several hosts; rank N runs on the host\n"
+                    f"rank N names in {rankfile.name}:\n"
+                    f'  tt-run --rank-binding {binding.name} --mpi-args "--host '
+                    f'{mpi.host_slots(on)} --rankfile {rankfile.name} --bind-to none" PROGRAM',
+                )
+            )
+            click.echo(str(binding))
+            click.echo(str(rankfile))
+    else:
+        for name, text in mesh_files.items():
+            if len(mesh_files) > 1:
+                click.echo(f"# ---- {name}")
+            click.echo(text, nl=False)
+    if per_rank:
+        from ttmesh.render import table
+
+        rows = [
+            [r.rank, plan.hosts[r.node], ",".join(r.bdfs), r.mesh_id, r.host_rank,
+             "x".join(map(str, r.coord)), ",".join(r.chips)]
+            for r in plan.ranks
+        ]  # fmt: skip
+        headers = ["RANK", "HOST", "TT_VISIBLE_DEVICES", "TT_MESH_ID", "TT_MESH_HOST_RANK",
+                   "COORD", "CHIPS"]  # fmt: skip
+        click.echo(table(headers, rows, sys.stdout if out_dir else sys.stderr), err=not out_dir)

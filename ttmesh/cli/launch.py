@@ -220,8 +220,22 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 @click.option(
     "--hosts",
     metavar="HOST,...",
-    help="Start the agents on these hosts with mpirun (one per host, --map-by ppr:1:node); "
-    "ttmesh itself opens no connection to them.",
+    help="A job over these hosts, started with mpirun (ttmesh itself opens no connection to "
+    "them): torch-style, one agent per host (--map-by ppr:1:node); with --mesh-layout mesh or "
+    "multi-mesh (or --rank-binding), one tt-metal mesh over the hosts in one MPMD mpirun "
+    "(--tp-size counts every host's chips, --nproc-per-node one host's processes).",
+)
+@click.option(
+    "--launch-agent",
+    metavar="CMD",
+    help="With --hosts: how mpirun reaches the hosts instead of ssh (Open MPI 4 plm_rsh_agent, "
+    "5 plm_ssh_agent).",
+)
+@click.option(
+    "--tcp-interface",
+    metavar="IF",
+    help="With --hosts and a tt-metal mesh: MPI's TCP traffic on this interface (tt-run's "
+    "--tcp-interface; default: every interface but docker0 and lo).",
 )
 @click.option(
     "--profile",
@@ -360,6 +374,8 @@ def launch_cmd(
     heartbeat_timeout: float,
     rdzv_timeout: float,
     hosts: str | None,
+    launch_agent: str | None,
+    tcp_interface: str | None,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -396,6 +412,21 @@ def launch_cmd(
 
     if nproc is not None and nproc <= 0:
         raise bad_input(f"--nproc-per-node {nproc}: must be positive")
+    tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
+    if hosts is not None and tt_metal_world:
+        from ttmesh.launcher import meshhosts
+
+        mesh_hosts = meshhosts.setup(meshhosts.parse_hosts(hosts), agent=launch_agent,
+                                     tcp_interface=tcp_interface)  # fmt: skip
+        hosts = None
+    else:
+        mesh_hosts = None
+        for flag, value in (("--launch-agent", launch_agent), ("--tcp-interface", tcp_interface)):
+            if value is not None:
+                raise bad_input(
+                    f"{flag} goes with --hosts and a tt-metal mesh",
+                    "add --mesh-layout mesh (or drop it)",
+                )
     multi = _multihost(
         nnodes, node_rank, rdzv_endpoint, rdzv_token, local_addr, heartbeat_timeout, rdzv_timeout,
         hosts, job_id,
@@ -496,10 +527,18 @@ def launch_cmd(
     shown_ranks = _ranks(ranks_filter)
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:
-        prepared = launch.prepare(
-            request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset,
-            defer_liveness=not dry_run and multi is None,
-        )  # fmt: skip
+        if mesh_hosts is not None:
+            from ttmesh.launcher import meshhosts
+
+            if chips or exclude:
+                raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
+            request.mpirun = mesh_hosts.mpirun
+            prepared = meshhosts.prepare(request, mesh_hosts)
+        else:
+            prepared = launch.prepare(
+                request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset,
+                defer_liveness=not dry_run and multi is None,
+            )  # fmt: skip
         if shown_ranks is not None:
             world = len(prepared.plan.ranks)
             extra = sorted(r for r in shown_ranks if not 0 <= r < world)

@@ -16,15 +16,20 @@ def sim_group() -> None:
 
 @sim_group.command("systems", context_settings=CONTEXT)
 def sim_systems() -> None:
-    """List the stock systems a simulated host can be."""
+    """List the stock systems a simulated host can be (a system of several hosts is built host
+    by host: ttmesh sim create --system NAME --host N)."""
     from ttmesh.render import table
-    from ttmesh.sim.system import load, stock_names
+    from ttmesh.sim.system import ClusterModel, load_any, stock_names
 
     rows = []
     for name in stock_names():
-        model = load(name)
-        rows.append([name, len(model.chips), model.arch, model.title])
-    click.echo(table(["SYSTEM", "CHIPS", "ARCH", "DESCRIPTION"], rows))
+        model = load_any(name)
+        if isinstance(model, ClusterModel):
+            chips = f"{len(model.hosts)} x {len(model.hosts[0].chips)}"
+            rows.append([name, len(model.hosts), chips, model.arch, model.title])
+        else:
+            rows.append([name, 1, len(model.chips), model.arch, model.title])
+    click.echo(table(["SYSTEM", "HOSTS", "CHIPS", "ARCH", "DESCRIPTION"], rows))
 
 
 @sim_group.command("create", context_settings=CONTEXT)
@@ -41,9 +46,23 @@ def sim_systems() -> None:
     help="An archive from ttmesh doctor --capture: the same chips, links and faults.",
 )
 @click.option("--root", "root", required=True, metavar="DIR", help="Where to build the host.")
+@click.option(
+    "--host",
+    "host_index",
+    type=int,
+    metavar="N",
+    help="Of a system of several hosts (dual-t3k, quad-galaxy, ...): build host N (0, 1, ...).",
+)
 @click.option("--force", is_flag=True, help="Recreate DIR if it already is a simulated host.")
-def sim_create(system: str | None, capture: str | None, root: str, force: bool) -> None:
+def sim_create(
+    system: str | None, capture: str | None, root: str, host_index: int | None, force: bool
+) -> None:
     """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in.
+
+    \b
+    A system of several hosts is built one host per root: --host N builds host N, whose cluster
+    descriptor has its own chips and, as tt-umd shows them on a real multi-host system, every
+    cable to another host as a link to a remote device (the peer chip's unique id).
 
     \b
     --from-capture rebuilds the host a field capture saw (ttmesh doctor --capture): its chips
@@ -54,6 +73,7 @@ def sim_create(system: str | None, capture: str | None, root: str, force: bool) 
     \b
     Examples:
       ttmesh sim create --system t3k --root /tmp/t3k
+      ttmesh sim create --system dual-t3k --host 1 --root /tmp/t3k-b
       ttmesh sim create --from-capture host.tar.gz --root /tmp/field
     """
     from pathlib import Path
@@ -66,6 +86,8 @@ def sim_create(system: str | None, capture: str | None, root: str, force: bool) 
             "e.g. --system quietbox2 (see ttmesh sim systems)",
         )
     if capture is not None:
+        if host_index is not None:
+            raise bad_input("--host goes with --system", "a capture is one host: drop --host")
         from ttmesh.sim.from_capture import recreate
 
         rec, path = recreate(Path(capture), Path(root), force=force)
@@ -77,12 +99,13 @@ def sim_create(system: str | None, capture: str | None, root: str, force: bool) 
             click.echo(f"  not reproduced: {line}")
         return
     from ttmesh.sim.create import create
-    from ttmesh.sim.system import load
+    from ttmesh.sim.system import load_host
 
     assert system is not None
-    model = load(system)
+    model = load_host(system, host_index)
     path = create(model, Path(root), force=force)
-    click.echo(f"simulated {model.name} ({len(model.chips)} chips) at {path}")
+    which = "" if model.host is None else f" host {model.host} of {model.hosts}"
+    click.echo(f"simulated {model.name}{which} ({len(model.chips)} chips) at {path}")
 
 
 @sim_group.group("fault", context_settings=CONTEXT)

@@ -74,7 +74,12 @@ def plan_text(data: dict) -> str:
         ]
         for r in data["ranks"]
     ]
-    lines.append(table(["RANK", "PCI", "CHIPS", "COORD", "HOST RANK", "COMMAND"], rows))
+    headers = ["RANK", "PCI", "CHIPS", "COORD", "HOST RANK", "COMMAND"]
+    if data.get("hosts"):  # a mesh over several hosts: where each rank runs
+        headers.insert(1, "HOST")
+        for row, r in zip(rows, data["ranks"], strict=True):
+            row.insert(1, r.get("host", "?"))
+    lines.append(table(headers, rows))
     for name, path in data["descriptors"].items():
         lines.append(f"descriptor {name}: {path}")
     lines.append("environment of rank 0 (what ttmesh sets):")

@@ -96,3 +96,20 @@ def card_dram_mb(card_type: str) -> int | None:
     if card is None:
         return None
     return 28672 if card_type == "p100a" else dram_mb(card.arch)
+
+
+# A Wormhole Galaxy (``ubb``) has four trays of eight chips; tt-umd reads a chip's tray from the
+# top two bits of its PCI bus number (``ClusterDescriptor.get_tray_id``: bus 0x0N -> tray 3,
+# 0x4N -> 4, 0x8N -> 2, 0xcN -> 1; the conformance suite checks it against the real tt-umd).
+# Its place on the tray is the descriptor's ``asic_locations`` (1..8).
+WH_GALAXY_TRAY_OF_BUS = {0x00: 3, 0x40: 4, 0x80: 2, 0xC0: 1}
+
+
+def wh_galaxy_tray(bus_id: str | None) -> int | None:
+    """The tray of a Wormhole Galaxy chip from its bus id (``0x0041``), as tt-umd reads it."""
+    if not bus_id:
+        return None
+    try:
+        return WH_GALAXY_TRAY_OF_BUS[int(bus_id, 16) & 0xC0]
+    except ValueError:
+        return None

@@ -522,7 +522,7 @@ def mock_clusters(
 def write_files(plan: LaunchPlan) -> None:
     """The plan's files, inside its run directory (which ``execute`` created) and nowhere else."""
     run_dir = Path(plan.run_dir).resolve()
-    for sub in ("mesh", "errors", "ready", "fabric", "mock"):
+    for sub in ("mesh", "errors", "ready", "fabric", "mock", "mpi"):
         (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
     for path, text in plan.files.items():
         target = Path(path).resolve()
@@ -665,7 +665,7 @@ def _after_crash(
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
     nobody knows which ranks brought the fabric up)."""
     plan = prepared.plan
-    if result.code == 0:
+    if result.code == 0 or plan.hosts:  # over several hosts: each host recovers its own chips
         return
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
@@ -743,18 +743,23 @@ class JobRun:
 
     def run(self) -> int:
         plan = self.plan
-        try:
-            self.prepared.inv.host.check_changeable()
-            self.held = leases.acquire(
-                self.prepared.inv.host,
-                plan.all_chips(),
-                plan.job,
-                cmd=" ".join(plan.ranks[0].argv),
-                symmetric_dram_mb=plan.symmetric_dram_mb,
-                labels={c.asic_id: c.label for c in self.prepared.inv.chips},
-            )
-        except TTMeshError as exc:
-            raise self._frozen_first(exc) from None
+        if plan.hosts:
+            # A mesh over several hosts: each host's duties (leases, pre-flight) run on that
+            # host, in the rank's own ttmesh (``ttmesh _rank``), never through this one.
+            self.recovery.preflight = False
+        else:
+            try:
+                self.prepared.inv.host.check_changeable()
+                self.held = leases.acquire(
+                    self.prepared.inv.host,
+                    plan.all_chips(),
+                    plan.job,
+                    cmd=" ".join(plan.ranks[0].argv),
+                    symmetric_dram_mb=plan.symmetric_dram_mb,
+                    labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+                )
+            except TTMeshError as exc:
+                raise self._frozen_first(exc) from None
         try:
             self.run_dir = jobs.create_run_dir(plan.job)
             if str(self.run_dir.path) != plan.run_dir:

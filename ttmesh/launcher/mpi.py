@@ -9,9 +9,11 @@ first failing rank and its code are read from mpirun's report, and the whole tre
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 
 from ttmesh import procs
@@ -24,8 +26,11 @@ FIRST_FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code
 SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 
 
-def find_mpirun(explicit: str | None = None) -> str:
-    path = explicit or os.environ.get("TTMESH_MPIRUN") or shutil.which("mpirun")
+def find_mpirun(explicit: str | None = None, prefer_ulfm: bool = False) -> str:
+    """The mpirun to use: ``explicit``, ``TTMESH_MPIRUN``, else ``mpirun`` on PATH; across hosts
+    ``mpirun-ulfm`` first when it is on PATH (as tt-run does: tt-metal's own Open MPI build)."""
+    found = (shutil.which("mpirun-ulfm") if prefer_ulfm else None) or shutil.which("mpirun")
+    path = explicit or os.environ.get("TTMESH_MPIRUN") or found
     if not path or not os.access(path, os.X_OK):
         raise bad_input(
             "no mpirun on this machine (tt-metal meshes over several processes need an MPI launcher)",
@@ -38,11 +43,14 @@ def mpirun_argv(
     mpirun: str, plan: LaunchPlan, base_env: dict[str, str], attempt: int
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment of mpirun itself): one ``-np 1 -x K=V ... prog`` section per rank."""
-    argv = [mpirun, "--tag-output", "--bind-to", "none"]
+    argv = [mpirun, "--tag-output"]
+    if not plan.hosts:
+        argv += ["--bind-to", "none"]  # (a rankfile places and does not bind: tt-run's rule)
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
-    if len(plan.ranks) > (os.cpu_count() or 1):
+    if len(plan.ranks) > (os.cpu_count() or 1) and "--oversubscribe" not in plan.mpi_args:
         argv.append("--oversubscribe")
+    argv += plan.mpi_args
     env = {k: v for k, v in base_env.items() if not scrubbed(k)}
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = "1"
@@ -50,13 +58,31 @@ def mpirun_argv(
         if i:
             argv.append(":")
         argv += ["-np", "1"]
-        if rank.workdir:
+        if rank.workdir and not plan.hosts:
             argv += ["--wdir", rank.workdir]
         rank_env = {**rank.env, "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+        command = list(rank.argv)
+        if plan.hosts:
+            # On its host, the rank's own ttmesh writes its files, leases its chips and checks
+            # them, then runs the command (ttmesh.launcher.rankshim).
+            rank_env["TTMESH_RANK_FILES"] = json.dumps(rank_files(plan, rank.rank))
+            rank_env["TTMESH_RANK_HOST"] = plan.hosts[rank.node]
+            rank_env["TTMESH_RANK_CHIPS"] = json.dumps([a for u in rank.units for a in u.chips])
+            if rank.workdir:  # made on the rank's host (mpirun's --wdir needs it to exist)
+                rank_env["TTMESH_RANK_WORKDIR"] = rank.workdir
+            command = [sys.executable, "-m", "ttmesh", "_rank", "--", *command]
         for key, value in rank_env.items():
             argv += ["-x", f"{key}={value}"]
-        argv += list(rank.argv)
+        argv += command
     return argv, env
+
+
+def rank_files(plan: LaunchPlan, rank: int) -> dict[str, str]:
+    """The files a rank of a mesh over several hosts needs on its own host."""
+    mine = f"/mock/rank{rank}_cluster_descriptor.yaml"
+    return {
+        path: text for path, text in plan.files.items() if "/mesh/" in path or path.endswith(mine)
+    }
 
 
 class Demux:
@@ -124,3 +150,68 @@ def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
             if 0 <= rank < world and rank not in found:
                 found[rank] = pid
     return found
+
+
+# --------------------------------------------------------------------------- across hosts
+
+VERSION = re.compile(r"\(Open MPI\)\s+(\d+)\.(\d+)|Open MPI\D{0,20}(\d+)\.(\d+)")
+_versions: dict[str, tuple[int, int] | None] = {}
+
+
+def version(mpirun: str) -> tuple[int, int] | None:
+    """Open MPI's (major, minor) from ``mpirun --version`` (None: not Open MPI, or unknown)."""
+    if mpirun not in _versions:
+        import subprocess
+
+        try:
+            out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
+            text = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        match = VERSION.search(text)
+        groups = [g for g in (match.groups() if match else ()) if g is not None]
+        _versions[mpirun] = (int(groups[0]), int(groups[1])) if groups else None
+    return _versions[mpirun]
+
+
+def rankfile_text(hosts_of_ranks: list[str]) -> str:
+    """An Open MPI rankfile: rank N on its host (slot 0: ranks are not bound, --bind-to none)."""
+    return "".join(f"rank {r}={h} slot=0\n" for r, h in enumerate(hosts_of_ranks))
+
+
+def rankfile_args(ver: tuple[int, int] | None, path: str) -> list[str]:
+    """Open MPI 5 (PRRTE) maps by rankfile with ``--map-by rankfile:file=``; 4.x and unknown
+    builds take ``--rankfile`` (tt-run's detect_rankfile_syntax makes the same choice)."""
+    if ver is not None and ver >= (5, 0):
+        return ["--map-by", f"rankfile:file={path}"]
+    return ["--rankfile", path]
+
+
+def agent_args(ver: tuple[int, int] | None, agent: str) -> list[str]:
+    """How mpirun reaches the hosts instead of ssh: Open MPI 4's ``plm_rsh_agent``, PRRTE's
+    ``plm_ssh_agent`` in Open MPI 5 (which still maps the old name)."""
+    if ver is not None and ver >= (5, 0):
+        return ["--prtemca", "plm_ssh_agent", agent]
+    return ["--mca", "plm_rsh_agent", agent]
+
+
+def tcp_args(interface: str | None, environ: dict[str, str]) -> list[str]:
+    """tt-run's multi-host defaults: the TCP transport, on ``interface`` when given, else on
+    every interface but docker0 and lo; settings the user made (OMPI_MCA_*) are kept."""
+    out = []
+    if "OMPI_MCA_btl" not in environ:
+        out += ["--mca", "btl", "self,tcp"]
+    chosen = {"OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude"} & set(environ)
+    if interface:
+        out += ["--mca", "btl_tcp_if_include", interface]
+    elif not chosen:
+        out += ["--mca", "btl_tcp_if_exclude", "docker0,lo"]
+    return out
+
+
+def host_slots(hosts_of_ranks: list[str]) -> str:
+    """``--host a:N,b:M``: every host of the rankfile with as many slots as it has ranks."""
+    counts: dict[str, int] = {}
+    for h in hosts_of_ranks:
+        counts[h] = counts.get(h, 0) + 1
+    return ",".join(f"{h}:{n}" for h, n in counts.items())

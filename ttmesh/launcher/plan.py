@@ -86,6 +86,8 @@ class LaunchRequest:
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job
+    cluster: Any = None  # mesh.cluster.Cluster: a tt-metal mesh over several hosts
+    mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class RankPlan:
     env: dict[str, str]  # only what ttmesh adds or changes
     block_shape: tuple[int, int] = (1, 1)
     workdir: str = ""  # the rank's working directory when not the user's (tt-metal worlds)
+    node: int = 0  # the host it runs on (an index into LaunchPlan.hosts)
 
     @property
     def joins_chips(self) -> bool:
@@ -139,6 +142,8 @@ class LaunchPlan:
     ready_pattern: str | None = None
     serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
+    hosts: list[str] = field(default_factory=list)  # a tt-metal mesh over several hosts
+    mpi_args: list[str] = field(default_factory=list)  # how mpirun reaches them
 
     @property
     def fabric_at_start(self) -> bool:
@@ -192,6 +197,7 @@ class LaunchPlan:
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
+            "hosts": list(self.hosts),
             "ranks": [
                 {
                     "rank": r.rank,
@@ -201,6 +207,7 @@ class LaunchPlan:
                     "block": list(r.block_shape),
                     "host_rank": r.host_rank,
                     "mesh_id": r.mesh_id,
+                    **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
                     "env": shown({**r.env, **self.defaults(dict(os.environ))}),
                 }
@@ -371,7 +378,8 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         of_rank = {b.rank: "" for b in sp.blocks}
         descriptors = {"mesh": req.binding.mesh_graph_desc_path}
     else:
-        sp = layout.split(sel, req.layout, req.nproc)
+        host_of = req.cluster.host_of if req.cluster is not None else None
+        sp = layout.split(sel, req.layout, req.nproc, host_of)
         texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
         files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
         if sp.layout == Layout.ISOLATED:
@@ -386,20 +394,32 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
     user_env = dict(req.env)
     host_env = inv.host.rank_env(sel.chips)
     world = len(sp.blocks)
+    nodes = _nodes(req, sp)
+    per_node = world // len(req.cluster.hosts) if req.cluster is not None else world
+    groupings = _groupings(req, sp) if req.cluster is not None else None
+    if groupings is not None:
+        files[f"{run_dir}/mesh/groupings.textproto"] = groupings
+        descriptors["groupings"] = f"{run_dir}/mesh/groupings.textproto"
     ranks = []
     for block in sp.blocks:
         rank = block.rank
+        node = nodes[rank]
+        local = rank - node * per_node
+        if req.cluster is not None:
+            view = req.cluster.hosts[node]
+            mine = {c.asic_id for c in view.inv.chips}
+            host_env = view.inv.host.rank_env([a for a in sel.chips if a in mine])
         mesh_id, host_rank = layout.mesh_ids(sp, block)
         desc_path = (
             descriptors["mesh"] if req.binding is not None else f"{run_dir}/mesh/{of_rank[rank]}"
         )
         env = {
             "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
+            "LOCAL_RANK": str(local),
             "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0",
-            "GROUP_WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "GROUP_RANK": str(node),
+            "GROUP_WORLD_SIZE": str(len(req.cluster.hosts) if req.cluster is not None else 1),
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(world),
             "ROLE_NAME": "default",
@@ -421,6 +441,13 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             "TTMESH_FABRIC_FILE": f"{run_dir}/fabric/rank{rank}",
         }
         env.update(host_env)
+        if req.cluster is not None:
+            env["TTMESH_NODE_RANK"] = str(node)
+            env["TTMESH_NNODES"] = str(len(req.cluster.hosts))
+            if groupings is not None and "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH" not in (
+                req.environ
+            ):
+                env["TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"] = descriptors["groupings"]
         if rank in req.mocks:
             mock_path = f"{run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
             files[mock_path] = req.mocks[rank]
@@ -458,9 +485,14 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
                 env=env,
                 block_shape=block.shape,
                 workdir=workdir,
+                node=node,
             )
         )
-    used = {r.env.get("TT_MESH_GRAPH_DESC_PATH") for r in ranks}
+    used = {
+        r.env.get(k)
+        for r in ranks
+        for k in ("TT_MESH_GRAPH_DESC_PATH", "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH")
+    }
     descriptors = {name: path for name, path in descriptors.items() if path in used}
     unit_size = max(u.size for u in sel.units)
     grouping = ""
@@ -477,6 +509,8 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             f"one {sel.shape[0]}x{sel.shape[1]} mesh over {world} processes, host_topology "
             f"{sp.host_dims[0]}x{sp.host_dims[1]}"
         )
+    if req.cluster is not None:
+        grouping += f" on {len(req.cluster.hosts)} hosts ({per_node} per host)"
     return LaunchPlan(
         job=req.job,
         layout=sp.layout,
@@ -502,4 +536,21 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         ready_timeout=req.ready_timeout,
         ready_pattern=req.ready_pattern,
         serving=req.serving,
+        hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
+        mpi_args=list(req.mpi_args),
     )
+
+
+def _nodes(req: LaunchRequest, sp: layout.Split) -> dict[int, int]:
+    """The host of each rank (0 on one host)."""
+    if req.cluster is None:
+        return {b.rank: 0 for b in sp.blocks}
+    return {b.rank: req.cluster.host_of[b.chips[0]] for b in sp.blocks}
+
+
+def _groupings(req: LaunchRequest, sp: layout.Split) -> str | None:
+    from ttmesh.mesh import cluster
+
+    if sp.layout != Layout.MESH:
+        return None
+    return cluster.groupings(cluster.merged_descriptor(req.cluster), sp.blocks, sp.host_dims)

@@ -232,8 +232,11 @@ class MpiStarter(Starter):
         self.demux = mpi.Demux(self.console.feed)
         self._workdirs()
         argv, env = mpi.mpirun_argv(self.plan.mpirun, self.plan, self.base_env, self.attempt)
+        # Over several hosts the rankfile is named relative to the run directory (PRRTE misreads
+        # absolute paths in --map-by rankfile:file=, tt-run notes).
+        cwd = self.plan.run_dir if self.plan.hosts else self.plan.cwd
         try:
-            proc = self._popen(argv, env, self.plan.cwd or None)
+            proc = self._popen(argv, env, cwd or None)
         except OSError as exc:
             return [RankExit(0, -1, 127, f"mpirun could not start ({exc.strerror})", False)]
         self.mpirun = proc.pid

@@ -195,11 +195,19 @@ def _impossible(g: Graph, pat: Pattern) -> bool:
     return pat.odd_ring and g.bipartite
 
 
-def embeddings(g: Graph, pat: Pattern, budget: int | None = None) -> Iterator[list[int]]:
+def embeddings(
+    g: Graph, pat: Pattern, budget: int | None = None, domains: Sequence[int] | None = None
+) -> Iterator[list[int]]:
     """Every embedding of the pattern (one per mirror class): chip index per step, earlier
     chips (in the graph's order) tried first. Exhaustive, so no embedding means none exists,
-    unless ``budget`` bounds the chips tried (then it stops early, and proves nothing)."""
+    unless ``budget`` bounds the chips tried (then it stops early, and proves nothing).
+
+    ``domains``: per step, the bit mask of the chips its cell may hold (a mesh over several
+    hosts: each block of cells on its own host). Mirror images then differ, so every one is
+    searched."""
     if _impossible(g, pat):
+        return
+    if domains is not None and any(d == 0 for d in domains):
         return
     n = len(pat.cells)
     everyone = (1 << g.size) - 1
@@ -214,10 +222,13 @@ def embeddings(g: Graph, pat: Pattern, budget: int | None = None) -> Iterator[li
         cand = everyone & ~used & by_degree[pat.degree[i]]
         for j in pat.earlier[i]:
             cand &= g.adj[chip[j]]
-        for j in pat.lower[i]:
-            cand &= ~((2 << chip[j]) - 1)
-        for j in pat.higher[i]:
-            cand &= (1 << chip[j]) - 1
+        if domains is not None:
+            cand &= domains[i]
+        else:
+            for j in pat.lower[i]:
+                cand &= ~((2 << chip[j]) - 1)
+            for j in pat.higher[i]:
+                cand &= (1 << chip[j]) - 1
         for p in _bits(cand):
             tried[0] += 1
             if budget is not None and tried[0] > budget:

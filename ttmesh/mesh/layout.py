@@ -14,10 +14,15 @@ The last two form one tt-metal world only when every process starts under MPI.
 
 A *block* is the rectangle of mesh coordinates one worker drives. Blocks tile the mesh; ranks
 follow the ring over blocks (consecutive ranks neighbours), host ranks are row-major.
+
+A mesh over several hosts (``host_of``: chip -> host index) keeps every block on one host, and
+numbers the ranks host by host (node-major, as torchrun and tt-run do), the ring order within a
+host; ``TT_MESH_HOST_RANK`` stays the block's row-major place in the whole mesh.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ttmesh.errors import bad_input
@@ -69,8 +74,13 @@ def _block_shapes(shape: tuple[int, int], count: int) -> list[tuple[int, int]]:
     return sorted(out, key=lambda s: (-s[1], s[0]))
 
 
-def split(sel: Selection, layout: str, nproc: int | None = None) -> Split:
-    """Cut the selection into one block per worker."""
+def split(
+    sel: Selection,
+    layout: str,
+    nproc: int | None = None,
+    host_of: dict[str, int] | None = None,
+) -> Split:
+    """Cut the selection into one block per worker (``host_of``: no block spans two hosts)."""
     if layout not in LAYOUTS:
         raise bad_input(f"unknown mesh layout {layout!r}", "one of " + ", ".join(LAYOUTS))
     rows, cols = sel.shape
@@ -96,27 +106,33 @@ def split(sel: Selection, layout: str, nproc: int | None = None) -> Split:
         )
     shapes = _block_shapes(sel.shape, count)
     for bshape in shapes:
-        blocks = _tile(sel, bshape, unit_of)
+        blocks = _tile(sel, bshape, unit_of, host_of)
         if blocks is not None:
             return Split(layout, (rows // bshape[0], cols // bshape[1]), blocks)
+    where = " on one host each" if host_of else ""
     raise bad_input(
-        f"{count} workers: no way to split the {rows}x{cols} mesh into equal blocks that keep each "
-        "board whole",
-        f"workers on this mesh: {', '.join(str(n) for n in possible_worker_counts(sel))}",
+        f"{count} workers: no way to split the {rows}x{cols} mesh into equal blocks{where} that "
+        "keep each board whole",
+        f"workers on this mesh: {', '.join(str(n) for n in possible_worker_counts(sel, host_of))}",
     )
 
 
-def possible_worker_counts(sel: Selection) -> list[int]:
+def possible_worker_counts(sel: Selection, host_of: dict[str, int] | None = None) -> list[int]:
     unit_of = {a: u for u in sel.units for a in u.chips}
     n = sel.shape[0] * sel.shape[1]
     return [
         k
         for k in range(1, n + 1)
-        if n % k == 0 and any(_tile(sel, s, unit_of) for s in _block_shapes(sel.shape, k))
+        if n % k == 0 and any(_tile(sel, s, unit_of, host_of) for s in _block_shapes(sel.shape, k))
     ]
 
 
-def _tile(sel: Selection, bshape: tuple[int, int], unit_of: dict[str, Unit]) -> list[Block] | None:
+def _tile(
+    sel: Selection,
+    bshape: tuple[int, int],
+    unit_of: dict[str, Unit],
+    host_of: dict[str, int] | None = None,
+) -> list[Block] | None:
     rows, cols = sel.shape
     br, bc = bshape
     hr, hc = rows // br, cols // bc
@@ -126,6 +142,8 @@ def _tile(sel: Selection, bshape: tuple[int, int], unit_of: dict[str, Unit]) -> 
         for j in range(hc):
             coords = tuple((i * br + r, j * bc + c) for r in range(br) for c in range(bc))
             chips = tuple(sel.grid[c] for c in coords)
+            if host_of is not None and len({host_of[a] for a in chips}) > 1:
+                return None  # a worker runs on one host
             units: list[Unit] = []
             for a in chips:
                 unit = unit_of[a]
@@ -143,9 +161,15 @@ def _tile(sel: Selection, bshape: tuple[int, int], unit_of: dict[str, Unit]) -> 
                 chips=chips,
                 units=tuple(units),
             )
+    ring = ring_order((hr, hc))
+    if host_of is not None:  # node-major: host by host, the ring order within each
+        ring.sort(key=lambda place: host_of[blocks_by_host[place].chips[0]])
+        per_host = Counter(host_of[b.chips[0]] for b in blocks_by_host.values())
+        if len(set(per_host.values())) > 1:
+            return None  # every host runs as many workers
     ordered = []
-    for rank, host in enumerate(ring_order((hr, hc))):
-        b = blocks_by_host[host]
+    for rank, place in enumerate(ring):
+        b = blocks_by_host[place]
         ordered.append(
             Block(rank, b.origin, b.shape, b.host_coord, b.host_rank, b.coords, b.chips, b.units)
         )

@@ -59,8 +59,9 @@ def create(
     state = sim.initial_state(config)
     sim._write_state(state)
     sim.write_static()
+    name = model.name if model.host is None else f"{model.name} host {model.host}"
     header = [
-        f"Simulated {model.name}: {model.title}" if model.title else f"Simulated {model.name}",
+        f"Simulated {name}: {model.title}" if model.title else f"Simulated {name}",
         f"Written by ttmesh {__version__} from {model.source or 'a system file'}.",
     ]
     (root / "cluster_descriptor.yaml").write_text(
@@ -70,6 +71,8 @@ def create(
     install_tools(root)
     (root / "run" / "lock" / "ttmesh").mkdir(parents=True, exist_ok=True)
     marker = {"system": model.name, "ttmesh": __version__, "created": time.time()}
+    if model.host is not None:
+        marker["host"] = model.host
     (root / core.MARKER).write_text(json.dumps(marker) + "\n")
     return root
 

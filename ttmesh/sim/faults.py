@@ -232,7 +232,8 @@ def show(host: Host) -> dict[str, Any]:
     return {
         "schema": "ttmesh.simstate-view/1",
         "root": sim.root,
-        "system": sim.system["name"],
+        "system": sim.system["name"]
+        + (f" host {sim.system['host']}" if sim.system.get("host") is not None else ""),
         "config": state["config"],
         "chips": chips,
         "links_down": down,

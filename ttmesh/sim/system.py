@@ -3,6 +3,12 @@
 A system file (``ttmesh/configs/systems/NAME.yaml``) lists every chip with its identity, PCI
 address, ``/dev/tenstorrent`` number, harvesting and board, and every Ethernet link by chip and
 channel. The stock files are generated from real cluster descriptors by ``scripts/gen_systems.py``.
+
+A system of several hosts (two cabled T3Ks, four cabled Galaxies) lists ``hosts`` (each a system
+of its own: chips, boards, links) and the ``cables`` between them, ``[host, chip, chan, host,
+chip, chan]``. Each host is simulated in a root of its own (``ttmesh sim create --host N``); a
+cable is, on each side, what tt-umd shows on a real multi-host system: a link to a remote device
+(``ethernet_connections_to_remote_devices``) named by the peer chip's unique id.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class SystemModel:
     notes: list[str] = field(default_factory=list)
     driver_version: str = "2.10.0"
     fw_bundle_version: str = "19.10.0.0"
+    host: int | None = None  # this host's index in a system of several hosts
+    hosts: int = 1  # how many hosts that system has
 
     @property
     def arch(self) -> str:
@@ -87,6 +95,7 @@ class SystemModel:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain form (JSON or YAML) that :func:`from_dict` reads back."""
+        where = {} if self.host is None else {"host": self.host, "hosts": self.hosts}
         return {
             "name": self.name,
             "title": self.title,
@@ -94,6 +103,7 @@ class SystemModel:
             "notes": list(self.notes),
             "driver_version": self.driver_version,
             "fw_bundle_version": self.fw_bundle_version,
+            **where,
             "chips": [
                 {k: v for k, v in asdict(c).items() if v is not None or k in ("bdf", "dev_index")}
                 for c in sorted(self.chips, key=lambda c: c.id)
@@ -219,8 +229,17 @@ def from_dict(data: Any, where: str) -> SystemModel:
         driver_version=str(data.get("driver_version") or "2.10.0"),
         fw_bundle_version=str(data.get("fw_bundle_version") or "19.10.0.0"),
     )
+    if data.get("host") is not None:
+        model.host, model.hosts = _index(data, "host", where), _index(data, "hosts", where)
     validate(model, where)
     return model
+
+
+def _index(data: dict, key: str, where: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_input(f"{where}: '{key}' must be a whole number, not {value!r}")
+    return value
 
 
 def validate(model: SystemModel, where: str) -> None:
@@ -302,6 +321,172 @@ def validate(model: SystemModel, where: str) -> None:
                 fail(f"chip {c.id}: channel {chan} out of range 0..{limit - 1}")
 
 
+# --------------------------------------------------------------------------- several hosts
+
+
+@dataclass(frozen=True)
+class Cable:
+    """An Ethernet cable between chips of two hosts (host indexes and host-local chip ids)."""
+
+    host_a: int
+    chip_a: int
+    chan_a: int
+    host_b: int
+    chip_b: int
+    chan_b: int
+
+    def ends(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        return (self.host_a, self.chip_a, self.chan_a), (self.host_b, self.chip_b, self.chan_b)
+
+
+@dataclass
+class ClusterModel:
+    """A system of several hosts and the cables between them."""
+
+    name: str
+    title: str
+    hosts: list[SystemModel]
+    cables: list[Cable]
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def arch(self) -> str:
+        return self.hosts[0].arch
+
+    @property
+    def chip_count(self) -> int:
+        return sum(len(h.chips) for h in self.hosts)
+
+    def host(self, index: int) -> SystemModel:
+        """Host ``index`` as one simulated host: its chips, and every cable as a link to a
+        remote device named by the peer chip's unique id (what tt-umd shows on that host)."""
+        if not 0 <= index < len(self.hosts):
+            raise bad_input(
+                f"{self.name} has no host {index}", f"its hosts are 0..{len(self.hosts) - 1}"
+            )
+        base = self.hosts[index]
+        remote = list(base.remote_links)
+        for cable in self.cables:
+            for (h, chip, chan), (ph, pchip, pchan) in (cable.ends(), cable.ends()[::-1]):
+                if h == index:
+                    peer = self.hosts[ph].chip(pchip).unique_id
+                    remote.append(RemoteLink(chip, chan, peer, pchan))
+        return SystemModel(
+            name=self.name,
+            title=f"{self.title} (host {index} of {len(self.hosts)})",
+            chips=list(base.chips),
+            boards=list(base.boards),
+            links=list(base.links),
+            remote_links=remote,
+            source=base.source or self.source,
+            notes=[*self.notes, *base.notes],
+            driver_version=base.driver_version,
+            fw_bundle_version=base.fw_bundle_version,
+            host=index,
+            hosts=len(self.hosts),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        hosts = []
+        for h in self.hosts:
+            d = h.to_dict()
+            hosts.append({k: v for k, v in d.items() if k not in ("name", "title", "notes")})
+        return {
+            "name": self.name,
+            "title": self.title,
+            "source": self.source,
+            "notes": list(self.notes),
+            "hosts": hosts,
+            "cables": [list(c.__dict__.values()) for c in self.cables],
+        }
+
+
+def _cluster_from_dict(data: dict, where: str) -> ClusterModel:
+    raw_hosts = data["hosts"]
+    if not isinstance(raw_hosts, list) or len(raw_hosts) < 2:
+        raise bad_input(
+            f"{where}: 'hosts' must list two or more hosts",
+            "a single host is described without 'hosts'",
+        )
+    name = str(data.get("name") or Path(where).stem)
+    hosts = []
+    for i, raw in enumerate(raw_hosts):
+        if not isinstance(raw, dict):
+            raise bad_input(f"{where}: hosts[{i}] is not a map of chips, boards and links")
+        merged = {"name": name, "title": data.get("title") or "", **raw}
+        merged.pop("host", None)
+        merged.pop("hosts", None)
+        hosts.append(from_dict(merged, f"{where}: hosts[{i}]"))
+    cables = []
+    for raw in data.get("cables") or []:
+        if not (
+            isinstance(raw, list)
+            and len(raw) == 6
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in raw)
+        ):
+            raise bad_input(
+                f"{where}: malformed cable {raw!r}"[:300],
+                "a cable is [host, chip, chan, host, chip, chan]",
+            )
+        cables.append(Cable(*raw))
+    model = ClusterModel(
+        name=name,
+        title=str(data.get("title") or ""),
+        hosts=hosts,
+        cables=cables,
+        source=str(data.get("source") or ""),
+        notes=[str(n) for n in data.get("notes") or []],
+    )
+    validate_cluster(model, where)
+    return model
+
+
+def validate_cluster(model: ClusterModel, where: str) -> None:
+    """Unique ids are unique across hosts; every cable joins two defined chips of two hosts on
+    channels nothing else uses."""
+
+    def fail(what: str, hint: str | None = None) -> None:
+        raise bad_input(f"{where}: {what}", hint)
+
+    owner: dict[int, tuple[int, int]] = {}
+    for i, host in enumerate(model.hosts):
+        for c in host.chips:
+            if c.unique_id in owner:
+                h, cid = owner[c.unique_id]
+                fail(
+                    f"host {h} chip {cid} and host {i} chip {c.id} share the unique id {c.unique_id}"
+                )
+            owner[c.unique_id] = (i, c.id)
+    used: dict[tuple[int, int, int], str] = {}
+    for i, host in enumerate(model.hosts):
+        for lk in host.links:
+            used[(i, lk.chip_a, lk.chan_a)] = used[(i, lk.chip_b, lk.chan_b)] = "a link"
+        for r in host.remote_links:
+            used[(i, r.chip, r.chan)] = "a remote link"
+    for cable in model.cables:
+        text = "{}:{}:{}-{}:{}:{}".format(*cable.__dict__.values())
+        if cable.host_a == cable.host_b:
+            fail(
+                f"cable {text} joins host {cable.host_a} to itself",
+                "list it under the host's links",
+            )
+        for h, chip, chan in cable.ends():
+            if not 0 <= h < len(model.hosts):
+                fail(f"cable {text} names host {h}, which is not defined")
+            ids = {c.id for c in model.hosts[h].chips}
+            if chip not in ids:
+                fail(f"cable {text} names chip {chip} of host {h}, which is not defined")
+            limit = boardfacts.ARCHS[model.hosts[h].chip(chip).arch].eth_channels
+            if not 0 <= chan < limit:
+                fail(f"cable {text}: channel {chan} out of range 0..{limit - 1}")
+            if (h, chip, chan) in used:
+                fail(
+                    f"channel {chan} of host {h} chip {chip} is used twice ({used[(h, chip, chan)]} and cable {text})"
+                )
+            used[(h, chip, chan)] = f"cable {text}"
+
+
 # --------------------------------------------------------------------------- stock systems
 
 
@@ -309,8 +494,8 @@ def _format_hint() -> str:
     return f"a stock system file shows the format: {systems_dir() / 'quietbox2.yaml'}"
 
 
-def load(name_or_path: str) -> SystemModel:
-    """A stock system by name, or a system file by path."""
+def load_any(name_or_path: str) -> SystemModel | ClusterModel:
+    """A stock system by name, or a system file by path: one host, or several."""
     from ttmesh import yamlio
 
     path = Path(name_or_path)
@@ -325,4 +510,28 @@ def load(name_or_path: str) -> SystemModel:
         data = yamlio.load_file(path, "system file")
     except ValueError as exc:
         raise bad_input(f"{path}: not valid YAML: {exc}")
+    if isinstance(data, dict) and "hosts" in data:
+        return _cluster_from_dict(data, str(path))
     return from_dict(data, str(path))
+
+
+def load(name_or_path: str) -> SystemModel:
+    """A system of one host (a system of several is refused: each host is built on its own)."""
+    return load_host(name_or_path, None)
+
+
+def load_host(name_or_path: str, host: int | None) -> SystemModel:
+    """One host: the system itself, or host ``host`` of a system of several."""
+    model = load_any(name_or_path)
+    if isinstance(model, ClusterModel):
+        if host is None:
+            raise bad_input(
+                f"{model.name} is a system of {len(model.hosts)} hosts: each host is simulated "
+                "in a root of its own",
+                f"build one with ttmesh sim create --system {name_or_path} --host N --root DIR "
+                f"(N = 0..{len(model.hosts) - 1})",
+            )
+        return model.host(host)
+    if host is not None:
+        raise bad_input(f"{model.name} is a single host: --host {host} names none", "drop --host")
+    return model

@@ -1,0 +1,316 @@
+"""A tt-metal mesh over several hosts: one global plan, started by one MPMD ``mpirun``.
+
+``ttmesh launch --hosts a,b --mesh-layout mesh ...`` (and ``ttmesh descriptor --hosts``):
+
+1. **Reports.** One ``mpirun`` runs ``ttmesh _host-report`` on every host (a rankfile puts
+   report N on host N): each host's chips, links, cables and unavailable chips, read there.
+2. **One plan.** The reports are joined (:mod:`ttmesh.mesh.cluster`) and one mesh is chosen
+   over them; each host drives one block of it, the hosts placed by the wiring. Ranks are
+   node-major; each gets the torchrun contract with global values (``LOCAL_RANK`` and
+   ``GROUP_RANK`` per host), its chips by PCI address on its own host, the one mesh graph
+   descriptor every host gets identically, and on simulated hosts its own mock cluster cut
+   from all the hosts' clusters (other ranks' chips, here or on another host, as remote
+   devices). A Galaxy mesh also gets tt-metal's physical grouping descriptor.
+3. **One mpirun** (:mod:`ttmesh.launcher.mpi`): ``mpirun-ulfm`` when on PATH (as tt-run), the
+   rankfile in the form the Open MPI version takes (4.x ``--rankfile``, 5.x ``--map-by
+   rankfile:file=``), ``--host`` with each host's slots, tt-run's TCP options (``--mca btl
+   self,tcp`` and the interface include/exclude list), and ``--launch-agent`` as the form the
+   version takes (``plm_rsh_agent`` / ``plm_ssh_agent``) for clusters reached without ssh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input, refused
+from ttmesh.launcher import hostreport, mpi
+from ttmesh.mesh import cluster as meshcluster
+
+REPORT_TIMEOUT = 120.0
+
+
+@dataclass
+class MpiHosts:
+    """How mpirun reaches the hosts of a job."""
+
+    names: list[str]
+    mpirun: str
+    version: tuple[int, int] | None
+    agent: str | None = None  # --launch-agent: mpirun's remote shell (instead of ssh)
+    tcp_interface: str | None = None  # --tcp-interface
+    environ: dict[str, str] = field(default_factory=dict)
+
+    def args(self, hosts_of_ranks: list[str], rankfile: str) -> list[str]:
+        """mpirun's options for ranks placed by ``rankfile`` (one line per rank)."""
+        out: list[str] = []
+        if self.agent:
+            out += mpi.agent_args(self.version, self.agent)
+        out += ["--host", mpi.host_slots(hosts_of_ranks)]
+        out += mpi.rankfile_args(self.version, rankfile)
+        out += mpi.tcp_args(self.tcp_interface, self.environ)
+        if len(set(hosts_of_ranks)) < len(hosts_of_ranks):
+            out.append("--oversubscribe")  # several ranks share slot 0 of a host (unbound)
+        return out
+
+
+def parse_hosts(text: str) -> list[str]:
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise bad_input(
+            f"--hosts {text!r}: name two or more different hosts", "e.g. --hosts node0,node1"
+        )
+    for name in names:
+        if name.startswith("-") or any(c.isspace() for c in name):
+            raise bad_input(f"--hosts: {name!r} is not a host name", "e.g. --hosts node0,node1")
+    return names
+
+
+def setup(
+    names: list[str],
+    mpirun: str | None = None,
+    agent: str | None = None,
+    tcp_interface: str | None = None,
+) -> MpiHosts:
+    path = mpi.find_mpirun(mpirun, prefer_ulfm=True)
+    if agent is not None and not agent.strip():
+        raise bad_input("--launch-agent '': no command named", "e.g. --launch-agent ssh")
+    return MpiHosts(names, path, mpi.version(path), agent, tcp_interface, dict(os.environ))
+
+
+# --------------------------------------------------------------------------- 1. the reports
+
+
+def gather(mh: MpiHosts) -> list[tuple[meshcluster.HostView, dict[str, str], dict[str, str]]]:
+    """Every host's report, in the order of ``mh.names`` (started through one mpirun)."""
+    count = len(mh.names)
+    with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
+        Path(tmp, "rankfile").write_text(mpi.rankfile_text(mh.names))
+        argv = [mh.mpirun, *mh.args(mh.names, "rankfile"), "-np", str(count), "--tag-output"]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
+            if key in mh.environ:
+                argv += ["-x", key]
+        argv += [sys.executable, "-m", "ttmesh", "_host-report"]
+        try:
+            proc = subprocess.run(
+                argv, cwd=tmp, capture_output=True, text=True, timeout=REPORT_TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            raise bad_input(
+                f"the hosts did not report within {REPORT_TIMEOUT:.0f} s ({', '.join(mh.names)})",
+                "check that mpirun reaches them (ssh, or --launch-agent)",
+            )
+        except OSError as exc:
+            raise bad_input(f"cannot run {mh.mpirun}: {exc.strerror}")
+    streams: dict[tuple[int, str], list[bytes]] = {}
+    demux = mpi.Demux(lambda owner, name, data: streams.setdefault((owner, name), []).append(data))
+    demux.data("stdout", proc.stdout.encode())
+    demux.data("stderr", proc.stderr.encode())
+    demux.flush()
+    reports: dict[int, Any] = {}
+    errors: dict[int, list[str]] = {}
+    for (rank, _name), chunks in streams.items():
+        for text in b"".join(chunks).decode(errors="replace").splitlines():
+            if text.startswith(hostreport.PREFIX):
+                try:
+                    reports[rank] = json.loads(text[len(hostreport.PREFIX) :])
+                except ValueError:
+                    errors.setdefault(rank, []).append("a report that is not JSON")
+            elif text.startswith("ttmesh: "):
+                errors.setdefault(rank, []).append(text[len("ttmesh: ") :])
+    for rank, name in enumerate(mh.names):
+        if rank not in reports:
+            why = (errors.get(rank) or [_last_line(proc)])[-1]
+            raise bad_input(f"host {name} did not report: {why}", f"see ttmesh ls on {name}")
+    return [hostreport.parse(reports[r], mh.names[r]) for r in range(count)]
+
+
+def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else f"mpirun exited {proc.returncode}"
+
+
+# --------------------------------------------------------------------------- 2. one plan
+
+
+def prepare(req: Any, mh: MpiHosts, descriptor_only: bool = False) -> Any:
+    """The global plan (launch.Prepared) for ``req`` over the hosts; changes nothing."""
+    return plan_over(req, gather(mh), mh, descriptor_only)
+
+
+def plan_over(
+    req: Any,
+    reported: list[tuple[meshcluster.HostView, dict[str, str], dict[str, str]]],
+    mh: MpiHosts,
+    descriptor_only: bool = False,
+) -> Any:
+    """The global plan from the hosts' reports (in ``mh.names`` order)."""
+
+    cluster = meshcluster.join([view for view, _why, _who in reported])
+    why: dict[str, str] = {}
+    who: dict[str, str] = {}
+    if not descriptor_only:
+        for view, w, h in reported:
+            why.update(w)
+            who.update({a: f"{text} on host {view.name}" for a, text in h.items()})
+    count = len(cluster.hosts)
+    if req.tp_size is None or req.tp_size == 0:
+        req.tp_size = len(cluster.inv.chips)
+    if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
+        rows, cols = req.mesh_shape
+        raise bad_input(
+            f"--mesh-shape {rows}x{cols} has {rows * cols} chips but --tp-size is {req.tp_size}",
+            "make ROWS x COLS equal the chip count",
+        )
+    blocked = {a: w for a, w in why.items()}
+    if req.binding is not None:
+        sel, hosts_of_ranks = _binding(req, cluster)
+        return _finish(req, cluster, sel, mh, descriptor_only, hosts_of_ranks)
+    try:
+        sel, _grid = meshcluster.select(
+            cluster, req.tp_size, shape=req.mesh_shape, unavailable=blocked
+        )
+    except Exception as exc:
+        if not blocked or getattr(exc, "code", None) != 2:
+            raise
+        try:
+            meshcluster.select(cluster, req.tp_size, shape=req.mesh_shape)
+        except Exception:
+            raise exc from None
+        first = sorted(blocked)[0]
+        raise refused(
+            f"tp-size {req.tp_size}: not enough free chips; {first} is {blocked[first]}: "
+            f"{who.get(first, '?')}",
+            "wait for them, or see ttmesh ps on that host",
+        )
+    if req.nproc is not None:
+        req.nproc = req.nproc * count  # --nproc-per-node counts one host's workers
+    return _finish(req, cluster, sel, mh, descriptor_only, None)
+
+
+def _finish(
+    req: Any,
+    cluster: meshcluster.Cluster,
+    sel: Any,
+    mh: MpiHosts,
+    descriptor_only: bool,
+    hosts_of_ranks: list[str] | None,
+) -> Any:
+    from ttmesh.launcher import launch
+    from ttmesh.launcher.plan import build, resolve_command
+    from ttmesh.mesh import layout, memory, mock
+    from ttmesh.runtime import jobs
+
+    req.cluster = cluster
+    req.symmetric_dram_mb = memory.plan(
+        req.symmetric_dram_mb, [cluster.inv.chip(a).dram_mb for a in sel.chips]
+    )
+    argv = [] if descriptor_only else resolve_command(req)
+    if not req.job:
+        req.job = jobs.new_job_id()
+    if not req.run_dir:
+        req.run_dir = str(jobs.runs_dir() / req.job)
+    if not req.cwd:
+        req.cwd = os.getcwd()
+    req.master_addr = mh.names[0]
+    req.master_port = req.master_port or 29500
+    if req.binding is not None:
+        rank_chips = [[a for u in units for a in u.chips] for units in req.binding_units]
+    else:
+        sp = layout.split(sel, req.layout, req.nproc, cluster.host_of)
+        rank_chips = [list(b.chips) for b in sp.blocks]
+        hosts_of_ranks = [cluster.name_of(b.chips[0]) for b in sp.blocks]
+    assert hosts_of_ranks is not None
+    if all(view.mock is not None for view in cluster.hosts):
+        merged = meshcluster.merged_descriptor(cluster)
+        req.mocks = {
+            r: mock.chips_view(merged, chips, f"ttmesh job {req.job}, rank {r}")
+            for r, chips in enumerate(rank_chips)
+        }
+    req.mpi_args = mh.args(hosts_of_ranks, "mpi/rankfile")  # mpirun runs in the run directory
+    plan = build(req, cluster.inv, sel, argv)
+    plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
+    plan.mpirun = mh.mpirun
+    return launch.Prepared(plan, cluster.inv, sel)
+
+
+def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
+    """A tt-run rank binding over the hosts: each rank's host (the binding's rankfile,
+    ``FILE.rankfile`` beside it, else node-major over --hosts), its chips there, and the
+    pre-flight of its mesh host ranks against the wiring."""
+    from ttmesh.launcher.adapters import ttrun
+    from ttmesh.mesh import descriptor as mgd
+    from ttmesh.mesh import select as meshselect
+
+    bf = req.binding
+    names = [v.name for v in cluster.hosts]
+    count = len(bf.bindings)
+    rankfile = Path(bf.path).with_suffix(".rankfile")
+    if rankfile.is_file():
+        placed = parse_rankfile(rankfile.read_text(), str(rankfile), names, count)
+    else:
+        if count % len(names):
+            raise bad_input(
+                f"{bf.path}: {count} ranks do not share {len(names)} hosts equally",
+                f"write {rankfile.name} (rank N=HOST slot=0 per line) beside it",
+            )
+        per = count // len(names)
+        placed = [names[r // per] for r in range(count)]
+    units = []
+    for b, name in zip(bf.bindings, placed, strict=True):
+        view = cluster.hosts[names.index(name)]
+        one = ttrun.BindingFile(bf.path, [b], bf.global_env, bf.mesh_graph_desc_path)
+        units.append(ttrun.rank_units(one, view.inv, meshselect.units_of(view.inv))[0])
+    req.binding_units = units
+    chips = [a for us in units for u in us for a in u.chips]
+    req.tp_size = len(chips)
+    try:
+        graph = mgd.parse(Path(bf.mesh_graph_desc_path).read_text())
+        host_dims = graph.meshes[0].host_dims
+    except (OSError, mgd.DescriptorError, IndexError) as exc:
+        raise bad_input(
+            f"{bf.mesh_graph_desc_path}: not a mesh graph descriptor ttmesh reads ({exc})"
+        )
+    ranks = [
+        (b.rank, b.mesh_host_rank or 0, [a for u in us for a in u.chips])
+        for b, us in zip(bf.bindings, units, strict=True)
+        if b.mesh_id == 0
+    ]
+    problem = meshcluster.check_host_ranks(cluster, tuple(host_dims), ranks)  # type: ignore[arg-type]
+    if problem:
+        raise refused(
+            f"pre-flight: {bf.path}: {problem}",
+            "give each rank the host rank of its place in the wiring (ttmesh descriptor --hosts "
+            "... --export-rank-binding writes one)",
+        )
+    return meshselect.as_given(cluster.inv, chips), placed
+
+
+def parse_rankfile(text: str, where: str, names: list[str], count: int) -> list[str]:
+    """``rank N=HOST slot=...`` lines: the host of ranks 0..count-1, each among ``names``."""
+    import re
+
+    placed: dict[int, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"rank\s+(\d+)\s*=\s*(\S+)", line)
+        if not match:
+            raise bad_input(f"{where}: not a rankfile line: {line!r}", "rank N=HOST slot=0")
+        rank, host = int(match.group(1)), match.group(2)
+        if host not in names:
+            raise bad_input(f"{where}: rank {rank} is on {host}, which --hosts does not name")
+        placed[rank] = host
+    missing = [r for r in range(count) if r not in placed]
+    if missing:
+        raise bad_input(f"{where}: no host for rank {missing[0]}", "one line per rank")
+    return [placed[r] for r in range(count)]

@@ -1,0 +1,140 @@
+"""A rank of a tt-metal mesh over several hosts, on its own host: ``ttmesh _rank -- COMMAND``.
+
+The one MPMD mpirun of the job starts every rank as ``ttmesh _rank`` on the rank's host, which
+does that host's duties for the rank before the command runs, and stays its parent:
+
+1. **Is this the host the plan put the rank on?** Every chip the plan gave the rank must be
+   here (asic ids are unique): a rank on another machine (hosts swapped in a rankfile or
+   ``--hosts``) stops with one line naming both hosts (exit 3).
+2. **Files**: the rank's plan files (the mesh graph descriptor every host gets identically, the
+   physical grouping descriptor, its mock cluster) are written under the same paths here.
+3. **Leases** on this host's lease directory for the rank's chips, held until the command ends
+   (another job on this host sees them leased).
+4. **Pre-flight** of the rank's chips here (driver nodes, heartbeats, links between them, holders
+   outside the job): a problem stops the rank with its one line (exit 3).
+5. The command runs as a child with the rank's environment (MPI's included: the child is the MPI
+   process); SIGTERM, SIGINT and SIGHUP are passed on, and the child gets SIGTERM should this
+   process die; the exit code is the command's (128 + signal when a signal ended it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ttmesh import procs
+from ttmesh.errors import TTMeshError, bad_input, refused
+from ttmesh.host.base import Host
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"ttmesh: {line}\n")
+    sys.stderr.flush()
+
+
+def write_files(files: dict[str, str]) -> None:
+    """Each file at its path, unless it is already there with this content (the launching host
+    wrote its own; ranks of one host share the mesh descriptor)."""
+    for path, text in files.items():
+        target = Path(path)
+        try:
+            if target.is_file() and target.read_text() == text:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise bad_input(
+                f"cannot write {path} on {socket.gethostname()}: {exc.strerror}",
+                "the job's run directory must be writable on every host",
+            )
+
+
+def check_here(host: Host, chips: list[str], rank: str, planned: str) -> None:
+    """Refuse (exit 3) when the rank's chips are not this host's: the rank landed elsewhere."""
+    from ttmesh.fabric.devices import discover
+
+    here = {c.asic_id for c in discover(host).chips}
+    missing = [a for a in chips if a not in here]
+    if not missing:
+        return
+    me = socket.gethostname()
+    what = "none of" if len(missing) == len(chips) else f"{len(missing)} of"
+    raise refused(
+        f"rank {rank} was planned on host {planned} but runs on {me}, which has {what} its chips "
+        f"(first: {missing[0]}): the hosts are swapped",
+        "start ranks where the plan put them (the rankfile and --hosts in the plan's order)",
+    )
+
+
+def run(host: Host, command: list[str]) -> int:
+    from ttmesh.fabric import health
+    from ttmesh.fabric.devices import discover
+    from ttmesh.runtime import leases
+
+    env = dict(os.environ)
+    rank = env.get("TTMESH_RANK", "?")
+    planned = env.get("TTMESH_RANK_HOST", "?")
+    chips = json.loads(env.pop("TTMESH_RANK_CHIPS", "[]"))
+    files = json.loads(env.pop("TTMESH_RANK_FILES", "{}"))
+    if not command:
+        raise bad_input("_rank: no command", "ttmesh _rank -- COMMAND (started by ttmesh launch)")
+    check_here(host, chips, rank, planned)
+    write_files(files)
+    held = leases.acquire(host, chips, env.get("TTMESH_JOB_ID", "?"), cmd=" ".join(command))
+    try:
+        problems = [
+            p
+            for p in health.preflight(discover(host), chips, (os.getpid(),))
+            if p.severity == "error"
+        ]
+        if problems:
+            first = problems[0]
+            raise refused(
+                f"pre-flight on {socket.gethostname()}: {first.what}",
+                first.fix or "see ttmesh check on that host",
+            )
+        workdir = env.pop("TTMESH_RANK_WORKDIR", None)
+        if workdir:
+            try:
+                os.makedirs(workdir, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise bad_input(f"cannot make {workdir} on {socket.gethostname()}: {exc.strerror}")
+        try:
+            # SIGTERM if this ttmesh is killed (an mpirun abort SIGKILLs what it started): the
+            # rank never outlives the process that holds its leases.
+            child = subprocess.Popen(
+                command,
+                env=env,
+                cwd=workdir or None,
+                preexec_fn=procs.pdeathsig_preexec(os.getpid(), signal.SIGTERM),
+            )
+        except OSError as exc:
+            _say(f"cannot run {command[0]} on {socket.gethostname()}: {exc.strerror}")
+            return 127
+
+        def forward(signum: int, _frame: object) -> None:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        host.workers_started([(list(chips), child.pid)])
+        code = child.wait()
+        host.worker_ended(child.pid, code == 0)
+        return code if code >= 0 else 128 - code
+    finally:
+        held.release()
+
+
+__all__ = ["TTMeshError", "check_here", "run", "write_files"]

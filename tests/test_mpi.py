@@ -391,6 +391,30 @@ def test_bad_launcher_and_missing_mpirun(qb2: Path, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "report",
+    [
+        # Open MPI 4's first words when a rank fails; the rank is named later, or not at all
+        # when mpirun is gone first.
+        "Primary job  terminated normally, but 1 process returned\\na non-zero exit code. "
+        "Per user-direction, the job has been aborted.",
+        "Process name: [[19556,1],1]\\n  Exit code:    3",
+    ],
+)
+def test_a_rank_that_ends_before_ttmesh_sees_it_is_a_rank_failure(
+    qb2: Path, tmp_path: Path, report: str
+) -> None:
+    """A rank that exits at once ends before ttmesh finds its PID: mpirun's report that a
+    rank ran and failed makes it the rank's failure (its code), not mpirun failing to start."""
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\nprintf '{report}\\n' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
+                  *worker("exit=0"), env={"TTMESH_MPIRUN": str(fake)})  # fmt: skip
+    assert res.code == 3, res.err
+    assert "failed to start" not in res.err
+
+
 @needs_mpirun
 def test_interrupt_before_the_ranks_are_known(qb2: Path, tmp_path: Path) -> None:
     """A SIGINT that arrives while mpirun is still starting its ranks stops the job cleanly."""

@@ -24,6 +24,9 @@ from ttmesh.launcher.plan import LaunchPlan, scrubbed
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
 FIRST_FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
 SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+# mpirun's word that its ranks ran (one of them returned non-zero), printed before it names the
+# rank; a rank that exits at once can end before ttmesh has seen its PID.
+RANKS_RAN = re.compile(r"process(?:es)?\s+returned\s+a\s+non-zero\s+exit\s+code")
 
 
 def find_mpirun(explicit: str | None = None, prefer_ulfm: bool = False) -> str:
@@ -138,6 +141,10 @@ class Demux:
         if match:
             return int(match.group(1)), 128 + int(match.group(2))
         return None
+
+    def ranks_ran(self) -> bool:
+        """Did mpirun's report say its ranks ran (and one failed)?"""
+        return self.first_failure() is not None or bool(RANKS_RAN.search("".join(self.text)))
 
 
 def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:

@@ -276,7 +276,8 @@ class MpiStarter(Starter):
         demux = self.demux
         demux.flush()  # type: ignore[union-attr]
         code = procs.exit_code(status)
-        if code != 0 and not self.pids and not stopping:
+        if code != 0 and not self.pids and not stopping and not demux.ranks_ran():  # type: ignore[union-attr]
+            # Not one rank was seen, and mpirun does not say one ran: it failed to start them.
             said = "".join(demux.text).strip().splitlines()  # type: ignore[union-attr]
             self.launcher_error = said[-1] if said else procs.describe_status(status)
         failed = demux.first_failure()  # type: ignore[union-attr]

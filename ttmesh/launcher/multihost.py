@@ -175,6 +175,8 @@ class Peers:
     def close(self, attempt: int) -> None:
         if self.mh.node_rank == 0:  # the store's host stays until every host has ended
             self.coord.wait_ends(attempt, self.mh.heartbeat_timeout + 30)
+        else:
+            self.coord.leave(attempt)
         self.coord.close()
 
 

@@ -109,6 +109,7 @@ class Coordinator:
         self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self._beat_thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._left = False  # left torch's rendezvous already (leave)
         self.lost: str | None = None  # why a peer or the store is considered gone
         self.peer_end: dict[str, Any] | None = None  # the first failure another host reported
         self._on_peer: Any = None
@@ -342,9 +343,20 @@ class Coordinator:
                 return end
             time.sleep(0.05)
 
+    def leave(self, attempt: int) -> None:
+        """A host that does not hold the store is done with it: it leaves torch's rendezvous and
+        says so, so that node 0 keeps the store until nobody reads it any more."""
+        self._left = True
+        with contextlib.suppress(Exception):
+            self.handler.shutdown()
+        with contextlib.suppress(Exception):
+            self.publish(f"left/{attempt}/{self.node}", True)
+
     def wait_ends(self, attempt: int, timeout: float) -> None:
-        """Node 0 hosts the store: it stays until every host has said how its attempt ended."""
+        """Node 0 hosts the store: it stays until every host has said how its attempt ended and
+        has left (a host still reading the others' ends would find the store gone)."""
         keys = [f"end/{attempt}/{n}" for n in range(self.nnodes)]
+        keys += [f"left/{attempt}/{n}" for n in range(1, self.nnodes)]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.lost is None:
             if all(self.read(k) is not None for k in keys):
@@ -361,8 +373,9 @@ class Coordinator:
         self._stop.set()
         if self._beat_thread is not None:
             self._beat_thread.join(timeout=2)
-        with contextlib.suppress(Exception):
-            self.handler.shutdown()
+        if not self._left:
+            with contextlib.suppress(Exception):
+                self.handler.shutdown()
         if self.listener is not None:
             with contextlib.suppress(OSError):
                 self.listener.close()

@@ -421,3 +421,42 @@ def test_a_mesh_over_hosts_on_a_network_of_their_own(world: Path) -> None:
         0: str(hosts[0].root),
         1: str(hosts[1].root),
     }
+
+
+# --------------------------------------------------------------------------- ls/check/reset --hosts
+
+
+@needs_hosts
+@needs_mpirun
+def test_ls_check_and_reset_over_hosts_show_each_host(world: Path) -> None:
+    """ls, check and reset --hosts run on every host (through mpirun), each reading its own
+    root, shown host by host; the exit is the worst host's; reset recovers only what is down."""
+    hosts = make_hosts(world, "quietbox2", 2)
+    agent = launch_agent(world, hosts)
+    down = ["0000:01:00.0", "0000:03:00.0"]
+    fault = subprocess.run([sys.executable, "-m", "ttmesh", "sim", "fault", "--root",
+                            str(hosts[1].root), "link-down", *down], capture_output=True)  # fmt: skip
+    assert fault.returncode == 0, fault.stderr
+    res = _run(hosts, agent, "ls", "--hosts", "HOSTS", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "ttmesh.hosts/1" and doc["command"] == "ls"
+    assert [(h["host"], h["code"]) for h in doc["hosts"]] == [("ttmh-0", 0), ("ttmh-1", 0)]
+    for h in doc["hosts"]:
+        assert h["result"]["schema"] == "ttmesh.ls/1" and len(h["result"]["chips"]) == 4
+    text = _run(hosts, agent, "ls", "--hosts", "HOSTS")
+    assert text.returncode == 0 and text.stdout.startswith("== ttmh-0 ==\n"), text.stderr
+    assert "\n== ttmh-1 ==\n" in text.stdout
+    assert "\x1b" not in text.stdout  # plain text, though mpirun gives ranks a terminal
+    check = _run(hosts, agent, "check", "--hosts", "HOSTS", "--json")
+    assert check.returncode == 1, check.stderr
+    codes = [(h["host"], h["code"]) for h in json.loads(check.stdout)["hosts"]]
+    assert codes == [("ttmh-0", 0), ("ttmh-1", 1)]
+    assert "ttmesh: host ttmh-1: exit 1" in check.stderr
+    assert "ttmh-0" not in check.stderr.replace("[ttmh-0]", "")  # only the failing host named
+    reset = _run(hosts, agent, "reset", "--hosts", "HOSTS", "--chips", ",".join(down), "--json")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    after = _run(hosts, agent, "check", "--hosts", "HOSTS")
+    assert after.returncode == 0, after.stdout + after.stderr
+    bad = _run(hosts, agent, "check", "--hosts", "HOSTS", "--root", str(hosts[0].root))
+    assert bad.returncode == 2 and "--root names a host on this machine" in bad.stderr

@@ -7,12 +7,14 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import bad_input
 from ttmesh.vocab import MPI_LAYOUTS, Layout
 
 
 @click.command("check", context_settings=CONTEXT)
+@hosts_options
 @host_options
 @click.option(
     "--chips",

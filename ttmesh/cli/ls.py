@@ -7,11 +7,13 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import TTMeshError
 
 
 @click.command("ls", context_settings=CONTEXT)
+@hosts_options
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.ls/1 JSON document.")
 def ls_cmd(host: Any, as_json: bool) -> int:

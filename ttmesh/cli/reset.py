@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import bad_input
 
@@ -23,6 +24,7 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
 
 
 @click.command("reset", context_settings=CONTEXT)
+@hosts_options
 @host_options
 @click.option(
     "--chips",

@@ -1,0 +1,113 @@
+"""``--hosts`` for the commands that read a host (``ls``, ``check``, ``reset``): the same command
+on every host, through one mpirun, shown host by host (:mod:`ttmesh.launcher.fanout`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from ttmesh.errors import bad_input
+
+OWN = {"hosts", "launch_agent", "sim_name", "root"}
+SCHEMA = "ttmesh.hosts/1"
+
+
+def hosts_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--hosts / --launch-agent: run the command on every host instead of this one. Goes above
+    :func:`~ttmesh.cli.options.host_options` (with --hosts, this host is not opened)."""
+
+    @click.option(
+        "--hosts",
+        "hosts",
+        metavar="HOST,...",
+        help="Run this command on every one of these hosts (through mpirun, which reaches them "
+        "as for a job; each host reads its own files) and show them host by host. Exit: the "
+        "worst host's.",
+    )
+    @click.option(
+        "--launch-agent",
+        "launch_agent",
+        metavar="CMD",
+        help="With --hosts: how mpirun reaches the hosts instead of ssh.",
+    )
+    @functools.wraps(fn)
+    def wrapper(*args: Any, hosts: str | None, launch_agent: str | None, **kwargs: Any) -> Any:
+        if hosts is None:
+            if launch_agent is not None:
+                raise bad_input("--launch-agent is for --hosts", "add --hosts, or drop it")
+            return fn(*args, **kwargs)
+        ctx = click.get_current_context()
+        for name, flag in (("sim_name", "--sim"), ("root", "--root")):
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                raise bad_input(
+                    f"{flag} names a host on this machine; with --hosts each host reads its own",
+                    f"drop {flag} (a host's root there: TTMESH_ROOT, else /)",
+                )
+        return fan_out(ctx, hosts, launch_agent, bool(kwargs.get("as_json")))
+
+    return wrapper
+
+
+def forwarded(ctx: click.Context) -> list[str]:
+    """The options the user gave this command, spelled for the same command on another host."""
+    args = [ctx.info_name or ""]
+    assert isinstance(ctx.command, click.Command)
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in OWN or param.name is None:
+            continue
+        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            spelled = param.opts[0] if value else next(iter(param.secondary_opts), None)
+            if spelled:
+                args.append(spelled)
+        elif value is not None:
+            args += [param.opts[0], str(value)]
+    return args
+
+
+def fan_out(ctx: click.Context, hosts: str, agent: str | None, as_json: bool) -> int:
+    from ttmesh.launcher import fanout, meshhosts
+
+    mh = meshhosts.setup(meshhosts.parse_hosts(hosts), agent=agent)
+    runs = fanout.run(mh, forwarded(ctx), timeout=meshhosts.REPORT_TIMEOUT + 600)
+    if as_json:
+        from ttmesh.render import emit_json
+
+        doc = {"schema": SCHEMA, "command": ctx.info_name, "hosts": [_entry(r) for r in runs]}
+        emit_json(doc)
+    else:
+        for i, r in enumerate(runs):
+            head = f"== {r.host}" + ("" if r.code == 0 else f" (exit {_code(r)})") + " =="
+            sys.stdout.write(("\n" if i else "") + head + "\n" + r.stdout)
+            sys.stdout.flush()
+            for line in r.stderr.splitlines():
+                sys.stderr.write(f"[{r.host}] {line}\n")
+    failed = [r for r in runs if r.code != 0]
+    for r in failed:
+        sys.stderr.write(f"ttmesh: host {r.host}: exit {_code(r)}: {r.why()}\n")
+    return fanout.worst(runs)
+
+
+def _code(run: Any) -> str:
+    return "?" if run.code is None else str(run.code)
+
+
+def _entry(run: Any) -> dict[str, Any]:
+    try:
+        result = json.loads(run.stdout) if run.stdout.strip() else None
+    except ValueError:
+        result = None
+    return {
+        "host": run.host,
+        "code": run.code,
+        "result": result,
+        "error": None if run.code == 0 else run.why(),
+    }

@@ -1,0 +1,91 @@
+"""One ttmesh command on every host of a cluster, through one ``mpirun`` (``ls``, ``check`` and
+``reset`` with ``--hosts``).
+
+Each host runs ``ttmesh COMMAND ARGS`` itself (a rankfile puts copy N on host N), reading its
+own files; this ttmesh reads no other machine's. A small shell wrapper prints the command's exit
+code after its output and exits 0, so one host's failure (a ``check`` that finds problems) does
+not make mpirun stop the others. The outputs come back per host, in the order named.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ttmesh.errors import bad_input
+from ttmesh.launcher import mpi
+from ttmesh.launcher.meshhosts import MpiHosts
+
+EXIT_MARK = "@@ttmesh-exit "
+_EXIT = re.compile(re.escape(EXIT_MARK) + r"(\d+)\s*$")
+# Runs ttmesh with the host's own Python, then says how it ended (the wrapper itself exits 0).
+WRAPPER = f'"$0" -m ttmesh "$@"; echo "{EXIT_MARK}$?"'
+
+
+@dataclass
+class HostRun:
+    """What one host's ttmesh printed, and its exit code (None: it never said)."""
+
+    host: str
+    code: int | None
+    stdout: str
+    stderr: str
+
+    def why(self) -> str:
+        """The host's last word, for a summary line."""
+        lines = [ln for ln in self.stderr.splitlines() if ln.strip(" -")]  # not mpirun's rules
+        return lines[-1].removeprefix("ttmesh: ") if lines else "no output"
+
+
+def run(mh: MpiHosts, args: list[str], timeout: float) -> list[HostRun]:
+    """``ttmesh ARGS`` on every host of ``mh``; one :class:`HostRun` per host, in order."""
+    count = len(mh.names)
+    with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
+        Path(tmp, "rankfile").write_text(mpi.rankfile_text(mh.names))
+        argv = [mh.mpirun, *mh.args(mh.names, "rankfile"), "-np", str(count), "--tag-output"]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
+            if key in mh.environ:
+                argv += ["-x", key]
+        # mpirun gives ranks a pseudo-terminal: plain text, no live view, on every host.
+        argv += ["-x", "TERM=dumb", "sh", "-c", WRAPPER, sys.executable, *args]
+        try:
+            proc = subprocess.run(argv, cwd=tmp, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise bad_input(
+                f"the hosts did not answer within {timeout:.0f} s ({', '.join(mh.names)})",
+                "check that mpirun reaches them (ssh, or --launch-agent)",
+            ) from None
+        except OSError as exc:
+            raise bad_input(f"cannot run {mh.mpirun}: {exc.strerror}") from None
+    streams: dict[tuple[int, str], list[bytes]] = {}
+    demux = mpi.Demux(lambda owner, name, data: streams.setdefault((owner, name), []).append(data))
+    demux.data("stdout", proc.stdout)
+    demux.data("stderr", proc.stderr)
+    demux.flush()
+    out = []
+    for rank, name in enumerate(mh.names):
+        stdout = b"".join(streams.get((rank, "stdout"), [])).decode(errors="replace")
+        stderr = b"".join(streams.get((rank, "stderr"), [])).decode(errors="replace")
+        code = None
+        lines = stdout.splitlines(keepends=True)
+        if lines and (match := _EXIT.match(lines[-1].strip())):
+            code = int(match.group(1))
+            stdout = "".join(lines[:-1])
+        elif not stderr.strip():
+            said = b"".join(streams.get((-1, "stderr"), [])).decode(errors="replace")
+            lines = [ln for ln in said.splitlines() if ln.strip(" -")]
+            stderr = lines[-1] if lines else f"mpirun exited {proc.returncode}"
+        out.append(HostRun(name, code, stdout, stderr))
+    return out
+
+
+def worst(runs: list[HostRun]) -> int:
+    """The exit code over every host: the highest (a host that never said counts as 1)."""
+    return max(1 if r.code is None else r.code for r in runs)

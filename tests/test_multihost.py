@@ -142,6 +142,36 @@ def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: P
     assert ours == {f"rdzv-127.0.0.1-{port}-n0", f"rdzv-127.0.0.1-{port}-n1"}, ours
 
 
+def test_every_host_restarts_together_after_one_hosts_rank_fails(qb2: Path, tmp_path: Path) -> None:
+    """--max-restarts over hosts: rank 1 (node 1) fails in the first attempt only; node 0's
+    rank, stopped for it, runs again in the second attempt, and every agent exits 0."""
+    port = _port("127.0.0.1")
+    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
+              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", "2"]  # fmt: skip
+    code = (
+        "import os, sys, time; n = os.environ['TORCHELASTIC_RESTART_COUNT']; "
+        "print('ran', os.environ['RANK'], n, flush=True); "
+        "sys.exit(9) if os.environ['RANK'] == '1' and n == '0' else time.sleep(0.5 if n == '0' "
+        "and os.environ['RANK'] == '0' else 0)"
+    )
+    agents = []
+    for n in (0, 1):
+        argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--node-rank", str(n),
+                *common, "--chips", ("0000:01:00.0", "0000:03:00.0")[n],
+                "--", sys.executable, "-c", code]  # fmt: skip
+        env = {**__import__("os").environ, **TOKEN}
+        pipe = subprocess.PIPE
+        agents.append(subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env))
+    results = _finish(agents, timeout=120)
+    assert [c for c, _o, _e in results] == [0, 0], results
+    ran = [sorted(line.split()[2:] for line in o.splitlines() if line.split()[1:2] == ["ran"])
+           for _c, o, _e in results]  # fmt: skip
+    # Two attempts on each host, the second together: rank 0 ran in attempts 0 and 1 as well.
+    assert ran == [[["0", "0"], ["0", "1"]], [["1", "0"], ["1", "1"]]], results
+    for _c, _o, err in results:
+        assert "attempt 1 of 3 failed" in err, err
+
+
 # --------------------------------------------------------------------------- emulated hosts
 
 

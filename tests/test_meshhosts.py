@@ -460,3 +460,7 @@ def test_ls_check_and_reset_over_hosts_show_each_host(world: Path) -> None:
     assert after.returncode == 0, after.stdout + after.stderr
     bad = _run(hosts, agent, "check", "--hosts", "HOSTS", "--root", str(hosts[0].root))
     assert bad.returncode == 2 and "--root names a host on this machine" in bad.stderr
+    gone = _run(hosts, agent, "ls", "--hosts", "HOSTS", "--launch-agent", "/bin/false")
+    assert gone.returncode == 2, gone.stdout + gone.stderr
+    assert gone.stderr.startswith("ttmesh: mpirun reached none of the hosts (ttmh-0, ttmh-1): ")
+    assert len(gone.stderr.strip().splitlines()) == 1, gone.stderr

@@ -69,6 +69,12 @@ def run(mh: MpiHosts, args: list[str], timeout: float) -> list[HostRun]:
     demux.data("stdout", proc.stdout)
     demux.data("stderr", proc.stderr)
     demux.flush()
+    said = b"".join(streams.get((-1, "stderr"), []) + streams.get((-1, "stdout"), []))
+    # mpirun's own first word (ssh's error, "ORTE was unable to reliably start ..."), not its rules.
+    first = next(
+        (ln.strip() for ln in said.decode(errors="replace").splitlines() if ln.strip(" -")),
+        f"mpirun exited {proc.returncode}",
+    )
     out = []
     for rank, name in enumerate(mh.names):
         stdout = b"".join(streams.get((rank, "stdout"), [])).decode(errors="replace")
@@ -79,10 +85,13 @@ def run(mh: MpiHosts, args: list[str], timeout: float) -> list[HostRun]:
             code = int(match.group(1))
             stdout = "".join(lines[:-1])
         elif not stderr.strip():
-            said = b"".join(streams.get((-1, "stderr"), [])).decode(errors="replace")
-            lines = [ln for ln in said.splitlines() if ln.strip(" -")]
-            stderr = lines[-1] if lines else f"mpirun exited {proc.returncode}"
+            stderr = first
         out.append(HostRun(name, code, stdout, stderr))
+    if all(r.code is None for r in out):
+        raise bad_input(
+            f"mpirun reached none of the hosts ({', '.join(mh.names)}): {first}",
+            "check that mpirun reaches them (ssh, or --launch-agent)",
+        )
     return out
 
 

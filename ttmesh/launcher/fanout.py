@@ -9,16 +9,11 @@ not make mpirun stop the others. The outputs come back per host, in the order na
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from ttmesh.errors import bad_input
-from ttmesh.launcher import mpi
 from ttmesh.launcher.meshhosts import MpiHosts
 
 EXIT_MARK = "@@ttmesh-exit "
@@ -44,32 +39,10 @@ class HostRun:
 
 def run(mh: MpiHosts, args: list[str], timeout: float) -> list[HostRun]:
     """``ttmesh ARGS`` on every host of ``mh``; one :class:`HostRun` per host, in order."""
-    count = len(mh.names)
-    with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
-        Path(tmp, "rankfile").write_text(mpi.rankfile_text(mh.names))
-        argv = [mh.mpirun, *mh.args(mh.names, "rankfile"), "-np", str(count), "--tag-output"]
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
-        for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
-            if key in mh.environ:
-                argv += ["-x", key]
-        # mpirun gives ranks a pseudo-terminal: plain text, no live view, on every host.
-        argv += ["-x", "TERM=dumb", "sh", "-c", WRAPPER, sys.executable, *args]
-        try:
-            proc = subprocess.run(argv, cwd=tmp, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise bad_input(
-                f"the hosts did not answer within {timeout:.0f} s ({', '.join(mh.names)})",
-                "check that mpirun reaches them (ssh, or --launch-agent)",
-            ) from None
-        except OSError as exc:
-            raise bad_input(f"cannot run {mh.mpirun}: {exc.strerror}") from None
-    streams: dict[tuple[int, str], list[bytes]] = {}
-    demux = mpi.Demux(lambda owner, name, data: streams.setdefault((owner, name), []).append(data))
-    demux.data("stdout", proc.stdout)
-    demux.data("stderr", proc.stderr)
-    demux.flush()
-    said = b"".join(streams.get((-1, "stderr"), []) + streams.get((-1, "stdout"), []))
+    # mpirun gives ranks a pseudo-terminal: plain text, no live view, on every host.
+    command = ["sh", "-c", WRAPPER, sys.executable, *args]
+    proc, streams = mh.run_each(command, timeout, "answer", env=("TERM=dumb",))
+    said = streams.get((-1, "stderr"), b"") + streams.get((-1, "stdout"), b"")
     # mpirun's own first word (ssh's error, "ORTE was unable to reliably start ..."), not its rules.
     first = next(
         (ln.strip() for ln in said.decode(errors="replace").splitlines() if ln.strip(" -")),
@@ -77,8 +50,8 @@ def run(mh: MpiHosts, args: list[str], timeout: float) -> list[HostRun]:
     )
     out = []
     for rank, name in enumerate(mh.names):
-        stdout = b"".join(streams.get((rank, "stdout"), [])).decode(errors="replace")
-        stderr = b"".join(streams.get((rank, "stderr"), [])).decode(errors="replace")
+        stdout = streams.get((rank, "stdout"), b"").decode(errors="replace")
+        stderr = streams.get((rank, "stderr"), b"").decode(errors="replace")
         code = None
         lines = stdout.splitlines(keepends=True)
         if lines and (match := _EXIT.match(lines[-1].strip())):

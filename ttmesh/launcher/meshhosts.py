@@ -59,6 +59,43 @@ class MpiHosts:
             out.append("--oversubscribe")  # several ranks share slot 0 of a host (unbound)
         return out
 
+    def run_each(
+        self, command: list[str], timeout: float, what: str, env: tuple[str, ...] = ()
+    ) -> tuple[subprocess.CompletedProcess[bytes], dict[tuple[int, str], bytes]]:
+        """``command`` once on every host (copy N on host N, by a rankfile), through one mpirun;
+        mpirun's result and what each copy printed, by (copy, stream) (mpirun's own words
+        under copy -1). ``what`` names the wait in the line of a timeout ("report")."""
+        with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
+            Path(tmp, "rankfile").write_text(mpi.rankfile_text(self.names))
+            argv = [self.mpirun, *self.args(self.names, "rankfile"), "-np", str(len(self.names))]
+            argv.append("--tag-output")
+            if os.geteuid() == 0:
+                argv.append("--allow-run-as-root")
+            for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
+                if key in self.environ:
+                    argv += ["-x", key]
+            for setting in env:
+                argv += ["-x", setting]
+            try:
+                proc = subprocess.run(
+                    [*argv, *command], cwd=tmp, capture_output=True, timeout=timeout
+                )
+            except subprocess.TimeoutExpired:
+                raise bad_input(
+                    f"the hosts did not {what} within {timeout:.0f} s ({', '.join(self.names)})",
+                    "check that mpirun reaches them (ssh, or --launch-agent)",
+                ) from None
+            except OSError as exc:
+                raise bad_input(f"cannot run {self.mpirun}: {exc.strerror}") from None
+        chunks: dict[tuple[int, str], list[bytes]] = {}
+        demux = mpi.Demux(
+            lambda owner, name, data: chunks.setdefault((owner, name), []).append(data)
+        )
+        demux.data("stdout", proc.stdout)
+        demux.data("stderr", proc.stderr)
+        demux.flush()
+        return proc, {key: b"".join(parts) for key, parts in chunks.items()}
+
 
 def parse_hosts(text: str) -> list[str]:
     names = [h.strip() for h in text.split(",") if h.strip()]
@@ -89,36 +126,13 @@ def setup(
 
 def gather(mh: MpiHosts) -> list[tuple[meshcluster.HostView, dict[str, str], dict[str, str]]]:
     """Every host's report, in the order of ``mh.names`` (started through one mpirun)."""
-    count = len(mh.names)
-    with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
-        Path(tmp, "rankfile").write_text(mpi.rankfile_text(mh.names))
-        argv = [mh.mpirun, *mh.args(mh.names, "rankfile"), "-np", str(count), "--tag-output"]
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
-        for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
-            if key in mh.environ:
-                argv += ["-x", key]
-        argv += [sys.executable, "-m", "ttmesh", "_host-report"]
-        try:
-            proc = subprocess.run(
-                argv, cwd=tmp, capture_output=True, text=True, timeout=REPORT_TIMEOUT
-            )
-        except subprocess.TimeoutExpired:
-            raise bad_input(
-                f"the hosts did not report within {REPORT_TIMEOUT:.0f} s ({', '.join(mh.names)})",
-                "check that mpirun reaches them (ssh, or --launch-agent)",
-            )
-        except OSError as exc:
-            raise bad_input(f"cannot run {mh.mpirun}: {exc.strerror}")
-    streams: dict[tuple[int, str], list[bytes]] = {}
-    demux = mpi.Demux(lambda owner, name, data: streams.setdefault((owner, name), []).append(data))
-    demux.data("stdout", proc.stdout.encode())
-    demux.data("stderr", proc.stderr.encode())
-    demux.flush()
+    proc, streams = mh.run_each(
+        [sys.executable, "-m", "ttmesh", "_host-report"], REPORT_TIMEOUT, "report"
+    )
     reports: dict[int, Any] = {}
     errors: dict[int, list[str]] = {}
-    for (rank, _name), chunks in streams.items():
-        for text in b"".join(chunks).decode(errors="replace").splitlines():
+    for (rank, _name), data in streams.items():
+        for text in data.decode(errors="replace").splitlines():
             if text.startswith(hostreport.PREFIX):
                 try:
                     reports[rank] = json.loads(text[len(hostreport.PREFIX) :])
@@ -130,11 +144,12 @@ def gather(mh: MpiHosts) -> list[tuple[meshcluster.HostView, dict[str, str], dic
         if rank not in reports:
             why = (errors.get(rank) or [_last_line(proc)])[-1]
             raise bad_input(f"host {name} did not report: {why}", f"see ttmesh ls on {name}")
-    return [hostreport.parse(reports[r], mh.names[r]) for r in range(count)]
+    return [hostreport.parse(reports[r], name) for r, name in enumerate(mh.names)]
 
 
-def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+def _last_line(proc: subprocess.CompletedProcess[bytes]) -> str:
+    said = (proc.stderr + proc.stdout).decode(errors="replace")
+    lines = [ln for ln in said.splitlines() if ln.strip()]
     return lines[-1][:300] if lines else f"mpirun exited {proc.returncode}"
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ttmesh.launcher.events import JobPhase
+from ttmesh.launcher.events import JobPhase, write_all
 
 if TYPE_CHECKING:
     from ttmesh.launcher.plan import LaunchPlan
@@ -319,7 +319,7 @@ class JobView:
 
     def output(self, fd: int, data: bytes) -> None:
         if (fd == 2 and not self.err_tty) or not self.screen.running:
-            _write_all(fd, data)  # stderr that goes to a file keeps its lines there
+            write_all(fd, data)  # stderr that goes to a file keeps its lines there
             return
         self.screen.write(data.decode(errors="replace"))
 
@@ -387,17 +387,6 @@ def _chips(bdfs: list[str], count: int) -> str:
         return f"{count} chip(s)"
     more = f" +{len(bdfs) - 1}" if len(bdfs) > 1 else ""
     return bdfs[0] + more
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
-        except OSError:
-            return
 
 
 # --------------------------------------------------------------------------- ttmesh reset

@@ -120,7 +120,7 @@ class EventWriter:
 
     def output(self, fd: int, data: bytes) -> None:
         if not self._send(OUTPUT, bytes([fd]) + data):
-            _write_all(fd, data)
+            write_all(fd, data)
 
     def tick(self) -> None:
         """The front ticks its own observer."""
@@ -164,7 +164,8 @@ class EventReader:
             getattr(self.observer, name)(*args)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (a non-blocking terminal included); a closed one drops it."""
     view = memoryview(data)
     while view:
         try:

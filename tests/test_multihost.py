@@ -111,17 +111,11 @@ def test_multihost_bad_input(qb2: Path) -> None:
         assert needle in res.err.strip().splitlines()[-1], (args, res.err)
 
 
-def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: Path) -> None:
-    """Two agents of one job on one machine (a split host, each given its chips): each part
-    has its own run directory, leases and record (JOB-n0, JOB-n1); ranks and messages are
-    global."""
-    port = _port("127.0.0.1")
+def _split_host(qb2: Path, port: int, max_restarts: int, code: str) -> list:
+    """Two agents of one job on one machine, each given one chip of ``qb2`` (a split host),
+    each running ``python -c CODE``; their (exit code, stdout, stderr)."""
     common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
-              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", "1"]  # fmt: skip
-    code = (
-        "import os, sys; print(os.environ['RANK'], os.environ['TT_VISIBLE_DEVICES']); "
-        "sys.exit(7 if os.environ['RANK'] == '1' else 0)"
-    )
+              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", str(max_restarts)]  # fmt: skip
     agents = []
     for n in (0, 1):
         argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--node-rank", str(n),
@@ -130,7 +124,19 @@ def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: P
         env = {**__import__("os").environ, **TOKEN}
         pipe = subprocess.PIPE
         agents.append(subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env))
-    results = _finish(agents, timeout=120)
+    return _finish(agents, timeout=120)
+
+
+def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: Path) -> None:
+    """Two agents of one job on one machine (a split host, each given its chips): each part
+    has its own run directory, leases and record (JOB-n0, JOB-n1); ranks and messages are
+    global."""
+    port = _port("127.0.0.1")
+    code = (
+        "import os, sys; print(os.environ['RANK'], os.environ['TT_VISIBLE_DEVICES']); "
+        "sys.exit(7 if os.environ['RANK'] == '1' else 0)"
+    )
+    results = _split_host(qb2, port, 1, code)
     assert [c for c, _o, _e in results] == [7, 7], results
     assert "already exists" not in results[0][2] + results[1][2]
     assert [o.split()[-1] for _c, o, _e in results] == ["0000:01:00.0", "0000:03:00.0"], results
@@ -145,24 +151,13 @@ def test_two_agents_on_one_machine_keep_their_parts_apart(qb2: Path, tmp_path: P
 def test_every_host_restarts_together_after_one_hosts_rank_fails(qb2: Path, tmp_path: Path) -> None:
     """--max-restarts over hosts: rank 1 (node 1) fails in the first attempt only; node 0's
     rank, stopped for it, runs again in the second attempt, and every agent exits 0."""
-    port = _port("127.0.0.1")
-    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
-              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", "2"]  # fmt: skip
     code = (
         "import os, sys, time; n = os.environ['TORCHELASTIC_RESTART_COUNT']; "
         "print('ran', os.environ['RANK'], n, flush=True); "
         "sys.exit(9) if os.environ['RANK'] == '1' and n == '0' else time.sleep(0.5 if n == '0' "
         "and os.environ['RANK'] == '0' else 0)"
     )
-    agents = []
-    for n in (0, 1):
-        argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--node-rank", str(n),
-                *common, "--chips", ("0000:01:00.0", "0000:03:00.0")[n],
-                "--", sys.executable, "-c", code]  # fmt: skip
-        env = {**__import__("os").environ, **TOKEN}
-        pipe = subprocess.PIPE
-        agents.append(subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env))
-    results = _finish(agents, timeout=120)
+    results = _split_host(qb2, _port("127.0.0.1"), 2, code)
     assert [c for c, _o, _e in results] == [0, 0], results
     ran = [sorted(line.split()[2:] for line in o.splitlines() if line.split()[1:2] == ["ran"])
            for _c, o, _e in results]  # fmt: skip

@@ -8,6 +8,7 @@ by scripts/sglang-cpu/setup (``.ci/run`` does it; ``TTMESH_SGLANG_DIR``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,17 @@ def _server_tree(proc: subprocess.Popen) -> list[int]:
 
 def _shm() -> set[str]:
     return {p for pattern in SHM for p in glob.glob(pattern)}
+
+
+@pytest.fixture(autouse=True)
+def _no_shm_left() -> Iterator[None]:
+    """Whatever a test's SGLang left in /dev/shm (a test that failed before ttmesh cleaned up,
+    the asserts having run) is removed after it, so no run leaves it for the next."""
+    before = _shm()
+    yield
+    for path in _shm() - before:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

@@ -423,6 +423,62 @@ def test_a_mesh_over_hosts_on_a_network_of_their_own(world: Path) -> None:
     }
 
 
+@needs_hosts
+@needs_mpirun
+def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world: Path) -> None:
+    """Each rank brings up its host's links (a crash leaves them down, as on hardware); after
+    the failed attempt every host checks and resets its own chips, then all ranks restart."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    crash_once = 'exit $(( TORCHELASTIC_RESTART_COUNT == 0 ? 7 : 0 ))'
+    res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+               "--nproc-per-node", "1", "--tp-size", "16", "--max-restarts", "1",
+               "--", "sh", "-c", crash_once, TAG)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    for host in ("ttmh-0", "ttmh-1"):
+        recovered = [n for n in notes if n.startswith(f"ttmesh: host {host}: ")]
+        assert len(recovered) == 1, notes
+        assert " are down " in recovered[0] and "chips reset and verified" in recovered[0]
+        assert notes.index(recovered[0]) < next(
+            i for i, n in enumerate(notes) if "restarting every rank" in n
+        ), notes
+    assert "ttmesh: attempt 2: every rank succeeded (exit 0" in res.stderr
+    after = _run(hosts, agent, "check", "--hosts", "HOSTS")
+    assert after.returncode == 0, after.stdout + after.stderr
+
+
+@needs_hosts
+@needs_mpirun
+def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
+    """Links down on one host: its rank's ttmesh refuses there (exit 3, one line naming the host
+    and --auto-reset) and nothing is reset or restarted; with --auto-reset that host's chips are
+    reset before anything starts, the other host's are left alone."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    fault = subprocess.run([sys.executable, "-m", "ttmesh", "sim", "fault", "--root",
+                            str(hosts[1].root), "link-down", "0000:31:00.0", "0000:4b:00.0"],
+                           capture_output=True)  # fmt: skip
+    assert fault.returncode == 0, fault.stderr
+    job = ["launch", "--hosts", "HOSTS", "--mesh-layout", "mesh", "--nproc-per-node", "1",
+           "--tp-size", "16", "--max-restarts", "2"]  # fmt: skip
+    refused = _run(hosts, agent, *job, "--", "true")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == "ttmesh: exit 3: rank 1's exit code"
+    assert "[r1] ttmesh: pre-flight on ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and " \
+        "0000:4b:00.0 are down" in refused.stderr
+    assert "or launch with --auto-reset to recover the chips first" in refused.stderr
+    assert "chips reset" not in refused.stderr and "restarting" not in refused.stderr
+    assert _run(hosts, agent, "check", "--hosts", "HOSTS").returncode == 1  # still down
+    fixed = _run(hosts, agent, *job, "--auto-reset", "--", "true")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    notes = [ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host ")]
+    assert len(notes) == 1 and notes[0].startswith(
+        "ttmesh: host ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and 0000:4b:00.0 are down"
+    ), fixed.stderr
+    assert notes[0].split(": ")[-1].startswith("chips reset and verified")
+
+
 # --------------------------------------------------------------------------- ls/check/reset --hosts
 
 

@@ -72,10 +72,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }  # fmt: skip
 
 # Commands ttmesh runs on other hosts through mpirun (never listed in --help): each host's
-# report of itself, and one rank of a mesh over several hosts.
+# report of itself, one rank of a mesh over several hosts, and a host's part in recovering
+# the chips of such a mesh.
 HIDDEN: dict[str, tuple[str, str]] = {
     "_host-report": ("ttmesh.cli.hostreport", "host_report_cmd"),
     "_rank": ("ttmesh.cli.rank", "rank_cmd"),
+    "_recover": ("ttmesh.cli.recover", "recover_cmd"),
 }
 
 

@@ -584,6 +584,10 @@ def check(
 # --------------------------------------------------------------------------- preflight
 
 
+# Pre-flight problems a reset can fix (--auto-reset): not holders, leases or lost chips.
+RESETTABLE = ("link-down", "heartbeat")
+
+
 def preflight(
     inv: Inventory,
     asics: Sequence[str],

@@ -46,6 +46,7 @@ class Prepared:
     inv: Inventory
     selection: meshselect.Selection
     liveness: Liveness | None = None  # heartbeats still being read as the workers start
+    mesh_hosts: Any = None  # launcher.meshhosts.MpiHosts: how mpirun reaches a mesh's hosts
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -592,13 +593,9 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
             note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
         first = problems[0]
         fix = first.fix or "see ttmesh check"
-        if first.kind in RESETTABLE and not recovery.auto_reset:
+        if first.kind in health.RESETTABLE and not recovery.auto_reset:
             fix += ", or add --auto-reset to recover the chips first"
         raise refuse(f"pre-flight: {first.what}", fix)
-
-
-# Pre-flight problems a reset can fix (--auto-reset): not holders, leases or lost chips.
-RESETTABLE = ("link-down", "heartbeat")
 
 
 def _reset(
@@ -659,17 +656,22 @@ def _after_crash(
     result: AttemptResult,
     always: bool = False,
     observer: Observer | None = None,
-) -> None:
+) -> str | None:
     """A job that brought the fabric up and ended abnormally may have left links down.
 
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
-    nobody knows which ranks brought the fabric up)."""
+    nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
+    on a host after every host recovered (a restart then does not happen), else None."""
     plan = prepared.plan
-    if result.code == 0 or plan.hosts:  # over several hosts: each host recovers its own chips
-        return
+    if result.code == 0:
+        return None
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
-        return
+        return None
+    if plan.hosts:  # over several hosts: each host recovers its own chips
+        if observer is not None:
+            observer.phase(JobPhase.RECOVERING, "checking the chips on every host")
+        return _recover_hosts(prepared, recovery, always=recovery.reset_on_failure)
     from ttmesh.fabric import health
 
     if observer is not None:
@@ -682,10 +684,42 @@ def _after_crash(
         if p.severity == "error"
     ]
     if not down and not recovery.reset_on_failure:
-        return
+        return None
     why = down[0].what if down else "--reset-on-failure"
     note(f"the job ended ({why}): resetting its chips")
     _reset(prepared, recovery, plan.all_chips(), observer)
+    return None
+
+
+def _rank_refused(result: AttemptResult) -> bool:
+    """A rank of a mesh over several hosts was refused on its host before its command ran
+    (pre-flight there, or the wrong host): a refusal, as on one host, not a crash."""
+    from ttmesh.launcher.rankshim import refused_before_start
+
+    return refused_before_start(result.code, result.stderr_tail)
+
+
+def _recover_hosts(prepared: Prepared, recovery: Recovery, always: bool) -> str | None:
+    """Every host of a mesh over several hosts checks its chips of the job and resets them
+    where needed (ttmesh.launcher.hostrecovery); the first host's remaining problem, else None."""
+    from ttmesh.launcher import hostrecovery
+
+    plan = prepared.plan
+    if prepared.mesh_hosts is None:
+        return None
+    by_host: dict[str, list[str]] = {}
+    for rank in plan.ranks:
+        chips = by_host.setdefault(plan.hosts[rank.node], [])
+        chips += [a for u in rank.units for a in u.chips if a not in chips]
+    return hostrecovery.recover(
+        prepared.mesh_hosts,
+        by_host,
+        always=always,
+        timeout=recovery.timeout,
+        retries=recovery.retries,
+        tt_smi=recovery.tt_smi,
+        note=note,
+    )
 
 
 LAUNCHER_KILLED = "launcher killed"
@@ -789,6 +823,8 @@ class JobRun:
                             self._agree("start", lambda: None)
                     except TTMeshError as exc:
                         raise self._refuse(self._frozen_first(exc, summary=False)) from None
+                if plan.hosts and self.recovery.auto_reset:
+                    self._auto_reset_hosts()
                 write_files(plan)
                 self._attempts()
             except (KeyboardInterrupt, Stopped) as exc:
@@ -800,6 +836,17 @@ class JobRun:
             if not ok:
                 self._release(self.status or "ttmesh failed before the job ended", None)
         return self.finish()
+
+    def _auto_reset_hosts(self) -> None:
+        """--auto-reset over several hosts: every host checks its chips of the job and resets
+        them where needed before anything starts; a host whose chips stay wrong refuses."""
+        if self.observer is not None:
+            self.observer.phase(JobPhase.CHECKING, "checking the chips on every host")
+        left = _recover_hosts(self.prepared, self.recovery, always=False)
+        if left is not None:
+            raise self._refuse(
+                refused(f"pre-flight: {left}", "see ttmesh check --hosts, then ttmesh reset")
+            )
 
     def _stopped(self, sig: int) -> None:
         """A stop signal outside an attempt ends the job there, and says how it ended (it is
@@ -880,9 +927,16 @@ class JobRun:
                 break
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
+            if plan.hosts and _rank_refused(result):
+                break  # a rank's ttmesh refused before its command ran: nothing to recover
             always = result.supervisor_lost or plan.serving is not None
-            _after_crash(self.prepared, recovery, result, always=always, observer=self.observer)
+            left = _after_crash(
+                self.prepared, recovery, result, always=always, observer=self.observer
+            )
             if result.interrupted or result.supervisor_lost:
+                break
+            if attempt < plan.max_restarts and left is not None:
+                note(f"not restarting: {left}")
                 break
             if attempt < plan.max_restarts:
                 wait = min(self.restart_backoff * (2**attempt), 10.0)

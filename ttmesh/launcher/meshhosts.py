@@ -254,7 +254,7 @@ def _finish(
     plan = build(req, cluster.inv, sel, argv)
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
-    return launch.Prepared(plan, cluster.inv, sel)
+    return launch.Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
 
 
 def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:

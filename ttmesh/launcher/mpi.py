@@ -71,6 +71,8 @@ def mpirun_argv(
             rank_env["TTMESH_RANK_FILES"] = json.dumps(rank_files(plan, rank.rank))
             rank_env["TTMESH_RANK_HOST"] = plan.hosts[rank.node]
             rank_env["TTMESH_RANK_CHIPS"] = json.dumps([a for u in rank.units for a in u.chips])
+            if plan.fabric_at_start:  # the rank brings up the fabric of its host's chips
+                rank_env["TTMESH_RANK_FABRIC"] = json.dumps(host_chips(plan, rank.node))
             if rank.workdir:  # made on the rank's host (mpirun's --wdir needs it to exist)
                 rank_env["TTMESH_RANK_WORKDIR"] = rank.workdir
             command = [sys.executable, "-m", "ttmesh", "_rank", "--", *command]
@@ -78,6 +80,11 @@ def mpirun_argv(
             argv += ["-x", f"{key}={value}"]
         argv += command
     return argv, env
+
+
+def host_chips(plan: LaunchPlan, node: int) -> list[str]:
+    """The job's chips on host ``node`` of a mesh over several hosts."""
+    return [a for r in plan.ranks if r.node == node for u in r.units for a in u.chips]
 
 
 def rank_files(plan: LaunchPlan, rank: int) -> dict[str, str]:

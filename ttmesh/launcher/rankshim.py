@@ -12,7 +12,11 @@ does that host's duties for the rank before the command runs, and stays its pare
    (another job on this host sees them leased).
 4. **Pre-flight** of the rank's chips here (driver nodes, heartbeats, links between them, holders
    outside the job): a problem stops the rank with its one line (exit 3).
-5. The command runs as a child with the rank's environment (MPI's included: the child is the MPI
+5. **The fabric**: in one tt-metal world the rank brings up the links between the job's chips
+   on this host (``TTMESH_RANK_FABRIC``); the host hears it, as on one host, so a crash leaves
+   them down on a simulated host as on hardware (the launching ttmesh then recovers them on
+   every host: ttmesh.launcher.hostrecovery).
+6. The command runs as a child with the rank's environment (MPI's included: the child is the MPI
    process); SIGTERM, SIGINT and SIGHUP are passed on, and the child gets SIGTERM should this
    process die; the exit code is the command's (128 + signal when a signal ended it).
 """
@@ -32,6 +36,22 @@ from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.host.base import Host
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# How the refusals before the command starts begin (after "ttmesh: "): the launching ttmesh
+# tells them from a crash by these (no fabric was brought up: nothing to recover or restart).
+WRONG_HOST = "rank {rank} was planned on host "
+PREFLIGHT = "pre-flight on "
+
+
+def refused_before_start(code: int, stderr_tail: list[str]) -> bool:
+    """Whether a rank that exited ``code`` was refused by its ttmesh before its command ran."""
+    if code != 3:
+        return False
+    starts = ("ttmesh: " + PREFLIGHT, "ttmesh: " + WRONG_HOST.split("{rank}")[0])
+    return any(
+        line.strip().startswith(starts[0])
+        or (line.strip().startswith(starts[1]) and " was planned on host " in line)
+        for line in stderr_tail
+    )
 
 
 def _say(line: str) -> None:
@@ -69,7 +89,7 @@ def check_here(host: Host, chips: list[str], rank: str, planned: str) -> None:
     me = socket.gethostname()
     what = "none of" if len(missing) == len(chips) else f"{len(missing)} of"
     raise refused(
-        f"rank {rank} was planned on host {planned} but runs on {me}, which has {what} its chips "
+        WRONG_HOST.format(rank=rank) + f"{planned} but runs on {me}, which has {what} its chips "
         f"(first: {missing[0]}): the hosts are swapped",
         "start ranks where the plan put them (the rankfile and --hosts in the plan's order)",
     )
@@ -85,11 +105,13 @@ def run(host: Host, command: list[str]) -> int:
     planned = env.get("TTMESH_RANK_HOST", "?")
     chips = json.loads(env.pop("TTMESH_RANK_CHIPS", "[]"))
     files = json.loads(env.pop("TTMESH_RANK_FILES", "{}"))
+    fabric = json.loads(env.pop("TTMESH_RANK_FABRIC", "[]"))
+    job = env.get("TTMESH_JOB_ID", "?")
     if not command:
         raise bad_input("_rank: no command", "ttmesh _rank -- COMMAND (started by ttmesh launch)")
     check_here(host, chips, rank, planned)
     write_files(files)
-    held = leases.acquire(host, chips, env.get("TTMESH_JOB_ID", "?"), cmd=" ".join(command))
+    held = leases.acquire(host, chips, job, cmd=" ".join(command))
     try:
         problems = [
             p
@@ -98,10 +120,10 @@ def run(host: Host, command: list[str]) -> int:
         ]
         if problems:
             first = problems[0]
-            raise refused(
-                f"pre-flight on {socket.gethostname()}: {first.what}",
-                first.fix or "see ttmesh check on that host",
-            )
+            fix = first.fix or "see ttmesh check on that host"
+            if first.kind in health.RESETTABLE:
+                fix += ", or launch with --auto-reset to recover the chips first"
+            raise refused(f"{PREFLIGHT}{socket.gethostname()}: {first.what}", fix)
         workdir = env.pop("TTMESH_RANK_WORKDIR", None)
         if workdir:
             try:
@@ -130,6 +152,10 @@ def run(host: Host, command: list[str]) -> int:
         for sig in FORWARDED:
             signal.signal(sig, forward)
         host.workers_started([(list(chips), child.pid)])
+        if fabric:
+            # One tt-metal world: the rank brings up the links between the job's chips here
+            # (the driver and firmware see it; on a simulated host, a crash leaves them down).
+            host.fabric_opened([(fabric, child.pid)], owner=job, supervisor=os.getpid())
         code = child.wait()
         host.worker_ended(child.pid, code == 0)
         return code if code >= 0 else 128 - code
@@ -137,4 +163,4 @@ def run(host: Host, command: list[str]) -> int:
         held.release()
 
 
-__all__ = ["TTMeshError", "check_here", "run", "write_files"]
+__all__ = ["TTMeshError", "check_here", "refused_before_start", "run", "write_files"]

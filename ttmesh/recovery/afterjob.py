@@ -1,0 +1,99 @@
+"""One host's part in recovering a job's chips: check them, reset them if needed, verify.
+
+A launcher on one host does this itself (``launcher.launch``). A tt-metal mesh over several
+hosts cannot: each host reads and resets only its own chips. The launching ttmesh then runs
+``ttmesh _recover --chips ...`` on every host of the job through the job's own engine (one
+mpirun); each host takes the chips of the list it has (asic ids are unique), checks them, resets
+them when a check fails (or always, for ``--reset-on-failure``), and reports one
+:class:`HostRecovery` as a line of JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from ttmesh.errors import TTMeshError
+from ttmesh.host.base import Host
+
+PREFIX = "@@ttmesh-recover "
+
+HEALTHY = "healthy"  # nothing wrong: nothing reset
+RECOVERED = "recovered"  # reset and verified
+FAILED = "failed"  # reset, and still wrong
+REFUSED = "refused"  # not reset: a lease, a holder, tt-smi missing
+NONE_HERE = "none-here"  # none of the chips is on this host
+
+
+@dataclass
+class HostRecovery:
+    """How one host's chips of a job came out of a check (and a reset)."""
+
+    state: str
+    chips: int = 0  # the job's chips found on this host
+    problem: str | None = None  # what the check found (before any reset), else None
+    after: str | None = None  # what was still wrong after the reset, or why it was refused
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (HEALTHY, RECOVERED, NONE_HERE)
+
+    @property
+    def exit_code(self) -> int:
+        return {FAILED: 1, REFUSED: 3}.get(self.state, 0)
+
+    def line(self) -> str:
+        return PREFIX + json.dumps(asdict(self), separators=(",", ":"))
+
+
+def parse(text: str) -> HostRecovery | None:
+    """The :class:`HostRecovery` a host printed (its line among others), else None."""
+    for line in text.splitlines():
+        if line.startswith(PREFIX):
+            try:
+                data = json.loads(line[len(PREFIX) :])
+                return HostRecovery(**data)
+            except (ValueError, TypeError):
+                return None
+    return None
+
+
+def check_and_reset(
+    host: Host,
+    asics: Sequence[str],
+    *,
+    always: bool = False,
+    timeout: float = 120.0,
+    retries: int = 2,
+    tt_smi: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> HostRecovery:
+    """Check this host's chips among ``asics``; reset and verify them when the check fails
+    (``always``: whatever it finds)."""
+    from ttmesh.fabric import health
+    from ttmesh.fabric.devices import discover
+    from ttmesh.recovery import reset
+
+    start = time.monotonic()
+    inv = discover(host)
+    here = {c.asic_id for c in inv.chips}
+    mine = [a for a in asics if a in here]
+    if not mine:
+        return HostRecovery(NONE_HERE)
+    problems = [p for p in health.preflight(inv, mine) if p.severity == "error"]
+    found = problems[0].what if problems else None
+    if not problems and not always:
+        return HostRecovery(HEALTHY, len(mine), seconds=time.monotonic() - start)
+    try:
+        outcome = reset.recover(
+            host, mine, timeout=timeout, retries=retries, log=log, tt_smi=tt_smi, inv=inv
+        )
+    except TTMeshError as exc:
+        return HostRecovery(REFUSED, len(mine), found, str(exc), time.monotonic() - start)
+    if outcome.recovered:
+        return HostRecovery(RECOVERED, len(mine), found, seconds=time.monotonic() - start)
+    still = outcome.problems[0].what if outcome.problems else "the chips did not verify"
+    return HostRecovery(FAILED, len(mine), found, still, time.monotonic() - start)

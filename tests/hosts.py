@@ -10,7 +10,9 @@ Open MPI never uses a loopback address between two nodes, so MPI ranks on differ
 hosts cannot talk over ``lo``. For tt-metal meshes over hosts (ranks that talk through MPI) the
 hosts get a network of their own (:class:`Network`): one network namespace per host, its
 ``eth0`` cabled by a veth pair into a bridge in a namespace of the launcher (10.77.0.1); host N is
-10.77.0.(2+N). Every namespace is the test's own, and removed at the end.
+10.77.0.(2+N). Every namespace is the test's own, and removed at the end. ttnn's ranks also
+need Open MPI 5's mpirun there (its wheel carries Open MPI 5's library; under 4.1's mpirun ranks
+on different hosts never meet): tests/test_conformance_meshhosts.py.
 """
 
 from __future__ import annotations
@@ -199,7 +201,10 @@ def make_hosts(
 
 def launch_agent(base: Path, hosts: list[Host]) -> Path:
     """mpirun's launch agent (instead of ssh): ``AGENT [options] HOST COMMAND...`` runs COMMAND
-    on that emulated host."""
+    on that emulated host. Like ssh, it starts COMMAND in a directory of that host (``/``), not
+    in mpirun's: a directory under the launcher's /tmp is hidden there by the host's own /tmp,
+    and Open MPI 5's daemon dies when its working directory is one it cannot reach ("PRTE has
+    lost communication with a remote daemon"); 4.x's did not mind."""
     table = "\n".join(
         f"  {h.name}) dir={shlex.quote(str(h.dir))}; enter="
         + (shlex.quote(f"nsenter --net=/run/netns/{h.netns}") if h.netns else "''")
@@ -214,7 +219,8 @@ def launch_agent(base: Path, hosts: list[Host]) -> Path:
         f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
         'export TTMESH_ROOT="$dir/root" XDG_RUNTIME_DIR=/tmp/run GLOO_SOCKET_IFNAME=lo\n'
         "exec $enter unshare --uts --mount --propagation private sh -c "
-        '"hostname $host && mount --bind $dir/tmp /tmp && mkdir -p -m 700 /tmp/run && exec sh -c \\"\\$0\\"" "$*"\n'
+        '"hostname $host && mount --bind $dir/tmp /tmp && mkdir -p -m 700 /tmp/run && cd / '
+        '&& exec sh -c \\"\\$0\\"" "$*"\n'
     )
     agent.chmod(0o755)
     return agent

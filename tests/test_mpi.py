@@ -58,6 +58,39 @@ def test_demux_reads_signal_reports() -> None:
     assert d.first_failure() == (1, 139)
 
 
+def test_demux_reads_open_mpi_5_output() -> None:
+    """Open MPI 5 (PRRTE) puts a space after the tag, names ranks ``[prterun-vm-123@1,N]`` in its
+    failure report and breaks its signal line; its tag may be cut just before that space."""
+    got: list[tuple[int, str, bytes]] = []
+    d = Demux(lambda r, n, b: got.append((r, n, b)), (5, 0))
+    d.data("stdout", b"[1,1]<stdout>: TTMESH-HOST-REPORT {}\n[1,0]<stdout>:")
+    d.data("stdout", b" x\n")
+    d.data(
+        "stderr",
+        b"prterun detected that one or more processes exited with non-zero status,\n"
+        b"thus causing the job to be terminated. The first process to do so was:\n\n"
+        b"   Process name: [prterun-vm-11187@1,1]\n   Exit code:    3\n",
+    )
+    d.flush()
+    by_rank: dict[tuple[int, str], bytes] = {}
+    for r, n, b in got:
+        by_rank[(r, n)] = by_rank.get((r, n), b"") + b
+    assert by_rank[(1, "stdout")] == b"TTMESH-HOST-REPORT {}\n"
+    assert by_rank[(0, "stdout")] == b"x\n"
+    assert d.first_failure() == (1, 3) and d.ranks_ran()
+    signalled = Demux(lambda *_: None, (5, 0))
+    signalled.data(
+        "stderr",
+        b"prterun noticed that process rank 1 with PID 11284 on node ttmh-1 exited on\n"
+        b"signal 11 (Segmentation fault).\n",
+    )
+    assert signalled.first_failure() == (1, 139)
+    # Open MPI 4 keeps the space that is the rank's own.
+    old: list[bytes] = []
+    Demux(lambda r, n, b: old.append(b)).data("stdout", b"[1,0]<stdout>: indented\n")
+    assert b"".join(old) == b" indented\n"
+
+
 def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
     res = run_cli(
         "launch",

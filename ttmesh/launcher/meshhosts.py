@@ -89,7 +89,8 @@ class MpiHosts:
                 raise bad_input(f"cannot run {self.mpirun}: {exc.strerror}") from None
         chunks: dict[tuple[int, str], list[bytes]] = {}
         demux = mpi.Demux(
-            lambda owner, name, data: chunks.setdefault((owner, name), []).append(data)
+            lambda owner, name, data: chunks.setdefault((owner, name), []).append(data),
+            self.version,
         )
         demux.data("stdout", proc.stdout)
         demux.data("stderr", proc.stderr)

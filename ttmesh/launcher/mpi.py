@@ -21,12 +21,21 @@ from ttmesh.errors import bad_input
 from ttmesh.launcher.logs import LAUNCHER
 from ttmesh.launcher.plan import LaunchPlan, scrubbed
 
+# --tag-output: Open MPI 4 writes ``[1,0]<stdout>:text``, Open MPI 5 ``[1,0]<stdout>: text``.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
-FIRST_FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
-SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+TAG5 = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ")
+# The first failing rank: 4.x names it ``[[588,1],1]``, 5.x ``[prterun-vm-11187@1,1]``; 5.x
+# breaks its signal line ("exited on\nsignal 11").
+FIRST_FAILED = re.compile(
+    r"Process name: \[(?:\[\d+,\d+\]|[^\s\[\],]+),(\d+)\]\s*\n\s*Exit code:\s*(\d+)"
+)
+SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited\s+on\s+signal\s+(\d+)")
 # mpirun's word that its ranks ran (one of them returned non-zero), printed before it names the
-# rank; a rank that exits at once can end before ttmesh has seen its PID.
-RANKS_RAN = re.compile(r"process(?:es)?\s+returned\s+a\s+non-zero\s+exit\s+code")
+# rank; a rank that exits at once can end before ttmesh has seen its PID. (4.x: "returned a
+# non-zero exit code", 5.x: "exited with non-zero status")
+RANKS_RAN = re.compile(
+    r"process(?:es)?\s+(?:returned\s+a\s+non-zero\s+exit\s+code|exited\s+with\s+non-zero\s+status)"
+)
 
 
 def find_mpirun(explicit: str | None = None, prefer_ulfm: bool = False) -> str:
@@ -98,8 +107,11 @@ def rank_files(plan: LaunchPlan, rank: int) -> dict[str, str]:
 class Demux:
     """Splits mpirun's tagged output back into per-rank streams; untagged text is mpirun's."""
 
-    def __init__(self, feed: Callable[[int, str, bytes], None]) -> None:
+    def __init__(
+        self, feed: Callable[[int, str, bytes], None], ver: tuple[int, int] | None = None
+    ) -> None:
         self.feed = feed
+        self.tag = TAG5 if ver is not None and ver >= (5, 0) else TAG  # mpirun's version()
         self.owner: dict[str, tuple[int, str]] = {}  # mpirun stream -> who the pending text is
         self.at_line_start: dict[str, bool] = {"stdout": True, "stderr": True}
         self.pending: dict[str, bytes] = {"stdout": b"", "stderr": b""}
@@ -109,12 +121,12 @@ class Demux:
         buf = self.pending[stream] + chunk
         # A tag may be cut at the end of a read: keep a short tail that could start one.
         cut = buf.rfind(b"[")
-        if cut != -1 and b">:" not in buf[cut:] and len(buf) - cut < 32:
+        if cut != -1 and not self.tag.match(buf, cut) and len(buf) - cut < 32:
             buf, self.pending[stream] = buf[:cut], buf[cut:]
         else:
             self.pending[stream] = b""
         pos = 0
-        for match in TAG.finditer(buf):
+        for match in self.tag.finditer(buf):
             self._text(stream, buf[pos : match.start()])
             self.owner[stream] = (int(match.group(1)), match.group(2).decode())
             self.at_line_start[stream] = False

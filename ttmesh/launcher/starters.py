@@ -229,7 +229,7 @@ class MpiStarter(Starter):
         from ttmesh.launcher import mpi
 
         assert self.console is not None
-        self.demux = mpi.Demux(self.console.feed)
+        self.demux = mpi.Demux(self.console.feed, mpi.version(self.plan.mpirun))
         self._workdirs()
         argv, env = mpi.mpirun_argv(self.plan.mpirun, self.plan, self.base_env, self.attempt)
         # Over several hosts the rankfile is named relative to the run directory (PRRTE misreads

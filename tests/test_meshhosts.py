@@ -430,7 +430,7 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
     the failed attempt every host checks and resets its own chips, then all ranks restart."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
-    crash_once = 'exit $(( TORCHELASTIC_RESTART_COUNT == 0 ? 7 : 0 ))'
+    crash_once = "exit $(( TORCHELASTIC_RESTART_COUNT == 0 ? 7 : 0 ))"
     res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
                "--nproc-per-node", "1", "--tp-size", "16", "--max-restarts", "1",
                "--", "sh", "-c", crash_once, TAG)  # fmt: skip
@@ -465,8 +465,10 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     refused = _run(hosts, agent, *job, "--", "true")
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == "ttmesh: exit 3: rank 1's exit code"
-    assert "[r1] ttmesh: pre-flight on ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and " \
+    assert (
+        "[r1] ttmesh: pre-flight on ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and "
         "0000:4b:00.0 are down" in refused.stderr
+    )
     assert "or launch with --auto-reset to recover the chips first" in refused.stderr
     assert "chips reset" not in refused.stderr and "restarting" not in refused.stderr
     assert _run(hosts, agent, "check", "--hosts", "HOSTS").returncode == 1  # still down

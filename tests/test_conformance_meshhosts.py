@@ -244,4 +244,6 @@ def test_swapped_host_ranks_are_refused_by_tt_metal_under_ttmesh_launch(
     assert errors and "could not fit in the discovered physical topology" in errors[0], output
     assert not any("global" in r for r in reports.values()), output
     assert "ttmesh: known failure (topology-mapping)" in res.stderr, output
+    # mpirun names the rank that aborted: its code is the job's, as on one host.
+    assert re.search(r"^ttmesh: exit \d+: rank \d+'s exit code$", res.stderr, re.M), output
     assert seconds < LIMIT, seconds

@@ -202,6 +202,27 @@ def test_the_fix_names_the_host_as_the_user_did(tmp_path: Path) -> None:
     assert res.err.count("; known failure: active-eth-core") == 2
 
 
+def test_a_peers_output_explains_a_rank_that_failed_because_of_it(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """Rank 1 fails with nothing known in its output (as a rank aborting in a collective when
+    its peer gave up); rank 0 had said why: the diagnosis is rank 0's line, the code rank 1's."""
+    line = SAMPLES["topology-mapping"][1]
+    said = tmp_path / "said"
+    script = (
+        f'if [ "$RANK" = 0 ]; then echo "{line}" >&2; touch {said}; exec sleep 60; fi; '
+        f"while [ ! -e {said} ]; do sleep 0.02; done; echo 'Socket closed' >&2; exit 5"
+    )
+    out = tmp_path / "s.json"
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--summary-json", str(out),
+                  "--", "sh", "-c", script, TAG)  # fmt: skip
+    assert res.code == 5, res.err
+    summary = json.loads(out.read_text())
+    assert (summary["rank"], summary["code"]) == (1, 5)
+    assert summary["diagnosis"]["id"] == "topology-mapping"
+    assert f"ttmesh:   seen in rank 0's stderr: {line}\n" in res.err
+
+
 def test_mpiruns_own_output_is_matched(qb2: Path, tmp_path: Path) -> None:
     fake = tmp_path / "mpirun"
     fake.write_text(

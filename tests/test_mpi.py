@@ -91,6 +91,29 @@ def test_demux_reads_open_mpi_5_output() -> None:
     assert b"".join(old) == b" indented\n"
 
 
+def test_demux_names_the_rank_that_called_mpi_abort() -> None:
+    """A rank that calls MPI_Abort (or dies in MPI's fatal error handler) is the first failure:
+    Open MPI 4 says which rank and the code it gave; 5 says which rank, and mpirun's exit code
+    stands for the rank's."""
+    four = Demux(lambda *_: None)
+    four.data(
+        "stderr",
+        b"-----\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n"
+        b"with errorcode 5.\n\nNOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n",
+    )
+    assert four.first_failure(5) == (1, 5) and four.aborted() and four.ranks_ran()
+    five = Demux(lambda *_: None, (5, 0))
+    five.data(
+        "stderr",
+        b"prterun has exited due to process rank 2 with PID 0 on node ttmh-2 calling\n"
+        b'"abort". This may have caused other processes in the application to be\n',
+    )
+    assert five.first_failure(14) == (2, 14) and five.aborted()
+    plain = Demux(lambda *_: None)
+    plain.data("stderr", b"mpirun: some other complaint\n")
+    assert plain.first_failure(14) is None and not plain.aborted()
+
+
 def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
     res = run_cli(
         "launch",

@@ -30,6 +30,14 @@ FIRST_FAILED = re.compile(
     r"Process name: \[(?:\[\d+,\d+\]|[^\s\[\],]+),(\d+)\]\s*\n\s*Exit code:\s*(\d+)"
 )
 SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited\s+on\s+signal\s+(\d+)")
+# A rank called MPI_Abort (or MPI's fatal error handler did): 4.x gives the rank and the code it
+# passed; 5.x names the rank only, and mpirun's own exit code stands for it.
+ABORTED4 = re.compile(
+    r"MPI_ABORT was invoked on rank (\d+) in communicator .*?with errorcode (-?\d+)", re.S
+)
+ABORTED5 = re.compile(
+    r"exited due to process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\""
+)
 # mpirun's word that its ranks ran (one of them returned non-zero), printed before it names the
 # rank; a rank that exits at once can end before ttmesh has seen its PID. (4.x: "returned a
 # non-zero exit code", 5.x: "exited with non-zero status")
@@ -150,8 +158,9 @@ class Demux:
             rest, self.pending[stream] = self.pending[stream], b""
             self._text(stream, rest)
 
-    def first_failure(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first rank mpirun saw fail, from its report."""
+    def first_failure(self, mpirun_code: int = 0) -> tuple[int, int] | None:
+        """(rank, exit code) of the first rank mpirun saw fail, from its report (a rank that
+        called MPI_Abort: the code it gave, or ``mpirun_code`` when mpirun does not say)."""
         text = "".join(self.text)
         match = FIRST_FAILED.search(text)
         if match:
@@ -159,7 +168,18 @@ class Demux:
         match = SIGNALLED.search(text)
         if match:
             return int(match.group(1)), 128 + int(match.group(2))
+        match = ABORTED4.search(text)
+        if match:
+            return int(match.group(1)), int(match.group(2)) & 0xFF or 1
+        match = ABORTED5.search(text)
+        if match:
+            return int(match.group(1)), mpirun_code or 1
         return None
+
+    def aborted(self) -> bool:
+        """Did mpirun's report say a rank called MPI_Abort?"""
+        text = "".join(self.text)
+        return bool(ABORTED4.search(text) or ABORTED5.search(text))
 
     def ranks_ran(self) -> bool:
         """Did mpirun's report say its ranks ran (and one failed)?"""

@@ -280,7 +280,7 @@ class MpiStarter(Starter):
             # Not one rank was seen, and mpirun does not say one ran: it failed to start them.
             said = "".join(demux.text).strip().splitlines()  # type: ignore[union-attr]
             self.launcher_error = said[-1] if said else procs.describe_status(status)
-        failed = demux.first_failure()  # type: ignore[union-attr]
+        failed = demux.first_failure(code)  # type: ignore[union-attr]
         if code != 0 and failed is None and len(self.plan.ranks) == 1:
             failed = (0, code)
         exits = []
@@ -291,6 +291,8 @@ class MpiStarter(Starter):
             if failed is not None and rank.rank == failed[0]:
                 value = failed[1]
                 how = procs.describe_status((value - 128) if value > 128 else (value << 8))
+                if demux.aborted():  # type: ignore[union-attr]
+                    how = f"called MPI_Abort ({how})"
                 exits.append(RankExit(rank.rank, rank_pid, value, how, False))
             elif code == 0:
                 exits.append(RankExit(rank.rank, rank_pid, 0, "exited with code 0", False))

@@ -880,16 +880,25 @@ class Guardian:
 
     def _diagnose(self, rank: int | None) -> dict[str, Any] | None:
         """A known failure line in the output that tells: the failing rank's, or every rank's
-        when ttmesh ended the attempt (a server is rank 0 of its plan); then mpirun's own."""
+        when ttmesh ended the attempt (a server is rank 0 of its plan); then mpirun's own. When
+        the failing rank's output knows none, the others' (a rank that aborted in a collective
+        because a peer failed: the peer says why)."""
         from ttmesh.launcher import failures
 
         assert self.console is not None
-        owners = [rank] if rank is not None else [r.rank for r in self.plan.ranks]
+        everyone = [r.rank for r in self.plan.ranks]
         if self.starter.has_launcher:
-            owners.append(LAUNCHER)
+            everyone.append(LAUNCHER)
+        tries = [everyone] if rank is None else [[rank], [o for o in everyone if o != rank]]
+        if rank is not None and self.starter.has_launcher:
+            tries[0].append(LAUNCHER)
         server = self.server.name if self.server is not None else None
         try:
-            return failures.match(failures.tails(owners, self.console.tail, server))
+            for owners in tries:
+                found = failures.match(failures.tails(owners, self.console.tail, server))
+                if found is not None:
+                    return found
+            return None
         except Exception as exc:  # a broken table must not hide how the job ended
             self._emit(f"the table of known failures could not be read: {exc}")
             return None

@@ -5,6 +5,7 @@ lost host across hosts, and the rendezvous' refusals (wrong token, duplicate nod
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -95,6 +96,25 @@ def two_qb2(world: Path):
 )
 def test_slurm_nodelists_expand_as_scontrol_does(nodelist: str, names: list[str]) -> None:
     assert slurm.expand(nodelist) == names
+
+
+def test_slurm_node_address_is_its_name_or_else_its_node_addr(tmp_path: Path, monkeypatch) -> None:
+    """The first node's name when it resolves; else the NodeAddr ``scontrol show node`` gives
+    (slurm.conf's NodeAddr, when DNS does not know the name); else the name."""
+    asked = tmp_path / "asked"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$@" >> {asked}\n'
+        'case "$4" in gx01.invalid) echo "NodeName=gx01.invalid Arch=x86_64 NodeAddr=10.1.2.3 '
+        'NodeHostName=gx01 Port=0";; *) echo "Node $4 not found"; exit 1;; esac\n'
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert slurm.address("localhost") == "localhost"
+    assert not asked.exists()  # a name that resolves costs no call to slurmctld
+    assert slurm.address("gx01.invalid") == "10.1.2.3"
+    assert slurm.address("gx02.invalid") == "gx02.invalid"
+    assert asked.read_text().split("\n")[0] == "show node --oneliner gx01.invalid"
 
 
 def test_multihost_bad_input(qb2: Path) -> None:

@@ -1,5 +1,6 @@
 """Jobs over several hosts (issue 13), on hosts emulated on this machine (tests/hosts.py):
-an 8-rank all-reduce over two QuietBox 2s started by hand and by ``--hosts``, failures and a
+an 8-rank all-reduce over two QuietBox 2s started by hand, by ``--hosts`` and by Slurm's
+``srun`` (a throwaway cluster over the emulated hosts), failures and a
 lost host across hosts, and the rendezvous' refusals (wrong token, duplicate node rank)."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TAG, TW, alive, run_cli, scratch, wait_for
-from hosts import can_emulate, launch_agent, make_hosts, mpi_env
+from conftest import REPO, SESSION, TAG, TW, alive, run_cli, scratch, wait_for
+from hosts import SlurmCluster, can_emulate, can_slurm, launch_agent, make_hosts, mpi_env
 
 from ttmesh import procs
 from ttmesh.launcher import slurm
@@ -80,6 +81,25 @@ def world(tmp_path: Path):
 @pytest.fixture
 def two_qb2(world: Path):
     return make_hosts(world, "quietbox2", 2)
+
+
+@pytest.fixture
+def slurm_qb2(two_qb2, world: Path):
+    """The two QuietBox 2s as the nodes of a throwaway Slurm cluster (skipped, saying why,
+    when one can't be set up here)."""
+    why = can_slurm()
+    if why is not None:
+        pytest.skip(why)
+    cluster = SlurmCluster(world / "slurm", two_qb2)
+    try:
+        cluster.up()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        cluster.down()
+        pytest.skip(f"no Slurm cluster here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -232,6 +252,50 @@ def test_two_hosts_started_by_hosts_flag(two_qb2, world: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("all_reduce = 36 ok") == 8, res.stdout + res.stderr
+
+
+def _srun(cluster: SlurmCluster, *launch_args: str) -> subprocess.CompletedProcess:
+    """``srun -N2 --ntasks-per-node=1 ttmesh launch ARGS``: no --nnodes, --node-rank or
+    --rdzv-endpoint; each agent learns them from its task's Slurm environment."""
+    env = {**os.environ, **cluster.env(), **TOKEN, "PYTHONPATH": str(REPO),
+           "PYTHONDONTWRITEBYTECODE": "1", "TTMESH_TEST_SESSION": SESSION}  # fmt: skip
+    return subprocess.run(
+        ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "ttmesh", "launch",
+         "--heartbeat-timeout", "3", "--rdzv-timeout", "60", *launch_args],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+
+
+@needs_hosts
+def test_two_hosts_started_by_slurm(slurm_qb2: SlurmCluster, two_qb2, world: Path) -> None:
+    """One agent per node by srun; the node count, node rank and endpoint (the first node's
+    NodeAddr: DNS does not know the emulated names) from Slurm; 8 ranks, the right sum, the
+    global environment. A rank failing makes its exit code srun's."""
+    envs = world / "envs"
+    envs.mkdir()
+    envs.chmod(0o777)
+    dump = f'env > {envs}/rank"$RANK".env && exec "$0" "$1"'
+    res = _srun(slurm_qb2, "--tp-size", "4", "--", "sh", "-c", dump, sys.executable, ALLREDUCE)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if "all_reduce = 36 ok" in ln]
+    assert len(lines) == 8, res.stdout + res.stderr
+    assert {re.match(r"\[r(\d)\]", ln).group(1) for ln in lines} == {str(r) for r in range(8)}
+    seen = {}
+    for path in envs.glob("rank*.env"):
+        env = dict(ln.partition("=")[::2] for ln in path.read_text().splitlines() if "=" in ln)
+        seen[int(env["RANK"])] = env
+    assert sorted(seen) == list(range(8))
+    for rank, env in seen.items():
+        node = rank // 4
+        assert env["SLURM_NODEID"] == env["GROUP_RANK"] == str(node), env
+        assert env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == str(rank % 4)
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == two_qb2[0].addr
+        assert env["TTMESH_SIM_ROOT"] == str(two_qb2[node].root)
+        assert env["TTMESH_JOB_ID"].startswith(f"slurm-{env['SLURM_JOB_ID']}"), env
+    res = _srun(slurm_qb2, "--tp-size", "4", "--grace", "2", "--",
+                sys.executable, TW, TAG, "fail-after=6:1:7")  # fmt: skip
+    assert res.returncode == 7, res.stdout + res.stderr
+    assert "exit 7: rank 6's exit code (on host ttmh-1)" in res.stderr, res.stderr
 
 
 @needs_hosts

@@ -309,7 +309,10 @@ class SlurmCluster:
         return self.dir / "slurm.conf"
 
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.conf)}
+        """This process's environment for this cluster's daemons and clients: its SLURM_CONF,
+        and none of the SLURM_ variables of a job the tests may run in."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        return {**env, "SLURM_CONF": str(self.conf)}
 
     def logs(self, lines: int = 6) -> str:
         """The tail of each daemon's log (what it printed, before it had a log file)."""
@@ -361,7 +364,7 @@ class SlurmCluster:
     def _start(self, name: str, argv: list[str]) -> None:
         with open(self.dir / f"{name}.out", "wb") as log:
             self.daemons[name] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env()}
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self.env()
             )
 
     def _await(self, what: str, done, timeout: float) -> None:
@@ -385,7 +388,7 @@ class SlurmCluster:
         try:  # sinfo retries a controller that is not up yet: ask again rather than wait
             res = subprocess.run(
                 ["sinfo", "--noheader", "--Node", "--format=%N %T"],
-                capture_output=True, text=True, env={**os.environ, **self.env()}, timeout=2,
+                capture_output=True, text=True, env=self.env(), timeout=2,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return []
@@ -437,7 +440,7 @@ class SlurmCluster:
         import signal
         import time
 
-        env = {**os.environ, **self.env()}
+        env = self.env()
         ctld = self.daemons.get("slurmctld")
         if ctld is not None and ctld.poll() is None:
             subprocess.run(

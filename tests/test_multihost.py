@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -90,6 +91,10 @@ def slurm_qb2(two_qb2, world: Path):
     why = can_slurm()
     if why is not None:
         pytest.skip(why)
+    # Under srun node 0 listens on ttmesh's default port, 29400: on addresses of this test's own.
+    net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+    for i, host in enumerate(two_qb2):
+        host.addr = f"{net}.{2 + i}"
     cluster = SlurmCluster(world / "slurm", two_qb2)
     try:
         cluster.up()
@@ -257,8 +262,8 @@ def test_two_hosts_started_by_hosts_flag(two_qb2, world: Path) -> None:
 def _srun(cluster: SlurmCluster, *launch_args: str) -> subprocess.CompletedProcess:
     """``srun -N2 --ntasks-per-node=1 ttmesh launch ARGS``: no --nnodes, --node-rank or
     --rdzv-endpoint; each agent learns them from its task's Slurm environment."""
-    env = {**os.environ, **cluster.env(), **TOKEN, "PYTHONPATH": str(REPO),
-           "PYTHONDONTWRITEBYTECODE": "1", "TTMESH_TEST_SESSION": SESSION}  # fmt: skip
+    env = {**cluster.env(), **TOKEN, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1",
+           "TTMESH_TEST_SESSION": SESSION}  # fmt: skip
     return subprocess.run(
         ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "ttmesh", "launch",
          "--heartbeat-timeout", "3", "--rdzv-timeout", "60", *launch_args],

@@ -1,10 +1,13 @@
 """Jobs over several hosts (issue 13), on hosts emulated on this machine (tests/hosts.py):
-an 8-rank all-reduce over two QuietBox 2s started by hand and by ``--hosts``, failures and a
+an 8-rank all-reduce over two QuietBox 2s started by hand, by ``--hosts`` and by Slurm's
+``srun`` (a throwaway cluster over the emulated hosts), failures and a
 lost host across hosts, and the rendezvous' refusals (wrong token, duplicate node rank)."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import shutil
 import signal
@@ -15,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TAG, TW, alive, run_cli, scratch, wait_for
-from hosts import can_emulate, launch_agent, make_hosts, mpi_env
+from conftest import REPO, SESSION, TAG, TW, alive, run_cli, scratch, wait_for
+from hosts import SlurmCluster, can_emulate, can_slurm, launch_agent, make_hosts, mpi_env
 
 from ttmesh import procs
 from ttmesh.launcher import slurm
@@ -81,6 +84,29 @@ def two_qb2(world: Path):
     return make_hosts(world, "quietbox2", 2)
 
 
+@pytest.fixture
+def slurm_qb2(two_qb2, world: Path):
+    """The two QuietBox 2s as the nodes of a throwaway Slurm cluster (skipped, saying why,
+    when one can't be set up here)."""
+    why = can_slurm()
+    if why is not None:
+        pytest.skip(why)
+    # Under srun node 0 listens on ttmesh's default port, 29400: on addresses of this test's own.
+    net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+    for i, host in enumerate(two_qb2):
+        host.addr = f"{net}.{2 + i}"
+    cluster = SlurmCluster(world / "slurm", two_qb2)
+    try:
+        cluster.up()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        cluster.down()
+        pytest.skip(f"no Slurm cluster here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
 # --------------------------------------------------------------------------- pure parts
 
 
@@ -95,6 +121,25 @@ def two_qb2(world: Path):
 )
 def test_slurm_nodelists_expand_as_scontrol_does(nodelist: str, names: list[str]) -> None:
     assert slurm.expand(nodelist) == names
+
+
+def test_slurm_node_address_is_its_name_or_else_its_node_addr(tmp_path: Path, monkeypatch) -> None:
+    """The first node's name when it resolves; else the NodeAddr ``scontrol show node`` gives
+    (slurm.conf's NodeAddr, when DNS does not know the name); else the name."""
+    asked = tmp_path / "asked"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$@" >> {asked}\n'
+        'case "$4" in gx01.invalid) echo "NodeName=gx01.invalid Arch=x86_64 NodeAddr=10.1.2.3 '
+        'NodeHostName=gx01 Port=0";; *) echo "Node $4 not found"; exit 1;; esac\n'
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert slurm.address("localhost") == "localhost"
+    assert not asked.exists()  # a name that resolves costs no call to slurmctld
+    assert slurm.address("gx01.invalid") == "10.1.2.3"
+    assert slurm.address("gx02.invalid") == "gx02.invalid"
+    assert asked.read_text().split("\n")[0] == "show node --oneliner gx01.invalid"
 
 
 def test_multihost_bad_input(qb2: Path) -> None:
@@ -212,6 +257,50 @@ def test_two_hosts_started_by_hosts_flag(two_qb2, world: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("all_reduce = 36 ok") == 8, res.stdout + res.stderr
+
+
+def _srun(cluster: SlurmCluster, *launch_args: str) -> subprocess.CompletedProcess:
+    """``srun -N2 --ntasks-per-node=1 ttmesh launch ARGS``: no --nnodes, --node-rank or
+    --rdzv-endpoint; each agent learns them from its task's Slurm environment."""
+    env = {**cluster.env(), **TOKEN, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1",
+           "TTMESH_TEST_SESSION": SESSION}  # fmt: skip
+    return subprocess.run(
+        ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "ttmesh", "launch",
+         "--heartbeat-timeout", "3", "--rdzv-timeout", "60", *launch_args],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+
+
+@needs_hosts
+def test_two_hosts_started_by_slurm(slurm_qb2: SlurmCluster, two_qb2, world: Path) -> None:
+    """One agent per node by srun; the node count, node rank and endpoint (the first node's
+    NodeAddr: DNS does not know the emulated names) from Slurm; 8 ranks, the right sum, the
+    global environment. A rank failing makes its exit code srun's."""
+    envs = world / "envs"
+    envs.mkdir()
+    envs.chmod(0o777)
+    dump = f'env > {envs}/rank"$RANK".env && exec "$0" "$1"'
+    res = _srun(slurm_qb2, "--tp-size", "4", "--", "sh", "-c", dump, sys.executable, ALLREDUCE)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if "all_reduce = 36 ok" in ln]
+    assert len(lines) == 8, res.stdout + res.stderr
+    assert {re.match(r"\[r(\d)\]", ln).group(1) for ln in lines} == {str(r) for r in range(8)}
+    seen = {}
+    for path in envs.glob("rank*.env"):
+        env = dict(ln.partition("=")[::2] for ln in path.read_text().splitlines() if "=" in ln)
+        seen[int(env["RANK"])] = env
+    assert sorted(seen) == list(range(8))
+    for rank, env in seen.items():
+        node = rank // 4
+        assert env["SLURM_NODEID"] == env["GROUP_RANK"] == str(node), env
+        assert env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == str(rank % 4)
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == two_qb2[0].addr
+        assert env["TTMESH_SIM_ROOT"] == str(two_qb2[node].root)
+        assert env["TTMESH_JOB_ID"].startswith(f"slurm-{env['SLURM_JOB_ID']}"), env
+    res = _srun(slurm_qb2, "--tp-size", "4", "--grace", "2", "--",
+                sys.executable, TW, TAG, "fail-after=6:1:7")  # fmt: skip
+    assert res.returncode == 7, res.stdout + res.stderr
+    assert "exit 7: rank 6's exit code (on host ttmh-1)" in res.stderr, res.stderr
 
 
 @needs_hosts

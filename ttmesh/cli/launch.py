@@ -178,7 +178,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "rdzv_endpoint",
     metavar="HOST[:PORT]",
     help="Where the hosts meet: node 0's address (port 29400 by default). Under Slurm: the first "
-    "host of SLURM_JOB_NODELIST.",
+    "host of SLURM_JOB_NODELIST (its NodeAddr when its name does not resolve).",
 )
 @click.option(
     "--rdzv-backend",
@@ -650,7 +650,7 @@ def _multihost(
     """(how this agent joins, the job's id) for a job over several hosts; None for one host.
 
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
-    of SLURM_JOB_NODELIST) and over mpirun's (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
+    of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
     from ttmesh.launcher import slurm
 
     env = os.environ
@@ -679,7 +679,7 @@ def _multihost(
     if node_rank is None and in_slurm:
         node_rank = int(env["SLURM_NODEID"])
     if endpoint is None and in_slurm:
-        endpoint = slurm.expand(env["SLURM_JOB_NODELIST"])[0]
+        endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
     if node_rank is None and hosts is None:
         raise bad_input(
             f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"

@@ -2,11 +2,15 @@
 
 ``galaxy[01-03,07]`` is galaxy01, galaxy02, galaxy03 and galaxy07 (zero padding kept);
 ``rack[1-2]-n[1-2]`` is every combination; commas outside brackets separate entries.
+A node's name is not always its network name: :func:`address` asks Slurm for its NodeAddr.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import socket
+import subprocess
 
 from ttmesh.errors import bad_input
 
@@ -59,3 +63,28 @@ def expand(nodelist: str) -> list[str]:
     if not names:
         raise bad_input(f"SLURM_JOB_NODELIST {nodelist!r}: no host in it")
     return names
+
+
+def address(name: str) -> str:
+    """Where node ``name`` is reached: the name itself when it resolves, else the NodeAddr
+    slurmctld has for it (``scontrol show node``; slurm.conf may give a node a NodeAddr that
+    DNS does not know as its name), else the name (whatever uses it then says it can't)."""
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except (OSError, UnicodeError):
+        pass
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return name
+    try:
+        shown = subprocess.run(
+            [scontrol, "show", "node", "--oneliner", name],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return name
+    found = re.search(r"(?:^|\s)NodeAddr=(\S+)", shown.stdout)
+    return found.group(1) if shown.returncode == 0 and found else name

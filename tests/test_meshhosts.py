@@ -22,7 +22,7 @@ from hosts import Network, can_emulate, can_network, launch_agent, make_hosts, m
 
 from ttmesh.errors import TTMeshError
 from ttmesh.host import clusterdesc
-from ttmesh.launcher import hostreport, meshhosts, mpi
+from ttmesh.launcher import hostreport, meshhosts, mpi, rankshim
 from ttmesh.launcher.plan import LaunchRequest
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.sim import system
@@ -250,6 +250,12 @@ def test_a_rank_on_the_wrong_host_stops_with_one_line(base: Path) -> None:
     line = res.stderr.strip().splitlines()[-1]
     assert line.startswith("ttmesh: rank 0 was planned on host h0 but runs on ")
     assert "which has none of its chips" in line and "the hosts are swapped" in line
+    # The launching ttmesh reads this as a refusal before the command ran: no recovery, no
+    # restart (a rank's own exit 3 is a crash like any other).
+    tail = res.stderr.strip().splitlines()
+    assert rankshim.refused_before_start(3, tail)
+    assert not rankshim.refused_before_start(7, tail)
+    assert not rankshim.refused_before_start(3, ["ttmesh: rank 0 exited", "exit 3 by itself"])
 
 
 def test_a_rank_writes_its_files_and_holds_its_leases_while_it_runs(base: Path) -> None:
@@ -451,9 +457,10 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
 @needs_hosts
 @needs_mpirun
 def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
-    """Links down on one host: its rank's ttmesh refuses there (exit 3, one line naming the host
-    and --auto-reset) and nothing is reset or restarted; with --auto-reset that host's chips are
-    reset before anything starts, the other host's are left alone."""
+    """Links down between the job's chips on one host (its report says so): the start is
+    refused in one line naming that host, and nothing starts anywhere or is reset; with
+    --auto-reset that host's chips are reset before anything starts, the other host's left
+    alone."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     fault = subprocess.run([sys.executable, "-m", "ttmesh", "sim", "fault", "--root",
@@ -462,18 +469,23 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     assert fault.returncode == 0, fault.stderr
     job = ["launch", "--hosts", "HOSTS", "--mesh-layout", "mesh", "--nproc-per-node", "1",
            "--tp-size", "16", "--max-restarts", "2"]  # fmt: skip
-    refused = _run(hosts, agent, *job, "--", "true")
+    marker = world / "started"
+    refused = _run(hosts, agent, *job, "--", "touch", str(marker))
     assert refused.returncode == 3, refused.stdout + refused.stderr
-    assert refused.stderr.strip().splitlines()[-1] == "ttmesh: exit 3: rank 1's exit code"
-    assert (
-        "[r1] ttmesh: pre-flight on ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and "
-        "0000:4b:00.0 are down" in refused.stderr
+    line = refused.stderr.strip()
+    assert len(line.splitlines()) == 1, refused.stderr
+    assert line.startswith(
+        "ttmesh: host ttmh-1 is not ready: pre-flight: 2 of 2 link(s) between 0000:31:00.0 and "
+        "0000:4b:00.0 are down (ch14<->ch14, ch15<->ch15) (on ttmh-1: ttmesh reset "
+    ), line
+    assert line.endswith(
+        ", or add --auto-reset to recover the chips first; nothing started anywhere)"
     )
-    assert "or launch with --auto-reset to recover the chips first" in refused.stderr
-    assert "chips reset" not in refused.stderr and "restarting" not in refused.stderr
+    assert not marker.exists()
     assert _run(hosts, agent, "check", "--hosts", "HOSTS").returncode == 1  # still down
-    fixed = _run(hosts, agent, *job, "--auto-reset", "--", "true")
+    fixed = _run(hosts, agent, *job, "--auto-reset", "--", "touch", str(marker))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert marker.exists()
     notes = [ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host ")]
     assert len(notes) == 1 and notes[0].startswith(
         "ttmesh: host ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and 0000:4b:00.0 are down"

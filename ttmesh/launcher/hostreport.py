@@ -4,8 +4,8 @@
 as the ranks will be) and prints one line, ``TTMESH-HOST-REPORT {json}``: the host's chips as
 discovery finds them there, the links between them, its topology (whose links to remote devices
 are the cables to other hosts), on a simulated host the cluster tt-metal maps in mock mode, the
-environment its ranks get from the host, and which chips cannot be used now (leased, held,
-dead) and by whom. The launching ttmesh plans the whole job from these reports.
+environment its ranks get from the host, which chips cannot be used now (leased, held,
+dead) and by whom, and which links between its chips are down (with the fix to run there). The launching ttmesh plans the whole job from these reports.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ttmesh.errors import bad_input
+from ttmesh.fabric import health
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, discover
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import Host
@@ -32,6 +33,11 @@ def make(host: Host) -> dict[str, Any]:
 
     inv = discover(host)
     why, who = unavailable_chips(inv)
+    links_down = [
+        {"what": p.what, "fix": p.fix, "chips": list(p.chips)}
+        for p in health.preflight(inv, [c.asic_id for c in inv.chips], heartbeats=False)
+        if p.kind == "link-down"
+    ]
     mock = host.mock_cluster()
     return {
         "schema": SCHEMA,
@@ -50,6 +56,7 @@ def make(host: Host) -> dict[str, Any]:
         "rank_env": host.rank_env([]),
         "unavailable": why,
         "who": who,
+        "links_down": links_down,
     }
 
 
@@ -83,5 +90,10 @@ def parse(data: Any, name: str) -> tuple[HostView, dict[str, str], dict[str, str
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise bad_input(f"host {name}: malformed report ({exc})", "run the same ttmesh everywhere")
-    view = HostView(name, inv, mock, str(data.get("hostname") or ""))
+    down = [
+        (str(d["what"]), str(d["fix"]), tuple(str(a) for a in d["chips"]))
+        for d in data.get("links_down") or []
+        if isinstance(d, dict) and {"what", "fix", "chips"} <= set(d)
+    ]
+    view = HostView(name, inv, mock, str(data.get("hostname") or ""), down)
     return view, dict(data.get("unavailable") or {}), dict(data.get("who") or {})

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,9 @@ class Prepared:
     selection: meshselect.Selection
     liveness: Liveness | None = None  # heartbeats still being read as the workers start
     mesh_hosts: Any = None  # launcher.meshhosts.MpiHosts: how mpirun reaches a mesh's hosts
+    # A mesh over several hosts: links down between the job's chips, as each host reported
+    # them: (host, what, the fix to run there). The start is refused unless --auto-reset.
+    hosts_not_ready: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -823,8 +826,8 @@ class JobRun:
                             self._agree("start", lambda: None)
                     except TTMeshError as exc:
                         raise self._refuse(self._frozen_first(exc, summary=False)) from None
-                if plan.hosts and self.recovery.auto_reset:
-                    self._auto_reset_hosts()
+                if plan.hosts:
+                    self._hosts_ready()
                 write_files(plan)
                 self._attempts()
             except (KeyboardInterrupt, Stopped) as exc:
@@ -837,15 +840,31 @@ class JobRun:
                 self._release(self.status or "ttmesh failed before the job ended", None)
         return self.finish()
 
-    def _auto_reset_hosts(self) -> None:
-        """--auto-reset over several hosts: every host checks its chips of the job and resets
-        them where needed before anything starts; a host whose chips stay wrong refuses."""
+    def _hosts_ready(self) -> None:
+        """A mesh over several hosts, before anything starts anywhere: links down between the
+        job's chips on a host (its report says so) refuse the start in one line naming the
+        host; with --auto-reset every host checks its chips of the job and resets them where
+        needed, and a host whose chips stay wrong refuses."""
+        if not self.recovery.auto_reset:
+            if self.prepared.hosts_not_ready:
+                name, what, fix = self.prepared.hosts_not_ready[0]
+                raise self._refuse(
+                    refused(
+                        f"host {name} is not ready: pre-flight: {what}",
+                        f"on {name}: {fix}, or add --auto-reset to recover the chips first; "
+                        "nothing started anywhere",
+                    )
+                )
+            return
         if self.observer is not None:
             self.observer.phase(JobPhase.CHECKING, "checking the chips on every host")
         left = _recover_hosts(self.prepared, self.recovery, always=False)
         if left is not None:
             raise self._refuse(
-                refused(f"pre-flight: {left}", "see ttmesh check --hosts, then ttmesh reset")
+                refused(
+                    f"pre-flight: {left}",
+                    "see ttmesh check --hosts, then ttmesh reset --hosts; nothing started anywhere",
+                )
             )
 
     def _stopped(self, sig: int) -> None:

@@ -255,7 +255,15 @@ def _finish(
     plan = build(req, cluster.inv, sel, argv)
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
-    return launch.Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
+    prepared = launch.Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
+    job = set(plan.all_chips())
+    prepared.hosts_not_ready = [
+        (view.name, what, fix)
+        for view in cluster.hosts
+        for what, fix, chips in view.links_down
+        if set(chips) <= job
+    ]
+    return prepared
 
 
 def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:

@@ -40,6 +40,8 @@ class HostView:
     inv: Inventory  # its chips and links (PCI addresses are that host's own)
     mock: cdm.ClusterDescriptor | None = None  # simulated: what tt-metal maps in mock mode
     hostname: str = ""  # what the host calls itself
+    # Links down between its chips, as its own pre-flight words them: (what, fix, chips).
+    links_down: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from ttmesh.errors import TTMeshError
 from ttmesh.launcher import fanout
 from ttmesh.launcher.meshhosts import MpiHosts
 from ttmesh.recovery import afterjob
@@ -44,7 +45,7 @@ def recover(
         args += ["--tt-smi", tt_smi]
     try:
         runs = fanout.run(replace(mh, names=names), args, timeout * (retries + 1) + SLACK)
-    except Exception as exc:  # mpirun reached no host: say so, as one host's problem
+    except TTMeshError as exc:  # mpirun reached no host, or timed out: say so
         return f"the hosts could not be checked: {exc}"
     first: str | None = None
     for run in runs:

@@ -107,17 +107,6 @@ class Network:
             self._ip("-n", h, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
             self._ip("-n", h, "link", "set", "eth0", "up")
 
-    def _left(self) -> list[int]:
-        """Processes started through this cluster (they have its SLURM_CONF), but not us."""
-        mark = f"SLURM_CONF={self.conf}".encode()
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError):
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                if mark in environ and int(pid) != os.getpid():
-                    found.append(int(pid))
-        return found
-
     def down(self) -> None:
         for name in reversed(self.made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)

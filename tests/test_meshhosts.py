@@ -248,7 +248,8 @@ def test_a_rank_on_the_wrong_host_stops_with_one_line(base: Path) -> None:
     res = _rank(base / "dual-t3k-1", host0, "true")
     assert res.returncode == 3, res.stderr
     line = res.stderr.strip().splitlines()[-1]
-    assert line.startswith("ttmesh: rank 0 was planned on host h0 but runs on ")
+    assert line.startswith("ttmesh: not started on ")
+    assert ": rank 0 was planned on host h0 but runs on " in line
     assert "which has none of its chips" in line and "the hosts are swapped" in line
     # The launching ttmesh reads this as a refusal before the command ran: no recovery, no
     # restart (a rank's own exit 3 is a crash like any other).
@@ -256,6 +257,7 @@ def test_a_rank_on_the_wrong_host_stops_with_one_line(base: Path) -> None:
     assert rankshim.refused_before_start(3, tail)
     assert not rankshim.refused_before_start(7, tail)
     assert not rankshim.refused_before_start(3, ["ttmesh: rank 0 exited", "exit 3 by itself"])
+    assert not rankshim.refused_before_start(3, [*tail, "the program's own last line"])
 
 
 def test_a_rank_writes_its_files_and_holds_its_leases_while_it_runs(base: Path) -> None:
@@ -452,6 +454,66 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
     assert "ttmesh: attempt 2: every rank succeeded (exit 0" in res.stderr
     after = _run(hosts, agent, "check", "--hosts", "HOSTS")
     assert after.returncode == 0, after.stdout + after.stderr
+
+
+def test_a_hosts_recovery_first_ends_what_the_job_left_there() -> None:
+    """A rank's child that outlived its ttmesh (SIGKILLed by mpirun) still holds the chips:
+    the host's recovery finds the job's processes by their TTMESH_JOB_ID, gives them the grace
+    to end, then SIGKILLs them; other jobs' processes are left alone."""
+    from ttmesh.recovery import afterjob
+
+    ignore = [sys.executable, "-c", "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "print(flush=True)\ntime.sleep(60)", TAG]  # fmt: skip
+    mine = subprocess.Popen(ignore, env={**os.environ, "TTMESH_JOB_ID": "jleft-1"},
+                            stdout=subprocess.PIPE)  # fmt: skip
+    other = subprocess.Popen(ignore, env={**os.environ, "TTMESH_JOB_ID": "jleft-2"},
+                             stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        for p in (mine, other):
+            assert p.stdout is not None and p.stdout.readline() == b"\n"  # started, env set
+        assert [pid for pid, _t in afterjob.leftovers("jleft-1")] == [mine.pid]
+        assert afterjob.end_leftovers("jleft-1", 0.2) == 0
+        assert mine.wait(timeout=10) == -9
+        assert other.poll() is None and afterjob.leftovers("jleft-1") == []
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+
+
+@needs_hosts
+@needs_mpirun
+def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover(
+    world: Path,
+) -> None:
+    """The command exists on host 0 only: host 1's rank ends in its ttmesh before it runs
+    ("not started on ttmh-1", 127). The job is refused with that line and code, with no restart
+    though --max-restarts allows one; the rank that had started on host 0 was stopped, and that
+    host's chips were checked and recovered first."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    name = f"ttmesh-job-{os.getpid()}.sh"
+    script = f"#!/bin/sh\ntouch {world}/started-$RANK\nexec {sys.executable} {TW} {TAG} sleep=60\n"
+    placed = [Path("/tmp") / name, hosts[0].dir / "tmp" / name]  # here (the launcher), host 0
+    for path in placed:
+        path.write_text(script)
+        path.chmod(0o755)
+    try:
+        res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+                   "--nproc-per-node", "1", "--tp-size", "16", "--max-restarts", "1",
+                   "--", f"/tmp/{name}")  # fmt: skip
+    finally:
+        placed[0].unlink()
+    assert res.returncode == 127, res.stdout + res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    assert notes[-1] == (
+        f"ttmesh: not started on ttmh-1: cannot run /tmp/{name}: No such file or directory"
+    ), notes
+    assert notes[-2].startswith("ttmesh: host ttmh-0: ") and notes[-2].endswith(
+        "chips reset and verified", 0, notes[-2].rindex(" (")
+    ), notes
+    assert len(notes) == 2 and "restarting" not in res.stderr, notes
+    assert (world / "started-0").exists() and not (world / "started-1").exists()
 
 
 @needs_hosts

@@ -87,7 +87,8 @@ def two_qb2(world: Path):
 @pytest.fixture
 def slurm_qb2(two_qb2, world: Path):
     """The two QuietBox 2s as the nodes of a throwaway Slurm cluster (skipped, saying why,
-    when one can't be set up here)."""
+    when Slurm or root is missing here; a cluster that does not come up though every program
+    is there fails, with the daemons' logs)."""
     why = can_slurm()
     if why is not None:
         pytest.skip(why)
@@ -100,7 +101,7 @@ def slurm_qb2(two_qb2, world: Path):
         cluster.up()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         cluster.down()
-        pytest.skip(f"no Slurm cluster here: {exc}")
+        pytest.fail(f"the test's Slurm cluster did not come up: {exc}")
     try:
         yield cluster
     finally:

@@ -650,7 +650,8 @@ def _multihost(
     """(how this agent joins, the job's id) for a job over several hosts; None for one host.
 
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
-    of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
+    of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
+    (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
     from ttmesh.launcher import slurm
 
     env = os.environ

@@ -23,8 +23,17 @@ from ttmesh.cli.options import CONTEXT, host_options
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0)
 @click.option("--retries", type=click.IntRange(min=0), default=2)
 @click.option("--tt-smi", "tt_smi", default=None)
+@click.option("--job", "job", default=None, help="Let this job's processes still here end first.")
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0)
 def recover_cmd(
-    host: Any, chips: str, always: bool, timeout: float, retries: int, tt_smi: str | None
+    host: Any,
+    chips: str,
+    always: bool,
+    timeout: float,
+    retries: int,
+    tt_smi: str | None,
+    job: str | None,
+    grace: float,
 ) -> int:
     """Check the job's chips on this host, reset them if needed, print the outcome as JSON."""
     from ttmesh.recovery import afterjob
@@ -34,7 +43,15 @@ def recover_cmd(
 
     asics = [a.strip() for a in chips.split(",") if a.strip()]
     outcome = afterjob.check_and_reset(
-        host, asics, always=always, timeout=timeout, retries=retries, tt_smi=tt_smi, log=log
+        host,
+        asics,
+        always=always,
+        timeout=timeout,
+        retries=retries,
+        tt_smi=tt_smi,
+        log=log,
+        job=job,
+        grace=grace,
     )
     click.echo(outcome.line())
     return outcome.exit_code

@@ -30,9 +30,14 @@ def recover(
     retries: int,
     tt_smi: str | None,
     note: Callable[[str], None],
+    job: str | None = None,
+    grace: float = 10.0,
+    reachable: bool = False,
 ) -> str | None:
     """Check (and reset where needed) every host's chips of the job; None when every host's
-    chips are healthy or recovered, else the first host's problem, as one line."""
+    chips are healthy or recovered, else the first host's problem, as one line. ``job``: each
+    host first lets that job's processes still there end (``grace``, then SIGKILL).
+    ``reachable``: mpirun failing to reach the hosts raises (exit 2), not a problem line."""
     names = [n for n in mh.names if chips_by_host.get(n)]
     if not names:
         return None
@@ -43,9 +48,13 @@ def recover(
         args.append("--always")
     if tt_smi:
         args += ["--tt-smi", tt_smi]
+    if job is not None:
+        args += ["--job", job, "--grace", str(grace)]
     try:
-        runs = fanout.run(replace(mh, names=names), args, timeout * (retries + 1) + SLACK)
-    except TTMeshError as exc:  # mpirun reached no host, or timed out: say so
+        runs = fanout.run(replace(mh, names=names), args, timeout * (retries + 1) + grace + SLACK)
+    except TTMeshError as exc:  # mpirun reached no host, or timed out
+        if reachable:
+            raise
         return f"the hosts could not be checked: {exc}"
     first: str | None = None
     for run in runs:
@@ -58,8 +67,8 @@ def recover(
             why = outcome.problem or "--reset-on-failure"
             note(f"host {run.host}: {why}: chips reset and verified ({outcome.seconds:.1f} s)")
             continue
-        elif outcome.ok:
-            continue
+        elif outcome.state == afterjob.NONE_HERE:
+            line = f"host {run.host}: none of the job's chips is there (is it the host planned?)"
         else:
             verb = "reset refused" if outcome.state == afterjob.REFUSED else "still wrong"
             line = f"host {run.host}: {outcome.problem or 'reset'}; {verb}: {outcome.after}"

@@ -5,7 +5,8 @@ as the ranks will be) and prints one line, ``TTMESH-HOST-REPORT {json}``: the ho
 discovery finds them there, the links between them, its topology (whose links to remote devices
 are the cables to other hosts), on a simulated host the cluster tt-metal maps in mock mode, the
 environment its ranks get from the host, which chips cannot be used now (leased, held,
-dead) and by whom, and which links between its chips are down (with the fix to run there). The launching ttmesh plans the whole job from these reports.
+dead) and by whom, and which links between its chips are down (with the fix to run
+there). The launching ttmesh plans the whole job from these reports.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout, Source, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.failures import Diagnosis
+    from ttmesh.launcher.meshhosts import MpiHosts
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Prepared:
     inv: Inventory
     selection: meshselect.Selection
     liveness: Liveness | None = None  # heartbeats still being read as the workers start
-    mesh_hosts: Any = None  # launcher.meshhosts.MpiHosts: how mpirun reaches a mesh's hosts
+    mesh_hosts: MpiHosts | None = None  # how mpirun reaches the hosts of a mesh over several
     # A mesh over several hosts: links down between the job's chips, as each host reported
     # them: (host, what, the fix to run there). The start is refused unless --auto-reset.
     hosts_not_ready: list[tuple[str, str, str]] = field(default_factory=list)
@@ -217,6 +218,7 @@ def prepare(
         from ttmesh.launcher import mpi
 
         req.mpirun = mpi.find_mpirun(req.mpirun or None)
+        mpi.version(req.mpirun)  # read once here: each attempt's guardian (a fork) reuses it
     if req.tp_size is None:
         if chosen:
             req.tp_size = len(chosen)
@@ -702,18 +704,18 @@ def _rank_refused(result: AttemptResult) -> bool:
     return refused_before_start(result.code, result.stderr_tail)
 
 
-def _recover_hosts(prepared: Prepared, recovery: Recovery, always: bool) -> str | None:
+def _recover_hosts(
+    prepared: Prepared, recovery: Recovery, always: bool, before_start: bool = False
+) -> str | None:
     """Every host of a mesh over several hosts checks its chips of the job and resets them
-    where needed (ttmesh.launcher.hostrecovery); the first host's remaining problem, else None."""
-    from ttmesh.launcher import hostrecovery
+    where needed (ttmesh.launcher.hostrecovery); the first host's remaining problem, else None.
+    After an attempt each host first lets the job's processes still there end; before the
+    start, mpirun failing to reach the hosts is bad input (exit 2)."""
+    from ttmesh.launcher import hostrecovery, mpi
 
     plan = prepared.plan
-    if prepared.mesh_hosts is None:
-        return None
-    by_host: dict[str, list[str]] = {}
-    for rank in plan.ranks:
-        chips = by_host.setdefault(plan.hosts[rank.node], [])
-        chips += [a for u in rank.units for a in u.chips if a not in chips]
+    assert prepared.mesh_hosts is not None, "a mesh over several hosts has its MpiHosts"
+    by_host = {name: mpi.host_chips(plan, node) for node, name in enumerate(plan.hosts)}
     return hostrecovery.recover(
         prepared.mesh_hosts,
         by_host,
@@ -722,6 +724,9 @@ def _recover_hosts(prepared: Prepared, recovery: Recovery, always: bool) -> str 
         retries=recovery.retries,
         tt_smi=recovery.tt_smi,
         note=note,
+        job=None if before_start else plan.job,
+        grace=plan.grace,
+        reachable=before_start,
     )
 
 
@@ -858,7 +863,7 @@ class JobRun:
             return
         if self.observer is not None:
             self.observer.phase(JobPhase.CHECKING, "checking the chips on every host")
-        left = _recover_hosts(self.prepared, self.recovery, always=False)
+        left = _recover_hosts(self.prepared, self.recovery, always=False, before_start=True)
         if left is not None:
             raise self._refuse(
                 refused(
@@ -939,6 +944,17 @@ class JobRun:
                 code, message, hint = result.refusal
                 self.unrecorded = True
                 raise self._refuse(TTMeshError(message, hint, code))
+            if plan.hosts and _rank_refused(result):
+                # A rank's ttmesh stopped before its command ran (pre-flight there, a lease, the
+                # wrong host): a refusal, as on one host. Ranks that had started on the other
+                # hosts were stopped: their hosts check (and recover) their chips first.
+                why = [ln for ln in result.stderr_tail if ln.strip()][-1].strip()
+                why = why.removeprefix("ttmesh: ")
+                _recover_hosts(self.prepared, recovery, always=False)
+                if attempt == 0:
+                    raise self._refuse(TTMeshError(why, None, result.code))
+                note(f"not restarting: {why}")
+                break
             if self.peers is not None:
                 result = self.peers.ended(attempt, result)
             self.results.append(result)
@@ -946,8 +962,6 @@ class JobRun:
                 break
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
-            if plan.hosts and _rank_refused(result):
-                break  # a rank's ttmesh refused before its command ran: nothing to recover
             always = result.supervisor_lost or plan.serving is not None
             left = _after_crash(
                 self.prepared, recovery, result, always=always, observer=self.observer

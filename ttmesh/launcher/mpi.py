@@ -33,7 +33,7 @@ SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited\s+on
 # A rank called MPI_Abort (or MPI's fatal error handler did): 4.x gives the rank and the code it
 # passed; 5.x names the rank only, and mpirun's own exit code stands for it.
 ABORTED4 = re.compile(
-    r"MPI_ABORT was invoked on rank (\d+) in communicator .*?with errorcode (-?\d+)", re.S
+    r"MPI_ABORT was invoked on rank (\d+) in communicator [^\n]*?\s+with errorcode (-?\d+)"
 )
 ABORTED5 = re.compile(
     r"exited due to process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\""
@@ -176,10 +176,11 @@ class Demux:
             return int(match.group(1)), mpirun_code or 1
         return None
 
-    def aborted(self) -> bool:
-        """Did mpirun's report say a rank called MPI_Abort?"""
+    def aborted(self) -> int | None:
+        """The rank mpirun's report says called MPI_Abort, else None."""
         text = "".join(self.text)
-        return bool(ABORTED4.search(text) or ABORTED5.search(text))
+        match = ABORTED4.search(text) or ABORTED5.search(text)
+        return int(match.group(1)) if match else None
 
     def ranks_ran(self) -> bool:
         """Did mpirun's report say its ranks ran (and one failed)?"""

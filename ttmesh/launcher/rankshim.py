@@ -11,7 +11,9 @@ does that host's duties for the rank before the command runs, and stays its pare
 3. **Leases** on this host's lease directory for the rank's chips, held until the command ends
    (another job on this host sees them leased).
 4. **Pre-flight** of the rank's chips here (driver nodes, heartbeats, links between them, holders
-   outside the job): a problem stops the rank with its one line (exit 3).
+   outside the job): a problem stops the rank with its one line (exit 3). Whatever stops a
+   rank before its command runs ends it with one last line ``ttmesh: not started on HOST: ...``
+   (exit 2, 3, or 127 when the command is missing there).
 5. **The fabric**: in one tt-metal world the rank brings up the links between the job's chips
    on this host (``TTMESH_RANK_FABRIC``); the host hears it, as on one host, so a crash leaves
    them down on a simulated host as on hardware (the launching ttmesh then recovers them on
@@ -30,27 +32,25 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.host.base import Host
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# How the refusals before the command starts begin (after "ttmesh: "): the launching ttmesh
-# tells them from a crash by these (no fabric was brought up: nothing to recover or restart).
-WRONG_HOST = "rank {rank} was planned on host "
-PREFLIGHT = "pre-flight on "
+# Every way a rank's ttmesh ends before its command runs (the wrong host, pre-flight, a lease,
+# its files, the command missing) is one last stderr line ``ttmesh: not started on HOST: ...``:
+# the launching ttmesh tells it from a crash by that (nothing ran: nothing to restart).
+NOT_STARTED = "not started on "
+NOT_STARTED_CODES = (2, 3, 127)
 
 
 def refused_before_start(code: int, stderr_tail: list[str]) -> bool:
-    """Whether a rank that exited ``code`` was refused by its ttmesh before its command ran."""
-    if code != 3:
-        return False
-    starts = ("ttmesh: " + PREFLIGHT, "ttmesh: " + WRONG_HOST.split("{rank}")[0])
-    return any(
-        line.strip().startswith(starts[0])
-        or (line.strip().startswith(starts[1]) and " was planned on host " in line)
-        for line in stderr_tail
+    """Whether a rank that exited ``code`` ended in its ttmesh before its command ran."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    return (
+        code in NOT_STARTED_CODES and bool(lines) and lines[-1].startswith("ttmesh: " + NOT_STARTED)
     )
 
 
@@ -73,7 +73,7 @@ def write_files(files: dict[str, str]) -> None:
             os.replace(tmp, target)
         except OSError as exc:
             raise bad_input(
-                f"cannot write {path} on {socket.gethostname()}: {exc.strerror}",
+                f"cannot write {path}: {exc.strerror}",
                 "the job's run directory must be writable on every host",
             )
 
@@ -89,47 +89,25 @@ def check_here(host: Host, chips: list[str], rank: str, planned: str) -> None:
     me = socket.gethostname()
     what = "none of" if len(missing) == len(chips) else f"{len(missing)} of"
     raise refused(
-        WRONG_HOST.format(rank=rank) + f"{planned} but runs on {me}, which has {what} its chips "
+        f"rank {rank} was planned on host {planned} but runs on {me}, which has {what} its chips "
         f"(first: {missing[0]}): the hosts are swapped",
         "start ranks where the plan put them (the rankfile and --hosts in the plan's order)",
     )
 
 
 def run(host: Host, command: list[str]) -> int:
-    from ttmesh.fabric import health
-    from ttmesh.fabric.devices import discover
-    from ttmesh.runtime import leases
-
     env = dict(os.environ)
-    rank = env.get("TTMESH_RANK", "?")
-    planned = env.get("TTMESH_RANK_HOST", "?")
-    chips = json.loads(env.pop("TTMESH_RANK_CHIPS", "[]"))
-    files = json.loads(env.pop("TTMESH_RANK_FILES", "{}"))
-    fabric = json.loads(env.pop("TTMESH_RANK_FABRIC", "[]"))
-    job = env.get("TTMESH_JOB_ID", "?")
     if not command:
         raise bad_input("_rank: no command", "ttmesh _rank -- COMMAND (started by ttmesh launch)")
-    check_here(host, chips, rank, planned)
-    write_files(files)
-    held = leases.acquire(host, chips, job, cmd=" ".join(command))
+    chips = json.loads(env.pop("TTMESH_RANK_CHIPS", "[]"))
+    fabric = json.loads(env.pop("TTMESH_RANK_FABRIC", "[]"))
+    job = env.get("TTMESH_JOB_ID", "?")
+    here = socket.gethostname()
     try:
-        problems = [
-            p
-            for p in health.preflight(discover(host), chips, (os.getpid(),))
-            if p.severity == "error"
-        ]
-        if problems:
-            first = problems[0]
-            fix = first.fix or "see ttmesh check on that host"
-            if first.kind in health.RESETTABLE:
-                fix += ", or launch with --auto-reset to recover the chips first"
-            raise refused(f"{PREFLIGHT}{socket.gethostname()}: {first.what}", fix)
-        workdir = env.pop("TTMESH_RANK_WORKDIR", None)
-        if workdir:
-            try:
-                os.makedirs(workdir, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                raise bad_input(f"cannot make {workdir} on {socket.gethostname()}: {exc.strerror}")
+        held, workdir = _before(host, env, chips, job, command)
+    except TTMeshError as exc:
+        raise TTMeshError(f"{NOT_STARTED}{here}: {exc.message}", exc.hint, exc.code) from None
+    try:
         try:
             # SIGTERM if this ttmesh is killed (an mpirun abort SIGKILLs what it started): the
             # rank never outlives the process that holds its leases.
@@ -140,7 +118,7 @@ def run(host: Host, command: list[str]) -> int:
                 preexec_fn=procs.pdeathsig_preexec(os.getpid(), signal.SIGTERM),
             )
         except OSError as exc:
-            _say(f"cannot run {command[0]} on {socket.gethostname()}: {exc.strerror}")
+            _say(f"{NOT_STARTED}{here}: cannot run {command[0]}: {exc.strerror}")
             return 127
 
         def forward(signum: int, _frame: object) -> None:
@@ -161,6 +139,42 @@ def run(host: Host, command: list[str]) -> int:
         return code if code >= 0 else 128 - code
     finally:
         held.release()
+
+
+def _before(
+    host: Host, env: dict[str, str], chips: list[str], job: str, command: list[str]
+) -> tuple[Any, str | None]:
+    """This host's duties before the command: (the chips' leases, the working directory).
+    Raises TTMeshError, holding nothing, when the rank cannot start here."""
+    from ttmesh.fabric import health
+    from ttmesh.fabric.devices import discover
+    from ttmesh.runtime import leases
+
+    check_here(host, chips, env.get("TTMESH_RANK", "?"), env.get("TTMESH_RANK_HOST", "?"))
+    write_files(json.loads(env.pop("TTMESH_RANK_FILES", "{}")))
+    held = leases.acquire(host, chips, job, cmd=" ".join(command))
+    try:
+        problems = [
+            p
+            for p in health.preflight(discover(host), chips, (os.getpid(),))
+            if p.severity == "error"
+        ]
+        if problems:
+            first = problems[0]
+            fix = first.fix or "see ttmesh check on that host"
+            if first.kind in health.RESETTABLE:
+                fix += ", or launch with --auto-reset to recover the chips first"
+            raise refused(f"pre-flight: {first.what}", fix)
+        workdir = env.pop("TTMESH_RANK_WORKDIR", None)
+        if workdir:
+            try:
+                os.makedirs(workdir, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise bad_input(f"cannot make {workdir}: {exc.strerror}") from None
+    except BaseException:
+        held.release()
+        raise
+    return held, workdir
 
 
 __all__ = ["TTMeshError", "check_here", "refused_before_start", "run", "write_files"]

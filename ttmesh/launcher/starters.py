@@ -291,7 +291,7 @@ class MpiStarter(Starter):
             if failed is not None and rank.rank == failed[0]:
                 value = failed[1]
                 how = procs.describe_status((value - 128) if value > 128 else (value << 8))
-                if demux.aborted():  # type: ignore[union-attr]
+                if demux.aborted() == failed[0]:  # type: ignore[union-attr]
                     how = f"called MPI_Abort ({how})"
                 exits.append(RankExit(rank.rank, rank_pid, value, how, False))
             elif code == 0:

@@ -11,10 +11,13 @@ them when a check fails (or always, for ``--reset-on-failure``), and reports one
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from ttmesh import procs
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 
@@ -61,6 +64,48 @@ def parse(text: str) -> HostRecovery | None:
     return None
 
 
+def leftovers(job: str) -> list[tuple[int, int]]:
+    """This host's processes of job ``job`` (their TTMESH_JOB_ID), other than this one and its
+    ancestors, with their start times: what a rank left behind when mpirun killed the rank's
+    own ttmesh."""
+    mine = {os.getpid()}
+    table = procs.parents()
+    pid: int | None = os.getpid()
+    while pid:
+        pid = table.get(pid)
+        if pid:
+            mine.add(pid)
+    found = []
+    for p in table:
+        if p not in mine and procs.environ_value(p, "TTMESH_JOB_ID") == job:
+            start = procs.start_time(p)
+            if start is not None and procs.alive(p, start):
+                found.append((p, start))
+    return found
+
+
+def end_leftovers(job: str, grace: float, log: Callable[[str], None] | None = None) -> int:
+    """Wait up to ``grace`` seconds for the job's processes still on this host to end (they
+    were sent SIGTERM as their rank's ttmesh died), then SIGKILL the rest; how many were left."""
+    left = leftovers(job)
+    if not left:
+        return 0
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [(p, t) for p, t in left if procs.alive(p, t)]
+    if left:
+        if log is not None:
+            log(f"{len(left)} process(es) of job {job} still running after {grace:g} s: SIGKILL")
+        for p, t in left:
+            procs.signal_if_same(p, t, signal.SIGKILL)
+        end = time.monotonic() + 5.0
+        while left and time.monotonic() < end:
+            time.sleep(0.05)
+            left = [(p, t) for p, t in left if procs.alive(p, t)]
+    return len(left)
+
+
 def check_and_reset(
     host: Host,
     asics: Sequence[str],
@@ -70,14 +115,19 @@ def check_and_reset(
     retries: int = 2,
     tt_smi: str | None = None,
     log: Callable[[str], None] | None = None,
+    job: str | None = None,
+    grace: float = 10.0,
 ) -> HostRecovery:
     """Check this host's chips among ``asics``; reset and verify them when the check fails
-    (``always``: whatever it finds)."""
+    (``always``: whatever it finds). ``job``: first let that job's processes still here end
+    (``grace`` seconds, then SIGKILL), so they do not hold the chips as they are checked."""
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
     from ttmesh.recovery import reset
 
     start = time.monotonic()
+    if job is not None:
+        end_leftovers(job, grace, log)
     inv = discover(host)
     here = {c.asic_id for c in inv.chips}
     mine = [a for a in asics if a in here]

@@ -256,6 +256,7 @@ def main() -> int:
             for launcher, got in samples.items():
                 row[f"{launcher}_running"] = statistics.median(s[0] for s in got)
                 row[f"{launcher}_done"] = statistics.median(s[1] for s in got)
+                row[f"{launcher}_runs"] = [list(s) for s in got]  # (running, done), run by run
             rows.append(row)
     finally:
         if net is not None:

@@ -1,0 +1,159 @@
+"""Emulated hosts on one machine, for scripts (the test suite's are in tests/hosts.py, which needs
+pytest's conftest; ../shared/reference/multihost.md, "Emulating hosts on one machine").
+
+A process "on" an emulated host is started through ``unshare``: its own hostname (a UTS
+namespace) and its own mount namespace, where the host's directory is bound over /tmp (runtime
+files) and its own /etc/hosts and /etc/resolv.conf over the machine's: every emulated host's name
+resolves to its address, and name look-ups never leave the machine (the nameserver is the host's
+own loopback, where nothing answers). Its simulated root is ``TTMESH_ROOT``.
+
+Addresses: with a :class:`Network` (preferred) every host has a network namespace of its own,
+its ``eth0`` cabled by a veth pair into a bridge in a namespace of the script (10.77.0.1); host
+N is 10.77.0.(2+N). Without one, host N is 127.0.0.(2+N) on this machine's loopback. Only
+namespaces and links made here are touched, every address and route exists before any traffic,
+and :meth:`Network.down` removes it all.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def can_emulate() -> str | None:
+    """None when hosts can be emulated here, else why not."""
+    if os.geteuid() != 0:
+        return "emulating hosts needs root (namespaces)"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--uts", "--mount", "--propagation", "private", "true"], capture_output=True
+    )
+    if probe.returncode != 0:
+        return f"unshare is not allowed here: {probe.stderr.decode().strip()}"
+    return None
+
+
+def can_network() -> str | None:
+    """None when a network of emulated hosts (network namespaces, veth, a bridge) can be made."""
+    why = can_emulate()
+    if why is not None:
+        return why
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        return "a network of hosts needs ip (iproute2) and nsenter"
+    net = Network(f"ttmbp{os.getpid() % 100000}", 1)
+    try:
+        net.up()
+    except subprocess.CalledProcessError as exc:
+        return f"cannot make a network of hosts here: {(exc.stderr or b'').decode().strip()}"
+    finally:
+        net.down()
+    return None
+
+
+@dataclass
+class Network:
+    """A bridge in a namespace of the script and one namespace per host cabled to it."""
+
+    tag: str  # every namespace's name starts with it: unique to the caller
+    count: int
+    subnet: str = "10.77.0"
+    made: list[str] = field(default_factory=list)
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.tag}-l"
+
+    def host_ns(self, i: int) -> str:
+        return f"{self.tag}-h{i}"
+
+    def addr(self, i: int) -> str:
+        return f"{self.subnet}.{2 + i}"
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def up(self) -> None:
+        """Every namespace and link exists, with its address and routes, before any traffic."""
+        c = self.launcher
+        self._ip("netns", "add", c)
+        self.made.append(c)
+        self._ip("-n", c, "link", "set", "lo", "up")
+        self._ip("-n", c, "link", "add", "br0", "type", "bridge")
+        self._ip("-n", c, "addr", "add", f"{self.subnet}.1/24", "dev", "br0")
+        self._ip("-n", c, "link", "set", "br0", "up")
+        for i in range(self.count):
+            h = self.host_ns(i)
+            self._ip("netns", "add", h)
+            self.made.append(h)
+            self._ip("-n", h, "link", "set", "lo", "up")
+            self._ip("-n", c, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0",
+                     "netns", h)  # fmt: skip
+            self._ip("-n", c, "link", "set", f"v{i}", "master", "br0")
+            self._ip("-n", c, "link", "set", f"v{i}", "up")
+            self._ip("-n", h, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+            self._ip("-n", h, "link", "set", "eth0", "up")
+
+    def down(self) -> list[str]:
+        """Removes every namespace made (their links go with them); returns those that failed."""
+        failed = []
+        for name in reversed(self.made):
+            res = subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            if res.returncode != 0 and Path("/run/netns", name).exists():
+                failed.append(name)
+        self.made.clear()
+        return failed
+
+
+@dataclass
+class Host:
+    name: str
+    addr: str
+    dir: Path
+    netns: str | None = None  # its network namespace, on a Network
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    def env(self) -> dict[str, str]:
+        return {"TTMESH_ROOT": str(self.root), "XDG_RUNTIME_DIR": "/tmp/run"}
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` as a process on this host."""
+        d = self.dir
+        script = (
+            f"hostname {shlex.quote(self.name)}"
+            f" && mount --bind {shlex.quote(str(d / 'tmp'))} /tmp"
+            f" && mount --bind {shlex.quote(str(d / 'etc' / 'hosts'))} /etc/hosts"
+            f" && mount --bind {shlex.quote(str(d / 'etc' / 'resolv.conf'))} /etc/resolv.conf"
+            ' && mkdir -p -m 700 /tmp/run && exec "$@"'
+        )
+        enter = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        return [*enter, "unshare", "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", script, "sh", *argv]  # fmt: skip
+
+
+def make_hosts(base: Path, count: int, net: Network | None = None) -> list[Host]:
+    """``count`` hosts under ``base`` (each its directory, /tmp and /etc files; the simulated
+    root, ``Host.root``, is the caller's to make). With ``net`` (up already) each host is on it."""
+    hosts = []
+    for i in range(count):
+        host = Host(f"ttmh-{i}", f"127.0.0.{2 + i}", base / f"host{i}")
+        if net is not None:
+            host.addr, host.netns = net.addr(i), net.host_ns(i)
+        hosts.append(host)
+    names = "".join(f"{h.addr} {h.name}\n" for h in hosts)
+    for host in hosts:
+        (host.dir / "tmp").mkdir(parents=True)
+        (host.dir / "tmp").chmod(0o1777)
+        (host.dir / "etc").mkdir()
+        (host.dir / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
+        (host.dir / "etc" / "resolv.conf").write_text(
+            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+        )
+    return hosts

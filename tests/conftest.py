@@ -53,20 +53,37 @@ def _isolated_cache(
     monkeypatch.delenv("TT_VISIBLE_DEVICES", raising=False)
 
 
-@pytest.fixture(autouse=True)
-def _open_mpi_segments(request: pytest.FixtureRequest) -> Iterator[None]:
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
+
+
+def _drop_segments(before: set[str]) -> None:
+    """Remove the Open MPI segments made since ``before`` that no live process maps."""
+    made = _segments() - before
+    if not made:
+        return
+    mapped: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            text = maps.read()
+            mapped |= {n for n in made if n in text}
+    for name in made - mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join("/dev/shm", name))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _open_mpi_segments() -> Iterator[None]:
     """Conformance tests start ttnn, whose bundled Open MPI 5 library leaves its shared-memory
-    segments (/dev/shm/sm_segment.*) behind when a Debian Open MPI 4 mpirun starts it: the
-    ones a test made are removed after it, as its own runtime would have."""
-    if request.node.get_closest_marker("conformance") is None or not os.path.isdir("/dev/shm"):
+    segments (/dev/shm/sm_segment.*) behind (run alone, or under a Debian Open MPI 4 mpirun):
+    the ones the session made, and no process still maps, are removed at its end, as the
+    library's own runtime would have."""
+    if not os.path.isdir("/dev/shm"):
         yield
         return
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
+    before = _segments()
     yield
-    for name in os.listdir("/dev/shm"):
-        if name.startswith("sm_segment.") and name not in before:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join("/dev/shm", name))
+    _drop_segments(before)
 
 
 @pytest.fixture

@@ -696,9 +696,9 @@ def _after_crash(
     return None
 
 
-def _rank_refused(result: AttemptResult) -> bool:
+def _rank_refused(result: AttemptResult) -> str | None:
     """A rank of a mesh over several hosts was refused on its host before its command ran
-    (pre-flight there, or the wrong host): a refusal, as on one host, not a crash."""
+    (pre-flight there, or the wrong host): its line, a refusal as on one host, not a crash."""
     from ttmesh.launcher.rankshim import refused_before_start
 
     return refused_before_start(result.code, result.stderr_tail)
@@ -944,12 +944,11 @@ class JobRun:
                 code, message, hint = result.refusal
                 self.unrecorded = True
                 raise self._refuse(TTMeshError(message, hint, code))
-            if plan.hosts and _rank_refused(result):
+            why = _rank_refused(result) if plan.hosts else None
+            if why is not None:
                 # A rank's ttmesh stopped before its command ran (pre-flight there, a lease, the
                 # wrong host): a refusal, as on one host. Ranks that had started on the other
                 # hosts were stopped: their hosts check (and recover) their chips first.
-                why = [ln for ln in result.stderr_tail if ln.strip()][-1].strip()
-                why = why.removeprefix("ttmesh: ")
                 _recover_hosts(self.prepared, recovery, always=False)
                 if attempt == 0:
                     raise self._refuse(TTMeshError(why, None, result.code))

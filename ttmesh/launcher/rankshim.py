@@ -46,12 +46,13 @@ NOT_STARTED = "not started on "
 NOT_STARTED_CODES = (2, 3, 127)
 
 
-def refused_before_start(code: int, stderr_tail: list[str]) -> bool:
-    """Whether a rank that exited ``code`` ended in its ttmesh before its command ran."""
+def refused_before_start(code: int, stderr_tail: list[str]) -> str | None:
+    """The line (without ``ttmesh: ``) of a rank that exited ``code`` in its ttmesh before its
+    command ran; None when the command ran."""
     lines = [line.strip() for line in stderr_tail if line.strip()]
-    return (
-        code in NOT_STARTED_CODES and bool(lines) and lines[-1].startswith("ttmesh: " + NOT_STARTED)
-    )
+    if code in NOT_STARTED_CODES and lines and lines[-1].startswith("ttmesh: " + NOT_STARTED):
+        return lines[-1].removeprefix("ttmesh: ")
+    return None
 
 
 def _say(line: str) -> None:

@@ -41,10 +41,6 @@ class HostRecovery:
     seconds: float = 0.0
 
     @property
-    def ok(self) -> bool:
-        return self.state in (HEALTHY, RECOVERED, NONE_HERE)
-
-    @property
     def exit_code(self) -> int:
         return {FAILED: 1, REFUSED: 3}.get(self.state, 0)
 

@@ -74,6 +74,14 @@ class Network:
     def addr(self, i: int) -> str:
         return f"{self.subnet}.{2 + i}"
 
+    @property
+    def cidr(self) -> str:
+        return f"{self.subnet}.0/24"
+
+    def enter(self, ns: str) -> list[str]:
+        """A command prefix that runs in namespace ``ns`` of this network."""
+        return ["nsenter", f"--net=/run/netns/{ns}"]
+
     def _ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True)
 

@@ -28,92 +28,21 @@ from pathlib import Path
 
 from conftest import REPO, SESSION
 
+# The namespace mechanics are the benchmark's (scripts/emuhosts.py): one copy for both.
+sys.path.append(str(REPO / "scripts"))
+from emuhosts import Network, can_emulate, can_network  # re-exported for the tests
 
-def can_emulate() -> str | None:
-    """None when hosts can be emulated here, else why not."""
-    if os.geteuid() != 0:
-        return "emulating hosts needs root (namespaces)"
-    if shutil.which("unshare") is None:
-        return "needs unshare (util-linux)"
-    probe = subprocess.run(
-        ["unshare", "--uts", "--mount", "--propagation", "private", "true"], capture_output=True
-    )
-    if probe.returncode != 0:
-        return f"unshare is not allowed here: {probe.stderr.decode().strip()}"
-    return None
-
-
-def can_network() -> str | None:
-    """None when test networks (network namespaces, veth, bridges) can be made here."""
-    why = can_emulate()
-    if why is not None:
-        return why
-    if shutil.which("ip") is None or shutil.which("nsenter") is None:
-        return "a test network needs ip (iproute2) and nsenter"
-    net = Network(f"ttmprobe{os.getpid()}", 1)
-    try:
-        net.up()
-    except subprocess.CalledProcessError as exc:
-        return f"cannot make a test network here: {(exc.stderr or b'').decode().strip()}"
-    finally:
-        net.down()
-    return None
-
-
-@dataclass
-class Network:
-    """A bridge in a launcher namespace and one namespace per host cabled to it."""
-
-    tag: str
-    count: int
-    subnet: str = "10.77.0"
-    made: list[str] = field(default_factory=list)
-
-    @property
-    def launcher(self) -> str:
-        return f"{self.tag}-l"
-
-    def host_ns(self, i: int) -> str:
-        return f"{self.tag}-h{i}"
-
-    def addr(self, i: int) -> str:
-        return f"{self.subnet}.{2 + i}"
-
-    @property
-    def cidr(self) -> str:
-        return f"{self.subnet}.0/24"
-
-    def _ip(self, *args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    def up(self) -> None:
-        """Every namespace and link exists, with its address and routes, before any traffic."""
-        c = self.launcher
-        self._ip("netns", "add", c)
-        self.made.append(c)
-        self._ip("-n", c, "link", "set", "lo", "up")
-        self._ip("-n", c, "link", "add", "br0", "type", "bridge")
-        self._ip("-n", c, "addr", "add", f"{self.subnet}.1/24", "dev", "br0")
-        self._ip("-n", c, "link", "set", "br0", "up")
-        for i in range(self.count):
-            h = self.host_ns(i)
-            self._ip("netns", "add", h)
-            self.made.append(h)
-            self._ip("-n", h, "link", "set", "lo", "up")
-            self._ip("-n", c, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0",
-                     "netns", h)  # fmt: skip
-            self._ip("-n", c, "link", "set", f"v{i}", "master", "br0")
-            self._ip("-n", c, "link", "set", f"v{i}", "up")
-            self._ip("-n", h, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
-            self._ip("-n", h, "link", "set", "eth0", "up")
-
-    def down(self) -> None:
-        for name in reversed(self.made):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        self.made.clear()
-
-    def enter(self, ns: str) -> list[str]:
-        return ["nsenter", f"--net=/run/netns/{ns}"]
+__all__ = [
+    "Host",
+    "Network",
+    "SlurmCluster",
+    "can_emulate",
+    "can_network",
+    "can_slurm",
+    "launch_agent",
+    "make_hosts",
+    "mpi_env",
+]
 
 
 @dataclass

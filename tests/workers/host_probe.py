@@ -1,36 +1,20 @@
-"""One rank of a tt-metal mesh over emulated hosts: which host it ran on, and what ttnn's control
-plane (mock mode) made of the mesh. Prints ``PROBE {json}``; a refused rank leaves with
-os._exit(1) (a normal exit would wait in MPI finalisation for peers blocked in a collective).
+"""One rank of a tt-metal mesh over emulated hosts: ttmesh's own probe
+(ttmesh/probes/ttnn_mesh_probe.py: ``PROBE {json}`` with the rank's hostname and what ttnn's
+control plane, in mock mode, made of the mesh), with the rank's simulated root added.
 
 ``host_probe.py [HOST_RANKS]``: HOST_RANKS (e.g. ``1,0,2,3``) replaces the TT_MESH_HOST_RANK
 ttmesh gave rank N by the Nth entry, to see tt-metal refuse host ranks swapped against the wiring.
+Runs under ttnn's Python, which has no ttmesh: the probe is loaded from its file.
 """
 
-import json
 import os
-import socket
 import sys
+from pathlib import Path
 
 rank = int(os.environ.get("RANK", "-1"))
 if len(sys.argv) > 1:
     os.environ["TT_MESH_HOST_RANK"] = sys.argv[1].split(",")[rank]
-out = {
-    "rank": rank,
-    "hostname": socket.gethostname(),
-    "root": os.environ.get("TTMESH_ROOT"),
-    "host_rank": os.environ.get("TT_MESH_HOST_RANK"),
-}
-try:
-    import ttnn
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ttmesh" / "probes"))
+from ttnn_mesh_probe import main  # noqa: E402
 
-    out["mesh_ids"] = sorted(int(m) for m in ttnn.get_all_fabric_mesh_ids())
-    desc = ttnn._ttnn.multi_device.SystemMeshDescriptor()
-    out["global"], out["local"] = list(desc.shape()), list(desc.local_shape())
-    ok = True
-except Exception as exc:  # tt-metal's refusal is the answer
-    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith(" ---")]
-    out["error"] = " | ".join(lines)[:800]
-    ok = False
-print("PROBE " + json.dumps(out), flush=True)
-if not ok:
-    os._exit(1)
+sys.exit(main({"root": os.environ.get("TTMESH_ROOT")}))

@@ -8,8 +8,8 @@ Run it under ttmesh with a Python that has ttnn (the wheels are for Python 3.10 
 On a simulated host ttmesh points tt-metal at a mock cluster descriptor per rank
 (TT_METAL_MOCK_CLUSTER_DESC_PATH), so this stops at the control plane: no device is opened. On
 hardware it also opens the rank's mesh with the fabric on and runs a tiny all-gather. It
-prints one line, ``PROBE {json}``, with the rank, its mesh ids and the global and local mesh
-shapes, or tt-metal's refusal. A refused rank leaves with os._exit(1): in an MPI world a normal
+prints one line, ``PROBE {json}``, with the rank, its host, its mesh ids and the global and
+local mesh shapes, or tt-metal's refusal. A refused rank leaves with os._exit(1): in an MPI world a normal
 exit would wait in MPI finalisation for peers that are blocked in a collective. A rank that
 passes exits normally (os._exit(0) would make mpirun report a failure).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from typing import Any
 
@@ -37,13 +38,16 @@ def collective(ttnn, local: list) -> str:
         ttnn.close_mesh_device(mesh)
 
 
-def main() -> int:
+def main(extra: dict[str, Any] | None = None) -> int:
+    """Probe and print; ``extra`` joins the printed report (a caller's own fields)."""
     out: dict[str, Any] = {
         "rank": int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))),
+        "hostname": socket.gethostname(),  # where the rank ran (a mesh over several hosts)
         "mesh_id": os.environ.get("TT_MESH_ID"),
         "host_rank": os.environ.get("TT_MESH_HOST_RANK"),
         "visible": os.environ.get("TT_VISIBLE_DEVICES"),
         "mock": os.path.basename(os.environ.get("TT_METAL_MOCK_CLUSTER_DESC_PATH", "")) or None,
+        **(extra or {}),
     }
     try:
         import ttnn

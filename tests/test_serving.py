@@ -413,6 +413,17 @@ def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path)
     assert _links(qb2) == {"up"}
 
 
+def test_a_crashing_server_is_its_own_exit_not_a_dead_scheduler(qb2: Path, tmp_path: Path) -> None:
+    """A server that kills its schedulers and then exits (as SGLang does when it fails) ends
+    the job with its own exit code, even when its schedulers are seen gone first."""
+    env = {"FAKE_MODE": "crash", "FAKE_CRASH_LINGER": "0.8"}
+    proc, _ = _serve(qb2, tmp_path, env=env)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert err.strip().splitlines()[-1] == "ttmesh: exit 3: rank 0's exit code"
+    assert "died while the server ran" not in err
+
+
 def test_never_ready_is_hung(qb2: Path, tmp_path: Path) -> None:
     proc, _ = _serve(qb2, tmp_path, "--ready-timeout", "2", tp=1, env={"FAKE_MODE": "hang"})
     _out, err = proc.communicate(timeout=60)

@@ -187,6 +187,9 @@ def main(stack: str) -> None:
             sys.stderr.flush()
             for child in children:
                 child.kill()
+            # A real server takes a moment between its schedulers' end and its own (it reaps
+            # them, logs, tears down): FAKE_CRASH_LINGER widens that moment.
+            time.sleep(float(os.environ.get("FAKE_CRASH_LINGER", "0")))
             os._exit(3)
         if mode == "unhealthy":
             mode = "unhealthy-now"

@@ -26,6 +26,10 @@ STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", 
 PROBE_EVERY = 0.5  # seconds between probes until ready
 CRITICAL_EVERY = 0.25  # seconds between looks at the critical processes
 HEALTH_TIMEOUT = 20.0  # as SGLANG_HEALTH_CHECK_TIMEOUT
+# A server that fails kills its own schedulers, then exits with its own code; this long after a
+# critical process is gone the server's main process must have ended too, or the server lives
+# on without it (a scheduler killed from outside) and that is the failure.
+SETTLE = 2.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ class Watch(threading.Thread):
             gone = [
                 (pid, name) for pid, (start, name) in watched.items() if not procs.alive(pid, start)
             ]
-            if gone and procs.alive(self.server):
+            if gone and self._outlives(SETTLE):
                 pid, name = gone[0]
                 self._say(DIED, f"{name} (pid {pid}) died while the server ran")
                 return
@@ -111,6 +115,17 @@ class Watch(threading.Thread):
                     self._say(UNHEALTHY, f"{self.url} failed {misses} time(s) in a row ({said})")
                     return
                 next_health = time.monotonic() + self.health_interval
+
+    def _outlives(self, seconds: float) -> bool:
+        """Is the server's main process still alive ``seconds`` from now? Its own exit (the
+        guardian then reports its code) ends the wait early, as does a stop."""
+        deadline = time.monotonic() + seconds
+        while procs.alive(self.server):
+            if time.monotonic() >= deadline:
+                return True
+            if self.done.wait(0.05):
+                return False
+        return False
 
     def _critical(self) -> dict[int, tuple[int | None, str]]:
         """The server's processes whose command lines start with a critical name, now."""

@@ -474,15 +474,12 @@ class Trial:
             elif la.job in before:
                 self.note("run dir swept by ps")
         # Leases: none may survive the job (a lease is a flock held by the job's processes).
+        from ttmesh.host.base import Host
         from ttmesh.runtime import leases
-
-        class _Host:
-            def lease_dir(_self, create: bool = False) -> Path:
-                return self.root / "run" / "lock" / "ttmesh"
 
         lock_dir = self.root / "run" / "lock" / "ttmesh"
         asics = [p.stem for p in lock_dir.glob("*.lock")]
-        for asic, holder in leases.probe(_Host(), asics).items():
+        for asic, holder in leases.probe(Host(self.root), asics).items():
             self.violation(f"lease left on {asic}: job {holder.job} pid {holder.pid}")
         # Exit codes, job records, tracebacks.
         for la in self.launches:

@@ -45,11 +45,9 @@ def test_the_harness_sees_what_a_run_leaves(tmp_path: Path) -> None:
         )
         t.fault("link-down", t.bdfs[0], t.bdfs[1])
 
-        class LeaseHost:
-            def lease_dir(self, create: bool = False) -> Path:
-                return t.root / "run" / "lock" / "ttmesh"
+        from ttmesh.host.base import Host
 
-        held.append(leases.acquire(LeaseHost(), ["00008a26321e00c1"], "stray", cmd="stray"))
+        held.append(leases.acquire(Host(t.root), ["00008a26321e00c1"], "stray", cmd="stray"))
 
     try:
         outcome = chaos.run_one(chaos.Case("selftest", "self", broken, ""), 0, "1", tmp_path)

@@ -35,7 +35,7 @@ C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00
 QB2 = [C01, C03, C05, C07]
 WORKER_TAG = "ttmesh-test-worker"
 
-CHECK_KEYS = ["schema", "healthy", "chips", "links", "problems"]
+CHECK_KEYS = ["schema", "healthy", "chips", "links", "problems", "notes"]
 CHIP_KEYS = [
     "asic_id",
     "bdf",
@@ -153,6 +153,23 @@ def test_healthy_qb2(qb2: Path, cli: Callable, _state_home: Path) -> None:
 
 
 # --------------------------------------------------------------------------- faults
+
+
+def test_world_openable_device_nodes_are_noted(qb2: Path, cli: Callable) -> None:
+    """tt-kmd's udev rule makes /dev/tenstorrent/* mode 0666 (the simulator models it): any
+    user may open, and so hold, any chip. check says so, as a note (still healthy, also with
+    --strict); nodes closed to others get no note."""
+    nodes = sorted((qb2 / "dev" / "tenstorrent").glob("[0-9]*"))
+    assert nodes and all(n.stat().st_mode & 0o777 == 0o666 for n in nodes)
+    code, doc, _err = check(cli, qb2)
+    assert code == 0 and len(doc["notes"]) == 1, doc["notes"]
+    assert "world-openable (mode 0666" in doc["notes"][0]
+    assert "leases keep ttmesh jobs apart, not other programs" in doc["notes"][0]
+    strict = cli("check", "--root", str(qb2), "--strict")
+    assert strict.code == 0 and "note: the chips' device nodes" in strict.out
+    for n in nodes:
+        n.chmod(0o660)
+    assert check(cli, qb2)[1]["notes"] == []
 
 
 def test_link_down(qb2: Path, cli: Callable) -> None:

@@ -17,8 +17,11 @@ import psutil
 import pytest
 from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
 
+from ttmesh import procs
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.runtime import jobs, leases
+
+ME = procs.user_name(os.getuid())  # how ttmesh names this user
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 
@@ -561,7 +564,7 @@ def test_refused_reset_counts_the_leased_chips(qb2: Path) -> None:
         res = run_cli("reset", "--root", str(qb2))
     assert res.code == 3
     line = res.err.splitlines()[-1]
-    assert "2 of the 4 chip(s) to reset are leased (2 by job other-job)" in line, line
+    assert f"2 of the 4 chip(s) to reset are leased (2 by job other-job of user {ME})" in line, line
 
 
 def test_hanging_reset_does_not_say_ok(qb2: Path) -> None:

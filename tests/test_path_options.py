@@ -1,116 +1,24 @@
 """Every command, every path option, pointed at a file, a directory, a missing path and an
 unreadable one, as root and as another user (nobody): never a traceback, always one line.
 
-The other user runs ttmesh from a virtual environment on /usr/bin/python3 (pyenv's Python under
-/root is closed to others) with this checkout's source copied where it can read it.
+The two users are tests/users.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SESSION
+from users import (
+    NEEDS_NOBODY,
+    User,
+    users_fixture,  # noqa: F401  (the fixture "users")
+)
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-DEPS = ["click>=8.1", "psutil>=5.9", "pyyaml>=6.0", "rich>=13", "protobuf>=4.25"]
 KINDS = ("file", "dir", "missing", "unreadable")
 C01 = "0000:01:00.0"
-
-
-@dataclass
-class User:
-    name: str
-    run: Callable[..., subprocess.CompletedProcess[str]]
-    base: Path  # a directory this user can write, for the test's paths
-    sim: Path  # a simulated QuietBox 2 this user owns
-
-
-def _world_dir(prefix: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    path.chmod(0o777)
-    return path
-
-
-def _nobody_venv() -> Path:
-    """A venv on the system Python with ttmesh's dependencies (cached between sessions)."""
-    key = hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:12]
-    venv = Path(tempfile.gettempdir()) / f"ttmesh-test-venv-{key}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        tmp = Path(f"{venv}.{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(tmp)], check=True)
-        subprocess.run(
-            [str(tmp / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *DEPS],
-            check=True,
-            timeout=600,
-        )
-        subprocess.run(["chmod", "-R", "a+rX", str(tmp)], check=True)
-        tmp.rename(venv)
-    return venv
-
-
-@pytest.fixture(scope="session")
-def users() -> Iterator[dict[str, User]]:
-    made: list[Path] = []
-
-    def as_root(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ttmesh", *args],
-            capture_output=True, text=True, timeout=60, cwd=cwd,
-        )  # fmt: skip
-
-    root_base = _world_dir("ttmesh-paths-root-")
-    made.append(root_base)
-    root_sim = root_base / "sim"
-    assert (
-        as_root("sim", "create", "--system", "quietbox2", "--root", str(root_sim)).returncode == 0
-    )
-    out = {"root": User("root", as_root, root_base, root_sim)}
-    if os.geteuid() == 0 and Path(SYSTEM_PYTHON).exists() and shutil.which("setpriv"):
-        venv = _nobody_venv()
-        src = _world_dir("ttmesh-paths-src-")
-        made.append(src)
-        shutil.copytree(
-            REPO / "ttmesh", src / "ttmesh", ignore=shutil.ignore_patterns("__pycache__")
-        )
-        subprocess.run(["chmod", "-R", "a+rX", str(src)], check=True)
-        base = _world_dir("ttmesh-paths-nobody-")
-        made.append(base)
-        env = {
-            "PATH": f"{venv}/bin:/usr/bin:/bin",
-            "HOME": "/nonexistent",
-            "PYTHONPATH": str(src),
-            "XDG_CACHE_HOME": str(base / "cache"),
-            "TTMESH_TEST_SESSION": SESSION,
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "-i"]
-        prefix += [f"{k}={v}" for k, v in env.items()]
-
-        def as_nobody(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [*prefix, str(venv / "bin" / "python"), "-m", "ttmesh", *args],
-                capture_output=True, text=True, timeout=60, cwd=cwd or base,
-            )  # fmt: skip
-
-        sim = base / "sim"
-        made_sim = as_nobody("sim", "create", "--system", "quietbox2", "--root", str(sim))
-        assert made_sim.returncode == 0, made_sim.stderr
-        out["nobody"] = User("nobody", as_nobody, base, sim)
-    yield out
-    for path in made:
-        subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _paths(user: User, tag: str) -> dict[str, Path]:
@@ -238,7 +146,7 @@ def _check(user: User, name: str, kind: str, res: subprocess.CompletedProcess[st
 @pytest.mark.parametrize(("name", "argv"), CASES, ids=[c[0] for c in CASES])
 def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str]) -> None:
     if who not in users:
-        pytest.skip("switching to nobody needs root, /usr/bin/python3 and setpriv")
+        pytest.skip(NEEDS_NOBODY)
     user = users[who]
     tag = name.replace(" ", "_").replace("-", "").replace(".", "")
     paths = _paths(user, tag)
@@ -258,7 +166,7 @@ def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str
 def test_another_users_simulated_host(users: dict[str, User]) -> None:
     """nobody on root's simulated host: reading works, changing it says whose it is."""
     if "nobody" not in users:
-        pytest.skip("switching to nobody needs root, /usr/bin/python3 and setpriv")
+        pytest.skip(NEEDS_NOBODY)
     nobody, root_sim = users["nobody"], str(users["root"].sim)
     for args in (["ls"], ["check"], ["launch", "--tp-size", "1", "--dry-run", "true"]):
         res = nobody.run(args[0], "--root", root_sim, *args[1:])

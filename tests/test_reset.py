@@ -23,11 +23,14 @@ import psutil
 import pytest
 from conftest import until as _until
 
+from ttmesh import procs
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.fabric import health
 from ttmesh.fabric.devices import discover
 from ttmesh.recovery import reset
 from ttmesh.sim import core
+
+ME = procs.user_name(os.getuid())  # how ttmesh names this user
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 QB2 = [C01, C03, C05, C07]
@@ -302,7 +305,7 @@ def test_chip_leased_by_another_job(qb2: Path, cli: Callable) -> None:
             code, _, err = do_reset(cli, qb2, "--chips", C01, *extra)
             assert code == 3, err
             assert ttmesh_lines(err)[-1].startswith(
-                f"ttmesh: {C07} is leased by ttmesh job other-job (pid {os.getpid()}: x)"
+                f"ttmesh: {C07} is leased by job other-job of user {ME} (pid {os.getpid()}: x)"
             )
         assert held.fds  # still ours
         assert set(leases.probe(Host(qb2), [asic(qb2, C07)])) == {asic(qb2, C07)}
@@ -335,7 +338,7 @@ def test_running_job_is_never_stopped(qb2: Path, cli: Callable, tmp_path: Path) 
             code, _, err = do_reset(cli, qb2, "--chips", leased[0]["bdf"], *extra)
             assert code == 3, err
             last = ttmesh_lines(err)[-1]
-            assert "ttmesh job busy-job" in last and str(job.pid) in last
+            assert f"job busy-job of user {ME}" in last and str(job.pid) in last
         assert all(core.proc_start_time(w) is not None for w in workers)
         assert resets(qb2) == []
     finally:

@@ -119,25 +119,280 @@ def _owner(uid: int) -> str:
         return str(uid)
 
 
-def private_dir(path: Path, hint: str) -> Path:
+def private_dir(path: Path, hint: str, create: bool = True) -> Path | None:
     """Create ``path`` (and its parents) if needed; it must be a directory of this user's that
-    no one else can enter (mode 0700). Refuses (exit 2) a symbolic link or another's directory."""
+    no one else can enter (mode 0700), on a path no one else can change (:func:`walk`,
+    ``strict``: every directory on the way root's or this user's, and sticky where others may
+    write), so that what is done there by path afterwards stays there. Refuses (exit 2) a
+    symbolic link, another's directory, or a path another user could change. Without
+    ``create``: None when it does not exist (nothing is made)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        st = os.lstat(path)
+        fd, _created = walk(
+            path,
+            what="the runtime directory",
+            create=create,
+            new_mode=0o700,
+            link_fix=f"remove it, or {hint}; ttmesh never follows a link another user owns",
+            strict=hint,
+        )
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
     except OSError as exc:
         raise bad_input(f"cannot create {path}: {exc.strerror}", hint)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise bad_input(
-            f"{path} is not a directory (a symbolic link or a file is in its place)", hint
-        )
-    if st.st_uid != os.getuid():
-        raise bad_input(f"{path} belongs to {_owner(st.st_uid)}, not to you", hint)
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise bad_input(f"{path} belongs to {_owner(st.st_uid)}, not to you", hint)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            _fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return path
+
+
+# --------------------------------------------------------------------------- shared directories
+
+MAX_LINKS = 16  # symbolic links followed on one path (the kernel's own limit is 40)
+NO_LINKS = "remove it; ttmesh never follows links in shared directories"
+
+
+def walk(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    create: bool = False,
+    new_mode: int = 0o755,
+    link_fix: str | None = None,
+    strict: str | None = None,
+) -> tuple[int, bool]:
+    """(an ``O_PATH`` descriptor of directory ``path``, whether this call created it).
+
+    The path is walked from ``/`` one component at a time, each opened relative to its parent's
+    descriptor with ``O_NOFOLLOW``: a component that is a symbolic link is followed only when
+    the link is owned by root or this user (anyone else could have planted it, e.g. in
+    /run/lock), at most :data:`MAX_LINKS` of them. With ``create``, missing components are
+    made (``mkdir`` relative to the parent's descriptor; the last one mode 0700, for the caller
+    to open up through the descriptor once it is checked). Bad input (exit 2) naming the link
+    and its owner for a link that is not followed, and for a component that is not a directory;
+    FileNotFoundError without ``create``, OSError for what the system refuses.
+
+    ``strict`` (the fix to print): every directory on the way must also be root's or this
+    user's, and sticky when others may write in it: no one else can then rename or replace
+    anything on the path, so the caller may go on using it by name."""
+    named = os.fspath(path)
+    if not os.path.isabs(named):
+        raise bad_input(f"{what} {named} is not an absolute path", "give an absolute path")
+    me = os.geteuid()
+    todo = [p for p in named.split("/") if p][::-1]
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    here, hops, created = "/", 0, False
+    try:
+        if strict is not None:
+            _safe(what, named, "/", os.fstat(fd), me, strict)
+        while todo:
+            name = todo.pop()
+            if name == ".":
+                continue
+            try:
+                nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                made = False
+            except FileNotFoundError:
+                if not create:
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", named)
+                try:
+                    os.mkdir(name, 0o700 if not todo else new_mode, dir_fd=fd)
+                except FileExistsError:  # made meanwhile: look again
+                    todo.append(name)
+                    continue
+                nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                made = True
+            where = os.path.join(here, name)
+            st = os.fstat(nxt)
+            if stat.S_ISLNK(st.st_mode):
+                os.close(nxt)
+                if st.st_uid not in (0, me):
+                    raise bad_input(_link_line(what, named, where, st.st_uid), link_fix or NO_LINKS)
+                hops += 1
+                if hops > MAX_LINKS:
+                    raise bad_input(f"{what} {named}: too many symbolic links", "check the path")
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                    here = "/"
+                todo.extend([p for p in target.split("/") if p][::-1])
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                os.close(nxt)
+                what_is = (
+                    "is" if where == os.path.normpath(named) else f"is inside {where}, which is"
+                )
+                raise bad_input(
+                    f"{what} {named} {what_is} {_kind(st.st_mode)}, not a directory",
+                    "remove it, or name another path",
+                )
+            os.close(fd)
+            fd, created = nxt, made
+            here = os.path.dirname(here) if name == ".." else where
+            if strict is not None:
+                _safe(what, named, here, st, me, strict)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def _safe(what: str, named: str, where: str, st: os.stat_result, me: int, fix: str) -> None:
+    """A directory on a strict path: root's or this user's, and sticky if others may write."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, me):
+        problem = f"belongs to {_owner(st.st_uid)}"
+    elif mode & 0o022 and not mode & stat.S_ISVTX:
+        problem = f"is writable by others and not sticky (mode {mode:04o})"
+    else:
+        return
+    place = "" if os.path.normpath(named) == where else f": {where}"
+    raise bad_input(f"{what} {named}{place} {problem}, so another user could change it", fix)
+
+
+def _link_line(what: str, named: str, where: str, uid: int) -> str:
+    if os.path.normpath(named) == where:
+        return f"{what} {named} is a symbolic link owned by {_owner(uid)}"
+    return f"{what} {named}: {where} is a symbolic link owned by {_owner(uid)}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a directory"
+
+
+def _fchmod(fd: int, mode: int) -> None:
+    """``fchmod`` through a directory descriptor that may be ``O_PATH`` (which cannot be
+    changed): through a descriptor of ``.`` opened relative to it."""
+    try:
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise
+        real = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            os.fchmod(real, mode)
+        finally:
+            os.close(real)
+
+
+def _fchown(fd: int, uid: int, gid: int) -> None:
+    real = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        os.fchown(real, uid, gid)
+    finally:
+        os.close(real)
+
+
+@dataclass
+class SharedDir:
+    """A directory every user of a host writes (the lease directory), checked and held open:
+    everything in it is done relative to ``fd``, never through its path again."""
+
+    path: Path
+    fd: int  # an O_PATH descriptor
+    uid: int  # its owner
+    mode: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        self.fd = -1
+
+    @property
+    def sticky(self) -> bool:
+        return bool(self.mode & stat.S_ISVTX)
+
+    def __enter__(self) -> SharedDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def shared_dir(
+    path: Path,
+    *,
+    what: str,
+    create: bool,
+    trusted: set[int] | frozenset[int],
+    heal: bool = False,
+    fix: str,
+) -> SharedDir | None:
+    """Open (with ``create``, make: mode 1777) the shared directory ``path``; None when it does
+    not exist and ``create`` is false.
+
+    Reached by :func:`walk` (no symbolic link anyone but root or this user owns). It must be a
+    real directory owned by one of ``trusted`` (root, this user, the host's owner: whoever owns
+    it can remove what other users keep in it) and, when others may write in it, sticky (else
+    anyone could remove anyone's files). ``heal`` (the host's standard location, run as root):
+    a directory another user made there is taken over (owner root, mode 1777) with a notice,
+    not refused. Anything else is bad input (exit 2) naming the path and its owner, with
+    ``fix``."""
+    me = os.geteuid()
+    try:
+        fd, created = walk(path, what=what, create=create)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if created:
+            _fchmod(fd, 0o1777)
+        elif st.st_uid not in trusted:
+            if not (heal and me == 0):
+                raise bad_input(
+                    f"{what} {path} belongs to {_owner(st.st_uid)}, who could remove what other "
+                    "users keep in it",
+                    fix,
+                )
+            _fchown(fd, 0, 0)
+            _fchmod(fd, 0o1777)
+            _notice(
+                f"{what} {path} belonged to {_owner(st.st_uid)}: it is root's now (mode 1777), "
+                "so no user can remove another's files in it"
+            )
+        elif mode & 0o022 and not mode & stat.S_ISVTX:
+            if st.st_uid != me:
+                raise bad_input(
+                    f"{what} {path} (owned by {_owner(st.st_uid)}) is writable by others and "
+                    f"not sticky (mode {mode:04o}): anyone could remove anyone's files in it",
+                    f"chmod +t {path}",
+                )
+            _fchmod(fd, mode | stat.S_ISVTX)
+        elif heal and st.st_uid == me and mode != 0o1777:
+            _fchmod(fd, 0o1777)  # the host's standard location is open to every user
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return SharedDir(Path(path), fd, st.st_uid, stat.S_IMODE(st.st_mode))
+
+
+def _notice(message: str) -> None:
+    import sys
+
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"ttmesh: note: {message}\n")
+        sys.stderr.flush()
 
 
 @dataclass

@@ -63,6 +63,28 @@ def alive(pid: int, start: int | None = None) -> bool:
     return now is not None and (start is None or now == start)
 
 
+def uid_of(pid: int) -> int | None:
+    """The real user id the process runs as; None when it is gone or cannot be seen."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def user_name(uid: int) -> str:
+    """The name of user ``uid`` (the number when it has none)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def parent(pid: int) -> int | None:
     fields = _stat(pid)
     try:

@@ -65,7 +65,8 @@ class Role(StrEnum):
     """How a process stands to a chip."""
 
     HOLDER = "holder"  # it has the chip's device open
-    LEASE = "lease"  # a ttmesh job leases the chip (this is the lease's holder)
+    LEASE = "lease"  # a ttmesh job leases the chip (this is the lease's holder, verified)
+    LOCK = "lock"  # a process holds the chip's lease file locked, and it is no ttmesh lease
     WORKER = "job"  # a worker of a ttmesh job holds it
     UNKNOWN = "unknown"  # the holders can't be seen (permissions)
 
@@ -82,10 +83,32 @@ class ChipProcess:
     asic: str = ""
     role: Role = Role.HOLDER
     symmetric_dram_mb: int | None = None  # what a lease's job reserved per chip
+    uid: int | None = None  # the user it runs as (a lease: the user whose job it is)
+    verified: bool = False  # a lease whose record, file owner and live holder agree
+    related: tuple[int, ...] = ()  # a lease: every process of its job that holds it
 
     @property
     def who(self) -> str:
         return f"pid {self.pid} ({self.user}: {self.cmd})"
+
+    @property
+    def holder(self) -> str:
+        """Who holds a lease (LEASE) or the lock on a lease file (LOCK), for messages."""
+        if self.role == Role.LEASE:
+            return f"job {self.job} of user {self.user} (pid {self.pid}: {self.cmd})"
+        if self.pid:
+            return f"locked by pid {self.pid} ({self.user}: {self.cmd}), not a ttmesh lease"
+        return "locked by a process ttmesh cannot see, not a ttmesh lease"
+
+    def lease_json(self) -> dict[str, Any]:
+        """The ``lease`` of a chip in ``ttmesh.ls/1`` and ``ttmesh.top/1``."""
+        return {
+            "job": self.job if self.verified else None,
+            "pid": self.pid,
+            "user": self.user if self.user != "?" else None,
+            "uid": self.uid,
+            "verified": self.verified,
+        }
 
     def to_json(self, with_job: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"pid": self.pid, "user": self.user, "cmd": self.cmd}
@@ -96,7 +119,9 @@ class ChipProcess:
     def describe(self, name: str) -> str:
         """One line naming the process and how it stands to chip ``name``."""
         if self.role == Role.LEASE:
-            return f"{name} is leased by ttmesh job {self.job or '?'} (pid {self.pid}: {self.cmd})"
+            return f"{name} is leased by {self.holder}"
+        if self.role == Role.LOCK:
+            return f"{name} is {self.holder}"
         if self.role == Role.WORKER:
             return f"{name} is held by {self.who}, a worker of ttmesh job {self.job}"
         if self.role == Role.UNKNOWN:

@@ -165,6 +165,10 @@ def run(args: list[str] | None = None) -> int:
         err = from_os_error(exc)
         return _fail(argv, err.code, err.message, err.hint)
     except Exception as exc:
+        from ttmesh.sim.core import SimError
+
+        if isinstance(exc, SimError):  # a simulated host that cannot be used: its one line
+            return _fail(argv, BAD_INPUT, str(exc), None)
         if os.environ.get("TTMESH_DEBUG"):
             raise
         what = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]

@@ -11,6 +11,17 @@ from typing import Any
 from ttmesh.render import table
 
 
+def lease_cell(lease: dict | None) -> str:
+    """A chip's lease in a table: its job and user, or who holds the lease file locked."""
+    if not lease:
+        return "-"
+    if lease["verified"]:
+        return f"{lease['job']} ({lease['user']})"
+    if lease["pid"] is None:
+        return "locked (not a lease)"
+    return f"locked: pid {lease['pid']} ({lease['user'] or '?'}), not a lease"
+
+
 def ls_text(data: dict) -> str:
     rows = []
     bdf_of = {c["asic_id"]: c["bdf"] for c in data["chips"]}
@@ -30,7 +41,7 @@ def ls_text(data: dict) -> str:
                 f"{c['dram_mb'] // 1024} GB",
                 c["heartbeat"],
                 held,
-                f"{lease['job']}" if lease else "-",
+                lease_cell(lease),
             ]
         )
     out = [
@@ -130,7 +141,7 @@ def check_text(report: Any) -> str:
                 c.board_type or "-",
                 c.heartbeat if c.present else "GONE",
                 held,
-                c.lease["job"] if c.lease else "-",
+                lease_cell(c.lease),
                 "ok" if c.healthy else "PROBLEM",
             ]
         )
@@ -140,6 +151,7 @@ def check_text(report: Any) -> str:
         counts[link.state] = counts.get(link.state, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none expected"
     out.append(f"Ethernet links: {summary}")
+    out += [f"note: {n}" for n in report.notes]
     errors = len(report.errors)
     warnings = len(report.problems) - errors
     if report.healthy:
@@ -233,7 +245,10 @@ def _unit(value: float | None, fmt: str) -> str:
 def _holder(chip: dict) -> str:
     """The job leasing the chip, else who holds it."""
     if chip["lease"]:
-        return f"{chip['lease']['job']} (pid {chip['lease']['pid']})"
+        lease = chip["lease"]
+        if lease["verified"]:
+            return f"{lease['job']} (pid {lease['pid']}, {lease['user']})"
+        return lease_cell(lease)
     if chip["holders"] is None:
         return "unknown"
     held = chip["holders"]

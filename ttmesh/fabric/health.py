@@ -16,6 +16,7 @@ the chips it is about to use (sysfs and telemetry only, heartbeats of those chip
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,7 +66,7 @@ class ChipHealth:
     driver_node: bool  # /dev/tenstorrent/N (a remote chip: its partner's) exists
     heartbeat: str  # alive | frozen | unknown
     holders: list[ChipProcess] | None  # None: cannot be known (permissions)
-    lease: dict[str, Any] | None  # {"job", "pid"}
+    lease: dict[str, Any] | None  # {"job", "pid", "user", "uid", "verified"}
     healthy: bool = True
 
     def to_json(self) -> dict[str, Any]:
@@ -94,6 +95,7 @@ class HealthReport:
     problems: list[Problem]
     topology: str = ""
     recorded: Path | None = None  # the known-good record written by this check, if any
+    notes: list[str] = field(default_factory=list)  # facts worth knowing, not problems
 
     @property
     def healthy(self) -> bool:
@@ -110,6 +112,7 @@ class HealthReport:
             "chips": [c.to_json() for c in self.chips],
             "links": [ls.to_json() for ls in self.links],
             "problems": [p.to_json() for p in self.problems],
+            "notes": self.notes,
         }
 
 
@@ -289,15 +292,43 @@ def parse_chips(
 # --------------------------------------------------------------------------- processes and jobs
 
 
-def lease_owners(host: Host, asics: list[str]) -> tuple[dict[str, Any], dict[int, str]]:
-    """(asic -> LeaseInfo for leased chips, lease-holder pid -> job) on this host."""
+def lease_owners(host: Host, asics: list[str]) -> tuple[dict[str, ChipProcess], dict[int, str]]:
+    """(asic -> its lease, or the lock on its lease file, for chips that have one; the pid of
+    every process holding a verified lease -> its job) on this host. A lock that is no verified
+    ttmesh lease owns no process: its record is never believed."""
     held = leases.probe(host, asics)
-    owners = {info.pid: (info.job or "?") for info in held.values() if info.pid}
+    owners: dict[int, str] = {}
+    for info in held.values():
+        if info.role == Role.LEASE and info.job is not None:
+            for pid in {info.pid, *info.related}:
+                if pid:
+                    owners[pid] = info.job
     return held, owners
 
 
-def held_by(inv: Inventory, chip: Chip, owners: dict[int, str]) -> list[ChipProcess] | None:
-    """Holders of ``chip``, each with the ttmesh job it works for (its lease-holding ancestor)."""
+def lease_jobs(held: dict[str, ChipProcess], own: Iterable[int] = ()) -> dict[str, int]:
+    """Job -> the user whose job it is, for every verified lease (not the ones ``own`` hold)."""
+    mine = set(own)
+    return {
+        info.job: info.uid
+        for info in held.values()
+        if info.role == Role.LEASE
+        and info.job is not None
+        and info.uid is not None
+        and not mine & {info.pid, *info.related}
+    }
+
+
+def held_by(
+    inv: Inventory,
+    chip: Chip,
+    owners: dict[int, str],
+    jobs: dict[str, int] | None = None,
+) -> list[ChipProcess] | None:
+    """Holders of ``chip``, each with the ttmesh job it works for: the job of a lease-holding
+    ancestor or, with ``jobs`` (job -> its user, :func:`lease_jobs`), the job its environment
+    names (``TTMESH_JOB_ID``, readable for one's own processes or as root) when it runs as that
+    job's user (a worker that left its job's process tree)."""
     found = holders.holders(inv, chip)
     if found is None:
         return None
@@ -305,6 +336,10 @@ def held_by(inv: Inventory, chip: Chip, owners: dict[int, str]) -> list[ChipProc
     for h in found:
         owner = procs.owning(h.pid, owners) if h.pid else None
         job = owners.get(owner) if owner else None
+        if job is None and jobs and h.pid:
+            named = procs.environ_value(h.pid, "TTMESH_JOB_ID")
+            if named in jobs and procs.uid_of(h.pid) == jobs[named]:
+                job = named
         out.append(replace(h, job=job, role=Role.WORKER if job else Role.HOLDER))
     return out
 
@@ -442,8 +477,8 @@ def holder_problem(inv: Inventory, asic: str, h: ChipProcess, lease: ChipProcess
     if h.job is not None:
         what = f"{name} is held by {h.who}, a worker of ttmesh job {h.job}, which does not lease it"
         fix = f"ttmesh stop {h.job} (see ttmesh ps)"
-    elif lease is not None:
-        what = f"{name} is leased by ttmesh job {lease.job} but held by {h.who} outside it"
+    elif lease is not None and lease.role == Role.LEASE:
+        what = f"{name} is leased by job {lease.job} of user {lease.user} but held by {h.who} outside it"
         fix = kill_fix(h)
     else:
         what, fix = f"{name} is held by {h.who}", kill_fix(h)
@@ -451,13 +486,56 @@ def holder_problem(inv: Inventory, asic: str, h: ChipProcess, lease: ChipProcess
 
 
 def lease_problem(inv: Inventory, asic: str, info: ChipProcess) -> Problem:
-    return Problem(
-        ERROR,
-        f"{chip_name(inv, asic)} is leased by ttmesh job {info.job or '?'} (pid {info.pid}: {info.cmd})",
-        "wait for that job to end (see ttmesh ps), or choose other chips",
-        "lease",
-        (asic,),
+    """A chip another job leases (or whose lease file a process that is no job holds)."""
+    if info.role == Role.LEASE:
+        return Problem(
+            ERROR,
+            f"{chip_name(inv, asic)} is leased by {info.holder}",
+            "wait for that job to end (see ttmesh ls), or choose other chips",
+            "lease",
+            (asic,),
+        )
+    return lock_problem(inv, asic, info)
+
+
+def lock_problem(inv: Inventory, asic: str, info: ChipProcess) -> Problem:
+    """A process that is no ttmesh job holds a chip's lease file: no job can lease the chip."""
+    fix = (
+        f"kill {info.pid} ({info.user}: {info.cmd}): no ttmesh job can lease the chip meanwhile"
+        if info.pid
+        else "run ttmesh check as root to see the process that holds it"
     )
+    return Problem(
+        ERROR, f"{chip_name(inv, asic)}'s lease file is {info.holder}", fix, "lock", (asic,)
+    )
+
+
+WORLD_OPEN_NOTE = (
+    "the chips' device nodes ({nodes}) are world-openable (mode {mode:04o}, as tt-kmd's udev "
+    "rule makes them): any local user can open, and so hold, any chip; ttmesh's leases keep "
+    "ttmesh jobs apart, not other programs"
+)
+
+
+def device_notes(inv: Inventory) -> list[str]:
+    """What ``check`` says about the host beside its problems: device nodes every user can
+    open (tt-kmd's udev rule gives them mode 0666)."""
+    open_to_all = []
+    mode = 0
+    for c in inv.chips:
+        if c.dev_index is None:
+            continue
+        try:
+            st = os.stat(inv.host.dev_node(c.dev_index))
+        except OSError:
+            continue
+        if st.st_mode & 0o006:
+            open_to_all.append(c.dev_index)
+            mode = stat.S_IMODE(st.st_mode)
+    if not open_to_all:
+        return []
+    where = inv.host.path("dev/tenstorrent") if inv.host.simulated else Path("/dev/tenstorrent")
+    return [WORLD_OPEN_NOTE.format(nodes=f"{where}/*", mode=mode)]
 
 
 def missing_problem(inv: Inventory, asic: str, exp: Expected) -> Problem:
@@ -490,6 +568,7 @@ def check(
     missing = [a for a in exp.missing if selected is None or a in selected]
     specs = [lk for lk in exp.links if selected is None or lk.a in selected or lk.b in selected]
     leased, owners = lease_owners(inv.host, [c.asic_id for c in inv.chips])
+    jobs = lease_jobs(leased)
     beats = heartbeat.poll(inv, present, timeout=timeout) if present else {}
     problems: list[Problem] = []
     report_chips: list[ChipHealth] = []
@@ -500,7 +579,7 @@ def check(
             lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists()
         )
         lease = leased.get(c.asic_id)
-        hs = held_by(inv, c, owners)
+        hs = held_by(inv, c, owners, jobs)
         ch = ChipHealth(
             c.asic_id,
             c.bdf,
@@ -510,10 +589,12 @@ def check(
             node,
             beats.get(c.asic_id, heartbeat.UNKNOWN),
             hs,
-            None if lease is None else {"job": lease.job, "pid": lease.pid},
+            None if lease is None else lease.lease_json(),
         )
         name = chip_name(inv, c.asic_id)
         found = [] if node else [node_problem(inv, c, lead)]
+        if lease is not None and lease.role == Role.LOCK:
+            found.append(lock_problem(inv, c.asic_id, lease))
         beat = heartbeat_problem(inv, c.asic_id, ch.heartbeat, exp, strict)
         found += [beat] if beat is not None else []
         if hs is None:
@@ -527,7 +608,7 @@ def check(
                 )
             )
         for h in hs or []:
-            if lease is not None and h.job is not None and h.job == (lease.job or "?"):
+            if lease is not None and h.job is not None and h.job == lease.job:
                 continue  # a worker of the job that leases the chip
             ch.healthy = False
             key = (h.pid or -1, lead.asic_id if lead else c.asic_id)
@@ -568,7 +649,7 @@ def check(
             )
         )
     problems.sort(key=lambda p: p.severity != ERROR)
-    report = HealthReport(report_chips, states, problems, inv.topology)
+    report = HealthReport(report_chips, states, problems, inv.topology, notes=device_notes(inv))
     if (
         exp.store is not None
         and selected is None
@@ -614,7 +695,10 @@ def preflight(
     chips = [by_asic[a] for a in wanted if a in by_asic]
     problems = [missing_problem(inv, a, exp) for a in wanted if a not in by_asic]
     for asic, info in leases.probe(inv.host, [c.asic_id for c in chips]).items():
-        if info.pid is None or procs.owning(info.pid, allowed) is None:
+        ours = info.role == Role.LEASE and any(
+            procs.owning(pid, allowed) is not None for pid in {info.pid, *info.related} if pid
+        )
+        if not ours:
             problems.append(lease_problem(inv, asic, info))
     seen: set[tuple[int, str]] = set()
     for c in chips:

@@ -51,7 +51,7 @@ def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
                 "dram_mb": c.dram_mb,
                 "heartbeat": beats.get(c.asic_id, heartbeat.UNKNOWN),
                 "holders": None if hs is None else [h.to_json() for h in hs],
-                "lease": None if lease is None else {"job": lease.job, "pid": lease.pid},
+                "lease": None if lease is None else lease.lease_json(),
                 "symmetric_dram_mb": None if lease is None else lease.symmetric_dram_mb,
                 "via": c.via,
                 "umd_id": c.umd_id,

@@ -17,7 +17,6 @@ themselves; the simulator implements them. Only the command line chooses a backe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -25,7 +24,8 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ttmesh.errors import bad_input
+from ttmesh.errors import bad_input, from_os_error, owner_of
+from ttmesh.paths import SharedDir, shared_dir
 
 if TYPE_CHECKING:
     from ttmesh.host.clusterdesc import ClusterDescriptor
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 CLASS_DIR = "sys/class/tenstorrent"
 DRIVER_VERSION = "sys/module/tenstorrent/version"
 LEASES = "run/lock/ttmesh"
+RUN_LOCK = "/run/lock"
+RUN_LOCK_LEASES = Path("/run/lock/ttmesh")
+TMP_LEASES = Path("/tmp/ttmesh-leases")  # on a machine without /run/lock (never $TMPDIR)
 
 Marks = list[tuple[list[str], int]]  # (asic ids, pid) per process
 
@@ -183,25 +186,63 @@ class Host:
 
     # -- where leases live (docs/architecture.md, "Leases and job records")
 
-    def lease_dir(self, create: bool = False) -> Path:
-        """``<root>/run/lock/ttmesh``: shared by every user of this host.
-
-        On ``/`` that is ``/run/lock/ttmesh``, else a sticky world-writable directory in the
-        system temp dir; ``TTMESH_RUNTIME_DIR`` overrides."""
+    def lease_dir(self) -> Path:
+        """Where this host's leases live, shared by every user of it: ``TTMESH_RUNTIME_DIR``
+        when set, else ``<root>/run/lock/ttmesh``. On ``/`` that is ``/run/lock/ttmesh``, or
+        ``/tmp/ttmesh-leases`` on a machine without ``/run/lock``: the choice depends on the
+        machine only (never on who asks, their TMPDIR or what they may write), so every user
+        leases in one place."""
         override = os.environ.get("TTMESH_RUNTIME_DIR")
         if override:
-            path = Path(override)
-        elif self.root != Path("/"):
-            path = self.path(LEASES)
-        else:
-            path = Path("/") / LEASES
-            if not _usable(path, create):
-                import tempfile
+            if not os.path.isabs(override):
+                raise bad_input(
+                    f"TTMESH_RUNTIME_DIR={override} is not an absolute path",
+                    "set it to the absolute path of the host's lease directory, or unset it",
+                )
+            return Path(os.path.normpath(override))
+        if self.root != Path("/"):
+            return self.path(LEASES)
+        return RUN_LOCK_LEASES if os.path.isdir(RUN_LOCK) else TMP_LEASES
 
-                path = Path(tempfile.gettempdir()) / "ttmesh-leases"
-        if create:
-            _ensure_shared_dir(path)
-        return path
+    def open_lease_dir(self, create: bool = False) -> SharedDir | None:
+        """The lease directory, checked and open (``paths.shared_dir``); None when it does not
+        exist and ``create`` is false.
+
+        Trusted owners: root, this user, and the owner of the host's root (a simulated host is
+        its owner's). Root meeting the standard location made by another user (the first user
+        of a fresh host) takes it over rather than refusing; anyone else is refused with the
+        command that fixes it."""
+        path = self.lease_dir()
+        standard = path in (RUN_LOCK_LEASES, TMP_LEASES) and self.root == Path("/")
+        try:
+            owner = os.stat(self.root).st_uid
+        except OSError:
+            owner = 0
+        fix = (
+            f"ask root to run: chown root:root {path} && chmod 1777 {path} (or any ttmesh "
+            "command as root does it); docs/troubleshooting.md has the tmpfiles.d line"
+            if standard
+            else f"set TTMESH_RUNTIME_DIR to a directory root or you own, or remove {path}"
+        )
+        try:
+            return shared_dir(
+                path,
+                what="the lease directory",
+                create=create,
+                trusted=frozenset({0, os.geteuid(), owner}),
+                heal=standard,
+                fix=fix,
+            )
+        except PermissionError as exc:
+            parent = path.parent
+            if create and standard and not os.path.exists(path):
+                raise bad_input(
+                    f"the lease directory {path} does not exist and you cannot create it in "
+                    f"{parent} (owned by {owner_of(str(parent))})",
+                    f"ask root to run: install -d -m 1777 -o root -g root {path} (or any ttmesh "
+                    "command as root does it); docs/troubleshooting.md has the tmpfiles.d line",
+                ) from None
+            raise from_os_error(exc, "open the lease directory") from None
 
     # -- what a job does on the host (nothing to do on a real machine)
 
@@ -222,26 +263,3 @@ class Host:
     def check_changeable(self) -> None:
         """Refuse at once when this user cannot change the host's state (a simulated host's
         state file); a real machine's tools check their own permissions."""
-
-
-def _usable(path: Path, create: bool) -> bool:
-    try:
-        if create:
-            _ensure_shared_dir(path)
-        return os.access(path, os.W_OK | os.X_OK)
-    except OSError:
-        return False
-
-
-def _ensure_shared_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except PermissionError:
-        raise bad_input(
-            f"cannot create the lease directory {path}",
-            "set TTMESH_RUNTIME_DIR to a directory every ttmesh user can write",
-        )
-    st = path.stat()
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o1777:
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o1777)

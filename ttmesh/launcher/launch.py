@@ -32,7 +32,7 @@ from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note
 from ttmesh.runtime import jobs, leases
-from ttmesh.vocab import MPI_LAYOUTS, Layout, Source, StartMode
+from ttmesh.vocab import MPI_LAYOUTS, Layout, Role, Source, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.failures import Diagnosis
@@ -129,8 +129,16 @@ def blocked_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
     why: dict[str, str] = {}
     who: dict[str, str] = {}
     for asic, info in leases.probe(inv.host, [c.asic_id for c in inv.chips]).items():
-        why[asic] = "leased"
-        who[asic] = f"job {info.job or '?'} (pid {info.pid}: {info.cmd or '?'})"
+        if info.role == Role.LEASE:
+            why[asic] = "leased"
+            who[asic] = info.holder
+        else:  # a process holds its lease file, and it is no ttmesh lease
+            why[asic] = "locked"
+            who[asic] = (
+                f"its lease file is held by {info.who}, not a ttmesh lease"
+                if info.pid
+                else "its lease file is held by a process ttmesh cannot see, not a ttmesh lease"
+            )
     for chip in inv.chips:
         if chip.asic_id in why:
             continue
@@ -161,6 +169,11 @@ def _unavailable_hint(inv: Inventory, why: dict[str, str]) -> str:
     if dead:
         fix = health.reset_fix(inv, dead, inv.links) or "ttmesh reset"
         return f"recover them: {fix}, or add --auto-reset"
+    if "locked" in why.values():
+        return (
+            "a process that is no ttmesh job holds its lease file: ask its user to end it, "
+            "or pick other chips with --chips/--exclude (see ttmesh ls)"
+        )
     return "wait for them, or see ttmesh ls and ttmesh ps"
 
 
@@ -578,7 +591,7 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
         )
         if p.severity == "error"
     ]
-    if problems and recovery.auto_reset and all(p.kind != "lease" for p in problems):
+    if problems and recovery.auto_reset and all(p.kind not in ("lease", "lock") for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = _reset(prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING)
         if outcome is not None and outcome.recovered:
@@ -934,8 +947,7 @@ class JobRun:
             liveness, self.prepared.liveness = self.prepared.liveness, None
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self.peers.started if self.peers is not None else None,
-                pending=liveness,
+                on_start=self._guardian_started, pending=liveness,
             )  # fmt: skip
             if result.refusal is not None:
                 # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
@@ -988,6 +1000,14 @@ class JobRun:
                 except TTMeshError as exc:
                     note(f"not restarting: {exc}")
                     break
+
+    def _guardian_started(self, pid: int) -> None:
+        """In the front, right after an attempt's guardian is forked: the guardian shares the
+        leases (their records name it, so they stay this job's if the front is killed)."""
+        if self.held is not None:
+            self.held.add_guardian(pid)
+        if self.peers is not None:
+            self.peers.started(pid)
 
     def _wait(self, seconds: float, next_attempt: int) -> None:
         """The pause before a restart (a view keeps its clock running meanwhile)."""

@@ -61,9 +61,9 @@ def parse(text: str) -> HostRecovery | None:
 
 
 def leftovers(job: str) -> list[tuple[int, int]]:
-    """This host's processes of job ``job`` (their TTMESH_JOB_ID), other than this one and its
-    ancestors, with their start times: what a rank left behind when mpirun killed the rank's
-    own ttmesh."""
+    """This host's processes of job ``job`` (their TTMESH_JOB_ID) run by this user, other than
+    this one and its ancestors, with their start times: what a rank left behind when mpirun
+    killed the rank's own ttmesh."""
     mine = {os.getpid()}
     table = procs.parents()
     pid: int | None = os.getpid()
@@ -72,8 +72,13 @@ def leftovers(job: str) -> list[tuple[int, int]]:
         if pid:
             mine.add(pid)
     found = []
+    me = os.getuid()
     for p in table:
-        if p not in mine and procs.environ_value(p, "TTMESH_JOB_ID") == job:
+        # Only this user's processes: anyone can put a job's id in their environment, and
+        # ttmesh run as root reads every process's.
+        if p in mine or procs.uid_of(p) != me:
+            continue
+        if procs.environ_value(p, "TTMESH_JOB_ID") == job:
             start = procs.start_time(p)
             if start is not None and procs.alive(p, start):
                 found.append((p, start))

@@ -225,17 +225,27 @@ def smi_argv(
 def blockers(
     inv: Inventory, chips: Iterable[str], *, own_pids: Iterable[int] | None = None
 ) -> list[ChipProcess]:
-    """Why chips of the set may not be reset now: other jobs' leases, and holders.
+    """Why chips of the set may not be reset now: other jobs' verified leases, locks on lease
+    files that are no lease (``Role.LOCK``), and holders, each named with whose it is.
 
     ``own_pids`` (default: this process) are ours: their leases don't block, and processes
     descending from them count as plain holders (``--force`` may stop them), not as another
-    job's workers.
+    job's workers. A holder is another job's worker when it descends from that job's verified
+    lease holder, or its environment names the job and it runs as the job's user.
     """
     own = {os.getpid()} if own_pids is None else set(own_pids)
     wanted = list(dict.fromkeys(chips))
     leased, owners = health.lease_owners(inv.host, [c.asic_id for c in inv.chips])
-    others = {pid: job for pid, job in owners.items() if pid not in own}
-    out: list[ChipProcess] = [leased[a] for a in wanted if a in leased and leased[a].pid not in own]
+    jobs = health.lease_jobs(leased, own)
+
+    def ours(b: ChipProcess) -> bool:
+        return b.role == Role.LEASE and bool(own & {b.pid, *b.related})
+
+    # Our leases' processes (the launcher and its guardian) are ours too.
+    mine = own.union(*({b.pid, *b.related} for b in leased.values() if ours(b)))
+    others = {pid: job for pid, job in owners.items() if pid not in mine}
+
+    out: list[ChipProcess] = [leased[a] for a in wanted if a in leased and not ours(leased[a])]
     seen: set[tuple[int, str]] = set()
     by_asic = {c.asic_id: c for c in inv.chips}
     for asic in wanted:
@@ -243,7 +253,7 @@ def blockers(
         lead = health.pci_lead(inv, chip) if chip is not None else None
         if lead is None:
             continue
-        found = health.held_by(inv, lead, others)
+        found = health.held_by(inv, lead, others, jobs)
         if found is None:
             if (-1, lead.asic_id) not in seen:
                 seen.add((-1, lead.asic_id))
@@ -574,10 +584,11 @@ def check_blockers(
         leased = [b for b in hard if b.role == Role.LEASE]
         jobs: dict[str, int] = {}
         for b in leased:
-            jobs[b.job or "?"] = jobs.get(b.job or "?", 0) + 1
+            key = f"job {b.job} of user {b.user}"
+            jobs[key] = jobs.get(key, 0) + 1
         more = ""
         if leased:
-            by = ", ".join(f"{n} by job {job}" for job, n in jobs.items())
+            by = ", ".join(f"{n} by {job}" for job, n in jobs.items())
             more = f"; {len(leased)} of the {len(p.chips)} chip(s) to reset are leased ({by})"
         workers = len(hard) - len(leased)
         if workers:
@@ -585,17 +596,23 @@ def check_blockers(
         raise refused(
             said(hard[0]) + more,
             "ttmesh reset never touches another job's chips, even with --force: wait for it "
-            "to end (see ttmesh ps)",
+            "to end (see ttmesh ls)",
         )
-    soft = [b for b in found if b.role in (Role.HOLDER, Role.UNKNOWN)]
+    soft = [b for b in found if b.role in (Role.HOLDER, Role.UNKNOWN, Role.LOCK)]
     if soft and not force:
         more = f" (and {len(soft) - 1} more)" if len(soft) > 1 else ""
-        hint = (
-            f"kill {soft[0].pid} ({soft[0].user}: {soft[0].cmd}), or add --force to stop it (SIGTERM, then SIGKILL)"
-            if soft[0].role == Role.HOLDER
-            else "run as root to see the holders, or add --force to reset anyway"
-        )
-        raise refused(said(soft[0]) + more, hint)
+        first = soft[0]
+        if first.role == Role.HOLDER:
+            hint = f"kill {first.pid} ({first.user}: {first.cmd}), or add --force to stop it (SIGTERM, then SIGKILL)"
+        elif first.role == Role.LOCK:
+            hint = (
+                "it is no ttmesh job: add --force to reset anyway (ttmesh signals only the "
+                "chips' holders, never the process holding the lease file)"
+            )
+        else:
+            hint = "run as root to see the holders, or add --force to reset anyway"
+        raise refused(said(first) + more, hint)
+    # A lock on a lease file that is no lease does not hold the chip: it is not stopped.
     return [b for b in soft if b.role == Role.HOLDER]
 
 

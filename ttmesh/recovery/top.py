@@ -73,10 +73,11 @@ class Sampler:
         self.counters = counts
         per_chip = _links(inv)
         leased, owners = health.lease_owners(self.host, [c.asic_id for c in inv.chips])
+        jobs = health.lease_jobs(leased)
         chips = []
         for c in inv.chips:
             reading, source = _reading(self.host, inv, c, smi)
-            held = health.held_by(inv, c, owners)
+            held = health.held_by(inv, c, owners, jobs)
             lease = leased.get(c.asic_id)
             chips.append(
                 {
@@ -93,7 +94,7 @@ class Sampler:
                         "count": counts.get(c.asic_id),
                     },
                     "links": per_chip.get(c.asic_id, _no_links()),
-                    "lease": None if lease is None else {"job": lease.job, "pid": lease.pid},
+                    "lease": None if lease is None else lease.lease_json(),
                     "holders": None if held is None else [h.to_json(with_job=True) for h in held],
                 }
             )

@@ -53,7 +53,15 @@ def runs_dir() -> Path:
 
 def _ensure(directory: Path) -> Path:
     paths.private_dir(base_dir(), HINT)
-    return paths.private_dir(directory, HINT)
+    paths.private_dir(directory, HINT)
+    return directory
+
+
+def _exists(directory: Path) -> bool:
+    """``directory`` is there, ours and on a path no one else can change (else bad input);
+    False when it does not exist. Reading records or sweeping run directories through a
+    path another user could change would read (or remove) what they chose."""
+    return paths.private_dir(directory, HINT, create=False) is not None
 
 
 def create_run_dir(job: str) -> paths.RunDir:
@@ -64,6 +72,8 @@ def create_run_dir(job: str) -> paths.RunDir:
 
 def sweep() -> list[str]:
     """Remove run directories whose jobs are gone."""
+    if not _exists(runs_dir()):
+        return []
     return paths.sweep_stale(runs_dir())
 
 
@@ -97,7 +107,8 @@ def write(record: dict[str, Any]) -> Path:
 
 def update(job: str, **fields: Any) -> None:
     """Merge ``fields`` into the job's record (written by the launcher when the job starts)."""
-    record = _read(jobs_dir() / f"{paths.safe_name(job, 'job id')}.json") or {
+    name = f"{paths.safe_name(job, 'job id')}.json"
+    record = (_read(jobs_dir() / name) if _exists(jobs_dir()) else None) or {
         "job": job,
         "pid": os.getppid(),
         "started": time.time(),
@@ -119,7 +130,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def close(job: str, status: str, code: int | None) -> None:
     """Mark the job ended (``status`` says how, e.g. "exited 0", "launcher killed")."""
     path = jobs_dir() / f"{job}.json"
-    record = _read(path)
+    record = _read(path) if _exists(jobs_dir()) else None
     if record is None:
         return
     record.update(ended=time.time(), status=status, code=code)
@@ -129,6 +140,8 @@ def close(job: str, status: str, code: int | None) -> None:
 
 
 def remove(job: str) -> None:
+    if not _exists(jobs_dir()):
+        return
     with contextlib.suppress(FileNotFoundError):
         (jobs_dir() / f"{job}.json").unlink()
 
@@ -143,7 +156,7 @@ def is_running(record: dict[str, Any]) -> bool:
 
 def _records() -> list[dict[str, Any]]:
     directory = jobs_dir()
-    if not directory.is_dir():
+    if not _exists(directory):
         return []
     out = []
     for path in directory.glob("*.json"):

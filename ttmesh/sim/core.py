@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -186,34 +187,85 @@ class SimRoot:
             self._seen = (key, self.read_state())
         return self._seen[1]
 
+    def _state_dir(self) -> int:
+        """An ``O_PATH`` descriptor of the root's ``sim/``, reached without following a link
+        there (whoever owns the root could plant one to make another user write elsewhere),
+        owned by this user, root or the root's owner. Every change is made relative to it."""
+        root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            owner = os.fstat(root_fd).st_uid
+            try:
+                fd = os.open("sim", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            except FileNotFoundError:
+                raise SimError(f"{self.path('sim')} is missing: not a simulated host") from None
+        finally:
+            os.close(root_fd)
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid(), owner):
+            os.close(fd)
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            if stat.S_ISDIR(st.st_mode):
+                what = f"a directory of another user's (uid {st.st_uid})"
+            raise SimError(
+                f"{self.path('sim')} is {what}: refusing to change this simulated host "
+                "(recreate it with ttmesh sim create --force)"
+            )
+        return fd
+
     @contextlib.contextmanager
     def change(self) -> Iterator[dict[str, Any]]:
-        """Yield the state under the lock; on a normal exit write it back atomically."""
-        fd = os.open(self.path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            state = self.read_state()
-            yield state
-            self._write_state(state)
-        finally:
-            os.close(fd)
+        """Yield the state under the lock; on a normal exit write it back atomically.
 
-    def _write_state(self, state: dict[str, Any]) -> None:
-        directory = os.path.dirname(self.path(STATE_FILE))
-        # Written under the state lock: a name of this process's own is enough (O_EXCL still).
-        tmp = os.path.join(directory, f".state.{os.getpid()}.{next(_tmp_names)}")
-        fd = _create(tmp, 0o644)
+        The lock file is mode 0600, so only the host's owner (and root) can open it: a lock
+        anyone else could take would let them stop every change to the host."""
+        directory = self._state_dir()
         try:
-            os.fchmod(fd, 0o644)  # readable by every user, as the driver's files are
-            with os.fdopen(fd, "w") as f:
-                # One line: json.dumps encodes in C, json.dump (or any indent) in Python, ten
-                # times slower on a big host's state (``ttmesh sim show`` shows it readably).
-                f.write(json.dumps(state, sort_keys=True))
-            os.replace(tmp, self.path(STATE_FILE))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            try:
+                fd = _lock_file(directory, os.fstat(directory).st_uid)
+            except OSError as exc:
+                exc.filename = self.path(LOCK_FILE)  # named in full for the user
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                state = self.read_state()
+                yield state
+                self._write_state(state, directory)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(directory)
+
+    def _write_state(self, state: dict[str, Any], directory: int | None = None) -> None:
+        own = directory is None
+        if directory is None:
+            directory = self._state_dir()
+        # Written under the state lock: a name of this process's own is enough (O_EXCL still).
+        tmp = f".state.{os.getpid()}.{next(_tmp_names)}"
+        try:
+            fd = _create(tmp, 0o644, directory)
+            try:
+                os.fchmod(fd, 0o644)  # readable by every user, as the driver's files are
+                with os.fdopen(fd, "w") as f:
+                    # One line: json.dumps encodes in C, json.dump (or any indent) in Python,
+                    # ten times slower on a big host's state (``ttmesh sim show`` shows it
+                    # readably).
+                    f.write(json.dumps(state, sort_keys=True))
+                os.replace(tmp, "state.json", src_dir_fd=directory, dst_dir_fd=directory)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=directory)
+                raise
+        finally:
+            if own:
+                os.close(directory)
+
+    def make_lock(self) -> None:
+        """Create the state lock (when the host is made, so it is its owner's)."""
+        directory = self._state_dir()
+        try:
+            os.close(_lock_file(directory, os.fstat(directory).st_uid))
+        finally:
+            os.close(directory)
 
     def initial_state(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
         now = time.time()
@@ -547,6 +599,8 @@ class SimRoot:
                 self.path(f"sys/class/tenstorrent/tenstorrent!{n}"),
             )
             _write(self.path(f"dev/tenstorrent/{n}"), "")
+            # tt-kmd's udev rule (udev-50-tenstorrent.rules: KERNEL=="tenstorrent*",
+            # MODE="0666"): every local user may open every chip (../shared/reference).
             os.chmod(self.path(f"dev/tenstorrent/{n}"), 0o666)
             os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{chip['arch']}-{asic}"))
             os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
@@ -608,15 +662,37 @@ class SimRoot:
                 os.symlink(f"../../../devices/pci0000:00/{bdf}", link)
 
 
-def _create(path: str, mode: int) -> int:
+def _create(path: str, mode: int, dir_fd: int | None = None) -> int:
     """A new file ``path`` (O_EXCL); one with that name is left by a killed process that had
     this PID (two processes never share one), so it is replaced."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        return os.open(path, flags, mode)
+        return os.open(path, flags, mode, dir_fd=dir_fd)
     except FileExistsError:
-        os.unlink(path)
-        return os.open(path, flags, mode)
+        os.unlink(path, dir_fd=dir_fd)
+        return os.open(path, flags, mode, dir_fd=dir_fd)
+
+
+def _lock_file(directory: int, owner: int) -> int:
+    """``state.lock`` in ``sim/`` (``directory``), opened without following a link; made mode
+    0600 for the directory's owner (root changing another's host makes it theirs)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open("state.lock", flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=directory)
+        if owner != os.geteuid():
+            with contextlib.suppress(OSError):
+                os.fchown(fd, owner, -1)
+    except FileExistsError:
+        fd = os.open("state.lock", flags, dir_fd=directory)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SimError(
+            "sim/state.lock is not a file (recreate the host with ttmesh sim create --force)"
+        )
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)  # made by an older ttmesh: mode 0644 let anyone hold it
+    return fd
 
 
 def _write(path: str, text: str) -> None:

@@ -58,6 +58,7 @@ def create(
     sim = core.SimRoot(str(root))
     state = sim.initial_state(config)
     sim._write_state(state)
+    sim.make_lock()
     sim.write_static()
     name = model.name if model.host is None else f"{model.name} host {model.host}"
     header = [

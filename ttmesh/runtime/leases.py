@@ -77,8 +77,10 @@ class LeaseSet:
         data = _encode(self.record)
         for fd in self.fds.values():
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+                # Overwrite, then cut: a reader never sees an empty record (the new one is
+                # the old one and more), so the lease never looks unverified meanwhile.
                 os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
 
     def release(self) -> None:
         """Remove each lease file while still holding its lock (only while the name is still

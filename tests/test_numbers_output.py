@@ -452,6 +452,21 @@ def test_a_jobs_output_that_cannot_be_written(qb2: Path, runtime: Path, redirect
     assert lines[-1] == "ttmesh: exit 3: rank 0's exit code"
 
 
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_a_job_whose_messages_cannot_be_written_keeps_its_code(
+    qb2: Path, runtime: Path, tmp_path: Path, redirect: str
+) -> None:
+    """Once the job runs, its code is ttmesh's: a notice lost on stderr does not turn a job
+    that succeeded into a failure (nor a failed one into 74)."""
+    out = tmp_path / "out"
+    for code in (0, 3):
+        job = f"import sys; print('hello'); sys.exit({code})"
+        res = run_redirected(["launch", "--root", str(qb2), "--tp-size", "1", "--",
+                              sys.executable, "-c", job], f">{out} {redirect}")  # fmt: skip
+        assert res.returncode == code
+        assert out.read_text() == "[r0] hello\n"
+
+
 # --------------------------------------------------------------------------- output: files named
 
 FULL = "/dev/full"

@@ -578,8 +578,10 @@ def launch_cmd(
         except BaseException:
             peers.coord.close()
             raise
+    from ttmesh.cli import streams
     from ttmesh.cli.live import JobView, enabled
 
+    streams.job_code = True  # from here the job's code is the exit code, whatever is lost
     if not enabled(sys.stdout, no_live):
         return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:

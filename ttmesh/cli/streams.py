@@ -13,7 +13,9 @@ guards both streams:
   sysexits.h); a reader that went away (EPIPE: ``ttmesh ls | head -1``) ends ttmesh quietly
   with :data:`PIPE_GONE` (141 = 128 + SIGPIPE, what a Unix tool killed by SIGPIPE gives);
 * a write to stderr that fails is remembered, never raised (a message about the job must not
-  stop the job), and makes a command that succeeded end with :data:`OUTPUT_FAILED`.
+  stop the job), and makes a command that succeeded end with :data:`OUTPUT_FAILED`;
+* once ``launch`` starts a job (:data:`job_code`), the exit code is the job's: what could not
+  be written is said where it can be, a job that succeeded still exits 0.
 
 The streams keep the buffering the interpreter chose (line-buffered on a terminal, write-through
 under ``PYTHONUNBUFFERED``, block-buffered in a pipe), so output is what it was, byte for byte.
@@ -33,6 +35,9 @@ PIPE_GONE = 128 + signal.SIGPIPE  # 141: the reader of stdout went away
 
 # The first failure of each stream (name -> the OSError), for the exit code and one line.
 failures: dict[str, OSError] = {}
+# Set once a launch starts its job: the job's code is the exit code then (its lost console or
+# messages are said, never turned into 74; a job that succeeded succeeded).
+job_code = False
 _originals: list[Any] = []  # the interpreter's own streams, kept so they never close fd 1 or 2
 
 
@@ -151,7 +156,7 @@ def settle(code: int) -> int:
         return code or PIPE_GONE
     if out is not None and err is None:
         _say(message(out, "stdout"))
-    return code or OUTPUT_FAILED
+    return code if job_code else code or OUTPUT_FAILED
 
 
 def _say(line: str) -> None:

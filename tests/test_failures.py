@@ -124,7 +124,7 @@ GOOD = {"id": "x", "pattern": "a", "cause": "c", "fix": "f", "link": "https://gi
         ({"pattern": "a|"}, "matches every line"),
         ({"fix": "{host}"}, "fix names host"),
         ({"link": "http://example.com"}, "not a GitHub address"),
-        ({"severity": "error"}, "unknown key(s) severity"),
+        ({"severity": "error"}, "unknown key severity"),
     ],
 )
 def test_a_broken_entry_is_named(changes: dict, message: str) -> None:

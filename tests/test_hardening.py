@@ -551,9 +551,9 @@ def test_check_prints_each_problem_once(qb2: Path) -> None:
     assert run_cli("sim", "fault", "--root", str(qb2), "link-down", C01, C05).code == 0
     res = run_cli("check", "--root", str(qb2))
     assert res.code == 1
-    what = "2 of 2 link(s) between 0000:01:00.0 and 0000:05:00.0 are down"
+    what = "2 of 2 links between 0000:01:00.0 and 0000:05:00.0 are down"
     assert (res.out + res.err).count(what) == 1, res.out + res.err
-    assert res.err.splitlines()[-1] == "ttmesh: unhealthy: 1 error(s) (each with its fix above)"
+    assert res.err.splitlines()[-1] == "ttmesh: unhealthy: 1 error (each with its fix above)"
 
 
 def test_refused_reset_counts_the_leased_chips(qb2: Path) -> None:
@@ -564,7 +564,7 @@ def test_refused_reset_counts_the_leased_chips(qb2: Path) -> None:
         res = run_cli("reset", "--root", str(qb2))
     assert res.code == 3
     line = res.err.splitlines()[-1]
-    assert f"2 of the 4 chip(s) to reset are leased (2 by job other-job of user {ME})" in line, line
+    assert f"2 of the 4 chips to reset are leased (2 by job other-job of user {ME})" in line, line
 
 
 def test_hanging_reset_does_not_say_ok(qb2: Path) -> None:
@@ -575,4 +575,4 @@ def test_hanging_reset_does_not_say_ok(qb2: Path) -> None:
     assert res.code == 1
     rows = [ln.split() for ln in res.out.splitlines() if ln.startswith("0000:")]
     assert len(rows) == 4 and all(r[2:5] == ["ok", "not", "reset"] for r in rows), res.out
-    assert "NOT RECOVERED after 1 attempt(s)" in res.out
+    assert "NOT RECOVERED after 1 attempt" in res.out

@@ -531,7 +531,7 @@ def _busy_port() -> socket.socket:
         (["--chips", "0000:1:00"], "not a PCI address"),
         (["--tp-size", "2", "--exclude", "0000:01:00.0", "--chips", "0000:01:00.0"], "both"),
         (["--tp-size", "2", "--env", "NOEQUALS"], "KEY=VALUE"),
-        (["--tp-size", "2", "--symmetric-dram-mb", "0"], "positive"),
+        (["--tp-size", "2", "--symmetric-dram-mb", "0"], "--symmetric-dram-mb 0: too small"),
         (["--tp-size", "2", "--symmetric-dram-mb", "40000"], "at most"),
         (["--tp-size", "2", "--mesh-layout", "mesh", "--launcher", "direct"], "MPI"),
         (["--tp-size", "2", "--mesh-shape", "2by2"], "ROWSxCOLS"),

@@ -390,7 +390,7 @@ def test_reset_on_a_terminal_shows_each_chip(make_sim: Callable[..., Path]) -> N
             stage,
             text,
         )
-    assert "recovered and verified: 4 chip(s)" in text.rsplit("ttmesh reset · ", 1)[-1]
+    assert "recovered and verified: 4 chips" in text.rsplit("ttmesh reset · ", 1)[-1]
 
 
 def test_reset_json_on_a_terminal_is_the_document_alone(make_sim: Callable[..., Path]) -> None:
@@ -486,10 +486,10 @@ def test_top_on_a_terminal_redraws_until_interrupted(make_sim: Callable[..., Pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["top", "--interval", "0"], "--interval 0: give a positive number of seconds"),
-        (["top", "--interval", "nan"], "--interval nan: give a positive number of seconds"),
+        (["top", "--interval", "0"], "--interval 0: must be more than 0"),
+        (["top", "--interval", "nan"], "--interval nan: not a number"),
         (["top", "--tt-smi", "/nonexistent/tt-smi"], "tt-smi not found: --tt-smi"),
-        (["top", "--interval", "x"], "'x' is not a valid float"),
+        (["top", "--interval", "x"], "--interval x: not a number"),
     ],
 )
 def test_top_bad_input_is_one_line(

@@ -537,7 +537,7 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     line = refused.stderr.strip()
     assert len(line.splitlines()) == 1, refused.stderr
     assert line.startswith(
-        "ttmesh: host ttmh-1 is not ready: pre-flight: 2 of 2 link(s) between 0000:31:00.0 and "
+        "ttmesh: host ttmh-1 is not ready: pre-flight: 2 of 2 links between 0000:31:00.0 and "
         "0000:4b:00.0 are down (ch14<->ch14, ch15<->ch15) (on ttmh-1: ttmesh reset "
     ), line
     assert line.endswith(
@@ -550,7 +550,7 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     assert marker.exists()
     notes = [ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host ")]
     assert len(notes) == 1 and notes[0].startswith(
-        "ttmesh: host ttmh-1: 2 of 2 link(s) between 0000:31:00.0 and 0000:4b:00.0 are down"
+        "ttmesh: host ttmh-1: 2 of 2 links between 0000:31:00.0 and 0000:4b:00.0 are down"
     ), fixed.stderr
     assert notes[0].split(": ")[-1].startswith("chips reset and verified")
 

@@ -123,7 +123,7 @@ def test_one_qb2_chip_expands_to_the_ring(qb2: Path, cli: Callable) -> None:
     (done,) = resets(qb2)
     assert set(done["targets"]) == {asic(qb2, b) for b in QB2} and done["effective"]
     line = next(ln for ln in ttmesh_lines(err) if "resetting" in ln)
-    assert line.startswith(f"ttmesh: resetting 4 chip(s): {C01} (asked), {C03} (Ethernet-linked")
+    assert line.startswith(f"ttmesh: resetting 4 chips: {C01} (asked), {C03} (Ethernet-linked")
     assert link_states(qb2) == {"up"}
 
 
@@ -199,14 +199,14 @@ def test_reset_fails_until_cleared(qb2: Path, cli: Callable) -> None:
         (2, False, 0),
         (3, False, 0),
     ]
-    wrong = f"2 of 2 link(s) between {C01} and {C03} down"
+    wrong = f"2 of 2 links between {C01} and {C03} down"
     assert doc["attempts"][-1]["still_wrong"] == [wrong]
     assert [p["what"] for p in doc["problems"] if p["severity"] == "error"] == [wrong]
     assert all(p["fix"] for p in doc["problems"])
     assert len(resets(qb2)) == 3 and not any(r["effective"] for r in resets(qb2))
-    assert ttmesh_lines(err)[-1] == f"ttmesh: not recovered after 3 attempt(s): {wrong}"
+    assert ttmesh_lines(err)[-1] == f"ttmesh: not recovered after 3 attempts: {wrong}"
     human = cli("reset", "--root", str(qb2), "--retries", "0", "--backoff", "0")
-    assert human.code == 1 and "NOT RECOVERED after 1 attempt(s)" in human.out
+    assert human.code == 1 and "NOT RECOVERED after 1 attempt" in human.out
 
 
 def test_reset_fails_once_recovers_on_the_second_attempt(qb2: Path, cli: Callable) -> None:
@@ -354,9 +354,6 @@ def test_running_job_is_never_stopped(qb2: Path, cli: Callable, tmp_path: Path) 
     [
         (["--chips", "0000:99:00.0"], r"--chips 0000:99:00\.0: no such chip on this host"),
         (["--chips", "0000:01:00"], r"--chips '0000:01:00': not a PCI address"),
-        (["--timeout", "-1"], r"--timeout -1: give a positive number of seconds"),
-        (["--timeout", "nan"], r"--timeout nan: give a positive number of seconds"),
-        (["--retries", "-1"], r"--retries -1: cannot be negative"),
         (["--no-expand"], r"--no-expand needs --chips"),
         (["--tt-smi", "/nonexistent"], r"tt-smi not found: .*pip install tt-smi"),
     ],
@@ -450,7 +447,7 @@ def test_recover_for_the_launcher(qb2: Path, cli: Callable) -> None:
     took = time.monotonic() - t0
     assert out.recovered and out.code == 0 and len(out.attempts) == 1
     assert [c["bdf"] for c in out.chips] == QB2
-    assert seen[0].startswith("resetting 4 chip(s)")
+    assert seen[0].startswith("resetting 4 chips")
     assert any(s.startswith("attempt 1 of 2: ") for s in seen)
     assert took < 5
     assert health.check(discover(host)).healthy

@@ -293,7 +293,7 @@ def test_memory_budget_of_the_seeds_qwen3_8b(qb2: Path, tmp_path: Path) -> None:
     assert "--mem-fraction-static 0.4 leaves no room" in finding["message"]
     text = run_cli("launch", "--root", str(qb2), "--dry-run", "--", *SGLANG,
                    *seed(1, model_path=str(model)), env=ENV)  # fmt: skip
-    assert "MEMORY (1 chip(s))" in text.out and "8.19 B parameters" in text.out
+    assert "MEMORY (1 chip)" in text.out and "8.19 B parameters" in text.out
 
 
 def test_weights_that_do_not_fit_are_refused_and_split_over_chips(
@@ -436,7 +436,7 @@ def test_failed_health_checks_fail_the_job(qb2: Path, tmp_path: Path) -> None:
                         env={"FAKE_MODE": "unhealthy"})  # fmt: skip
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
-    assert f"http://127.0.0.1:{port}/health failed 2 time(s) in a row (HTTP 503)" in err
+    assert f"http://127.0.0.1:{port}/health failed 2 times in a row (HTTP 503)" in err
     assert err.strip().splitlines()[-1].startswith("ttmesh: exit 1: unhealthy:")
 
 

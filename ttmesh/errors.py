@@ -60,12 +60,15 @@ def owner_of(path: str) -> str | None:
             return str(uid)
 
 
-def from_os_error(exc: OSError, doing: str = "use") -> TTMeshError:
-    """An OSError from the machine's state (a path, a permission) as one line and a hint."""
+def from_os_error(exc: OSError, doing: str = "use", path: str | None = None) -> TTMeshError:
+    """An OSError from the machine's state (a path, a permission) as one line and a hint.
+
+    ``path``: the file being written or read when the error does not name one (a write that
+    fails on a full disk names no file)."""
     import errno
     import os
 
-    path = exc.filename
+    path = exc.filename or path
     hint: str | None
     where = f" {path}" if path else ""
     what = f"cannot {doing}{where}: {exc.strerror or exc}"

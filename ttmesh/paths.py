@@ -2,7 +2,7 @@
 
 A name a user gives (a job id) becomes a directory name, so it must not be able to leave its
 parent: :func:`safe_name` allows letters, digits, ``.``, ``_`` and ``-``, not starting with
-``.``, at most 64 characters. Every directory ttmesh creates is checked to be a real directory
+``.`` (hidden) or ``-`` (read as an option by ``ttmesh stop -x``), at most 64 characters. Every directory ttmesh creates is checked to be a real directory
 (not a symbolic link) owned by this user; a run directory is created exclusively (never reused)
 and removed only when it is still the very directory this process created, without following
 symbolic links. Standard library only: this runs on every launch.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ttmesh.errors import bad_input, from_os_error
 
-NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
-NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.', at most 64 characters"
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-', at most 64 characters"
 LOCK = ".lock"  # held (flock) by a run directory's job for its whole life
 UNLOCKED_GRACE = 60.0  # a run directory without a lock file is stale only after this long
 
@@ -49,6 +49,29 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
         raise bad_input(f"{what} {name} is not a text file", "give a text (YAML) file")
     except OSError as exc:
         raise from_os_error(exc, f"read {what}")
+
+
+def write_text(path: str | os.PathLike[str], text: str, flag: str) -> None:
+    """Write a file the user named (with ``flag``); a failure names the flag and the path
+    (a full disk's error names no file), exit 2."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise from_os_error(exc, f"write {flag}", os.fspath(path))
+
+
+def not_replaceable(path: Path) -> str | None:
+    """What ``path`` is when a new file must not replace it (a device, a FIFO, a socket):
+    ``--force`` means overwrite a file, never put one where ``/dev/null`` was."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+             stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def writable_dir(value: str, flag: str, what: str = "the files") -> Path:
@@ -91,13 +114,15 @@ def writable_file(value: str, flag: str, new_parent: bool = False) -> Path:
             writable_dir(str(parent), flag, "the file")
             return path
         raise bad_input(f"{flag} {value}: no directory {parent}", "create it, or fix the path")
-    if not os.access(parent, os.W_OK | os.X_OK) or (
-        os.path.exists(path) and not os.access(path, os.W_OK)
-    ):
-        where = path if os.path.exists(path) else parent
+    if os.path.exists(path) and not os.access(path, os.W_OK):
         raise bad_input(
-            f"{flag} {value}: cannot write {where} (owned by {owner_of(str(where))})",
+            f"{flag} {value}: cannot write {path} (owned by {owner_of(str(path))})",
             "give a file you can write",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):  # a capture is written beside it first
+        raise bad_input(
+            f"{flag} {value}: cannot write in {parent} (owned by {owner_of(str(parent))})",
+            "give a file in a directory you can write",
         )
     return path
 

@@ -12,14 +12,77 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+PIPE_WIDTH = 160  # the width a fitted table takes in a pipe (when COLUMNS does not say)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """A count and its noun, agreeing: ``1 chip``, ``4 chips``, ``0 chips`` (``many``: an
+    irregular plural). Every count ttmesh prints goes through here: no "1 chips", and no
+    "(s)" after a noun."""
+    return f"{n} {noun(n, word, many)}"
+
+
+def noun(n: int, word: str, many: str | None = None) -> str:
+    """The noun alone for ``n`` things (``ranks 0, 1``, ``rank 3``)."""
+    return word if n == 1 else (many or word + "s")
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, with an ellipsis when cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def fit(
+    lines: list[list[str]], width: int, keep: Sequence[int] = (), gap: int = 2, least: int = 8
+) -> list[list[str]]:
+    """Rows (the first is the header) cut to ``width`` columns: the widest cells shrink
+    first, no column below its header or ``least`` characters, and the columns in ``keep``
+    (a name the user types again, like a job id) never. One long value (a state, a command)
+    must not make every row of a listing hundreds of columns wide."""
+    if not lines:
+        return lines
+    n = len(lines[0])
+    widths = [max(len(row[i]) for row in lines) for i in range(n)]
+    floor = [
+        widths[i] if i in keep else min(widths[i], max(len(lines[0][i]), least)) for i in range(n)
+    ]
+    excess = sum(widths) + gap * (n - 1) - width
+    while excess > 0:
+        i = max(range(n), key=lambda k: widths[k] - floor[k])
+        room = widths[i] - floor[i]
+        if room <= 0:
+            break
+        others = sorted((widths[k] - floor[k] for k in range(n) if k != i), reverse=True)
+        step = min(room, excess, max(room - (others[0] if others else 0), 1))
+        widths[i] -= step
+        excess -= step
+    return [[clip(cell, widths[i]) for i, cell in enumerate(row)] for row in lines]
+
+
+def width() -> int:
+    """The columns a table may take: the terminal's, else ``COLUMNS``, else :data:`PIPE_WIDTH`."""
+    import shutil
+
+    return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
+
 
 def table(
-    headers: Sequence[str], rows: Sequence[Sequence[Any]], stream: IO[str] | None = None
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    stream: IO[str] | None = None,
+    fitted: bool = False,
+    keep: Sequence[int] = (),
 ) -> str:
-    """``rows`` under ``headers``, for printing to ``stream`` (stdout by default)."""
+    """``rows`` under ``headers``, for printing to ``stream`` (stdout by default); ``fitted``:
+    cut to the terminal's width (:func:`fit`, ``keep``: columns never cut), for listings
+    whose cells can be long."""
     cells = [["-" if v is None else str(v) for v in r] for r in rows]
-    if _drawing(stream or sys.stdout):
-        return _rich_table([str(h) for h in headers], cells)
+    drawing = _drawing(stream or sys.stdout)
+    if fitted:  # rich puts 3 columns between cells (its padding and the box's separator)
+        lines = fit([[str(h) for h in headers], *cells], width(), keep, gap=3 if drawing else 2)
+        headers, cells = lines[0], lines[1:]
+    if drawing:
+        return _rich_table([str(h) for h in headers], cells, fitted, keep)
     lines = [[str(h) for h in headers], *cells]
     widths = [max(len(row[i]) for row in lines) for i in range(len(headers))]
     return "\n".join(
@@ -35,7 +98,9 @@ def _drawing(stream: IO[str]) -> bool:
     return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-def _rich_table(headers: list[str], cells: list[list[str]]) -> str:
+def _rich_table(
+    headers: list[str], cells: list[list[str]], fitted: bool = False, keep: Sequence[int] = ()
+) -> str:
     import io
     import shutil
 
@@ -44,8 +109,12 @@ def _rich_table(headers: list[str], cells: list[list[str]]) -> str:
     from rich.table import Table
 
     t = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False)
-    for h in headers:
-        t.add_column(h, overflow="fold")
+    for i, h in enumerate(headers):
+        if fitted:
+            whole = max([len(h)] + [len(row[i]) for row in cells]) if i in keep else None
+            t.add_column(h, overflow="ellipsis", no_wrap=True, min_width=whole)
+        else:
+            t.add_column(h, overflow="fold")
     for row in cells:
         t.add_row(*row)
     buffer = io.StringIO()

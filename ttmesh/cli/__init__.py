@@ -140,9 +140,19 @@ def run(args: list[str] | None = None) -> int:
     Every failure is one line on stderr (``ttmesh: what (how to fix it)``) and an exit code;
     with ``--json`` a ``ttmesh.error/1`` document on stdout too. No traceback reaches a user:
     an OSError is the machine's state (a path, a permission), anything else is a bug, said in
-    one line (``TTMESH_DEBUG=1`` shows the traceback).
+    one line (``TTMESH_DEBUG=1`` shows the traceback). Output that could not be written
+    (:mod:`~ttmesh.cli.streams`) is said too, and ends a command that succeeded with 74 (141
+    when the reader of stdout went away).
     """
+    from ttmesh.cli import streams
+
     argv = list(sys.argv[1:] if args is None else args)
+    return streams.settle(_invoke(argv))
+
+
+def _invoke(argv: list[str]) -> int:
+    from ttmesh.cli import streams
+
     try:
         code = main.main(args=argv, prog_name="ttmesh", standalone_mode=False, obj={"argv": argv})
     except TTMeshError as exc:
@@ -157,6 +167,12 @@ def run(args: list[str] | None = None) -> int:
         return exc.exit_code
     except (click.Abort, KeyboardInterrupt):
         return _fail(argv, 130, "interrupted", None)
+    except streams.StreamError as exc:  # said once, by streams.settle
+        return streams.PIPE_GONE if streams.pipe_gone(exc) else streams.OUTPUT_FAILED
+    except SystemExit:  # click ends a command whose stdout reader is gone this way
+        if streams.pipe_gone(streams.failures.get("stdout") or OSError()):
+            return streams.PIPE_GONE
+        raise
     except BrokenPipeError:
         return 1
     except OSError as exc:
@@ -178,14 +194,18 @@ def run(args: list[str] | None = None) -> int:
 
 def _fail(argv: list[str], code: int, message: str, hint: str | None) -> int:
     line = f"ttmesh: {message}" + (f" ({hint})" if hint else "")
-    try:
-        if _json_requested(argv):
-            import json
+    if _json_requested(argv):
+        import json
 
-            doc = {"schema": "ttmesh.error/1", "code": code, "message": message, "hint": hint}
+        doc = {"schema": "ttmesh.error/1", "code": code, "message": message, "hint": hint}
+        try:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
             sys.stdout.flush()
+        except (OSError, ValueError):
+            pass  # the line below still says what failed; streams.settle says the rest
+    try:
         sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     except (OSError, ValueError):
         pass
     return code
@@ -208,12 +228,10 @@ def _json_requested(argv: list[str]) -> bool:
 
 
 def entry() -> None:
+    from ttmesh.cli import streams
+
+    streams.install()
     code = run()
     # Leave without the interpreter's teardown (tens of milliseconds of module cleanup that
-    # delays a launcher's exit): everything ttmesh writes is flushed or closed by now.
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
+    # delays a launcher's exit): run flushed everything ttmesh writes.
     os._exit(code)

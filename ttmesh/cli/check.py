@@ -10,6 +10,7 @@ import click
 from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import bad_input
+from ttmesh.render import plural
 from ttmesh.vocab import MPI_LAYOUTS, Layout
 
 
@@ -115,6 +116,6 @@ def check_cmd(
             detail = f"; first: {errors[0].what} (fix: {errors[0].fix})"
         else:  # every problem and its fix is printed above, once
             detail = " (each with its fix above)"
-        sys.stderr.write(f"ttmesh: unhealthy: {len(errors)} error(s){detail}\n")
+        sys.stderr.write(f"ttmesh: unhealthy: {plural(len(errors), 'error')}{detail}\n")
         return 1
     return 0

@@ -8,15 +8,20 @@ from typing import Any
 
 import click
 
-from ttmesh import paths
-from ttmesh.cli.options import CONTEXT, host_options, shape
+from ttmesh import numeric, paths
+from ttmesh.cli.options import CONTEXT, host_options, shape, whole
 from ttmesh.errors import bad_input
 from ttmesh.vocab import LAYOUTS, Layout
 
 
 @click.command("descriptor", context_settings=CONTEXT)
 @host_options
-@click.option("--tp-size", type=int, metavar="N", help="Chips in the mesh (default: every chip).")
+@click.option(
+    "--tp-size",
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
+    metavar="N",
+    help="Chips in the mesh (default: every chip).",
+)
 @click.option(
     "--mesh-shape", metavar="RxC", help="Mesh shape (default: the squarest the host has)."
 )
@@ -31,7 +36,7 @@ from ttmesh.vocab import LAYOUTS, Layout
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
-    type=int,
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2"),
     metavar="N",
     help="Processes the mesh is split over (mesh, multi-mesh).",
 )
@@ -99,8 +104,6 @@ def descriptor_cmd(
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest
 
-    if nproc is not None and nproc <= 0:
-        raise bad_input(f"--nproc-per-node {nproc}: must be positive")
     if export_rank_binding and not out_dir:
         raise bad_input(
             "--export-rank-binding needs -o DIR", "the binding points at the written descriptor"
@@ -149,7 +152,7 @@ def descriptor_cmd(
     if out_dir:
         paths.make_dirs(target, "the output directory")
         for name, text in {**files, **mocks}.items():
-            (target / name).write_text(text)
+            paths.write_text(target / name, text, "-o")
             click.echo(str(target / name))
         if export_rank_binding:
             from ttmesh.launcher.adapters import ttrun
@@ -160,8 +163,10 @@ def descriptor_cmd(
             )
             data = ttrun.rank_binding(plan_for_files, desc)
             paths.make_dirs(Path(export_rank_binding).resolve().parent, "the binding's directory")
-            Path(export_rank_binding).write_text(
-                ttrun.dump(data, "ttmesh: rank bindings for tt-run")
+            paths.write_text(
+                export_rank_binding,
+                ttrun.dump(data, "ttmesh: rank bindings for tt-run"),
+                "--export-rank-binding",
             )
             click.echo(str(Path(export_rank_binding).resolve()))
     else:
@@ -258,7 +263,7 @@ def _over_hosts(
     if out_dir:
         paths.make_dirs(target, "the output directory")
         for name, text in {**mesh_files, **(mocks if per_rank else {})}.items():
-            (target / name).write_text(text)
+            paths.write_text(target / name, text, "-o")
             click.echo(str(target / name))
         if export_rank_binding:
             from ttmesh.launcher import mpi
@@ -275,15 +280,17 @@ def _over_hosts(
             rankfile = binding.with_suffix(".rankfile")
             on = [plan.hosts[r.node] for r in plan.ranks]
             paths.make_dirs(binding.parent, "the binding's directory")
-            rankfile.write_text(mpi.rankfile_text(on))
-            binding.write_text(
+            paths.write_text(rankfile, mpi.rankfile_text(on), "--export-rank-binding")
+            paths.write_text(
+                binding,
                 ttrun.dump(
                     data,
                     "ttmesh: rank bindings for tt-run over several hosts; rank N runs on the host\n"
                     f"rank N names in {rankfile.name}:\n"
                     f'  tt-run --rank-binding {binding.name} --mpi-args "--host '
                     f'{mpi.host_slots(on)} --rankfile {rankfile.name} --bind-to none" PROGRAM',
-                )
+                ),
+                "--export-rank-binding",
             )
             click.echo(str(binding))
             click.echo(str(rankfile))

@@ -43,10 +43,13 @@ def doctor_cmd(host: Any, capture: str, force: bool, tt_smi: str | None) -> int:
     import os
 
     from ttmesh.errors import bad_input
-    from ttmesh.paths import writable_file
+    from ttmesh.paths import not_replaceable, writable_file
     from ttmesh.recovery import capture as cap
 
     path = writable_file(capture, "--capture")
+    kind = not_replaceable(path)
+    if kind is not None:  # --force would put the archive where /dev/null was
+        raise bad_input(f"--capture {capture} is {kind}, not a file", "give a new file name")
     if os.path.lexists(path) and not force:
         raise bad_input(f"--capture {capture} already exists", "add --force to overwrite it")
     if tt_smi is not None:  # one the user named must exist; the host's own may be missing

@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 
-from ttmesh import __version__
+from ttmesh import __version__, numeric
 from ttmesh.cli.launch_args import LaunchCommand
-from ttmesh.cli.options import CONTEXT, host_options, shape
+from ttmesh.cli.options import CONTEXT, host_options, seconds, shape, whole
 from ttmesh.errors import TTMeshError, bad_input
+from ttmesh.render import plural
 from ttmesh.vocab import LAYOUTS, MPI_LAYOUTS, Layout, StartMode
 
 LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -63,7 +64,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 @host_options
 @click.option(
     "--tp-size",
-    type=int,
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
     metavar="N",
     help="Chips to use; one worker per chip (per board on n300 systems).",
 )
@@ -71,7 +72,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
-    type=int,
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2"),
     metavar="N",
     help="Workers on this host (torchrun's flag). Default: one per chip (per board on n300 "
     "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
@@ -92,7 +93,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--symmetric-dram-mb",
-    type=int,
+    type=whole(low=1, high=1 << 20, unit="MB", example="2048"),
     default=2048,
     show_default=True,
     metavar="MB",
@@ -108,7 +109,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 @click.option(
     "--master-port",
     "--master_port",
-    type=int,
+    type=whole(low=0, high=65535, example="29500"),
     default=0,
     metavar="PORT",
     help="torch.distributed's port (default: a free one).",
@@ -116,7 +117,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 @click.option(
     "--max-restarts",
     "--max_restarts",
-    type=int,
+    type=whole(low=0, example="3"),
     default=0,
     show_default=True,
     metavar="K",
@@ -126,7 +127,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--grace",
     "--shutdown-timeout",
     "--shutdown_timeout",
-    type=float,
+    type=seconds(example="5"),
     metavar="S",
     help="Seconds between SIGTERM and SIGKILL when stopping workers [default: 5; a server's "
     "profile gives its own, e.g. 30 for SGLang].",
@@ -167,7 +168,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--node-rank",
     "--node_rank",
     "node_rank",
-    type=int,
+    type=whole(low=0, high=numeric.MAX_CHIPS),
     metavar="R",
     help="This host's place, 0..N-1 (node 0 hosts the rendezvous). Under Slurm: SLURM_NODEID; "
     "started by --hosts: mpirun's rank.",
@@ -203,7 +204,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--heartbeat-timeout",
-    type=float,
+    type=seconds(zero=False, example="5"),
     default=5.0,
     show_default=True,
     metavar="S",
@@ -211,7 +212,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--rdzv-timeout",
-    type=float,
+    type=seconds(zero=False, example="300"),
     default=300.0,
     show_default=True,
     metavar="S",
@@ -249,14 +250,14 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--health-interval",
-    type=float,
+    type=seconds(zero=False, example="10"),
     metavar="S",
     help="After a server is ready, ask its health endpoint every S seconds; --health-failures "
     "failures in a row fail the job.",
 )
 @click.option(
     "--health-failures",
-    type=int,
+    type=whole(low=1, example="3"),
     default=3,
     show_default=True,
     metavar="K",
@@ -287,7 +288,7 @@ def _log_dir(value: str | None, create: bool) -> str | None:
 )
 @click.option(
     "--ready-timeout",
-    type=float,
+    type=seconds(zero=False, example="600"),
     metavar="S",
     help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
     "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
@@ -324,7 +325,10 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--show-env", is_flag=True, help="Show --env values in plans and records (hidden by default)."
 )
 @click.option(
-    "--summary-json", metavar="FILE", help="Write the outcome {source, rank, code, reason} to FILE."
+    "--summary-json",
+    metavar="FILE",
+    help="Write the outcome {source, rank, code, reason} to FILE. If FILE cannot be written "
+    "ttmesh says so, and a job that succeeded exits 2.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]...")
 def launch_cmd(
@@ -410,8 +414,6 @@ def launch_cmd(
     from ttmesh.launcher.plan import LaunchRequest, parse_env
     from ttmesh.launcher.supervisor import Options
 
-    if nproc is not None and nproc <= 0:
-        raise bad_input(f"--nproc-per-node {nproc}: must be positive")
     tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
     if hosts is not None and tt_metal_world:
         from ttmesh.launcher import meshhosts
@@ -470,18 +472,10 @@ def launch_cmd(
         tp_size = server[2]
     if tp_size is None and nproc is None and chips is None and binding is None and server is None:
         raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
-    if health_failures < 1:
-        raise bad_input(f"--health-failures {health_failures}: must be at least 1")
-    if health_interval is not None and health_interval <= 0:
-        raise bad_input(f"--health-interval {health_interval}: must be positive")
     if health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
     if grace is None:
         grace = server[0].grace if server is not None else 5.0
-    if max_restarts < 0:
-        raise bad_input(f"--max-restarts {max_restarts}: cannot be negative")
-    if grace < 0:
-        raise bad_input(f"--grace {grace}: cannot be negative")
     if as_json and not dry_run:
         raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
     request = LaunchRequest(
@@ -515,8 +509,6 @@ def launch_cmd(
         health_interval=health_interval,
         health_failures=health_failures,
     )
-    if ready_timeout is not None and ready_timeout <= 0:
-        raise bad_input(f"--ready-timeout {ready_timeout}: must be positive")
     if ready_pattern is not None:
         import re
 
@@ -545,7 +537,7 @@ def launch_cmd(
             if extra:
                 err = bad_input(
                     f"--ranks-filter {ranks_filter}: no rank {', '.join(map(str, extra))} "
-                    f"in a job of {world} rank(s)",
+                    f"in a job of {plural(world, 'rank')}",
                     f"ranks are 0..{world - 1}",
                 )
                 raise prepared.liveness.first(err) if prepared.liveness else err
@@ -586,8 +578,10 @@ def launch_cmd(
         except BaseException:
             peers.coord.close()
             raise
+    from ttmesh.cli import streams
     from ttmesh.cli.live import JobView, enabled
 
+    streams.job_code = True  # from here the job's code is the exit code, whatever is lost
     if not enabled(sys.stdout, no_live):
         return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
@@ -668,17 +662,26 @@ def _multihost(
             )
         count, endpoint = len(names), endpoint or names[0]
     in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
-    if count is None and in_slurm and int(env.get("SLURM_NNODES", "1")) > 1:
-        count = int(env["SLURM_NNODES"])
+    hosts_of = "--nnodes"
+    if count is None and in_slurm:
+        slurm_count = _env_whole("SLURM_NNODES", "1", low=1)
+        if slurm_count > 1:
+            count, hosts_of = slurm_count, "SLURM_NNODES"
     if count is None or count == 1:
         for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)):
             if value is not None and count is None:
                 raise bad_input(f"{flag} goes with --nnodes N (a job over N hosts)", "add --nnodes")
         return None
+    rank_of = "--node-rank"
     if node_rank is None and "OMPI_COMM_WORLD_RANK" in env and env.get("TTMESH_AGENT") == "1":
-        node_rank = int(env["OMPI_COMM_WORLD_RANK"])
+        node_rank, rank_of = _env_whole("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK"
     if node_rank is None and in_slurm:
-        node_rank = int(env["SLURM_NODEID"])
+        node_rank, rank_of = _env_whole("SLURM_NODEID"), "SLURM_NODEID"
+    if node_rank is not None and not node_rank < count:
+        raise bad_input(
+            f"{rank_of} {node_rank}: must be 0..{count - 1} for {hosts_of} {count}",
+            "give each host its own node rank",
+        )
     if endpoint is None and in_slurm:
         endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
     if node_rank is None and hosts is None:
@@ -690,12 +693,6 @@ def _multihost(
             f"--nnodes {count}: where do the hosts meet?",
             "give --rdzv-endpoint HOST:PORT (node 0's address)",
         )
-    for name, seconds in (
-        ("--heartbeat-timeout", heartbeat_timeout),
-        ("--rdzv-timeout", rdzv_timeout),
-    ):
-        if not seconds > 0:
-            raise bad_input(f"{name} {seconds:g}: must be positive")
     from ttmesh.launcher import multihost, rendezvous
 
     point = rendezvous.parse_endpoint(endpoint)
@@ -703,7 +700,8 @@ def _multihost(
         job_id = (
             env.get("SLURM_JOB_ID") and f"slurm-{env['SLURM_JOB_ID']}"
         ) or f"rdzv-{point.host}-{point.port}"
-        job_id = "".join(c if c.isalnum() or c in "._-" else "-" for c in job_id)[:64]
+        job_id = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in job_id)
+        job_id = job_id.lstrip("-.")[:64]
     mh = multihost.MultiHost(
         nnodes=count,
         node_rank=node_rank if node_rank is not None else 0,
@@ -715,6 +713,12 @@ def _multihost(
     )
     multihost.check(mh) if hosts is None else None
     return mh, job_id
+
+
+def _env_whole(name: str, default: str | None = None, low: int = 0) -> int:
+    """A number ttmesh reads from the environment (Slurm's, mpirun's), named as the variable:
+    ``SLURM_NNODES=abc`` is one line, not an internal error."""
+    return numeric.whole(os.environ.get(name, default), name, low=low, high=numeric.MAX_CHIPS)
 
 
 def _nnodes(value: str | None) -> int | None:
@@ -729,6 +733,6 @@ def _nnodes(value: str | None) -> int | None:
                 f"e.g. --nnodes {high or low}",
             )
         text = low
-    if not text.isdigit() or int(text) < 1:
-        raise bad_input(f"--nnodes {value!r}: expected a number of hosts", "e.g. --nnodes 2")
-    return int(text)
+    return numeric.whole(
+        text, "--nnodes", low=1, high=numeric.MAX_CHIPS, unit="hosts", example="--nnodes 2"
+    )

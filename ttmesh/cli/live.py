@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from ttmesh.launcher.events import JobPhase, write_all
+from ttmesh.render import plural
 
 if TYPE_CHECKING:
     from ttmesh.launcher.plan import LaunchPlan
@@ -384,7 +385,7 @@ class JobView:
 
 def _chips(bdfs: list[str], count: int) -> str:
     if not bdfs:
-        return f"{count} chip(s)"
+        return plural(count, "chip")
     more = f" +{len(bdfs) - 1}" if len(bdfs) > 1 else ""
     return bdfs[0] + more
 
@@ -448,7 +449,7 @@ class ResetView:
         if not self.chips:
             head.append(f" · checking the chips · {clock(now - self.t0)}")
             return head
-        head.append(f" · {done} of {len(self.chips)} chip(s) done · {clock(now - self.t0)}")
+        head.append(f" · {done} of {plural(len(self.chips), 'chip')} done · {clock(now - self.t0)}")
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
         for name in ("CHIP", "STAGE", "ATTEMPT", "FOR", "DETAIL"):
             table.add_column(name, no_wrap=True, overflow="ellipsis")

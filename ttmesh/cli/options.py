@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ttmesh import numeric
 from ttmesh.errors import bad_input
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -66,3 +67,71 @@ def shape(value: str | None) -> tuple[int, int] | None:
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
         raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
     return int(match.group(1)), int(match.group(2))
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def spelling(param: click.Parameter, ctx: click.Context | None) -> str:
+    """How the user named ``param``: the option spelling they typed (``--shutdown-timeout``,
+    not the first alias), the environment variable it came from, or an argument's name."""
+    if ctx is not None and ctx.get_parameter_source(param.name or "") is (
+        click.core.ParameterSource.ENVIRONMENT
+    ):
+        envvar = getattr(param, "envvar", None)
+        names = [envvar] if isinstance(envvar, str) else list(envvar or [])
+        found = [n for n in names if n in os.environ]
+        if found:
+            return found[0]
+    if not isinstance(param, click.Option):  # an argument: named by its command
+        return (ctx.info_name if ctx is not None else None) or param.human_readable_name
+    argv = ((ctx.find_root().obj if ctx is not None else None) or {}).get("argv") or sys.argv
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    typed = [w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in param.opts]
+    return typed[0] if typed else param.opts[0]
+
+
+class Number(click.ParamType):
+    """A number option or argument read by :func:`ttmesh.numeric.number`: finite, in range,
+    plain decimal. A bad value is ttmesh's one line (exit 2) naming the flag as typed, raised
+    while click parses, before a host is opened or anything is changed."""
+
+    def __init__(
+        self,
+        *,
+        whole: bool = False,
+        low: float | None = None,
+        high: float | None = None,
+        low_open: bool = False,
+        unit: str = "",
+        example: str | None = None,
+    ) -> None:
+        self.whole, self.low, self.high, self.low_open = whole, low, high, low_open
+        self.unit, self.example = unit, example
+        self.name = "integer" if whole else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        where = spelling(param, ctx) if param is not None else "value"
+        example = f"{where} {self.example}" if self.example and where.startswith("-") else None
+        return numeric.number(
+            value, where, whole=self.whole, low=self.low, high=self.high,
+            low_open=self.low_open, unit=self.unit, example=example,
+        )  # fmt: skip
+
+
+def seconds(
+    *, zero: bool = True, high: float = numeric.MAX_SECONDS, example: str | None = None
+) -> Number:
+    """A duration option: ``zero`` False when 0 s makes no sense (a timeout, an interval)."""
+    return Number(low=0, low_open=not zero, high=high, unit="seconds", example=example)
+
+
+def whole(
+    *,
+    low: int = 0,
+    high: int = numeric.MAX_COUNT,
+    unit: str = "",
+    example: str | None = None,
+) -> Number:
+    """A count option (chips, restarts, a port): an integer in ``low..high``."""
+    return Number(whole=True, low=low, high=high, unit=unit, example=example)

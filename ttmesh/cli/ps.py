@@ -72,4 +72,7 @@ def ps_cmd(
             "no ttmesh jobs" + ("" if show_all else " running") + (f" on {only}" if only else "")
         )
         return
-    click.echo(table(["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"], rows))
+    # One long state or command must not make every row hundreds of columns wide: the table
+    # fits the terminal (a pipe: COLUMNS, else 160); --json keeps every value whole.
+    headers = ["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"]
+    click.echo(table(headers, rows, fitted=True, keep=[0]))

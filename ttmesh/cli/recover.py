@@ -13,18 +13,18 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
 
 
 @click.command("_recover", context_settings=CONTEXT, hidden=True)
 @host_options
 @click.option("--chips", "chips", required=True, help="The job's chips (asic ids), on any host.")
 @click.option("--always", is_flag=True, help="Reset even when the check finds nothing wrong.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0)
-@click.option("--retries", type=click.IntRange(min=0), default=2)
+@click.option("--timeout", type=seconds(zero=False), default=120.0)
+@click.option("--retries", type=whole(low=0, high=100), default=2)
 @click.option("--tt-smi", "tt_smi", default=None)
 @click.option("--job", "job", default=None, help="Let this job's processes still here end first.")
-@click.option("--grace", type=click.FloatRange(min=0), default=10.0)
+@click.option("--grace", type=seconds(), default=10.0)
 def recover_cmd(
     host: Any,
     chips: str,

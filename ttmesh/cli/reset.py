@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import functools
-import math
 import sys
 from typing import Any
 
 import click
 
 from ttmesh.cli.onhosts import hosts_options
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
 from ttmesh.errors import bad_input
-
-
-def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise bad_input(
-            f"{name} {value:g}: give a positive number of seconds",
-            f"e.g. {name} 120" if name == "--timeout" else None,
-        )
-    return value
+from ttmesh.render import plural
 
 
 @click.command("reset", context_settings=CONTEXT)
@@ -45,7 +36,7 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=seconds(zero=False, example="120"),
     default=120.0,
     show_default=True,
     metavar="S",
@@ -53,7 +44,7 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
 )
 @click.option(
     "--retries",
-    type=int,
+    type=whole(low=0, high=100, example="2"),
     default=2,
     show_default=True,
     metavar="K",
@@ -71,7 +62,9 @@ def _seconds(name: str, value: float, allow_zero: bool = False) -> float:
     is_flag=True,
     help="On a terminal, print progress lines instead of the live table of chips.",
 )
-@click.option("--backoff", type=float, default=1.0, hidden=True, help="Seconds before a retry.")
+@click.option(
+    "--backoff", type=seconds(high=600), default=1.0, hidden=True, help="Seconds before a retry."
+)
 def reset_cmd(
     host: Any,
     chips: str | None,
@@ -117,10 +110,6 @@ def reset_cmd(
     from ttmesh.fabric.devices import discover
     from ttmesh.recovery import reset
 
-    _seconds("--timeout", timeout)
-    _seconds("--backoff", backoff, allow_zero=True)
-    if retries < 0:
-        raise bad_input(f"--retries {retries}: cannot be negative", "e.g. --retries 2")
     if no_expand and chips is None:
         raise bad_input(
             "--no-expand needs --chips",
@@ -162,7 +151,9 @@ def reset_cmd(
     n = len(outcome.attempts)
     if not outcome.recovered:
         wrong = outcome.attempts[-1].still_wrong if outcome.attempts else ["nothing was reset"]
-        sys.stderr.write(f"ttmesh: not recovered after {n} attempt(s): {'; '.join(wrong)}\n")
+        sys.stderr.write(
+            f"ttmesh: not recovered after {plural(n, 'attempt')}: {'; '.join(wrong)}\n"
+        )
     return outcome.code
 
 

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ttmesh.cli.options import CONTEXT
+from ttmesh.cli.options import CONTEXT, seconds
 from ttmesh.errors import bad_input, failed
 
 
@@ -69,7 +69,7 @@ def _recognised(spec: dict) -> str:
 @click.command("stop", context_settings=CONTEXT)
 @click.argument("job", metavar="JOB")
 @click.option(
-    "--wait", "wait_s", type=float, default=120.0, show_default=True, metavar="S",
+    "--wait", "wait_s", type=seconds(example="120"), default=120.0, show_default=True, metavar="S",
     help="Seconds to wait for the job to end (0: do not wait).",
 )  # fmt: skip
 def stop_cmd(job: str, wait_s: float) -> int:
@@ -80,9 +80,10 @@ def stop_cmd(job: str, wait_s: float) -> int:
     recovers the chips, and exits 143. Exit 0 once the job has ended, 1 if it is still running
     after --wait, 2 when no such job of yours runs (see ttmesh ps).
     """
-    from ttmesh import procs
+    from ttmesh import paths, procs
     from ttmesh.runtime import jobs
 
+    paths.safe_name(job, "JOB")
     record = next((r for r in jobs.running() if r["job"] == job), None)
     if record is None:
         raise bad_input(f"no running job {job!r} of yours", "see ttmesh ps")
@@ -97,7 +98,7 @@ def stop_cmd(job: str, wait_s: float) -> int:
     if not sent:
         raise bad_input(f"job {job} ended before it could be stopped", "see ttmesh ps --all")
     click.echo(f"stopping job {job} (SIGTERM to pid {target})")
-    deadline = time.monotonic() + max(wait_s, 0.0)
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not any(r["job"] == job for r in jobs.running()):
             ended = next((r for r in jobs.every() if r["job"] == job), {})

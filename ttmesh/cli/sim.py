@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
+from ttmesh.render import plural
 
 
 @click.group("sim", context_settings=CONTEXT)
@@ -49,7 +50,7 @@ def sim_systems() -> None:
 @click.option(
     "--host",
     "host_index",
-    type=int,
+    type=whole(low=0, high=4096),
     metavar="N",
     help="Of a system of several hosts (dual-t3k, quad-galaxy, ...): build host N (0, 1, ...).",
 )
@@ -92,7 +93,9 @@ def sim_create(
 
         rec, path = recreate(Path(capture), Path(root), force=force)
         model = rec.model
-        click.echo(f"simulated {model.name} ({len(model.chips)} chips) at {path}: {model.title}")
+        click.echo(
+            f"simulated {model.name} ({plural(len(model.chips), 'chip')}) at {path}: {model.title}"
+        )
         for line in rec.reproduced:
             click.echo(f"  reproduced: {line}")
         for line in rec.not_reproduced:
@@ -105,7 +108,7 @@ def sim_create(
     model = load_host(system, host_index)
     path = create(model, Path(root), force=force)
     which = "" if model.host is None else f" host {model.host} of {model.hosts}"
-    click.echo(f"simulated {model.name}{which} ({len(model.chips)} chips) at {path}")
+    click.echo(f"simulated {model.name}{which} ({plural(len(model.chips), 'chip')}) at {path}")
 
 
 @sim_group.group("fault", context_settings=CONTEXT)
@@ -126,14 +129,19 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
 @sim_fault.command("link-down", context_settings=CONTEXT)
 @click.argument("chip_a", metavar="BDF_A")
 @click.argument("chip_b", metavar="BDF_B")
-@click.option("--channel", type=int, metavar="C", help="Only the link on chip A's channel C.")
+@click.option(
+    "--channel",
+    type=whole(low=0, high=1023),
+    metavar="C",
+    help="Only the link on chip A's channel C.",
+)
 @click.pass_obj
 def fault_link_down(host: Any, chip_a: str, chip_b: str, channel: int | None) -> None:
     """Take the Ethernet links between two linked chips down (all, or one channel)."""
     from ttmesh.sim import faults
 
     keys = faults.link_down(host, chip_a, chip_b, channel)
-    click.echo(f"link-down: {len(keys)} link(s) between {chip_a} and {chip_b}")
+    click.echo(f"link-down: {plural(len(keys), 'link')} between {chip_a} and {chip_b}")
 
 
 @sim_fault.command("chip-dead", context_settings=CONTEXT)
@@ -150,7 +158,10 @@ def fault_chip_dead(host: Any, chip: str, permanent: bool) -> None:
 
 @sim_fault.command("reset-fails", context_settings=CONTEXT)
 @click.option(
-    "--times", type=int, metavar="N", help="Fail the next N resets (default: until cleared)."
+    "--times",
+    type=whole(low=1, example="2"),
+    metavar="N",
+    help="Fail the next N resets (default: until cleared).",
 )
 @click.pass_obj
 def fault_reset_fails(host: Any, times: int | None) -> None:
@@ -158,7 +169,9 @@ def fault_reset_fails(host: Any, times: int | None) -> None:
     from ttmesh.sim import faults
 
     faults.reset_fails(host, times)
-    click.echo(f"reset-fails: {'until cleared' if times is None else f'next {times} reset(s)'}")
+    click.echo(
+        f"reset-fails: {'until cleared' if times is None else 'next ' + plural(times, 'reset')}"
+    )
 
 
 @sim_fault.command("reset-renumbers", context_settings=CONTEXT)
@@ -172,7 +185,7 @@ def fault_reset_renumbers(host: Any) -> None:
 
 
 @sim_fault.command("reset-hangs", context_settings={**CONTEXT, "ignore_unknown_options": True})
-@click.argument("seconds", type=float)
+@click.argument("seconds", type=seconds())
 @click.pass_obj
 def fault_reset_hangs(host: Any, seconds: float) -> None:
     """Make every reset take SECONDS (for timeout handling)."""
@@ -264,8 +277,14 @@ def sim_show(host: Any, as_json: bool) -> None:
 
 @sim_group.command("config", context_settings=CONTEXT)
 @host_options
-@click.option("--heartbeat-hz", type=float, help="How fast live chips' heartbeats advance.")
-@click.option("--reset-seconds", type=float, help="How long a simulated reset takes.")
+@click.option(
+    "--heartbeat-hz",
+    type=Number(low=0, low_open=True, high=1e6, unit="a rate in Hz", example="2"),
+    help="How fast live chips' heartbeats advance.",
+)
+@click.option(
+    "--reset-seconds", type=seconds(example="0.5"), help="How long a simulated reset takes."
+)
 def sim_config(host: Any, heartbeat_hz: float | None, reset_seconds: float | None) -> None:
     """Show or change a simulated host's timing."""
     from ttmesh.sim import faults

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options
-from ttmesh.errors import bad_input
+from ttmesh.cli.options import CONTEXT, host_options, seconds
+from ttmesh.render import plural
 
 
 @click.command("top", context_settings=CONTEXT)
 @host_options
 @click.option(
     "--interval",
-    type=float,
+    type=seconds(zero=False, high=86400, example="2"),
     default=2.0,
     show_default=True,
     metavar="S",
@@ -61,10 +60,6 @@ def top_cmd(
     from ttmesh.cli.live import enabled
     from ttmesh.recovery.top import Sampler
 
-    if not math.isfinite(interval) or interval <= 0:
-        raise bad_input(
-            f"--interval {interval:g}: give a positive number of seconds", "e.g. --interval 2"
-        )
     sampler = Sampler(host, tt_smi)
     if as_json:
         from ttmesh.render import emit_json
@@ -106,7 +101,7 @@ def _live(sampler: Any, interval: float) -> None:
         head = Text()
         head.append("ttmesh top", style="bold")
         head.append(
-            f" · {frame['host']['root']} · {len(frame['chips'])} chip(s) · telemetry from "
+            f" · {frame['host']['root']} · {plural(len(frame['chips']), 'chip')} · telemetry from "
             f"{frame['source']} · every {interval:g}s · {when} (Ctrl-C to leave)"
         )
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")

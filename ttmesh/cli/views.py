@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ttmesh.render import table
+from ttmesh.render import plural, table
 
 
 def lease_cell(lease: dict | None) -> str:
@@ -122,7 +122,7 @@ def serving_lines(serving: dict[str, Any]) -> list[str]:
                          f"{memory['max_total_tokens'] or 'no'} --max-total-tokens)"],
             ["left", f"{memory['left_gb_per_chip']:.1f} GB per chip"],
         ]  # fmt: skip
-        out.append(table([f"MEMORY ({memory['chips']} chip(s))", "PER CHIP"], rows))
+        out.append(table([f"MEMORY ({plural(memory['chips'], 'chip')})", "PER CHIP"], rows))
     elif serving.get("memory_note"):
         out.append(f"  {serving['memory_note']}")
     return out
@@ -155,9 +155,9 @@ def check_text(report: Any) -> str:
     errors = len(report.errors)
     warnings = len(report.problems) - errors
     if report.healthy:
-        out.append("healthy" + (f" ({warnings} warning(s))" if warnings else ""))
+        out.append("healthy" + (f" ({plural(warnings, 'warning')})" if warnings else ""))
     else:
-        out.append(f"UNHEALTHY: {errors} error(s), {warnings} warning(s)")
+        out.append(f"UNHEALTHY: {plural(errors, 'error')}, {plural(warnings, 'warning')}")
     out += problem_lines(report.problems)
     return "\n".join(out)
 
@@ -183,14 +183,18 @@ def reset_text(outcome: Any) -> str:
         )
     out = [table(["CHIP", "ASIC", "BEFORE", "AFTER", "DEV", "ATTEMPTS"], rows)]
     if outcome.stopped:
-        out.append("stopped holder pid(s): " + ", ".join(map(str, outcome.stopped)))
+        out.append(
+            f"stopped holder {'pid' if len(outcome.stopped) == 1 else 'pids'}: "
+            + ", ".join(map(str, outcome.stopped))
+        )
     if outcome.recovered:
         out.append(
-            f"recovered and verified: {len(outcome.chips)} chip(s) after {n} attempt(s), "
+            f"recovered and verified: {plural(len(outcome.chips), 'chip')} after "
+            f"{plural(n, 'attempt')}, "
             f"{outcome.seconds:.1f} s"
         )
     else:
-        out.append(f"NOT RECOVERED after {n} attempt(s)")
+        out.append(f"NOT RECOVERED after {plural(n, 'attempt')}")
     out += problem_lines(outcome.problems)
     return "\n".join(out)
 
@@ -265,7 +269,7 @@ def top_text(data: dict) -> str:
 
     when = time.strftime("%H:%M:%S", time.localtime(data["time"]))
     out = [
-        f"{when}  {len(data['chips'])} chip(s), telemetry from {data['source']}",
+        f"{when}  {plural(len(data['chips']), 'chip')}, telemetry from {data['source']}",
         table(TOP_HEADERS, top_rows(data)),
     ]
     out += [f"note: {n}" for n in data["notes"]]

@@ -29,6 +29,7 @@ from ttmesh.fabric import heartbeat, holders, known_good, links
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
+from ttmesh.render import plural
 from ttmesh.runtime import leases
 from ttmesh.vocab import ChipProcess, Role, Severity
 
@@ -374,7 +375,10 @@ def _link_problems(
                 f"<->ch{s.spec.chan_b if s.spec.a == a else s.spec.chan_a}"
                 for s in bad
             )
-            what = f"{len(bad)} of {len(group)} link(s) between {na} and {nb} {'are' if len(bad) > 1 else 'is'} {state} ({chans})"
+            what = (
+                f"{len(bad)} of {plural(len(group), 'link')} between {na} and {nb} "
+                f"{'are' if len(bad) > 1 else 'is'} {state} ({chans})"
+            )
             lost = [x for x in (a, b) if x not in known]
             if state == links.DOWN:
                 if lost:
@@ -424,7 +428,8 @@ def _pair_count_problems(
         out.append(
             Problem(
                 _escalate(WARNING, strict),
-                f"{na} and {nb} have {n} link(s) between them; most chip pairs here have {want}",
+                f"{na} and {nb} have {plural(n, 'link')} between them; most chip pairs here have "
+                f"{want}",
                 f"check the cable between them, then {fix}",
                 "link-count",
                 tuple(pair),

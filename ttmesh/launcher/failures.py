@@ -57,7 +57,9 @@ def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
             raise ValueError(f"{where}: expected a mapping")
         unknown = sorted(set(item) - set(FIELDS) - set(OPTIONAL))
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+            raise ValueError(
+                f"{where}: unknown {'key' if len(unknown) == 1 else 'keys'} {', '.join(unknown)}"
+            )
         ident = _text(item, "id", where)
         where = f"{source}, {ident}"
         if any(e.id == ident for e in out):

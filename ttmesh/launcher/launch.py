@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
-from ttmesh.errors import TTMeshError, bad_input, refused
+from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, from_os_error, refused
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
@@ -30,7 +30,7 @@ from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_comma
 from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
-from ttmesh.render import note
+from ttmesh.render import note, plural
 from ttmesh.runtime import jobs, leases
 from ttmesh.vocab import MPI_LAYOUTS, Layout, Role, Source, StartMode
 
@@ -207,7 +207,8 @@ def prepare(
         n = sum(u.size for units in req.binding_units for u in units)
         if req.tp_size not in (None, n):
             raise bad_input(
-                f"--tp-size {req.tp_size} but {req.binding.path} gives its ranks {n} chips",
+                f"--tp-size {req.tp_size} but {req.binding.path} gives its ranks "
+                f"{plural(n, 'chip')}",
                 "drop --tp-size with --rank-binding",
             )
         req.tp_size = n
@@ -247,13 +248,14 @@ def prepare(
         )
     if chosen and len(chosen) != req.tp_size:
         raise bad_input(
-            f"--chips names {len(chosen)} chip(s) but --tp-size is {req.tp_size}",
+            f"--chips names {plural(len(chosen), 'chip')} but --tp-size is {req.tp_size}",
             "give as many chips as --tp-size, or drop --tp-size",
         )
     if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
         rows, cols = req.mesh_shape
         raise bad_input(
-            f"--mesh-shape {rows}x{cols} has {rows * cols} chips but --tp-size is {req.tp_size}",
+            f"--mesh-shape {rows}x{cols} has {plural(rows * cols, 'chip')} but --tp-size is "
+            f"{req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
     if descriptor_only:
@@ -354,7 +356,11 @@ def _choose(
         raise refused(
             f"tp-size {req.tp_size}: not enough free chips; {labels[first]} is "
             f"{blocked[first]}: {who[first]}"
-            + (f" (and {len(blocked) - 1} more chip(s) unavailable)" if len(blocked) > 1 else ""),
+            + (
+                f" (and {plural(len(blocked) - 1, 'more chip')} unavailable)"
+                if len(blocked) > 1
+                else ""
+            ),
             _unavailable_hint(inv, blocked),
         )
 
@@ -657,7 +663,7 @@ def _reset(
 
 
 def _reset_detail(chips: list[Any]) -> str:
-    """``3 of 4 chip(s) done, 1 waiting for links``: a reset's progress in a few words."""
+    """``3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
     from ttmesh.recovery.reset import DONE
 
     counts: dict[str, int] = {}
@@ -665,7 +671,7 @@ def _reset_detail(chips: list[Any]) -> str:
         counts[c.stage] = counts.get(c.stage, 0) + 1
     done = counts.pop(DONE, 0)
     rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
-    return f"{done} of {len(chips)} chip(s) done" + (f", {rest}" if rest else "")
+    return f"{done} of {plural(len(chips), 'chip')} done" + (f", {rest}" if rest else "")
 
 
 def _after_crash(
@@ -1067,11 +1073,17 @@ class JobRun:
         if self.observer is not None:  # the final frame, above the summary
             self.observer.phase(JobPhase.DONE, f"exit {final.code}")
         diagnosis = _explain(self.prepared, final)
-        _summarize(self.prepared, self.results, diagnosis, final)
+        code = final.code
         if self.summary_json:
-            with contextlib.suppress(OSError):
+            try:
                 _write_summary(self.summary_json, final, self.results, diagnosis)
-        return final.code
+            except OSError as exc:
+                # Said, never silent; a job that failed keeps its code (the worker's is what
+                # matters), one that succeeded ends 2: a script must not take 0 for a summary.
+                note(_unwritten(self.summary_json, exc))
+                code = code or BAD_INPUT
+        _summarize(self.prepared, self.results, diagnosis, final)  # its exit line comes last
+        return code
 
 
 def execute(
@@ -1130,7 +1142,7 @@ def _summarize(
         how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
         note(
             f"rank {shown} ({', '.join(rank.bdfs)}) {how}"
-            + (f"; stopped {len(others)} other rank(s)" if others else "")
+            + (f"; stopped {plural(len(others), 'other rank')}" if others else "")
         )
         if final.error_message:
             note(f"rank {shown} raised {final.error_message}")
@@ -1157,8 +1169,15 @@ def write_refusal(path: str, exc: TTMeshError) -> None:
         "attempts": [],
         "diagnosis": None,
     }
-    with contextlib.suppress(OSError):
+    try:
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as err:
+        note(_unwritten(path, err))  # the refusal, with its code, follows
+
+
+def _unwritten(path: str, exc: OSError) -> str:
+    err = from_os_error(exc, "write --summary-json", path)
+    return err.message + (f" ({err.hint})" if err.hint else "")
 
 
 def _write_summary(

@@ -9,6 +9,8 @@ are kept for the failure summary.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +62,7 @@ class Console:
         self.offset = offset  # ranks are shown by their global number (a job over several hosts)
         self.width = len(str(max(offset + world - 1, 0)))
         self.on_line: Callable[[int, str], None] | None = None
+        self.lost: set[int] = set()  # console fds that could not be written (see _lose)
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
@@ -101,9 +104,30 @@ class Console:
         )
         if self.quiet or hidden:
             return
+        fd = 1 if stream.name == "stdout" else 2
+        if fd in self.lost:
+            return
         prefix = self._prefix(stream.rank, stream.name)
         data = prefix + body.replace(b"\n", b"\n" + prefix) + b"\n"
-        self.sink(1 if stream.name == "stdout" else 2, data)
+        try:
+            self.sink(fd, data)
+        except OSError as exc:
+            self._lose(fd, exc)
+
+    def _lose(self, fd: int, exc: OSError) -> None:
+        """ttmesh's own stdout or stderr cannot take the ranks' output (a full disk, a closed
+        descriptor): said once on stderr (when stdout is the one lost), and that stream's
+        console output is dropped from then on. The job goes on (its result is its exit code; --log-dir keeps
+        every line); a reader that went away (EPIPE) is dropped silently, as before."""
+        self.lost.add(fd)
+        if exc.errno == errno.EPIPE or fd != 1:  # stderr: nowhere left to say it
+            return
+        line = (
+            f"ttmesh: cannot write the ranks' output to stdout: {exc.strerror or exc} "
+            "(the rest of it is not shown; --log-dir keeps every line)\n"
+        )
+        with contextlib.suppress(OSError):
+            _write_all(2, line.encode())
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         stream = self.streams[(rank, name)]
@@ -150,6 +174,4 @@ def _write_all(fd: int, data: bytes) -> None:
             n = os.write(fd, view)
         except BlockingIOError:
             continue
-        except BrokenPipeError:
-            return
         view = view[n:]

@@ -32,6 +32,7 @@ from typing import Any
 from ttmesh.errors import bad_input, refused
 from ttmesh.launcher import hostreport, mpi
 from ttmesh.mesh import cluster as meshcluster
+from ttmesh.render import plural
 
 REPORT_TIMEOUT = 120.0
 
@@ -183,7 +184,8 @@ def plan_over(
     if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
         rows, cols = req.mesh_shape
         raise bad_input(
-            f"--mesh-shape {rows}x{cols} has {rows * cols} chips but --tp-size is {req.tp_size}",
+            f"--mesh-shape {rows}x{cols} has {plural(rows * cols, 'chip')} but --tp-size is "
+            f"{req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
     blocked = {a: w for a, w in why.items()}
@@ -283,7 +285,7 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
     else:
         if count % len(names):
             raise bad_input(
-                f"{bf.path}: {count} ranks do not share {len(names)} hosts equally",
+                f"{bf.path}: {plural(count, 'rank')} do not share {len(names)} hosts equally",
                 f"write {rankfile.name} (rank N=HOST slot=0 per line) beside it",
             )
         per = count // len(names)

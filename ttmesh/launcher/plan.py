@@ -19,6 +19,7 @@ from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.mesh import layout
 from ttmesh.mesh.select import Selection, Unit
+from ttmesh.render import plural
 from ttmesh.vocab import Layout, StartMode
 
 SCHEMA = "ttmesh.plan/1"
@@ -498,15 +499,17 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
     grouping = ""
     if unit_size > 1:
         grouping = (
-            f"{len(sel.chips)} chips in {len(sel.units)} boards of {unit_size}: each worker drives "
+            f"{plural(len(sel.chips), 'chip')} in {plural(len(sel.units), 'board')} of {unit_size}: "
+            "each worker drives "
             "a whole board (its PCI chip and the remote chip behind it)"
         )
         idle = sum(u.size for u in sel.units) - len(sel.chips)
         if idle:
-            grouping += f"; {idle} chip(s) of these boards stay out of the mesh, idle"
+            grouping += f"; {plural(idle, 'chip')} of these boards stay out of the mesh, idle"
     if sp.layout == "mesh":
         grouping = (grouping + "; " if grouping else "") + (
-            f"one {sel.shape[0]}x{sel.shape[1]} mesh over {world} processes, host_topology "
+            f"one {sel.shape[0]}x{sel.shape[1]} mesh over {plural(world, 'process', 'processes')}, "
+            "host_topology "
             f"{sp.host_dims[0]}x{sp.host_dims[1]}"
         )
     if req.cluster is not None:

@@ -13,8 +13,14 @@ import socket
 import subprocess
 
 from ttmesh.errors import bad_input
+from ttmesh.numeric import MAX_CHIPS
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
+MAX_HOSTS = MAX_CHIPS  # a node list naming more is a typo (and would fill the memory)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _split_top(text: str) -> list[str]:
@@ -37,11 +43,15 @@ def _range(spec: str, where: str) -> list[str]:
     out = []
     for item in spec.split(","):
         low, sep, high = item.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not _digits(low) or (sep and not _digits(high)):
             raise bad_input(f"SLURM_JOB_NODELIST {where!r}: cannot read [{spec}]")
         if not sep:
             out.append(low)
             continue
+        if len(out) + int(high) - int(low) >= MAX_HOSTS:  # node[0-99999999999]: a typo
+            raise bad_input(
+                f"SLURM_JOB_NODELIST {where!r}: [{spec}] names more than {MAX_HOSTS} hosts"
+            )
         width = len(low)
         out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
     return out
@@ -56,6 +66,8 @@ def expand(nodelist: str) -> list[str]:
         for match in _BRACKET.finditer(entry):
             literal = entry[pos : match.start()]
             values = _range(match.group(1), entry)
+            if len(expanded) * len(values) > MAX_HOSTS:
+                raise bad_input(f"SLURM_JOB_NODELIST {entry!r}: names more than {MAX_HOSTS} hosts")
             expanded = [e + literal + v for e in expanded for v in values]
             pos = match.end()
         expanded = [e + entry[pos:] for e in expanded]

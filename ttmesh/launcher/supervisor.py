@@ -41,6 +41,7 @@ from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
+from ttmesh.render import noun
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -794,14 +795,10 @@ class Guardian:
                 self.ready.add(rank.rank)
         waiting = sorted(self.running - self.ready)
         if waiting and time.monotonic() >= self.started + self.plan.ready_timeout:
-            names = ", ".join(map(str, waiting))
+            names = f"{noun(len(waiting), 'rank')} {', '.join(map(str, waiting))}"
             after = f"{self.plan.ready_timeout:g} s"
-            self._emit(
-                f"rank(s) {names} not ready after {after}: treating the job as hung in bring-up"
-            )
-            self._begin_stop(
-                Stop(f"hung in bring-up: rank(s) {names} not ready after {after}", HUNG, True)
-            )
+            self._emit(f"{names} not ready after {after}: treating the job as hung in bring-up")
+            self._begin_stop(Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True))
 
     # -- what the host hears: workers holding chips, fabric opened
 

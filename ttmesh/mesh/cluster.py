@@ -28,6 +28,7 @@ from ttmesh.host import clusterdesc as cdm
 from ttmesh.mesh import embed
 from ttmesh.mesh import select as meshselect
 from ttmesh.mesh.embed import Coord, Shape
+from ttmesh.render import plural
 
 MAX_PLACEMENTS = 720  # host placements tried per shape (every one for up to 6 hosts)
 
@@ -163,7 +164,8 @@ def select(
     for i, view in enumerate(cluster.hosts):
         if free_on[i] < share:
             raise bad_input(
-                f"tp-size {n}: host {view.name} has {free_on[i]} free chip(s), its share is {share}",
+                f"tp-size {n}: host {view.name} has {plural(free_on[i], 'free chip')}, its share is "
+                f"{share}",
                 "every host drives as many chips: see ttmesh ls on that host",
             )
     index = {a: k for k, a in enumerate(allowed)}

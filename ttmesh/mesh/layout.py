@@ -30,6 +30,7 @@ from ttmesh.fabric.devices import Inventory
 from ttmesh.host import boards as boardfacts
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh.select import Coord, Selection, Unit, ring_order
+from ttmesh.render import plural
 from ttmesh.vocab import LAYOUTS, Layout
 
 
@@ -101,7 +102,7 @@ def split(
         count = nproc or len(sel.units)
     if count < 1 or (rows * cols) % count:
         raise bad_input(
-            f"{count} workers cannot share a {rows}x{cols} mesh equally",
+            f"{plural(count, 'worker')} cannot share a {rows}x{cols} mesh equally",
             "use a worker count that divides the chip count",
         )
     shapes = _block_shapes(sel.shape, count)
@@ -111,7 +112,7 @@ def split(
             return Split(layout, (rows // bshape[0], cols // bshape[1]), blocks)
     where = " on one host each" if host_of else ""
     raise bad_input(
-        f"{count} workers: no way to split the {rows}x{cols} mesh into equal blocks{where} that "
+        f"{plural(count, 'worker')}: no way to split the {rows}x{cols} mesh into equal blocks{where} that "
         "keep each board whole",
         f"workers on this mesh: {', '.join(str(n) for n in possible_worker_counts(sel, host_of))}",
     )
@@ -239,7 +240,10 @@ def descriptors(
         rows, cols = sel.shape
         comment = f"ttmesh: {rows}x{cols} mesh of {', '.join(sel.chips)}"
         if sp.layout == "mesh":
-            comment += f"\nsplit over {len(sp.blocks)} processes, host_topology {sp.host_dims[0]}x{sp.host_dims[1]}"
+            comment += (
+                f"\nsplit over {plural(len(sp.blocks), 'process', 'processes')}, host_topology "
+                f"{sp.host_dims[0]}x{sp.host_dims[1]}"
+            )
         names["mesh.textproto"] = mgd.to_text(mgd.single_mesh(spec), comment)
         return names, {b.rank: "mesh.textproto" for b in sp.blocks}
     # multi-mesh: one mesh per block, joined where the hardware links them

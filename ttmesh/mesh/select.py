@@ -27,6 +27,7 @@ from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.mesh import embed
 from ttmesh.mesh.embed import Coord, DimTypes, Shape
+from ttmesh.render import plural
 
 T = TypeVar("T")
 MAX_EMBEDDINGS = 400  # embeddings compared to choose the best
@@ -215,13 +216,16 @@ def select(
     allowed = host.free(unavailable, chips)
     if n > len(inv.chips):
         raise bad_input(
-            f"tp-size {n}: this host has {len(inv.chips)} chips", _shapes_hint(host, allowed)
+            f"tp-size {n}: this host has {plural(len(inv.chips), 'chip')}",
+            _shapes_hint(host, allowed),
         )
     if n > len(allowed):
         why = Counter(unavailable.values())
         detail = ", ".join(f"{k} {v}" for k, v in why.items())
         raise bad_input(
-            f"tp-size {n}: only {len(allowed)} of {len(inv.chips)} chips are free"
+            f"tp-size {n}: only {len(allowed)} of {plural(len(inv.chips), 'chip')} "
+            + ("is" if len(allowed) == 1 else "are")
+            + " free"
             + (f" ({detail} unavailable)" if detail else ""),
             _shapes_hint(host, allowed) if allowed else "wait for the chips to be free",
         )
@@ -397,7 +401,7 @@ def _no_mesh(
     rules = {embed.tt_metal_refuses(s, host.arch) for s in candidates}
     why = f": {rules.pop()}" if len(rules) == 1 and None not in rules else ""
     return bad_input(
-        f"tp-size {n}: no {what} {where} ({len(allowed)} chips available){why}",
+        f"tp-size {n}: no {what} {where} ({plural(len(allowed), 'chip')} available){why}",
         _shapes_hint(host, allowed),
     )
 

@@ -51,7 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ttmesh import __version__
+from ttmesh import __version__, paths
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import CLASS_DIR, Host
@@ -643,6 +643,9 @@ def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
                     info.size, info.mode = len(data), 0o644
                     tar.addfile(info, io.BytesIO(data))
         if force:
+            kind = paths.not_replaceable(dest)
+            if kind is not None:
+                raise bad_input(f"--capture {dest} is {kind}, not a file", "give a new file name")
             os.replace(tmp, dest)
         else:
             try:
@@ -658,7 +661,7 @@ def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
                     )
                 os.replace(tmp, dest)
     except OSError as exc:
-        raise from_os_error(exc, "write the capture")
+        raise from_os_error(exc, "write the capture", str(dest))
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

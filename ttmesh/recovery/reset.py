@@ -37,6 +37,7 @@ from ttmesh.fabric.devices import Inventory, LinkSpec, discover
 from ttmesh.fabric.health import ERROR, WARNING, Problem, expand
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
+from ttmesh.render import plural
 from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.reset/1"
@@ -102,9 +103,9 @@ class ResetPlan:
         return self.names.get(asic, asic)
 
     def describe(self) -> str:
-        """``resetting 4 chip(s): A (asked), B (Ethernet-linked to A), ...``"""
+        """``resetting 4 chips: A (asked), B (Ethernet-linked to A), ...``"""
         parts = [f"{self.name(a)} ({self.why[a]})" for a in self.chips]
-        return f"resetting {len(self.chips)} chip(s): " + ", ".join(parts)
+        return f"resetting {plural(len(self.chips), 'chip')}: " + ", ".join(parts)
 
 
 def is_galaxy(inv: Inventory) -> bool:
@@ -151,7 +152,7 @@ def plan(
                 Problem(
                     WARNING,
                     f"--no-expand: not resetting the chips linked to this set "
-                    f"({', '.join(names.get(a, a) for a in peers)}); the {len(outside)} link(s) "
+                    f"({', '.join(names.get(a, a) for a in peers)}); the {plural(len(outside), 'link')} "
                     "to them will stay down until both ends are reset together",
                     "reset linked chips together: drop --no-expand",
                     "no-expand",
@@ -494,7 +495,7 @@ def observe(
             wrong.append(f"{name}: heartbeat frozen")
         elif down.get(asic):
             result[asic] = ChipState(
-                asic, chip.bdf, chip.dev_index, LINKS_DOWN, f"{down[asic]} link(s) down"
+                asic, chip.bdf, chip.dev_index, LINKS_DOWN, f"{plural(down[asic], 'link')} down"
             )
         elif beat == heartbeat.UNKNOWN:
             result[asic] = ChipState(asic, chip.bdf, chip.dev_index, UNKNOWN, "heartbeat unknown")
@@ -507,9 +508,13 @@ def observe(
             a, b = sorted(pair, key=lambda x: names.get(x) or health.chip_name(inv, x))
             na = names.get(a) or health.chip_name(inv, a)
             nb = names.get(b) or health.chip_name(inv, b)
-            wrong.append(f"{len(bad)} of {len(group)} link(s) between {na} and {nb} down")
+            wrong.append(f"{len(bad)} of {plural(len(group), 'link')} between {na} and {nb} down")
     if unknown_links:
-        notes.append(f"{unknown_links} link(s) of the set report no state, not verified")
+        notes.append(
+            f"{plural(unknown_links, 'link')} of the set "
+            + ("reports" if unknown_links == 1 else "report")
+            + " no state, not verified"
+        )
     return inv, result, wrong, notes
 
 
@@ -589,7 +594,10 @@ def check_blockers(
         more = ""
         if leased:
             by = ", ".join(f"{n} by {job}" for job, n in jobs.items())
-            more = f"; {len(leased)} of the {len(p.chips)} chip(s) to reset are leased ({by})"
+            more = (
+                f"; {len(leased)} of the {plural(len(p.chips), 'chip')} to reset "
+                f"{'is' if len(leased) == 1 else 'are'} leased ({by})"
+            )
         workers = len(hard) - len(leased)
         if workers:
             more += f"; {workers} held by another job's workers"
@@ -836,7 +844,8 @@ def _problems(
             out.append(
                 Problem(
                     WARNING,
-                    f"{n} link(s) from the reset chips to chips outside the set are down",
+                    f"{plural(n, 'link')} from the reset chips to chips outside the set "
+                    f"{'is' if n == 1 else 'are'} down",
                     f"ttmesh reset{health.root_flag(host)} (without --no-expand)",
                     "link-down",
                 )
@@ -875,7 +884,7 @@ def recover(
     process are ours and do not block. Raises TTMeshError (exit 2) when tt-smi is missing.
     Returns the outcome: ``recovered`` is True only when verified.
     """
-    if timeout <= 0:
+    if not timeout > 0:  # nan too
         raise bad_input(f"timeout {timeout}: must be positive")
     if retries < 0:
         raise bad_input(f"retries {retries}: cannot be negative")

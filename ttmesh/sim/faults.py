@@ -14,7 +14,6 @@ was. Faults model what goes wrong on real machines:
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.host.base import Host
 from ttmesh.sim import core
@@ -89,8 +89,8 @@ def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
 
 
 def reset_fails(host: Host, times: int | None) -> None:
-    if times is not None and times < 1:
-        raise bad_input(f"--times {times}: must be at least 1", "omit it to fail until cleared")
+    if times is not None:
+        times = numeric.whole(times, "--times", low=1, example="--times 2")
     with sim_of(host).change() as state:
         state["faults"]["reset_fails"] = {"times": times}
 
@@ -101,10 +101,7 @@ def reset_renumbers(host: Host) -> None:
 
 
 def reset_hangs(host: Host, seconds: float) -> None:
-    if not math.isfinite(seconds):  # inf would make tt-smi -r crash (sleep overflow)
-        raise bad_input(f"reset-hangs {seconds}: give a finite number of seconds")
-    if seconds < 0:
-        raise bad_input(f"reset-hangs {seconds}: seconds cannot be negative")
+    seconds = numeric.seconds(seconds, "reset-hangs")  # inf: tt-smi -r's sleep overflows
     with sim_of(host).change() as state:
         state["faults"]["reset_hangs"] = float(seconds)
 
@@ -137,13 +134,13 @@ def hold(host: Host, ref: str) -> int:
 
 
 def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | None) -> dict:
-    for name, value in (("--heartbeat-hz", heartbeat_hz), ("--reset-seconds", reset_seconds)):
-        if value is not None and not math.isfinite(value):  # nan/inf break every reader
-            raise bad_input(f"{name} {value}: give a finite number")
-        if value is not None and value < 0:
-            raise bad_input(f"{name} {value}: cannot be negative")
-    if heartbeat_hz is not None and heartbeat_hz == 0:
-        raise bad_input("--heartbeat-hz 0: a live chip's heartbeat must advance")
+    # nan or inf would break every reader of the state; 0 Hz is no heartbeat.
+    if heartbeat_hz is not None:
+        heartbeat_hz = numeric.number(
+            heartbeat_hz, "--heartbeat-hz", low=0, low_open=True, high=1e6, unit="a rate in Hz"
+        )
+    if reset_seconds is not None:
+        reset_seconds = numeric.seconds(reset_seconds, "--reset-seconds")
     with sim_of(host).change() as state:
         now = time.time()
         if heartbeat_hz is not None:

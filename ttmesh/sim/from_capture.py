@@ -28,6 +28,7 @@ from ttmesh.errors import bad_input, from_os_error
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc
 from ttmesh.recovery import capture as cap
+from ttmesh.render import plural
 from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel, from_dict
 
@@ -415,12 +416,12 @@ def _state(rec: Recreation, nodes: dict[str, Node], ls: dict, check: dict) -> No
             unknown += 1
     if rec.links_down:
         say.append(
-            f"{len(rec.links_down)} link(s) down (why they went down, a fault or a job killed "
+            f"{plural(len(rec.links_down), 'link')} down (why they went down, a fault or a job killed "
             "with the fabric open, cannot be told apart)"
         )
     if unknown:
         cannot.append(
-            f"{unknown} link(s) of unknown state (firmware that cannot tell): simulated up"
+            f"{plural(unknown, 'link')} of unknown state (firmware that cannot tell): simulated up"
         )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.plan import LaunchPlan
@@ -98,13 +99,18 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
         where = f"{path}: rank_bindings[{i}]"
         if not isinstance(raw, dict) or "rank" not in raw or "mesh_id" not in raw:
             raise bad_input(f"{where}: needs rank and mesh_id")
-        try:
-            rank, mesh_id = int(raw["rank"]), int(raw["mesh_id"])
-            host_rank = None if raw.get("mesh_host_rank") is None else int(raw["mesh_host_rank"])
-        except (TypeError, ValueError):
-            raise bad_input(f"{where}: rank, mesh_id and mesh_host_rank must be integers")
-        if rank < 0 or mesh_id < 0 or (host_rank is not None and host_rank < 0):
-            raise bad_input(f"{where}: rank, mesh_id and mesh_host_rank cannot be negative")
+        # Whole numbers a job can have (rank: 1e12 would make the gap check below count to it).
+        rank, mesh_id = (
+            numeric.whole(raw[key], f"{where}: {key}", high=numeric.MAX_CHIPS - 1)
+            for key in ("rank", "mesh_id")
+        )
+        host_rank = (
+            None
+            if raw.get("mesh_host_rank") is None
+            else numeric.whole(
+                raw["mesh_host_rank"], f"{where}: mesh_host_rank", high=numeric.MAX_CHIPS - 1
+            )
+        )
         overrides = raw.get("env_overrides") or {}
         if not isinstance(overrides, dict):
             raise bad_input(f"{where}: env_overrides must be a map")
@@ -154,7 +160,7 @@ def rank_units(bf: BindingFile, inv: Inventory, units: list[Unit]) -> list[tuple
             )
         chosen: list[Unit] = []
         for item in (v.strip() for v in visible.split(",") if v.strip()):
-            bdf = by_index.get(int(item)) if item.isdigit() else item.lower()
+            bdf = by_index.get(int(item)) if item.isascii() and item.isdigit() else item.lower()
             if bdf not in by_bdf:
                 raise bad_input(
                     f"{bf.path}: rank {b.rank}: TT_VISIBLE_DEVICES entry {item!r} is no chip here",

@@ -7,6 +7,7 @@ Only what rules and plans need: the Python module or entry point that was run, a
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -28,12 +29,16 @@ class ServerArgs:
         return values[0] if values else None
 
     def numbers(self, flag: str) -> list[float]:
+        """The flag's values that are finite numbers (``nan`` or ``inf`` is no size to check
+        a rule or a memory budget against: the server refuses it itself)."""
         out = []
         for v in self.flags.get(flag, []):
             try:
-                out.append(float(v))
+                number = float(v)
             except ValueError:
-                pass
+                continue
+            if math.isfinite(number):
+                out.append(number)
         return out
 
 

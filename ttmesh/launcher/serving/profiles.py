@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttmesh.errors import bad_input
+from ttmesh import numeric
+from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.serving.args import ServerArgs
 
 # How chips reach the server (``chips:`` in a profile).
@@ -91,20 +92,28 @@ def _load(path: Path) -> Profile:
         if not isinstance(data, dict):
             raise ValueError("not a map")
         ready = data.get("ready") or {}
+        stop = data.get("stop") or {}
+        if not isinstance(ready, dict) or not isinstance(stop, dict):
+            raise ValueError("ready and stop must be maps")
+        where = f"profile {path}:"
         return Profile(
             name=str(data["name"]),
             title=str(data.get("title", "")),
             source=str(data.get("source", "")),
             recognise=dict(data["recognise"]),
-            priority=int(data.get("priority", 0)),
+            priority=numeric.whole(
+                data.get("priority", 0), f"{where} priority", low=-1000, high=1000
+            ),
             chips=str(data.get("chips", CHIPS_PASS)),
             tp_flag=data.get("tp_flag"),
             env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
             defaults={str(k): str(v) for k, v in (data.get("defaults") or {}).items()},
             ready_path=ready.get("http"),
-            ready_timeout=float(ready.get("timeout", 1800)),
+            ready_timeout=numeric.seconds(
+                ready.get("timeout", 1800), f"{where} ready.timeout", zero=False
+            ),
             phases={str(k): str(v) for k, v in (ready.get("phases") or {}).items()},
-            grace=float((data.get("stop") or {}).get("grace", 30)),
+            grace=numeric.seconds(stop.get("grace", 30), f"{where} stop.grace"),
             critical=tuple(str(c) for c in data.get("critical") or ()),
             leftovers=tuple(str(c) for c in data.get("leftovers") or ()),
             rules=tuple(data.get("rules") or ()),
@@ -114,6 +123,8 @@ def _load(path: Path) -> Profile:
             path=str(path),
             extra={k: v for k, v in data.items() if k in ("mesh_device", "failures")},
         )
+    except TTMeshError as exc:  # a bad value: named by its key, with the range to give
+        raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile")
     except (KeyError, TypeError, ValueError) as exc:
         raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
 

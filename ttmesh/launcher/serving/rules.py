@@ -20,6 +20,7 @@ path), ``{env: NAME, equals: V}`` (the environment the server gets), ``{tp: {at_
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -93,9 +94,11 @@ def _floats(texts: list[str | None]) -> list[float]:
     out = []
     for t in texts:
         try:
-            out.append(float(t))  # type: ignore[arg-type]
+            number = float(t)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            pass
+            continue
+        if math.isfinite(number):
+            out.append(number)
     return out
 
 

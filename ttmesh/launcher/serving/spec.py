@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttmesh.errors import bad_input
+from ttmesh import numeric
 from ttmesh.launcher.serving import rules
 from ttmesh.launcher.serving.args import ServerArgs
 from ttmesh.launcher.serving.profiles import (
@@ -21,6 +21,7 @@ from ttmesh.launcher.serving.profiles import (
     Profile,
 )
 from ttmesh.mesh import memory
+from ttmesh.render import plural
 
 
 @dataclass
@@ -82,16 +83,15 @@ def server_tp(
     theirs = args.value(flag) if flag else None
     if theirs is None:
         return tp_size, []
-    try:
-        value = int(theirs)
-    except ValueError:
-        raise bad_input(f"{flag} {theirs!r}: not a number of chips", f"e.g. {flag} 4")
+    value = numeric.whole(
+        theirs, f"{flag}", low=1, high=numeric.MAX_CHIPS, unit="chips", example=f"{flag} 4"
+    )
     if tp_size is not None and tp_size != value:
         finding = rules.Finding(
             "tp-size",
             "error",
             f"ttmesh's --tp-size {tp_size} and the server's {flag} {value} differ: the server "
-            f"would drive {value} chip(s) of the {tp_size} leased",
+            f"would drive {plural(value, 'chip')} of the {tp_size} leased",
             f"drop ttmesh's --tp-size (it is read from {flag}), or make them equal",
         )
         return tp_size, [finding]
@@ -126,10 +126,7 @@ def build(
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here
     port = args.value("--port") or profile.default("--port") or "30000"
-    try:
-        spec.port = int(port)
-    except ValueError:
-        raise bad_input(f"--port {port!r}: not a port number")
+    spec.port = numeric.whole(port, "--port", low=1, high=65535, example="--port 30000")
     spec.ready_timeout = profile.ready_timeout
     spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
     if spec.budget is not None:
@@ -139,7 +136,7 @@ def build(
                 rules.Finding(
                     "memory-weights",
                     "error",
-                    f"the weights need {b.weights_gb:.1f} GB per chip on {tp} chip(s), more than a "
+                    f"the weights need {b.weights_gb:.1f} GB per chip on {plural(tp, 'chip')}, more than a "
                     f"chip's {b.chip_gb:.1f} GB less the {b.symmetric_gb:.1f} GB reserved",
                     "use more chips (--tp-size), or a smaller or quantized model",
                 )

@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.render import plural
 
 STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"
 PROBE_EVERY = 0.5  # seconds between probes until ready
@@ -112,7 +113,9 @@ class Watch(threading.Thread):
                 misses = 0 if status == 200 else misses + 1
                 if misses >= self.failures:
                     said = f"HTTP {status}" if status is not None else "no answer"
-                    self._say(UNHEALTHY, f"{self.url} failed {misses} time(s) in a row ({said})")
+                    self._say(
+                        UNHEALTHY, f"{self.url} failed {plural(misses, 'time')} in a row ({said})"
+                    )
                     return
                 next_health = time.monotonic() + self.health_interval
 

@@ -1,0 +1,587 @@
+"""Numbers are numbers, and output that cannot be written is said (issue 19).
+
+Two classes of hostile input, each tested as a class:
+
+* every number ttmesh reads (a flag, a serving profile's YAML, the environment, a rank
+  binding) is plain, finite and in range: ``nan``, ``inf``, ``1e400``, ``0x10``, ``1_000``,
+  ``True``, ``1.5`` where a count is meant, or a value out of range is one line naming where it
+  came from (the flag as typed, ``profile FILE: stop.grace``, ``SLURM_NNODES``), exit 2;
+* output ttmesh cannot write (stdout closed, ``/dev/full``, a reader gone, a ``--summary-json``
+  on a full disk) is one line and a non-zero exit (74, 141 for a reader gone, 2 for a file the
+  user named), never a traceback, never a silent 0.
+
+Plus the small ones seen by users: a job id starting with ``-``, ``ps`` rows hundreds of
+columns wide, "1 chips".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from conftest import REPO, run_cli, worker
+
+from ttmesh.sim import core
+
+C01 = "0000:01:00.0"
+
+
+def ttmesh_lines(err: str) -> list[str]:
+    """ttmesh's own lines (the simulated-host notice aside); never a traceback."""
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    return [ln for ln in err.splitlines() if not ln.startswith("simulated host: ")]
+
+
+def one_line(err: str) -> str:
+    lines = ttmesh_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("ttmesh: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime directory of the test's own (jobs and run directories go under it)."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
+    return rt
+
+
+# --------------------------------------------------------------------------- numbers: flags
+
+# Every number option or argument of the command line: (the command's words, the option as
+# typed, what it counts). {ROOT} is a simulated host; {V} the value tried.
+L = ["launch", "--root", "{ROOT}", "--dry-run"]
+SECONDS = "seconds"
+POSITIVE = "positive seconds"  # a timeout, an interval: 0 makes no sense
+WHOLE = "whole"
+NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
+    ("launch", [*L, "--tp-size", "1", "--grace", "{V}", "true"], "--grace", SECONDS),
+    ("launch", [*L, "--tp-size", "1", "--shutdown-timeout", "{V}", "true"], "--shutdown-timeout", SECONDS),
+    ("launch", [*L, "--tp-size", "1", "--ready-timeout", "{V}", "true"], "--ready-timeout", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--heartbeat-timeout", "{V}", "true"], "--heartbeat-timeout", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--rdzv-timeout", "{V}", "true"], "--rdzv-timeout", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--health-interval", "{V}", "true"], "--health-interval", POSITIVE),
+    ("launch", [*L, "--tp-size", "{V}", "true"], "--tp-size", WHOLE),
+    ("launch", [*L, "--nproc-per-node", "{V}", "true"], "--nproc-per-node", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--symmetric-dram-mb", "{V}", "true"], "--symmetric-dram-mb", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--master-port", "{V}", "true"], "--master-port", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--max-restarts", "{V}", "true"], "--max-restarts", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--node-rank", "{V}", "true"], "--node-rank", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--health-failures", "{V}", "true"], "--health-failures", WHOLE),
+    ("descriptor", ["descriptor", "--root", "{ROOT}", "--tp-size", "{V}"], "--tp-size", WHOLE),
+    ("descriptor", ["descriptor", "--root", "{ROOT}", "--nproc-per-node", "{V}"], "--nproc-per-node", WHOLE),
+    ("reset", ["reset", "--root", "{ROOT}", "--timeout", "{V}"], "--timeout", POSITIVE),
+    ("reset", ["reset", "--root", "{ROOT}", "--backoff", "{V}"], "--backoff", SECONDS),
+    ("reset", ["reset", "--root", "{ROOT}", "--retries", "{V}"], "--retries", WHOLE),
+    ("top", ["top", "--root", "{ROOT}", "--once", "--interval", "{V}"], "--interval", POSITIVE),
+    ("stop", ["stop", "some-job", "--wait", "{V}"], "--wait", SECONDS),
+    ("sim config", ["sim", "config", "--root", "{ROOT}", "--heartbeat-hz", "{V}"], "--heartbeat-hz", POSITIVE),
+    ("sim config", ["sim", "config", "--root", "{ROOT}", "--reset-seconds", "{V}"], "--reset-seconds", SECONDS),
+    ("sim fault reset-hangs", ["sim", "fault", "--root", "{ROOT}", "reset-hangs", "--", "{V}"], "reset-hangs", SECONDS),
+    ("sim fault reset-fails", ["sim", "fault", "--root", "{ROOT}", "reset-fails", "--times", "{V}"], "--times", WHOLE),
+    ("sim fault link-down", ["sim", "fault", "--root", "{ROOT}", "link-down", C01, "0000:03:00.0", "--channel", "{V}"], "--channel", WHOLE),
+    ("sim create", ["sim", "create", "--system", "quietbox2", "--root", "{NEW}", "--host", "{V}"], "--host", WHOLE),
+    ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--timeout", "{V}"], "--timeout", POSITIVE),
+    ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--retries", "{V}"], "--retries", WHOLE),
+    ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--grace", "{V}"], "--grace", SECONDS),
+]  # fmt: skip
+
+# What is wrong with each bad value, for a duration and for a count.
+BAD_SECONDS = {
+    "nan": "not a number",
+    "inf": "not a number",
+    "-inf": "not a number",
+    "1e400": "too large",
+    "99999999": "too large",  # more than 30 days
+    "-1": "cannot be negative",
+    "0x10": "not a number",
+    "1_000": "not a number",
+    "５": "not a number",  # a full-width digit: float() takes it
+    "": "not a number",
+}
+BAD_WHOLE = {
+    "nan": "not a number",
+    "inf": "not a number",
+    "1.5": "not a whole number",
+    "1e3": "not a whole number",
+    "99999999999999999999": "too large",
+    "-5": "cannot be negative|too small",
+    "0x10": "not a number",
+    "True": "not a number",
+}
+EVERY_VALUE = {"--grace", "--tp-size"}  # every bad value; the other options a few of them
+FEW = {SECONDS: ["nan", "inf", "1e400", "-1"], WHOLE: ["nan", "1.5", "99999999999999999999"]}
+FEW[POSITIVE] = [*FEW[SECONDS], "0"]
+
+
+def _cases() -> list[tuple[list[str], str, str, str]]:
+    out = []
+    for _path, argv, flag, kind in NUMBER_OPTIONS:
+        bad = dict(BAD_WHOLE if kind == WHOLE else BAD_SECONDS)
+        if kind == POSITIVE:
+            bad["0"] = "must be more than 0"
+        values = bad if flag in EVERY_VALUE and argv[0] == "launch" else FEW[kind]
+        out += [(argv, flag, value, bad[value]) for value in values]
+    return out
+
+
+def _shown(value: str) -> str:
+    return repr(value) if not value.strip() else value
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "value", "problem"),
+    _cases(),
+    ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else repr(v),
+)
+def test_every_number_option_refuses_what_is_no_number(
+    qb2: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    flag: str,
+    value: str,
+    problem: str,
+) -> None:
+    """One line naming the option as typed, what is wrong and the range to give; exit 2,
+    nothing changed (read in-process: this is the parser, hundreds of cases)."""
+    import ttmesh.cli
+
+    words = [
+        w.replace("{ROOT}", str(qb2)).replace("{NEW}", str(tmp_path / "new")).replace("{V}", value)
+        for w in argv
+    ]
+    state = (qb2 / core.STATE_FILE).read_bytes()
+    code = ttmesh.cli.run(words)
+    out, err = capsys.readouterr()
+    assert code == 2, (words, out, err)
+    line = one_line(err)
+    assert re.match(rf"ttmesh: {re.escape(flag)} {re.escape(_shown(value))}: ({problem}) \(give ",
+                    line), line  # fmt: skip
+    assert out == ""
+    assert (qb2 / core.STATE_FILE).read_bytes() == state
+    assert not (tmp_path / "new").exists()
+
+
+def _number_params() -> set[tuple[str, str]]:
+    """(command path, option or argument) of every parameter that takes a number."""
+    import importlib
+
+    import ttmesh.cli
+    from ttmesh.cli.options import Number
+
+    numeric = (click.types.IntParamType, click.types.FloatParamType, Number)
+    found: set[tuple[str, str]] = set()
+
+    def walk(cmd: click.Command, path: str) -> None:
+        for p in cmd.params:
+            if isinstance(p.type, numeric):
+                found.add((path, p.opts[0] if isinstance(p, click.Option) else path.split()[-1]))
+                assert isinstance(p.type, Number), f"{path} {p.opts[0]}: not a ttmesh Number"
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    table = {**ttmesh.cli.COMMANDS, **{k: (*v, "") for k, v in ttmesh.cli.HIDDEN.items()}}
+    for name, (module, attribute, *_) in table.items():
+        walk(getattr(importlib.import_module(module), attribute), name)
+    return found
+
+
+def test_the_table_has_every_number_option() -> None:
+    """Every option that takes a number reads it as a ttmesh Number (finite, in range), and
+    the table above tries each: a new option cannot slip past."""
+    aliases = {"--shutdown-timeout": "--grace"}
+    tried = {(path, aliases.get(flag, flag)) for path, _argv, flag, _kind in NUMBER_OPTIONS}
+    missing = _number_params() - tried
+    assert not missing, sorted(missing)
+
+
+def test_a_nan_grace_never_reaches_a_real_launch(qb2: Path) -> None:
+    """The end-to-end case: --grace nan made a SIGKILL that never came; now nothing starts."""
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--grace", "nan",
+                  *worker("exit=0"))  # fmt: skip
+    assert res.code == 2
+    line = one_line(res.err)
+    assert line == ("ttmesh: --grace nan: not a number (give seconds from 0 to 2592000, "
+                    "e.g. --grace 5)"), line  # fmt: skip
+
+
+# --------------------------------------------------------------------------- numbers: profiles
+
+
+def _profile(directory: Path, grace: str = "5", timeout: str = "10", priority: str = "5") -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / "myserv.yaml"
+    path.write_text(
+        "name: myserv\ntitle: a test server\nrecognise:\n  program: myserv.launch\n"
+        f"priority: {priority}\ntp_flag: --tp-size\nready:\n  http: /health\n"
+        f"  timeout: {timeout}\nstop:\n  grace: {grace}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("stop.grace", "-1", "cannot be negative"),
+        ("stop.grace", '"nan"', "not a number"),
+        ("stop.grace", "1.0e400", "too large"),
+        ("stop.grace", "true", "not a number"),
+        ("stop.grace", "[1]", "not a number"),
+        ("ready.timeout", "0", "must be more than 0"),
+        ("ready.timeout", '"inf"', "not a number"),
+        ("priority", "1.5", "not a whole number"),
+    ],
+)
+def test_a_profiles_numbers_are_named_by_file_and_key(
+    qb2: Path, tmp_path: Path, key: str, value: str, problem: str
+) -> None:
+    """A bad number in a profile names the profile and its key, never a flag the user did not
+    type (``stop.grace: -1`` was reported as ``--grace -1.0``)."""
+    kw = {"stop.grace": "grace", "ready.timeout": "timeout", "priority": "priority"}[key]
+    path = _profile(tmp_path / "profiles", **{kw: value})
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", "-m", "myserv.launch",
+                  env={"TTMESH_PROFILES": str(path.parent)})  # fmt: skip
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    assert line.startswith(f"ttmesh: profile {path}: {key} "), line
+    assert f": {problem} (give " in line and "--grace" not in line and "--ready" not in line
+
+
+# --------------------------------------------------------------------------- numbers: environment
+
+SLURM = {"SLURM_JOB_NODELIST": "n[0-1]", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+         "SLURM_NNODES": "2"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "extra", "var"),
+    [
+        ({**SLURM, "SLURM_NNODES": "abc"}, [], "SLURM_NNODES"),
+        ({**SLURM, "SLURM_NNODES": "99999999999999999999"}, [], "SLURM_NNODES"),
+        ({**SLURM, "SLURM_NODEID": "x"}, [], "SLURM_NODEID"),
+        ({**SLURM, "SLURM_NODEID": "-1"}, [], "SLURM_NODEID"),
+        ({**SLURM, "SLURM_NODEID": "5"}, [], "SLURM_NODEID"),
+        ({**SLURM, "SLURM_JOB_NODELIST": "n[0-99999999999]"}, [], "SLURM_JOB_NODELIST"),
+        (
+            {"OMPI_COMM_WORLD_RANK": "zz", "TTMESH_AGENT": "1"},
+            ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"],
+            "OMPI_COMM_WORLD_RANK",
+        ),
+    ],
+    ids=lambda v: next(iter(v.items()))[0] if isinstance(v, dict) and len(v) < 3 else None,
+)
+def test_numbers_from_the_environment_are_named_by_their_variable(
+    qb2: Path, env: dict[str, str], extra: list[str], var: str
+) -> None:
+    """Slurm's and mpirun's numbers are read strictly too: one line naming the variable, not
+    an internal error, a flag the user never typed, or a host list of 10^11 names."""
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", *extra, "--dry-run", "true",
+                  env=env, timeout=30)  # fmt: skip
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    assert line.startswith(f"ttmesh: {var} "), line
+    assert "internal error" not in line and "--node-rank" not in line.split(":")[1]
+
+
+# --------------------------------------------------------------------------- numbers: rank bindings
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("1.5", "not a whole number"),
+        ("true", "not a number"),
+        ("1.0e400", "too large"),
+        ("99999999999", "too large"),
+        ("-1", "cannot be negative"),
+        ('"nan"', "not a number"),
+    ],
+)
+def test_rank_binding_numbers(qb2: Path, tmp_path: Path, value: str, problem: str) -> None:
+    """``rank: 1.5`` was rank 1, ``rank: 99999999999`` hung ttmesh counting the gap to it."""
+    (tmp_path / "m.textproto").write_text("mesh {}\n")
+    path = tmp_path / "b.yaml"
+    path.write_text(
+        "rank_bindings:\n"
+        f'  - {{rank: 0, mesh_id: 0, env_overrides: {{TT_VISIBLE_DEVICES: "{C01}"}}}}\n'
+        f'  - {{rank: {value}, mesh_id: 0, env_overrides: {{TT_VISIBLE_DEVICES: "0000:03:00.0"}}}}\n'
+        f"mesh_graph_desc_path: {tmp_path / 'm.textproto'}\n"
+    )
+    res = run_cli("launch", "--root", str(qb2), "--rank-binding", str(path), "--dry-run", "true",
+                  timeout=30)  # fmt: skip
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    assert line.startswith(f"ttmesh: {path}: rank_bindings[1]: rank "), line
+    assert f": {problem} (give " in line
+
+
+# --------------------------------------------------------------------------- output: stdout
+
+PY = [sys.executable, "-m", "ttmesh"]
+
+
+def _env(unbuffered: bool, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "COLUMNS")}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **more}
+
+
+def run_redirected(args: list[str], redirect: str, unbuffered: bool = False, **env: str):
+    """``ttmesh ARGS`` with the shell redirection ``redirect`` (``>&-``, ``>/dev/full``,
+    ``2>&-``...); what the other stream says is captured."""
+    proc = subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", *PY, *args],
+        capture_output=True, text=True, timeout=60, env=_env(unbuffered, **env),
+    )  # fmt: skip
+    return proc
+
+
+STDOUT_COMMANDS = [
+    ["ls", "--root", "{ROOT}"],
+    ["ls", "--root", "{ROOT}", "--json"],
+    ["check", "--root", "{ROOT}"],
+    ["check", "--root", "{ROOT}", "--json"],
+    ["ps"],
+    ["ps", "--all", "--json"],
+    ["top", "--root", "{ROOT}", "--once"],
+    ["top", "--root", "{ROOT}", "--json"],
+    ["reset", "--root", "{ROOT}", "--json"],
+    ["sim", "show", "--root", "{ROOT}"],
+    ["sim", "systems"],
+    ["profiles"],
+    ["profiles", "--json"],
+    ["descriptor", "--root", "{ROOT}"],
+    ["launch", "--root", "{ROOT}", "--tp-size", "1", "--dry-run", "true"],
+    ["launch", "--root", "{ROOT}", "--tp-size", "1", "--dry-run", "--json", "true"],
+    ["--help"],
+    ["launch", "--help"],
+    ["--version"],
+    ["ls", "--root", "/nonexistent", "--json"],  # a failure's JSON document, unwritable too
+]
+LINES = {
+    ">&-": "ttmesh: cannot write to stdout: it is closed (give it a file, or > /dev/null)",
+    ">/dev/full": (
+        "ttmesh: cannot write to stdout: No space left on device (free some space, or write "
+        "elsewhere)"
+    ),
+}
+
+
+@pytest.mark.parametrize("redirect", list(LINES))
+@pytest.mark.parametrize("args", STDOUT_COMMANDS, ids=" ".join)
+def test_every_command_says_when_stdout_cannot_be_written(
+    qb2: Path, runtime: Path, args: list[str], redirect: str
+) -> None:
+    """One line, exit 74 (a command that failed keeps its code), never a traceback or a 0
+    (users' shells do not set PYTHONUNBUFFERED: block-buffered output fails at the end)."""
+    res = run_redirected([a.replace("{ROOT}", str(qb2)) for a in args], redirect)
+    lines = ttmesh_lines(res.stderr)
+    expected = 2 if "/nonexistent" in args else 74
+    assert res.returncode == expected, res.stderr
+    assert lines[-1] == LINES[redirect], res.stderr
+    assert sum("cannot write" in ln for ln in lines) == 1, res.stderr
+
+
+@pytest.mark.parametrize("redirect", list(LINES))
+@pytest.mark.parametrize("args", [["ls", "--root", "{ROOT}"], ["ps", "--all", "--json"],
+                                  ["--help"]], ids=" ".join)  # fmt: skip
+def test_unbuffered_stdout_that_cannot_be_written(
+    qb2: Path, runtime: Path, args: list[str], redirect: str
+) -> None:
+    """With PYTHONUNBUFFERED (this machine's shells) the first write fails, mid-command."""
+    res = run_redirected([a.replace("{ROOT}", str(qb2)) for a in args], redirect, True)
+    assert res.returncode == 74, res.stderr
+    assert ttmesh_lines(res.stderr) == [LINES[redirect]]
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+@pytest.mark.parametrize(
+    "args", [["ls", "--root", "{ROOT}"], ["ls", "--root", "{ROOT}", "--json"], ["--help"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_a_reader_that_went_away_is_a_quiet_end(
+    qb2: Path, args: list[str], unbuffered: bool
+) -> None:
+    """``ttmesh ls | head -0``: as a Unix tool killed by SIGPIPE, quietly, exit 141."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before ttmesh writes
+    try:
+        proc = subprocess.run(
+            [*PY, *(a.replace("{ROOT}", str(qb2)) for a in args)], stdout=w,
+            stderr=subprocess.PIPE, text=True, timeout=60, env=_env(unbuffered),
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, proc.stderr
+    assert ttmesh_lines(proc.stderr) == []
+
+
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_stderr_that_cannot_be_written(qb2: Path, tmp_path: Path, redirect: str) -> None:
+    """The notice (or an error) on stderr cannot be written: the listing still arrives, and
+    the exit says something was lost (74); an error keeps its own code."""
+    out = tmp_path / "out"
+    res = run_redirected(["ls", "--root", str(qb2)], f">{out} {redirect}")
+    assert res.returncode == 74
+    assert "Ethernet links: 8 up" in out.read_text()
+    res = run_redirected(["ls", "--root", str(tmp_path / "missing")], f">{out} {redirect}")
+    assert res.returncode == 2
+
+
+@pytest.mark.parametrize("redirect", list(LINES))
+def test_a_jobs_output_that_cannot_be_written(qb2: Path, runtime: Path, redirect: str) -> None:
+    """The ranks' console is lost: said once, the job goes on and ends with its own code."""
+    code = "import sys; print('hello'); sys.stdout.flush(); sys.exit(3)"
+    res = run_redirected(["launch", "--root", str(qb2), "--tp-size", "1", "--",
+                          sys.executable, "-c", code], redirect)  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    lines = ttmesh_lines(res.stderr)
+    lost = [ln for ln in lines if "cannot write the ranks' output to stdout" in ln]
+    assert len(lost) == 1 and "--log-dir keeps every line" in lost[0], res.stderr
+    assert not any("supervisor error" in ln for ln in lines), res.stderr
+    assert lines[-1] == "ttmesh: exit 3: rank 0's exit code"
+
+
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_a_job_whose_messages_cannot_be_written_keeps_its_code(
+    qb2: Path, runtime: Path, tmp_path: Path, redirect: str
+) -> None:
+    """Once the job runs, its code is ttmesh's: a notice lost on stderr does not turn a job
+    that succeeded into a failure (nor a failed one into 74)."""
+    out = tmp_path / "out"
+    for code in (0, 3):
+        job = f"import sys; print('hello'); sys.exit({code})"
+        res = run_redirected(["launch", "--root", str(qb2), "--tp-size", "1", "--",
+                              sys.executable, "-c", job], f">{out} {redirect}")  # fmt: skip
+        assert res.returncode == code
+        assert out.read_text() == "[r0] hello\n"
+
+
+# --------------------------------------------------------------------------- output: files named
+
+FULL = "/dev/full"
+SUMMARY_LINE = (
+    f"ttmesh: cannot write --summary-json {FULL}: No space left on device (free some space)"
+)
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full")
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [(["--tp-size", "1", *worker("exit=0")], 2), (["--tp-size", "1", *worker("exit=5")], 5),
+     (["--tp-size", "99", *worker("exit=0")], 2)],
+    ids=["succeeded", "failed", "refused"],
+)  # fmt: skip
+def test_a_summary_that_cannot_be_written_is_said(
+    qb2: Path, runtime: Path, command: list[str], code: int
+) -> None:
+    """A job that failed keeps the worker's code; one that succeeded ends 2 (a script must
+    not take 0 with no summary); a refusal keeps its code. Always one line naming the file."""
+    res = run_cli("launch", "--root", str(qb2), "--summary-json", FULL, *command)
+    assert res.code == code, res.err
+    lines = ttmesh_lines(res.err)
+    assert lines.count(SUMMARY_LINE) == 1, res.err
+    if code == 5:
+        assert lines[-1] == "ttmesh: exit 5: rank 0's exit code"
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full")
+def test_a_rank_binding_export_that_cannot_be_written(qb2: Path, tmp_path: Path) -> None:
+    res = run_cli("descriptor", "--root", str(qb2), "--mesh-layout", "mesh", "-o",
+                  str(tmp_path / "out"), "--export-rank-binding", FULL)  # fmt: skip
+    assert res.code == 2
+    assert one_line(res.err) == (
+        f"ttmesh: cannot write --export-rank-binding {FULL}: No space left on device "
+        "(free some space)"
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_capture_never_replaces_a_device_or_fifo(qb2: Path, tmp_path: Path, kind: str) -> None:
+    """``doctor --capture /dev/null --force`` as root replaced /dev/null with an archive."""
+    target = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("mknod needs root")
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    for force in ([], ["--force"]):
+        res = run_cli("doctor", "--root", str(qb2), "--capture", str(target), *force)
+        assert res.code == 2, res.err
+        what = "a FIFO" if kind == "fifo" else "a character device"
+        assert one_line(res.err) == (
+            f"ttmesh: --capture {target} is {what}, not a file (give a new file name)"
+        )
+        mode = os.lstat(target).st_mode
+        assert stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISCHR(mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kind]  # no temporary file left
+
+
+# --------------------------------------------------------------------------- the smaller ones
+
+
+@pytest.mark.parametrize("job", ["-x", "-rf", "-"])
+def test_a_job_id_starting_with_a_dash_is_refused(qb2: Path, runtime: Path, job: str) -> None:
+    """``--job-id -x`` was accepted, then ``ttmesh stop -x`` read it as an option."""
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", f"--job-id={job}",
+                  *worker("exit=0"))  # fmt: skip
+    assert res.code == 2
+    assert one_line(res.err).startswith(f"ttmesh: --job-id {job!r}: not a valid name")
+    assert not (runtime / "ttmesh" / "runs" / job).exists()
+    res = run_cli("stop", "--", job)
+    assert res.code == 2
+    assert one_line(res.err).startswith(f"ttmesh: JOB {job!r}: not a valid name")
+
+
+def test_ps_rows_fit_the_width(qb2: Path, runtime: Path) -> None:
+    """One long command (or state) made every row of ``ps --all`` 600 columns wide: a row
+    fits (160 columns in a pipe, COLUMNS when set) with an ellipsis; --json keeps it whole."""
+    long = "a" * 600
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", "longjob",
+                  "--", sys.executable, "-c", "pass", long)  # fmt: skip
+    assert res.code == 0, res.err
+    for columns, width in ((None, 160), ("100", 100)):
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        if columns:
+            env["COLUMNS"] = columns
+        proc = subprocess.run([*PY, "ps", "--all"], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        rows = proc.stdout.splitlines()
+        assert max(len(r) for r in rows) <= width, proc.stdout
+        row = next(r for r in rows if r.startswith("longjob "))
+        assert row.endswith("…"), row
+    jobs = json.loads(run_cli("ps", "--all", "--json").out)["jobs"]
+    assert next(j for j in jobs if j["job"] == "longjob")["command"][-1] == long
+
+
+def test_one_chip_is_one_chip(make_sim, tmp_path: Path) -> None:
+    """ "1 chips": every count goes through render.plural."""
+    res = run_cli("sim", "create", "--system", "n150", "--root", str(tmp_path / "n150"))
+    assert res.code == 0, res.err
+    assert "(1 chip) at" in res.out
+    root = make_sim("n150")
+    res = run_cli("launch", "--root", str(root), "--tp-size", "2", "--dry-run", "true")
+    assert res.code == 2
+    assert one_line(res.err).startswith("ttmesh: tp-size 2: this host has 1 chip (")
+
+
+def test_no_message_says_s_in_parentheses() -> None:
+    """No "chip(s)", "link(s)", "attempt(s)" in what ttmesh prints: counts agree with their
+    noun (render.plural, render.noun)."""
+    found = []
+    for path in sorted((REPO / "ttmesh").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"""["'][^"']*[a-z]\(s\)""", line):
+                found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,9 @@ import pytest
 from conftest import REPO, SESSION
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-DEPS = ["click>=8.1", "psutil>=5.9", "pyyaml>=6.0", "rich>=13", "protobuf>=4.25"]
+# ttmesh's own dependencies, as pyproject.toml lists them (the venv on the system's Python runs
+# ttmesh from the checkout, so it needs exactly these).
+DEPS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
 KINDS = ("file", "dir", "missing", "unreadable")
 C01 = "0000:01:00.0"
 

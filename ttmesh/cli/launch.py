@@ -293,7 +293,10 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
 )
 @click.option(
-    "--ready-pattern", metavar="REGEX", help="A line of output that means a rank is ready."
+    "--ready-pattern",
+    metavar="REGEX",
+    help="A line of output that means a rank is ready (RE2 syntax: no backreferences or "
+    "lookaround; matched in linear time).",
 )
 @click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
 @click.option(
@@ -518,12 +521,12 @@ def launch_cmd(
     if ready_timeout is not None and ready_timeout <= 0:
         raise bad_input(f"--ready-timeout {ready_timeout}: must be positive")
     if ready_pattern is not None:
-        import re
+        from ttmesh.patterns import PatternError, compile_pattern
 
         try:
-            re.compile(ready_pattern)
-        except re.error as exc:
-            raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
+            compile_pattern(ready_pattern)  # matched in linear time by the guardian
+        except PatternError as exc:
+            raise bad_input(f"--ready-pattern {ready_pattern!r}: {exc}", exc.hint)
     shown_ranks = _ranks(ranks_filter)
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:

@@ -24,7 +24,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import selectors
 import signal
 import sys
@@ -41,6 +40,7 @@ from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
+from ttmesh.patterns import compile_pattern
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -420,7 +420,8 @@ class Guardian:
         self.ready: set[int] = set()
         self.registered = False  # the host heard which workers hold which chips
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
-        self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
+        # RE2, linear in the line: a pattern that backtracks must not make the guardian deaf.
+        self.ready_re = compile_pattern(plan.ready_pattern) if plan.ready_pattern else None
         self.server: Server | None = None
         if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
             from ttmesh.launcher.serving.server import Server
@@ -728,7 +729,12 @@ class Guardian:
     # -- readiness (hang detection)
 
     def _on_line(self, rank: int, line: str) -> None:
-        if rank >= 0 and self.ready_re is not None and self.ready_re.search(line):
+        if (
+            rank >= 0
+            and self.ready_re is not None
+            and rank not in self.ready  # once ready, a rank's lines need no matching
+            and self.ready_re.search(line)
+        ):
             self.ready.add(rank)
         if rank >= 0 and self.observer is not None:
             self.last_lines[rank] = line[:LINE_WIDTH]

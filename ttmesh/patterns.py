@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["Matcher", "PatternError", "compile_pattern"]
 
@@ -28,7 +28,9 @@ class Matcher(Protocol):
     @property
     def pattern(self) -> str: ...
 
-    def search(self, text: str) -> object | None: ...
+    def search(self, text: str) -> Any:
+        """A match (``group(n)``, as ``re``'s) or None."""
+        ...
 
 
 class PatternError(ValueError):

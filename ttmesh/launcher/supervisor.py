@@ -95,6 +95,9 @@ class AttemptResult:
     # [code, message, hint]: a check still running as the ranks started refused the job (a
     # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
     refusal: list[Any] | None = None
+    # [message, hint]: a rank's program never ran (not found, not executable): nothing ran, the
+    # launcher refuses with this one line (code 127 or 126, as a shell), no restart.
+    unstarted: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -454,12 +457,15 @@ class Guardian:
         self.running = {r.rank for r in self.plan.ranks} - {e.rank for e in failed}
         if not self.starter.has_launcher:
             self.running &= set(self.starter.pids)
+        elif failed:  # mpirun never started: no rank runs (waiting for one would be forever)
+            self.running = set()
         self.phase = Phase.RUNNING
         if self.server is not None and 0 in self.starter.pids:
             wake = self.server.start(self.starter.pids[0])
             self.selector.register(wake, selectors.EVENT_READ, "serving")
         for ended in failed:
-            self._emit(f"rank {ended.rank}: {ended.how}")
+            if ended.started:  # one that never ran is the launcher's one line (AttemptResult)
+                self._emit(f"rank {ended.rank}: {ended.how}")
         self._ended(failed)
 
     # -- the loop
@@ -486,6 +492,7 @@ class Guardian:
         self._register()
         self._write_record()
         try:
+            self._step()  # a rank that never started may have ended the attempt already
             while self.phase is not Phase.DONE:
                 for key, _ in self.selector.select(self._timeout()):
                     if key.data == "signals":
@@ -934,6 +941,16 @@ class Guardian:
         failure = self.first_failure
         if failure is None:
             return base
+        if not failure.started:  # its program never ran: one line, no restart
+            rank = self.plan.ranks[failure.rank]
+            line = f"rank {failure.rank + self.plan.rank_offset}"
+            if rank.bdfs:
+                line += f" ({', '.join(rank.bdfs)})"
+            line += f" {failure.how}"
+            return replace(
+                base, code=failure.code, source=Source.TTMESH, rank=failure.rank, reason=line,
+                interrupted=True, unstarted=[line, failure.hint],
+            )  # fmt: skip
         if failure.rank < 0:  # the launcher itself failed
             return replace(
                 base, code=failure.code, source=Source.TTMESH, reason=failure.how,

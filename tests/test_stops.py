@@ -18,7 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, run_cli, start_launch, worker
+from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
+
+from ttmesh.runtime import jobs
 
 HANG = 30.0  # seconds: a hang guard, never a timed assertion
 CATASTROPHIC = "(a+)+$"  # exponential in Python's re against "aaaa...a!"
@@ -173,3 +175,126 @@ def test_a_profiles_model_pattern_re2_cannot_run_is_refused(qb2: Path, tmp_path:
     assert len(lines) == 1 and "Traceback" not in res.err, res.err
     assert "hostile.yaml: rule model-rule: model pattern" in lines[0], res.err
     assert "backreference" in lines[0], res.err
+
+
+# --------------------------------------------------------------------------- stopped processes
+
+
+def _state(pid: int) -> str | None:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+    return None
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and await it stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: _state(pid) == "T", timeout=HANG, what=f"pid {pid} stopped")
+
+
+def _guardian(front: int) -> int:
+    found: list[int] = []
+
+    def known() -> bool:
+        with contextlib.suppress(psutil.Error):
+            found[:] = [c.pid for c in psutil.Process(front).children()]
+        return bool(found)
+
+    wait_for(known, timeout=HANG, what="the guardian")
+    return found[0]
+
+
+def _job(qb2: Path, tmp_path: Path, name: str, *actions: str, grace: str = "300"):
+    """A one-rank job whose worker wrote its pid; (ttmesh, job id, the worker's pid)."""
+    job = f"{name}-{os.getpid()}"
+    proc = start_launch(qb2, "--tp-size", "1", "--grace", grace, "--job-id", job,
+                        *worker(f"pids={tmp_path}", *actions), env=USERS_SHELL)  # fmt: skip
+    wait_for(lambda: (tmp_path / "rank0.pid").exists(), timeout=HANG, what="the worker")
+    return proc, job, int((tmp_path / "rank0.pid").read_text())
+
+
+def _status(job: str) -> str | None:
+    record = next((r for r in jobs.every() if r["job"] == job), None)
+    return record.get("status") if record else None
+
+
+def test_ttmesh_stop_of_a_stopped_ttmesh_is_honoured(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """The issue's case exactly: ``kill -STOP`` ttmesh, ``ttmesh stop JOB``, and the rank goes on
+    to end by itself; ``kill -CONT`` after that. The SIGTERM waited, pending, in the stopped
+    ttmesh, and the job exited 0 "every rank succeeded". ``ttmesh stop`` continues a stopped
+    ttmesh now (as a shell's kill does a stopped job): the job ends as stopped."""
+    done = tmp_path / "done"
+    proc, job, rank = _job(qb2, tmp_path, "stopped", f"await={done}", "exit=0")
+    with _cleanup(proc):
+        _stop(proc.pid)
+        stop = run_cli("stop", job, "--wait", "0")
+        assert stop.code == 0, stop.err
+        done.touch()  # the rank may end by itself now: ttmesh was told to stop it first
+        wait_for(lambda: not alive(rank), timeout=HANG, what="the rank's end")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+        _out, err = proc.communicate(timeout=HANG)
+    assert f"pid {proc.pid} was stopped (SIGSTOP): continued it" in stop.out, stop.out
+    assert proc.returncode == 143, err
+    assert _status(job) == "terminated (SIGTERM)"
+
+
+def test_a_stop_a_stopped_ttmesh_could_not_act_on_is_said(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """SIGTERM straight to a stopped ttmesh (nothing continues it) and every rank ends by itself
+    before ``kill -CONT``: nothing is left to stop, and ttmesh says so rather than drop it."""
+    done = tmp_path / "done"
+    proc, job, _rank = _job(qb2, tmp_path, "dropped", f"await={done}", "exit=0")
+    with _cleanup(proc):
+        guardian = _guardian(proc.pid)
+        _stop(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)
+        done.touch()
+        # The guardian ends once its rank has; ttmesh, stopped, has not reaped it yet.
+        wait_for(lambda: _state(guardian) in ("Z", None), timeout=HANG, what="the guardian's end")
+        os.kill(proc.pid, signal.SIGCONT)
+        _out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 0, err
+    assert (
+        "ttmesh: SIGTERM (sent while ttmesh was stopped) came after every rank had ended: "
+        "nothing was left to stop"
+    ) in err, err
+    assert _status(job) == "every rank succeeded"
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ttmesh stop"])
+def test_a_stop_reaches_a_stopped_guardian(
+    qb2: Path, runtime: Path, tmp_path: Path, how: str
+) -> None:
+    """The guardian SIGSTOPped: the stop ttmesh forwarded waited in it for ever (the job ran on,
+    ``ttmesh stop`` gave up after --wait). ttmesh continues it after forwarding a stop."""
+    proc, job, rank = _job(qb2, tmp_path, "guardian-stopped")
+    with _cleanup(proc):
+        guardian = _guardian(proc.pid)
+        _stop(guardian)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            stop = run_cli("stop", job, "--wait", str(HANG))
+            assert stop.code == 0, stop.err + stop.out
+        _out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 143, err
+    assert f"the supervisor (pid {guardian}) was stopped (SIGSTOP): continued it" in err, err
+    assert not alive(rank)
+
+
+def test_a_stopped_rank_handles_its_sigterm_within_the_grace(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """A rank SIGSTOPped when the job is stopped sat on its SIGTERM until the grace ran out and
+    SIGKILL came: it is continued right after its SIGTERM now, and handles it."""
+    proc, _job_id, rank = _job(qb2, tmp_path, "rank-stopped", "on-term=7")
+    with _cleanup(proc):
+        _stop(rank)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=HANG)  # the grace (300 s) is not waited out
+    assert proc.returncode == 143, err
+    assert (tmp_path / "rank0.term").exists(), "the rank never handled its SIGTERM"

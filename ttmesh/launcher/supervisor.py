@@ -41,6 +41,7 @@ from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.patterns import compile_pattern
+from ttmesh.render import note
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -213,8 +214,10 @@ def run_attempt(
         os.close(events_w)
     previous = {}
     stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
+    continued: list[int] = []  # the front was stopped (SIGSTOP) and continued meanwhile
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, functools.partial(_forward, pid, stops))
+    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: continued.append(1))
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         if on_start is not None:
@@ -234,6 +237,15 @@ def run_attempt(
     _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
     if data:
         result = AttemptResult.from_json(json.loads(data))
+        if stops and result.code == 0 and not result.interrupted:
+            # Every rank had succeeded before the stop could be acted on (typically: it was
+            # sent while ttmesh itself was stopped, SIGSTOP, and every rank ended meanwhile).
+            # Nothing was left to stop: say so, rather than drop it silently.
+            why = " (sent while ttmesh was stopped)" if continued else ""
+            note(
+                f"{procs.signal_name(stops[0])}{why} came after every rank had ended: "
+                "nothing was left to stop"
+            )
         if stops and result.code != 0 and not result.interrupted:
             # A stop the guardian did not act on: it came as a failed attempt ended (the
             # verdict was being made), or while a restartable stop (a hang) was under way.
@@ -318,10 +330,25 @@ def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
 
 
 def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> None:
-    if sig == signal.SIGINT or sig in STOPPING:
+    stop = sig == signal.SIGINT or sig in STOPPING
+    if stop:
         stops.append(sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+    if not stop:
+        return
+    # A stopped guardian (SIGSTOP) would hold the stop, pending, as long as it stays stopped:
+    # continue it, so the job stops (as systemd does after its SIGTERM, systemd.kill(5)).
+    if procs.continue_stopped(pid):
+        _say(f"the supervisor (pid {pid}) was stopped (SIGSTOP): continued it, to stop the job")
+    elif procs.state(pid) == "t":
+        _say(f"the supervisor (pid {pid}) is held by a debugger: the stop waits for it")
+
+
+def _say(message: str) -> None:
+    """A line from a signal handler: straight to fd 2 (no stream buffer in between)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"ttmesh: {message}\n".encode())
 
 
 def _wait(pid: int) -> int:
@@ -684,10 +711,15 @@ class Guardian:
             self.signalled.update(
                 self.starter.pids[r] for r in self.running if r in self.starter.pids
             )
+            # SIGCONT right after: a rank stopped (SIGSTOP) gets to handle its SIGTERM within
+            # the grace, rather than sit on it until SIGKILL (systemd.kill(5) does the same).
             if self.server is not None:  # its own drain first: SIGTERM to the main process only
-                procs.signal_pids(list(self.starter.pids.values()), signal.SIGTERM)
+                main = list(self.starter.pids.values())
+                procs.signal_pids(main, signal.SIGTERM)
+                procs.signal_pids(main, signal.SIGCONT)
             else:
                 procs.signal_groups(self.starter.groups(), signal.SIGTERM)
+                procs.signal_groups(self.starter.groups(), signal.SIGCONT)
 
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
@@ -731,6 +763,7 @@ class Guardian:
         fresh = [p for p in left if p not in self.signalled]
         self.signalled.update(fresh)
         procs.signal_pids(fresh, signal.SIGTERM)
+        procs.signal_pids(fresh, signal.SIGCONT)
         return False
 
     # -- readiness (hang detection)

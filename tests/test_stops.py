@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -298,3 +299,37 @@ def test_a_stopped_rank_handles_its_sigterm_within_the_grace(
         _out, err = proc.communicate(timeout=HANG)  # the grace (300 s) is not waited out
     assert proc.returncode == 143, err
     assert (tmp_path / "rank0.term").exists(), "the rank never handled its SIGTERM"
+
+
+# --------------------------------------------------------------------------- what a drain says
+
+DRAINING = re.compile(r"^ttmesh: draining, (?:\d+|\d\.\d) s left \((.+)\)$", re.M)
+GRACE_OVER = "ttmesh: grace over: SIGKILL of {} processes"
+
+
+def test_a_drain_says_what_it_waits_for_and_what_it_kills(qb2: Path, tmp_path: Path) -> None:
+    """A failure stops the other ranks; two of them ignore SIGTERM. The grace used to pass in
+    silence: now the drain says it began (with how long is left and for what), then what the
+    end of the grace killed, before the job's end."""
+    res = run_cli(
+        "launch", "--root", str(qb2), "--tp-size", "3", "--grace", "1",
+        *worker("ignore-term", f"pids={tmp_path}", f"await={tmp_path / 'rank1.pid'}",
+                f"await={tmp_path / 'rank2.pid'}", "fail-rank=0:3"),
+        env=USERS_SHELL, timeout=HANG * 2,
+    )  # fmt: skip
+    assert res.code == 3, res.err
+    lines = res.err.splitlines()
+    draining = [i for i, ln in enumerate(lines) if DRAINING.match(ln)]
+    assert draining, res.err
+    assert DRAINING.match(lines[draining[0]]).group(1) == "2 ranks still running", res.err
+    over = lines.index(GRACE_OVER.format(2))
+    assert draining[0] < over < lines.index("ttmesh: exit 3: rank 0's exit code"), res.err
+
+
+def test_a_drain_of_leftovers_says_so(qb2: Path, tmp_path: Path) -> None:
+    """Every rank succeeded, a process one started lingers: it is swept with the same words."""
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--grace", "30",
+                  *worker(f"child={tmp_path}", "exit=0"), env=USERS_SHELL, timeout=HANG * 2)  # fmt: skip
+    assert res.code == 0, res.err
+    found = DRAINING.findall(res.err)
+    assert found == ["1 leftover process"], res.err

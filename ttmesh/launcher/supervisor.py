@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import selectors
 import signal
@@ -69,6 +70,7 @@ DRAIN = 0.5  # seconds to read what the pipes still hold once every process is g
 TICK = 0.05  # the front's observer hears at least this often while an attempt runs
 LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
+DRAIN_SAY = 5.0  # seconds between "draining, N s left" lines while a grace runs
 
 __all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
 
@@ -408,6 +410,7 @@ class Stop:
         False  # not ready in time, unhealthy: a restart may help (not a user's stop)
     )
     user: bool = False  # the user stopped the job (a signal to ttmesh)
+    quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
 
 
 class Guardian:
@@ -445,6 +448,11 @@ class Guardian:
         self.stop: Stop | None = None
         self.deadline: float | None = None  # when SIGTERM was sent: the end of the grace
         self.killed = False  # SIGKILL sent
+        # What the drain last said (docs/recovery.md: the words are stable): when, about what
+        # ("ranks" still running, or "leftovers" once they ended), and the live view's detail.
+        self.drain_said = 0.0
+        self.drain_kind = ""
+        self.drain_detail = ""
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
         self.fabric: set[int] = set()  # ranks that brought the fabric up
         self.ready: set[int] = set()
@@ -554,7 +562,12 @@ class Guardian:
                     if progress:
                         self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
+            left = len(procs.live_descendants(self.pid))
+            if left:
+                self._say_grace_over(left)
             self._kill()
+        if self.running:
+            self._say_drain(len(self.running))
         if not self.running and self.phase is not Phase.DRAINING:
             self.phase = Phase.DRAINING
         if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
@@ -595,7 +608,7 @@ class Guardian:
             return
         self.refusal, self.pending = self.pending.refusal, None
         if self.refusal is not None:
-            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code))
+            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
 
     # -- events
 
@@ -764,7 +777,39 @@ class Guardian:
         self.signalled.update(fresh)
         procs.signal_pids(fresh, signal.SIGTERM)
         procs.signal_pids(fresh, signal.SIGCONT)
+        self._say_drain(0, len(left))
         return False
+
+    # -- what a drain says (stable words: docs/recovery.md, "Stopping and draining")
+
+    def _say_drain(self, ranks: int, leftovers: int = 0) -> None:
+        """While a grace runs: "draining, N s left" with what is waited for, when the drain
+        begins, when it moves from ranks to their leftovers, and every DRAIN_SAY seconds; the
+        live view's detail each second."""
+        if self.deadline is None or self.killed or not (ranks or leftovers):
+            return
+        if self.stop is not None and self.stop.quiet:
+            return
+        now = time.monotonic()
+        left = max(0.0, self.deadline - now)
+        head = f"draining, {_seconds(left)} s left"
+        self.drain_detail = f"draining, {math.ceil(left)} s left"  # the view: once a second
+        kind = "ranks" if ranks else "leftovers"
+        if kind == self.drain_kind and now - self.drain_said < DRAIN_SAY:
+            return
+        self.drain_kind, self.drain_said = kind, now
+        if ranks:
+            what = f"{ranks} rank{'s' if ranks != 1 else ''} still running"
+        else:
+            what = f"{leftovers} leftover process{'es' if leftovers != 1 else ''}"
+        self._emit(f"{head} ({what})")
+
+    def _say_grace_over(self, count: int) -> None:
+        if self.stop is not None and self.stop.quiet:
+            return
+        line = f"grace over: SIGKILL of {count} process{'es' if count != 1 else ''}"
+        self.drain_detail = line
+        self._emit(line)
 
     # -- readiness (hang detection)
 
@@ -802,9 +847,13 @@ class Guardian:
             observer.rank_ready(rank)
         self._send_lines()
         phase = self._job_phase()
-        if phase is not None and phase != self.shown["phase"]:
-            self.shown["phase"] = phase
-            observer.phase(phase)
+        detail = self.drain_detail if phase in (JobPhase.STOPPING, None) else ""
+        if detail and phase is None:  # leftovers of ranks that all succeeded: still a drain
+            phase = JobPhase.STOPPING
+        shown = (phase, detail)
+        if phase is not None and shown != self.shown["phase"]:
+            self.shown["phase"] = shown
+            observer.phase(phase, detail)
 
     def _send_lines(self) -> None:
         if self.last_lines and self.observer is not None:
@@ -994,6 +1043,13 @@ class Guardian:
             base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank + self.plan.rank_offset} {failure.how}",  # global rank
             stderr_tail=self.console.tail(failure.rank)[-10:], error_message=error,
         )  # fmt: skip
+
+
+def _seconds(value: float) -> str:
+    """Seconds left as a person reads them, rounded up: "30", "2.5", "0"."""
+    if value >= 10:
+        return str(math.ceil(value - 1e-9))
+    return f"{math.ceil(value * 10 - 1e-9) / 10:.1f}".removesuffix(".0")
 
 
 def _error_message(path: str) -> str | None:

@@ -526,7 +526,8 @@ def launch_cmd(
         try:
             compile_pattern(ready_pattern)  # matched in linear time by the guardian
         except PatternError as exc:
-            raise bad_input(f"--ready-pattern {ready_pattern!r}: {exc}", exc.hint)
+            shown = ready_pattern if len(ready_pattern) <= 80 else ready_pattern[:77] + "..."
+            raise bad_input(f"--ready-pattern {shown!r}: {exc}", exc.hint)
     shown_ranks = _ranks(ranks_filter)
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:

@@ -341,9 +341,11 @@ def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> Non
         return
     # A stopped guardian (SIGSTOP) would hold the stop, pending, as long as it stays stopped:
     # continue it, so the job stops (as systemd does after its SIGTERM, systemd.kill(5)).
-    if procs.continue_stopped(pid):
+    state = procs.state(pid)
+    if state == "T":  # said first: once continued, the guardian's own lines follow at once
         _say(f"the supervisor (pid {pid}) was stopped (SIGSTOP): continued it, to stop the job")
-    elif procs.state(pid) == "t":
+        procs.continue_stopped(pid)
+    elif state == "t":
         _say(f"the supervisor (pid {pid}) is held by a debugger: the stop waits for it")
 
 

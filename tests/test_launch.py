@@ -571,6 +571,57 @@ def test_bad_command_and_port(qb2: Path) -> None:
     _assert_idle(qb2)
 
 
+def _programs(tmp_path: Path) -> tuple[Path, Path]:
+    """(ttmesh's PATH directory, the rank's): ``prog`` runs in the first; in the second it is
+    ``noexec`` (not executable) or ``adir`` (a directory), and ``prog`` is missing."""
+    mine, theirs = tmp_path / "bin-mine", tmp_path / "bin-rank"
+    mine.mkdir()
+    theirs.mkdir()
+    for name in ("prog", "noexec", "adir"):
+        (mine / name).write_text("#!/bin/sh\nexit 0\n")
+        (mine / name).chmod(0o755)
+    (theirs / "noexec").write_text("#!/bin/sh\nexit 0\n")
+    (theirs / "noexec").chmod(0o644)
+    (theirs / "adir").mkdir()
+    return mine, theirs
+
+
+@pytest.mark.parametrize(
+    ("program", "code", "what"),
+    [
+        ("prog", 127, "prog: command not found on the rank's PATH"),
+        ("noexec", 126, "noexec: not executable"),
+        ("adir", 126, "adir: not executable"),
+    ],
+)
+def test_a_rank_that_never_starts_ends_the_job_at_once_in_one_line(
+    qb2: Path, tmp_path: Path, program: str, code: int, what: str
+) -> None:
+    """The command is on ttmesh's PATH but not the rank's (--env PATH=...): the job waited out
+    the whole grace for ranks that never ran, and said so twice without naming the program.
+    Now: one line naming it, the code a shell gives (127 not found, 126 not runnable), nothing
+    restarted, and no wait (the grace is longer than the hang guard)."""
+    mine, theirs = _programs(tmp_path)
+    summary = tmp_path / "summary.json"
+    res = run_cli(
+        "launch", "--root", str(qb2), "--tp-size", "2", "--grace", "300", "--max-restarts", "2",
+        "--summary-json", str(summary), "--env", f"PATH={theirs}", "--", program,
+        env={"PATH": f"{mine}:{os.environ['PATH']}"}, timeout=120,
+    )  # fmt: skip
+    assert res.code == code, res.err
+    lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host: ")]
+    assert len(lines) == 1, res.err
+    assert lines[0].startswith("ttmesh: rank 0 (0000:") and what in lines[0], res.err
+    data = json.loads(summary.read_text())
+    assert (data["code"], data["attempts"]) == (code, []), data
+    _assert_leases_free(qb2)
+
+
+def _assert_leases_free(root: Path) -> None:
+    ls = json.loads(run_cli("ls", "--root", str(root), "--json").out)
+    assert all(c["lease"] is None and c["holders"] == [] for c in ls["chips"])
+
+
 def _assert_idle(root: Path) -> None:
     """Nothing started, no lease held, no job recorded."""
     ls = json.loads(run_cli("ls", "--root", str(root), "--json").out)

@@ -236,6 +236,25 @@ def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     assert all(cells[3] == "stopped: killed by SIGTERM" for cells in rows(final).values())
 
 
+def test_the_live_view_says_what_a_drain_does(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The drain's words reach the view: above the table as lines, as the plain console has
+    them, and in the phase line while the grace runs (issue 19)."""
+    root = make_sim("quietbox2")
+    args = ["ignore-term", f"pids={tmp_path}", f"await={tmp_path / 'rank1.pid'}",
+            f"await={tmp_path / 'rank2.pid'}", "fail-rank=0:3"]  # fmt: skip
+    with Terminal(
+        ttmesh("launch", "--root", str(root), "--tp-size", "3", "--grace", "1", *worker(*args))
+    ) as term:
+        code = term.finish()
+    text = term.text()
+    assert code == 3, text[-3000:]
+    assert re.search(r"ttmesh: draining, [\d.]+ s left \(2 ranks still running\)", text), text
+    assert "ttmesh: grace over: SIGKILL of 2 processes" in text, text[-3000:]
+    assert re.search(r"› stopping \(draining, 1 s left\) \d+\.\ds", text), text[-3000:]
+
+
 def test_sigkill_of_ttmesh_under_the_view_its_guardian_finishes(
     make_sim: Callable[..., Path], tmp_path: Path
 ) -> None:

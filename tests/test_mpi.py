@@ -472,6 +472,92 @@ def test_a_rank_that_ends_before_ttmesh_sees_it_is_a_rank_failure(
 
 
 @needs_mpirun
+def test_an_mpi_rank_whose_program_is_not_on_its_path_is_one_line(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """mpirun said it in a dozen lines, then ttmesh ended with 'exit 2: mpirun failed to start
+    the ranks: ----...': the program is checked on each rank's PATH first, as the direct
+    starter does, and named in one line (127)."""
+    mine = tmp_path / "bin"
+    mine.mkdir()
+    (mine / "prog").write_text("#!/bin/sh\nexit 0\n")
+    (mine / "prog").chmod(0o755)
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
+                  "--env", "PATH=/nonexistent", "--grace", "300", "--", "prog",
+                  env={"PATH": f"{mine}:{os.environ['PATH']}"}, timeout=120)  # fmt: skip
+    assert res.code == 127, res.err
+    lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host: ")]
+    assert len(lines) == 1, res.err
+    assert "prog: command not found on the rank's PATH (/nonexistent)" in lines[0], res.err
+
+
+MPI4_NOT_FOUND = """\
+--------------------------------------------------------------------------
+mpirun was unable to find the specified executable file, and therefore
+did not launch the job.  This error was first reported for process
+rank 1; it may have occurred for other processes as well.
+
+NOTE: A common cause for this error is misspelling a mpirun command
+      line parameter option (remember that mpirun interprets the first
+      unrecognized command line token as the executable).
+
+Node:       host-b
+Executable: prog
+--------------------------------------------------------------------------
+"""
+# Open MPI 5 (PRRTE), as users reported it: no node.
+MPI5_NOT_FOUND = """\
+prterun was unable to find the specified executable file, and therefore did
+not launch the job.  This error was first reported for process rank
+1; it may have occurred for other processes as well.
+
+NOTE: A common cause for this error is misspelling a prterun command
+   line parameter option (remember that prterun interprets the first
+   unrecognized command line token as the executable).
+
+Executable: prog
+"""
+MPI4_NOT_RUNNABLE = """\
+--------------------------------------------------------------------------
+mpirun was unable to launch the specified application as it could not access
+or execute an executable:
+
+Executable: prog
+Node: host-b
+
+while attempting to start process rank 1.
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize(
+    ("report", "code", "what"),
+    [
+        (MPI4_NOT_FOUND, 127, "could not start prog on host-b: mpirun found no such program"),
+        (MPI5_NOT_FOUND, 127, "could not start prog: mpirun found no such program"),
+        (MPI4_NOT_RUNNABLE, 126, "could not start prog on host-b: mpirun could not execute it"),
+    ],
+)
+def test_mpiruns_report_of_a_program_it_could_not_run_names_it(
+    qb2: Path, tmp_path: Path, report: str, code: int, what: str
+) -> None:
+    """Where ttmesh cannot look first (another host), mpirun's own report names the rank and
+    the program: the job ends with that rank's one line and a shell's code, not 'mpirun failed
+    to start the ranks' with exit 2."""
+    (tmp_path / "report.txt").write_text(report)
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'report.txt'} >&2\nexit 134\n")
+    fake.chmod(0o755)
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--launcher", "mpi",
+                  "--grace", "300", *worker("exit=0"), env={"TTMESH_MPIRUN": str(fake)},
+                  timeout=120)  # fmt: skip
+    assert res.code == code, res.err
+    ours = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh: ")]
+    assert len(ours) == 1, res.err
+    assert ours[0].startswith("ttmesh: rank 1 (") and what in ours[0], res.err
+
+
+@needs_mpirun
 def test_interrupt_before_the_ranks_are_known(qb2: Path, tmp_path: Path) -> None:
     """A SIGINT that arrives while mpirun is still starting its ranks stops the job cleanly."""
     proc = start_launch(

@@ -464,6 +464,24 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(qb2: Path, tmp_
     assert not any(alive(p) for p in tree)
 
 
+def test_a_servers_drain_says_what_it_does(qb2: Path, tmp_path: Path) -> None:
+    """A server's drain (SIGTERM to its main process, the profile's or --grace's wait) says it
+    runs and what its end killed, in the words every drain uses (issue 19)."""
+    proc, _ = _serve(qb2, tmp_path, "--grace", "1", tp=1,
+                     env={"FAKE_MODE": "ignore-term", "PYTHONUNBUFFERED": ""})  # fmt: skip
+    lines: list[str] = []
+    try:
+        _wait_ready(proc, lines)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 130, err
+    assert re.search(r"^ttmesh: draining, [\d.]+ s left \(1 rank still running\)$", err, re.M), err
+    assert re.search(r"^ttmesh: grace over: SIGKILL of \d+ process(es)?$", err, re.M), err
+
+
 def test_ttmesh_stop_stops_a_server(qb2: Path, tmp_path: Path) -> None:
     proc, port = _serve(qb2, tmp_path, tp=1)
     job = f"serve-{os.getpid()}-{port}"

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ import pytest
 from conftest import REPO, SESSION
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-DEPS = ["click>=8.1", "psutil>=5.9", "pyyaml>=6.0", "rich>=13", "protobuf>=4.25"]
+# ttmesh's own dependencies, as pyproject.toml lists them (the venv on the system's Python runs
+# ttmesh from the checkout, so it needs exactly these).
+DEPS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
 NOBODY_UID = 65534
 
 

@@ -57,6 +57,26 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def state(pid: int) -> str | None:
+    """The process's state letter (``R``, ``S``, ``T`` stopped by a signal, ``t`` held by a
+    debugger, ``Z``...), None when it is gone."""
+    fields = _stat(pid)
+    return fields[0].decode(errors="replace") if fields else None
+
+
+def continue_stopped(pid: int) -> bool:
+    """SIGCONT to ``pid`` if a signal stopped it (SIGSTOP, SIGTSTP): a stop signal sent to a
+    stopped process waits, pending, until someone continues it, as systemd (systemd.kill(5))
+    and a shell's ``kill`` of a stopped job do. True when it was stopped and is continued."""
+    if state(pid) != "T":
+        return False
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def alive(pid: int, start: int | None = None) -> bool:
     """The process exists, is no zombie and (when ``start`` is given) is still that process."""
     now = start_time(pid)

@@ -294,7 +294,10 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
 )
 @click.option(
-    "--ready-pattern", metavar="REGEX", help="A line of output that means a rank is ready."
+    "--ready-pattern",
+    metavar="REGEX",
+    help="A line of output that means a rank is ready (RE2 syntax: no backreferences or "
+    "lookaround; matched in linear time).",
 )
 @click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
 @click.option(
@@ -510,12 +513,13 @@ def launch_cmd(
         health_failures=health_failures,
     )
     if ready_pattern is not None:
-        import re
+        from ttmesh.patterns import PatternError, compile_pattern
 
         try:
-            re.compile(ready_pattern)
-        except re.error as exc:
-            raise bad_input(f"--ready-pattern {ready_pattern!r}: not a regular expression ({exc})")
+            compile_pattern(ready_pattern)  # matched in linear time by the guardian
+        except PatternError as exc:
+            shown = ready_pattern if len(ready_pattern) <= 80 else ready_pattern[:77] + "..."
+            raise bad_input(f"--ready-pattern {shown!r}: {exc}", exc.hint)
     shown_ranks = _ranks(ranks_filter)
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:

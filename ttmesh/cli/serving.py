@@ -77,8 +77,9 @@ def stop_cmd(job: str, wait_s: float) -> int:
 
     \b
     The job's launcher gets SIGTERM: it stops every worker (a server drains first), checks and
-    recovers the chips, and exits 143. Exit 0 once the job has ended, 1 if it is still running
-    after --wait, 2 when no such job of yours runs (see ttmesh ps).
+    recovers the chips, and exits 143. A launcher stopped with SIGSTOP or Ctrl-Z is continued
+    so that it can. Exit 0 once the job has ended, 1 if it is still running after --wait, 2
+    when no such job of yours runs (see ttmesh ps).
     """
     from ttmesh import paths, procs
     from ttmesh.runtime import jobs
@@ -98,6 +99,16 @@ def stop_cmd(job: str, wait_s: float) -> int:
     if not sent:
         raise bad_input(f"job {job} ended before it could be stopped", "see ttmesh ps --all")
     click.echo(f"stopping job {job} (SIGTERM to pid {target})")
+    # A stopped ttmesh (SIGSTOP, Ctrl-Z) would hold the SIGTERM, pending, while its ranks ran
+    # on and ended by themselves: continue it, as a shell's kill does a stopped job's.
+    if procs.continue_stopped(target):
+        click.echo(f"pid {target} was stopped (SIGSTOP): continued it, to stop the job")
+    elif procs.state(target) == "t" and target == pid:
+        # Held by a debugger: it cannot act, its guardian can (it stops the workers; ttmesh
+        # finishes the job when the debugger lets it go on).
+        guardian = int(record.get("guardian") or -1)
+        if procs.signal_if_same(guardian, record.get("guardian_start"), signal.SIGTERM):
+            click.echo(f"pid {target} is held by a debugger: SIGTERM to its guardian {guardian}")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not any(r["job"] == job for r in jobs.running()):

@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ttmesh.patterns import Matcher, PatternError, compile_pattern
+
 if TYPE_CHECKING:
     from ttmesh.fabric.devices import Inventory
 
@@ -31,7 +33,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 @dataclass(frozen=True)
 class Entry:
     id: str
-    regex: re.Pattern[str]
+    regex: Matcher  # RE2: linear in the line, as every pattern ttmesh matches (ttmesh.patterns)
     cause: str
     fix: str  # with placeholders
     link: str
@@ -65,8 +67,8 @@ def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
         if any(e.id == ident for e in out):
             raise ValueError(f"{where}: the id is used twice")
         try:
-            regex = re.compile(str(item.get("pattern") or ""), re.IGNORECASE)
-        except re.error as exc:
+            regex = compile_pattern(str(item.get("pattern") or ""), ignore_case=True)
+        except PatternError as exc:
             raise ValueError(f"{where}: pattern does not compile: {exc}") from None
         if not regex.pattern or regex.search(""):
             raise ValueError(f"{where}: the pattern matches every line")

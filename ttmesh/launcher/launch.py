@@ -962,6 +962,18 @@ class JobRun:
                 code, message, hint = result.refusal
                 self.unrecorded = True
                 raise self._refuse(TTMeshError(message, hint, code))
+            if result.unstarted is not None:
+                # A rank's program never ran (not found, not executable): nothing to restart,
+                # one line as a shell gives, exit 127 or 126. Ranks started before it were
+                # stopped: their chips are checked as after any crash.
+                message, hint = result.unstarted
+                if any(e.pid > 0 for e in result.exits):
+                    _after_crash(self.prepared, recovery, result, observer=self.observer)
+                if attempt == 0:
+                    raise self._refuse(TTMeshError(message, hint, result.code))
+                note(f"not restarting: {message}")
+                self.results.append(result)
+                break
             why = _rank_refused(result) if plan.hosts else None
             if why is not None:
                 # A rank's ttmesh stopped before its command ran (pre-flight there, a lease, the

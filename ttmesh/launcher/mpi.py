@@ -46,6 +46,42 @@ RANKS_RAN = re.compile(
 )
 
 
+# mpirun's own words for a rank whose program never ran: Open MPI 4 (mpirun), 5 (prterun), with
+# the rank, the program and (4.x, sometimes 5.x) the node. Matched with RE2 (linear in mpirun's
+# text, however long).
+_NOT_FOUND = (
+    r"(?s)(?:mpirun|mpiexec|prterun|prun)\s+was\s+unable\s+to\s+find\s+the\s+specified\s+"
+    r"executable\s+file.*?first\s+reported\s+for\s+process\s+rank\s+(\d+).*?"
+    r"(?:Node:\s*(\S+)\s*)?Executable:\s*(\S+)"
+)
+_NOT_RUNNABLE = (
+    r"(?s)could\s+not\s+access\s+or\s+execute\s+an\s+executable:\s*Executable:\s*(\S+)"
+    r"\s*(?:Node:\s*(\S+))?.*?process\s+rank\s+(\d+)"
+)
+_EXECVE = (
+    r"(?s)via\s+the\s+\"execve\"\s+system\s+call\s+but\s+failed.*?Local\s+host:\s*(\S+).*?"
+    r"Application\s+name:\s*(\S+)"
+)
+
+
+def not_started(text: str) -> tuple[int, str, str | None, bool] | None:
+    """(rank, program, node, found) when mpirun says a rank's program never ran: not found
+    (``found`` False, a shell's 127), or found and not runnable (True, 126); else None."""
+    from ttmesh.patterns import compile_pattern
+
+    found = compile_pattern(_NOT_FOUND).search(text)
+    if found is not None:
+        return int(found.group(1)), found.group(3), found.group(2), False
+    found = compile_pattern(_NOT_RUNNABLE).search(text)
+    if found is not None:
+        return int(found.group(3)), found.group(1), found.group(2), True
+    found = compile_pattern(_EXECVE).search(text)
+    if found is not None:
+        rank = compile_pattern(r"start\s+process\s+rank\s+(\d+)").search(text)
+        return int(rank.group(1)) if rank else 0, found.group(2), found.group(1), True
+    return None
+
+
 def find_mpirun(explicit: str | None = None, prefer_ulfm: bool = False) -> str:
     """The mpirun to use: ``explicit``, ``TTMESH_MPIRUN``, else ``mpirun`` on PATH; across hosts
     ``mpirun-ulfm`` first when it is on PATH (as tt-run does: tt-metal's own Open MPI build)."""

@@ -39,6 +39,11 @@ class RankExit:
     code: int  # as a shell reports it: exit code, or 128 + signal
     how: str  # "exited with code 3", "killed by SIGTERM"
     stopped: bool  # ttmesh signalled it before it ended
+    # False: its program never ran (not found, not executable, a directory): 127 or 126 as a
+    # shell says, ``how`` names the program and ``hint`` says how to fix it. Nothing ran, so
+    # the job ends at once and is not restarted.
+    started: bool = True
+    hint: str | None = None
 
 
 @dataclass
@@ -150,21 +155,32 @@ class DirectStarter(Starter):
         return True  # every rank it started, it started itself
 
     def start(self) -> list[RankExit]:
+        ranks = [
+            (rank, self.plan.rank_env(rank, self.base_env, self.attempt))
+            for rank in self.plan.ranks
+        ]
+        # Every rank's program first (a rank's PATH may not be ttmesh's): one that cannot run
+        # ends the attempt before any rank starts, rather than after the others were stopped.
         checked: set[tuple[str, str | None, str | None]] = set()
-        for rank in self.plan.ranks:
-            env = self.plan.rank_env(rank, self.base_env, self.attempt)
+        for rank, env in ranks:
+            cwd = rank.workdir or self.plan.cwd or None
+            program = (rank.argv[0], env.get("PATH"), cwd)
+            if program in checked:  # 128 ranks of one command: one PATH search
+                continue
+            try:
+                _check_program(rank.argv[0], env, cwd)
+            except OSError as exc:
+                return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
+            checked.add(program)
+        for rank, env in ranks:
             cwd = rank.workdir or self.plan.cwd or None
             try:
                 if rank.workdir:
                     os.makedirs(rank.workdir, exist_ok=True)
-                program = (rank.argv[0], env.get("PATH"), cwd)
-                if program not in checked:  # 128 ranks of one command: one PATH search
-                    _check_program(rank.argv[0], env, cwd)
-                    checked.add(program)
                 proc = self._popen(list(rank.argv), env, cwd, wrap=True)
             except OSError as exc:
                 # The ranks already started are stopped; the rest never start.
-                return [RankExit(rank.rank, -1, 127, f"could not start ({exc.strerror})", False)]
+                return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             self.pids[rank.rank] = proc.pid
             self._watch(proc, rank.rank)
         return []
@@ -196,21 +212,57 @@ def _pipe_size(pipes: int) -> int:
 
 
 def _check_program(program: str, env: dict[str, str], cwd: str | None) -> None:
-    """Raise the OSError exec would for ``program`` (not found, not executable), as a rank
-    started without a wrapper fails to start; found ones are executed by name, as before."""
+    """Raise the OSError exec would for ``program`` (not found, not executable, a directory),
+    searching the rank's PATH as execvp does (a name found there but not executable is
+    EACCES, as a shell's 126); found ones are executed by name, as before."""
     import errno
 
     if "/" in program:
-        path: str | None = program if os.path.isabs(program) else os.path.join(cwd or ".", program)
-    else:
-        path = shutil.which(program, path=env.get("PATH", os.defpath))
-        if path is None:
+        path = program if os.path.isabs(program) else os.path.join(cwd or ".", program)
+        if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    assert path is not None
-    if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), program)
+        if not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        return
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is not None:
+        return
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", program)
+        if os.path.exists(candidate):  # there, but a directory or not executable
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+SHOWN_PATH = 160  # characters of a rank's PATH a "not found" line shows
+
+
+def never_started(
+    rank: int, program: str, exc: OSError, env: dict[str, str], cwd: str | None
+) -> RankExit:
+    """How a rank whose program could not run ends: as a shell says it (127 not found, 126
+    found but not runnable), naming the program, with how to fix it."""
+    import errno
+
+    if exc.errno == errno.ENOENT and "/" not in program:
+        path = env.get("PATH", os.defpath)
+        shown = path if len(path) <= SHOWN_PATH else path[:SHOWN_PATH] + "..."
+        how = f"{program}: command not found on the rank's PATH ({shown})"
+        hint = "give its full path, or set the rank's PATH with --env PATH=..."
+        code = 127
+    elif exc.errno == errno.ENOENT:
+        where = f" (from {cwd})" if cwd and not os.path.isabs(program) else ""
+        how, hint, code = f"{program}: no such file{where}", "check the path", 127
+    elif exc.errno == errno.EISDIR:
+        how, hint, code = f"{program}: is a directory", "give a program to run", 126
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        how = f"{program}: not executable"
+        hint, code = f"chmod +x {program}, or run it through its interpreter", 126
+    else:
+        how = f"{program}: {exc.strerror or exc}"
+        hint, code = "run it by hand to see why", 126
+    return RankExit(rank, -1, code, f"could not start {how}", False, started=False, hint=hint)
 
 
 class MpiStarter(Starter):
@@ -232,6 +284,10 @@ class MpiStarter(Starter):
         self.demux = mpi.Demux(self.console.feed, mpi.version(self.plan.mpirun))
         self._workdirs()
         argv, env = mpi.mpirun_argv(self.plan.mpirun, self.plan, self.base_env, self.attempt)
+        if not self.plan.hosts:  # on other hosts each rank's ttmesh checks it there (rankshim)
+            unstartable = self._unstartable(env)
+            if unstartable is not None:
+                return [unstartable]
         # Over several hosts the rankfile is named relative to the run directory (PRRTE misreads
         # absolute paths in --map-by rankfile:file=, tt-run notes).
         cwd = self.plan.run_dir if self.plan.hosts else self.plan.cwd
@@ -242,6 +298,23 @@ class MpiStarter(Starter):
         self.mpirun = proc.pid
         self._watch(proc, LAUNCHER)
         return []
+
+    def _unstartable(self, mpirun_env: dict[str, str]) -> RankExit | None:
+        """The first rank whose program mpirun could not run here (it would say so in a dozen
+        lines of its own, then exit): the rank's PATH is its ``-x PATH``, else mpirun's."""
+        checked: set[tuple[str, str | None, str | None]] = set()
+        for rank in self.plan.ranks:
+            env = {**mpirun_env, **rank.env}
+            cwd = rank.workdir or self.plan.cwd or None
+            program = (rank.argv[0], env.get("PATH"), cwd)
+            if program in checked:
+                continue
+            try:
+                _check_program(rank.argv[0], env, cwd)
+            except OSError as exc:
+                return never_started(rank.rank, rank.argv[0], exc, env, cwd)
+            checked.add(program)
+        return None
 
     def discover(self) -> None:
         from ttmesh.launcher import mpi
@@ -270,6 +343,8 @@ class MpiStarter(Starter):
         self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
     ) -> list[RankExit]:
         """mpirun is gone, so every rank is: its report names the first rank that failed."""
+        from ttmesh.launcher import mpi
+
         if pid != self.mpirun:
             return []
         drain(LAUNCHER)  # its report may still sit in the pipes
@@ -278,7 +353,28 @@ class MpiStarter(Starter):
         code = procs.exit_code(status)
         if code != 0 and not self.pids and not stopping and not demux.ranks_ran():  # type: ignore[union-attr]
             # Not one rank was seen, and mpirun does not say one ran: it failed to start them.
-            said = "".join(demux.text).strip().splitlines()  # type: ignore[union-attr]
+            text = "".join(demux.text)  # type: ignore[union-attr]
+            missing = mpi.not_started(text)
+            if missing is not None:  # a rank's program: not found, or not runnable, there
+                first, program, node, runnable = missing
+                on = f" on {node}" if node else ""
+                if runnable:
+                    how = f"could not start {program}{on}: mpirun could not execute it"
+                    hint, value = "check it is an executable file there (chmod +x)", 126
+                else:
+                    how = f"could not start {program}{on}: mpirun found no such program"
+                    hint, value = "give its full path, or install it on that host", 127
+                if first < 0 or first >= len(self.plan.ranks):
+                    first = 0
+                # mpirun launched none of them: every rank ends here, that one the cause.
+                return [
+                    RankExit(r.rank, -1, value, how, False, started=False, hint=hint)
+                    if r.rank == first
+                    else RankExit(r.rank, -1, value, "not started: mpirun launched no rank", True)
+                    for r in self.plan.ranks
+                    if r.rank in running
+                ]
+            said = text.strip().splitlines()
             self.launcher_error = said[-1] if said else procs.describe_status(status)
         failed = demux.first_failure(code)  # type: ignore[union-attr]
         if code != 0 and failed is None and len(self.plan.ranks) == 1:

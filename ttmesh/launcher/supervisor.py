@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
-import re
 import selectors
 import signal
 import sys
@@ -41,7 +41,8 @@ from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
-from ttmesh.render import noun
+from ttmesh.patterns import compile_pattern
+from ttmesh.render import note, noun
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ DRAIN = 0.5  # seconds to read what the pipes still hold once every process is g
 TICK = 0.05  # the front's observer hears at least this often while an attempt runs
 LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
+DRAIN_SAY = 5.0  # seconds between "draining, N s left" lines while a grace runs
 
 __all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
 
@@ -96,6 +98,9 @@ class AttemptResult:
     # [code, message, hint]: a check still running as the ranks started refused the job (a
     # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
     refusal: list[Any] | None = None
+    # [message, hint]: a rank's program never ran (not found, not executable): nothing ran, the
+    # launcher refuses with this one line (code 127 or 126, as a shell), no restart.
+    unstarted: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,8 +216,10 @@ def run_attempt(
         os.close(events_w)
     previous = {}
     stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
+    continued: list[int] = []  # the front was stopped (SIGSTOP) and continued meanwhile
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, functools.partial(_forward, pid, stops))
+    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: continued.append(1))
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         if on_start is not None:
@@ -232,6 +239,15 @@ def run_attempt(
     _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
     if data:
         result = AttemptResult.from_json(json.loads(data))
+        if stops and result.code == 0 and not result.interrupted:
+            # Every rank had succeeded before the stop could be acted on (typically: it was
+            # sent while ttmesh itself was stopped, SIGSTOP, and every rank ended meanwhile).
+            # Nothing was left to stop: say so, rather than drop it silently.
+            why = " (sent while ttmesh was stopped)" if continued else ""
+            note(
+                f"{procs.signal_name(stops[0])}{why} came after every rank had ended: "
+                "nothing was left to stop"
+            )
         if stops and result.code != 0 and not result.interrupted:
             # A stop the guardian did not act on: it came as a failed attempt ended (the
             # verdict was being made), or while a restartable stop (a hang) was under way.
@@ -316,10 +332,27 @@ def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
 
 
 def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> None:
-    if sig == signal.SIGINT or sig in STOPPING:
+    stop = sig == signal.SIGINT or sig in STOPPING
+    if stop:
         stops.append(sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+    if not stop:
+        return
+    # A stopped guardian (SIGSTOP) would hold the stop, pending, as long as it stays stopped:
+    # continue it, so the job stops (as systemd does after its SIGTERM, systemd.kill(5)).
+    state = procs.state(pid)
+    if state == "T":  # said first: once continued, the guardian's own lines follow at once
+        _say(f"the supervisor (pid {pid}) was stopped (SIGSTOP): continued it, to stop the job")
+        procs.continue_stopped(pid)
+    elif state == "t":
+        _say(f"the supervisor (pid {pid}) is held by a debugger: the stop waits for it")
+
+
+def _say(message: str) -> None:
+    """A line from a signal handler: straight to fd 2 (no stream buffer in between)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"ttmesh: {message}\n".encode())
 
 
 def _wait(pid: int) -> int:
@@ -379,6 +412,7 @@ class Stop:
         False  # not ready in time, unhealthy: a restart may help (not a user's stop)
     )
     user: bool = False  # the user stopped the job (a signal to ttmesh)
+    quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
 
 
 class Guardian:
@@ -416,12 +450,18 @@ class Guardian:
         self.stop: Stop | None = None
         self.deadline: float | None = None  # when SIGTERM was sent: the end of the grace
         self.killed = False  # SIGKILL sent
+        # What the drain last said (docs/recovery.md: the words are stable): when, about what
+        # ("ranks" still running, or "leftovers" once they ended), and the live view's detail.
+        self.drain_said = 0.0
+        self.drain_kind = ""
+        self.drain_detail = ""
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
         self.fabric: set[int] = set()  # ranks that brought the fabric up
         self.ready: set[int] = set()
         self.registered = False  # the host heard which workers hold which chips
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
-        self.ready_re = re.compile(plan.ready_pattern) if plan.ready_pattern else None
+        # RE2, linear in the line: a pattern that backtracks must not make the guardian deaf.
+        self.ready_re = compile_pattern(plan.ready_pattern) if plan.ready_pattern else None
         self.server: Server | None = None
         if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
             from ttmesh.launcher.serving.server import Server
@@ -454,12 +494,15 @@ class Guardian:
         self.running = {r.rank for r in self.plan.ranks} - {e.rank for e in failed}
         if not self.starter.has_launcher:
             self.running &= set(self.starter.pids)
+        elif failed:  # mpirun never started: no rank runs (waiting for one would be forever)
+            self.running = set()
         self.phase = Phase.RUNNING
         if self.server is not None and 0 in self.starter.pids:
             wake = self.server.start(self.starter.pids[0])
             self.selector.register(wake, selectors.EVENT_READ, "serving")
         for ended in failed:
-            self._emit(f"rank {ended.rank}: {ended.how}")
+            if ended.started:  # one that never ran is the launcher's one line (AttemptResult)
+                self._emit(f"rank {ended.rank}: {ended.how}")
         self._ended(failed)
 
     # -- the loop
@@ -486,6 +529,7 @@ class Guardian:
         self._register()
         self._write_record()
         try:
+            self._step()  # a rank that never started may have ended the attempt already
             while self.phase is not Phase.DONE:
                 for key, _ in self.selector.select(self._timeout()):
                     if key.data == "signals":
@@ -520,7 +564,12 @@ class Guardian:
                     if progress:
                         self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
+            left = len(procs.live_descendants(self.pid))
+            if left:
+                self._say_grace_over(left)
             self._kill()
+        if self.running:
+            self._say_drain(len(self.running))
         if not self.running and self.phase is not Phase.DRAINING:
             self.phase = Phase.DRAINING
         if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
@@ -561,7 +610,7 @@ class Guardian:
             return
         self.refusal, self.pending = self.pending.refusal, None
         if self.refusal is not None:
-            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code))
+            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
 
     # -- events
 
@@ -677,10 +726,15 @@ class Guardian:
             self.signalled.update(
                 self.starter.pids[r] for r in self.running if r in self.starter.pids
             )
+            # SIGCONT right after: a rank stopped (SIGSTOP) gets to handle its SIGTERM within
+            # the grace, rather than sit on it until SIGKILL (systemd.kill(5) does the same).
             if self.server is not None:  # its own drain first: SIGTERM to the main process only
-                procs.signal_pids(list(self.starter.pids.values()), signal.SIGTERM)
+                main = list(self.starter.pids.values())
+                procs.signal_pids(main, signal.SIGTERM)
+                procs.signal_pids(main, signal.SIGCONT)
             else:
                 procs.signal_groups(self.starter.groups(), signal.SIGTERM)
+                procs.signal_groups(self.starter.groups(), signal.SIGCONT)
 
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
@@ -724,12 +778,50 @@ class Guardian:
         fresh = [p for p in left if p not in self.signalled]
         self.signalled.update(fresh)
         procs.signal_pids(fresh, signal.SIGTERM)
+        procs.signal_pids(fresh, signal.SIGCONT)
+        self._say_drain(0, len(left))
         return False
+
+    # -- what a drain says (stable words: docs/recovery.md, "Stopping and draining")
+
+    def _say_drain(self, ranks: int, leftovers: int = 0) -> None:
+        """While a grace runs: "draining, N s left" with what is waited for, when the drain
+        begins, when it moves from ranks to their leftovers, and every DRAIN_SAY seconds; the
+        live view's detail each second."""
+        if self.deadline is None or self.killed or not (ranks or leftovers):
+            return
+        if self.stop is not None and self.stop.quiet:
+            return
+        now = time.monotonic()
+        left = max(0.0, self.deadline - now)
+        head = f"draining, {_seconds(left)} s left"
+        self.drain_detail = f"draining, {math.ceil(left)} s left"  # the view: once a second
+        kind = "ranks" if ranks else "leftovers"
+        if kind == self.drain_kind and now - self.drain_said < DRAIN_SAY:
+            return
+        self.drain_kind, self.drain_said = kind, now
+        if ranks:
+            what = f"{ranks} rank{'s' if ranks != 1 else ''} still running"
+        else:
+            what = f"{leftovers} leftover process{'es' if leftovers != 1 else ''}"
+        self._emit(f"{head} ({what})")
+
+    def _say_grace_over(self, count: int) -> None:
+        if self.stop is not None and self.stop.quiet:
+            return
+        line = f"grace over: SIGKILL of {count} process{'es' if count != 1 else ''}"
+        self.drain_detail = line
+        self._emit(line)
 
     # -- readiness (hang detection)
 
     def _on_line(self, rank: int, line: str) -> None:
-        if rank >= 0 and self.ready_re is not None and self.ready_re.search(line):
+        if (
+            rank >= 0
+            and self.ready_re is not None
+            and rank not in self.ready  # once ready, a rank's lines need no matching
+            and self.ready_re.search(line)
+        ):
             self.ready.add(rank)
         if rank >= 0 and self.observer is not None:
             self.last_lines[rank] = line[:LINE_WIDTH]
@@ -757,9 +849,13 @@ class Guardian:
             observer.rank_ready(rank)
         self._send_lines()
         phase = self._job_phase()
-        if phase is not None and phase != self.shown["phase"]:
-            self.shown["phase"] = phase
-            observer.phase(phase)
+        detail = self.drain_detail if phase in (JobPhase.STOPPING, None) else ""
+        if detail and phase is None:  # leftovers of ranks that all succeeded: still a drain
+            phase = JobPhase.STOPPING
+        shown = (phase, detail)
+        if phase is not None and shown != self.shown["phase"]:
+            self.shown["phase"] = shown
+            observer.phase(phase, detail)
 
     def _send_lines(self) -> None:
         if self.last_lines and self.observer is not None:
@@ -925,6 +1021,16 @@ class Guardian:
         failure = self.first_failure
         if failure is None:
             return base
+        if not failure.started:  # its program never ran: one line, no restart
+            rank = self.plan.ranks[failure.rank]
+            line = f"rank {failure.rank + self.plan.rank_offset}"
+            if rank.bdfs:
+                line += f" ({', '.join(rank.bdfs)})"
+            line += f" {failure.how}"
+            return replace(
+                base, code=failure.code, source=Source.TTMESH, rank=failure.rank, reason=line,
+                interrupted=True, unstarted=[line, failure.hint],
+            )  # fmt: skip
         if failure.rank < 0:  # the launcher itself failed
             return replace(
                 base, code=failure.code, source=Source.TTMESH, reason=failure.how,
@@ -935,6 +1041,13 @@ class Guardian:
             base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank + self.plan.rank_offset} {failure.how}",  # global rank
             stderr_tail=self.console.tail(failure.rank)[-10:], error_message=error,
         )  # fmt: skip
+
+
+def _seconds(value: float) -> str:
+    """Seconds left as a person reads them, rounded up: "30", "2.5", "0"."""
+    if value >= 10:
+        return str(math.ceil(value - 1e-9))
+    return f"{math.ceil(value * 10 - 1e-9) / 10:.1f}".removesuffix(".0")
 
 
 def _error_message(path: str) -> str | None:

@@ -26,7 +26,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.errors import bad_input
 from ttmesh.launcher.serving.args import ServerArgs
+from ttmesh.patterns import PatternError, compile_pattern
 
 OPS = {
     "==": operator.eq,
@@ -114,7 +116,7 @@ def holds(cond: dict[str, Any], ctx: Context) -> bool:
         left, right = ctx.number(a), ctx.number(b)
         return left is not None and right is not None and OPS[op](left, right)
     if "model" in cond:
-        return re.search(cond["model"], ctx.model(), re.IGNORECASE) is not None
+        return compile_pattern(str(cond["model"]), ignore_case=True).search(ctx.model()) is not None
     if "env" in cond:
         return ctx.env.get(cond["env"]) == str(cond["equals"])
     if "tp" in cond:
@@ -148,8 +150,32 @@ def fill(template: str, ctx: Context) -> str:
     return re.sub(r"\{([^{}]+)\}", value, template)
 
 
-def check(rules: list[dict[str, Any]], ctx: Context) -> list[Finding]:
-    """The findings of every rule that applies and fails."""
+def check_patterns(rules: list[dict[str, Any]], source: str) -> None:
+    """Refuse (exit 2) a ``model:`` pattern RE2 cannot run, naming the profile and the rule,
+    before any rule is asked (patterns are matched in linear time: ttmesh.patterns)."""
+    for rule in rules:
+        for cond in _conditions(rule):
+            if "model" not in cond:
+                continue
+            try:
+                compile_pattern(str(cond["model"]), ignore_case=True)
+            except PatternError as exc:
+                raise bad_input(
+                    f"profile {source}: rule {rule.get('id', '?')}: model pattern "
+                    f"{cond['model']!r}: {exc}",
+                    exc.hint,
+                ) from None
+
+
+def _conditions(rule: dict[str, Any]) -> list[dict[str, Any]]:
+    checks = rule.get("check") or []
+    every = [*(rule.get("when") or []), *(checks if isinstance(checks, list) else [checks])]
+    return [c for c in every if isinstance(c, dict)]
+
+
+def check(rules: list[dict[str, Any]], ctx: Context, source: str = "profile") -> list[Finding]:
+    """The findings of every rule that applies and fails (``source``: the profile's file)."""
+    check_patterns(rules, source)
     out = []
     for rule in rules:
         when = rule.get("when") or []

@@ -121,7 +121,7 @@ def build(
             spec.notes.append(f"{key}={theirs} from your environment, not the profile's {value}")
     server_env = {**environ, **spec.env, **user_env}
     ctx = rules.Context(args, profile.defaults, server_env, tp)
-    spec.findings += rules.check(list(profile.rules), ctx)
+    spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
     spec.host = args.value("--host") or profile.default("--host") or "127.0.0.1"
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
+from conftest import REPO, alive, run_cli, start_launch, until, wait_for, worker
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host as Host
@@ -282,9 +282,13 @@ def test_sigkill_of_ttmesh_whose_readers_are_gone(qb2: Path, tmp_path: Path) -> 
 
 
 def test_sigkill_of_ttmesh_as_its_ranks_have_ended(qb2: Path, tmp_path: Path) -> None:
-    """ttmesh SIGKILLed while its guardian makes the verdict of an attempt whose ranks have
-    all ended (found by scripts/chaos.py): the guardian, which can no longer hand the result
-    over, finishes the job in its place, as it does while ranks run."""
+    """ttmesh SIGKILLed after its ranks have all ended, before it took its guardian's verdict
+    over (found by scripts/chaos.py): the guardian, which waits until the verdict is taken,
+    finishes the job in its place, as it does while ranks run.
+
+    ttmesh is stopped (SIGSTOP) once the ranks have ended, so it cannot take the verdict over
+    meanwhile; a guardian that ends anyway (it did before it waited to be taken over) leaves
+    the job to nobody."""
     hits = 0
     for i in range(3):
         job = f"verdict-{os.getpid()}-{i}"
@@ -298,17 +302,28 @@ def test_sigkill_of_ttmesh_as_its_ranks_have_ended(qb2: Path, tmp_path: Path) ->
         wait_for(lambda out=out: len(list(out.glob("rank*.pid"))) == 4, what="the workers")
         ranks = [int(p.read_text()) for p in out.glob("rank*.pid")]
         wait_for(lambda ranks=ranks: not any(alive(p) for p in ranks), what="the ranks' end")
+        os.kill(proc.pid, signal.SIGSTOP)
         guardian = _guardian_of(proc.pid)
+        if guardian is None or until(lambda g=guardian: _ended(g), 5):
+            # ttmesh had taken the verdict over before it was stopped: it finishes the job.
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.wait(timeout=60)
+            continue
         proc.kill()
         proc.wait()
-        if guardian is None:
-            continue  # already done: the launcher was killed in its own recovery
         hits += 1
         wait_for(lambda job=job: (record(job) or {}).get("ended"), timeout=20, what="the end")
         assert str(record(job)["status"]).startswith("launcher killed")
         assert link_states(qb2) == {"up"}
         assert not (jobs.runs_dir() / job).exists()
-    assert hits, "never killed ttmesh while its guardian made the verdict"
+    assert hits, "ttmesh took the verdict over before it was stopped, in every run"
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> None:

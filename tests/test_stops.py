@@ -248,14 +248,16 @@ def test_a_stop_a_stopped_ttmesh_could_not_act_on_is_said(
     """SIGTERM straight to a stopped ttmesh (nothing continues it) and every rank ends by itself
     before ``kill -CONT``: nothing is left to stop, and ttmesh says so rather than drop it."""
     done = tmp_path / "done"
-    proc, job, _rank = _job(qb2, tmp_path, "dropped", f"await={done}", "exit=0")
+    proc, job, rank = _job(qb2, tmp_path, "dropped", f"await={done}", "exit=0")
     with _cleanup(proc):
         guardian = _guardian(proc.pid)
         _stop(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)
         done.touch()
-        # The guardian ends once its rank has; ttmesh, stopped, has not reaped it yet.
-        wait_for(lambda: _state(guardian) in ("Z", None), timeout=HANG, what="the guardian's end")
+        # The rank ends and the guardian makes its verdict, then waits for ttmesh (stopped) to
+        # take it over.
+        wait_for(lambda: not alive(rank), timeout=HANG, what="the rank's end")
+        wait_for(lambda: not psutil.Process(guardian).children(), timeout=HANG, what="the drain")
         os.kill(proc.pid, signal.SIGCONT)
         _out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0, err

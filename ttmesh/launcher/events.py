@@ -97,6 +97,13 @@ class EventWriter:
             return False
         return True
 
+    def close(self) -> None:
+        """No more events (the attempt's result is handed over): the front's relay ends."""
+        if not self.lost:
+            self.lost = True
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
     def _event(self, name: str, *args: Any) -> None:
         self._send(EVENT, json.dumps([name, *args]).encode())
 

@@ -164,6 +164,10 @@ def run_attempt(
     procs.set_subreaper()
     alive_r, alive_w = os.pipe()
     result_r, result_w = os.pipe()
+    # The front says it has the result (a byte); until then the guardian stays, so a front
+    # killed between the verdict and taking it over is still a front gone: the guardian
+    # finishes the job in its place.
+    taken_r, taken_w = os.pipe()
     # A signal for ttmesh that arrives around the fork waits (blocked, pending) until someone
     # handles it: the front's forwarders below, the guardian's handlers (Guardian._signals).
     # Unblocked, it would end the front before its forwarders exist, or the guardian before
@@ -179,6 +183,7 @@ def run_attempt(
         try:
             os.close(alive_w)
             os.close(result_r)
+            os.close(taken_w)
             writer = None
             if observer is not None:
                 os.close(events_r)
@@ -196,11 +201,17 @@ def run_attempt(
             else:
                 try:
                     _write_all(result_w, json.dumps(result.to_json()).encode())
+                    os.close(result_w)
+                    if writer is not None:
+                        writer.close()
+                    taken = _taken(taken_r)
                 except BrokenPipeError:
-                    # The front died after the ranks had ended (while the verdict was made):
-                    # nobody reads the result, so finish the job in its place.
+                    taken = False
+                if not taken:
+                    # The front died after the ranks had ended (while the verdict was made, or
+                    # before it took the verdict over): finish the job in its place.
                     if orphaned is None:
-                        raise
+                        raise BrokenPipeError("the launcher is gone")
                     guardian.front_gone = True
                     code = orphaned(result)
         except BaseException as exc:
@@ -212,6 +223,7 @@ def run_attempt(
             os._exit(code)
     os.close(alive_r)
     os.close(result_w)
+    os.close(taken_r)
     if observer is not None:
         os.close(events_w)
     previous = {}
@@ -229,12 +241,16 @@ def run_attempt(
                 _relay(events_r, observer)
             finally:
                 os.close(events_r)
+        data = _read_all(result_r)  # until the guardian has written it all, or died
+        if data:
+            with contextlib.suppress(OSError):
+                os.write(taken_w, b"k")
         status = _wait(pid)
-        data = _read_all(result_r)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.close(result_r)
+        os.close(taken_w)
         os.close(alive_w)
     _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
     if data:
@@ -364,6 +380,14 @@ def _wait(pid: int) -> int:
             return 0
         except InterruptedError:
             continue
+
+
+def _taken(fd: int) -> bool:
+    """Did the front take the result over (a byte), rather than die (the pipe's end)?"""
+    try:
+        return os.read(fd, 1) == b"k"
+    except OSError:
+        return False
 
 
 def _read_all(fd: int) -> bytes:

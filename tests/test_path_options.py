@@ -1,5 +1,9 @@
 """Every command, every path option, pointed at a file, a directory, a missing path and an
-unreadable one, as root and as another user (nobody): never a traceback, always one line.
+unreadable one, as root and as another user (nobody): never a traceback, always one line. The
+options that read or run what they name also get what no one should read: a FIFO (an open
+waits forever for a writer), /dev/zero (never ends) and a huge (sparse) file; each is refused
+in one line, quickly and without reading it (a memory cap and a timeout make a regression fail
+instead of hanging the suite or waking the OOM killer).
 
 The other user runs ttmesh from a virtual environment on /usr/bin/python3 (pyenv's Python under
 /root is closed to others) with this checkout's source copied where it can read it.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -23,6 +28,32 @@ from conftest import REPO, SESSION
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEPS = ["click>=8.1", "psutil>=5.9", "pyyaml>=6.0", "rich>=13", "protobuf>=4.25"]
 KINDS = ("file", "dir", "missing", "unreadable")
+HOSTILE = ("fifo", "devzero", "huge")  # never to be read (module docstring)
+HUGE = 3 << 30  # a sparse file of 3 GiB: no format ttmesh reads is a thousandth of it
+MEMORY_CAP = 2 << 30  # address space a hostile run may use: reading /dev/zero stops at this
+HOSTILE_TIMEOUT = 30  # seconds: a refusal takes well under one (a hung open takes forever)
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def _run(argv: list[str], cwd: Path | None, hostile: bool) -> subprocess.CompletedProcess[str]:
+    """Run ttmesh; a hostile input's run is capped (memory, time) and a hang is a result."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, cwd=cwd,
+            timeout=HOSTILE_TIMEOUT if hostile else 60,
+            preexec_fn=_cap_memory if hostile else None,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        if not hostile:
+            raise
+        return subprocess.CompletedProcess(
+            argv, -9, "", f"(hung: killed after {HOSTILE_TIMEOUT} s)"
+        )
+
+
 C01 = "0000:01:00.0"
 
 
@@ -63,11 +94,10 @@ def _nobody_venv() -> Path:
 def users() -> Iterator[dict[str, User]]:
     made: list[Path] = []
 
-    def as_root(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ttmesh", *args],
-            capture_output=True, text=True, timeout=60, cwd=cwd,
-        )  # fmt: skip
+    def as_root(
+        *args: str, cwd: Path | None = None, hostile: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        return _run([sys.executable, "-m", "ttmesh", *args], cwd, hostile)
 
     root_base = _world_dir("ttmesh-paths-root-")
     made.append(root_base)
@@ -97,11 +127,11 @@ def users() -> Iterator[dict[str, User]]:
         prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "-i"]
         prefix += [f"{k}={v}" for k, v in env.items()]
 
-        def as_nobody(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [*prefix, str(venv / "bin" / "python"), "-m", "ttmesh", *args],
-                capture_output=True, text=True, timeout=60, cwd=cwd or base,
-            )  # fmt: skip
+        def as_nobody(
+            *args: str, cwd: Path | None = None, hostile: bool = False
+        ) -> subprocess.CompletedProcess[str]:
+            argv = [*prefix, str(venv / "bin" / "python"), "-m", "ttmesh", *args]
+            return _run(argv, cwd or base, hostile)
 
         sim = base / "sim"
         made_sim = as_nobody("sim", "create", "--system", "quietbox2", "--root", str(sim))
@@ -119,7 +149,10 @@ def _paths(user: User, tag: str) -> dict[str, Path]:
     script = (
         "import os, sys; w = sys.argv[1]; os.makedirs(w + '/dir'); "
         "open(w + '/file', 'w').write('x\\n'); os.makedirs(w + '/locked'); "
-        "open(w + '/locked/x', 'w').write('x\\n'); os.chmod(w + '/locked', 0)"
+        "open(w + '/locked/x', 'w').write('x\\n'); os.chmod(w + '/locked', 0)\n"
+        "for end in ('', '.yaml', '.py', '.tar.gz'):\n"
+        "    os.mkfifo(w + '/fifo' + end); os.symlink('/dev/zero', w + '/devzero' + end)\n"
+        f"    open(w + '/huge' + end, 'w').truncate({HUGE})"
     )
     if user.name == "root":
         subprocess.run([sys.executable, "-c", script, str(work)], check=True)
@@ -133,6 +166,7 @@ def _paths(user: User, tag: str) -> dict[str, Path]:
         "dir": work / "dir",
         "missing": work / "missing" / "deeper",
         "unreadable": work / "locked" / "x",
+        **{kind: work / kind for kind in HOSTILE},
     }
 
 
@@ -182,34 +216,38 @@ CASES: list[tuple[str, list[str]]] = [
 
 
 # Kinds of path each option must refuse with exit 2 (root can read "unreadable" paths, so that
-# kind counts for other users only).
+# kind counts for other users only). The hostile kinds run only where they are listed.
 ALL = set(KINDS)
+ROOTS = {"file", "missing", "unreadable", *HOSTILE}  # a --root: only a directory will do
+TOOL = ALL | set(HOSTILE)  # a program to run (a huge sparse file is not executable)
 REFUSE: dict[str, set[str]] = {
-    "ls --root": {"file", "missing", "unreadable"},
-    "check --root": {"file", "missing", "unreadable"},
-    "check --ttnn-python": ALL,
-    "reset --tt-smi": ALL,
-    "launch --root": {"file", "missing", "unreadable"},
-    "launch --log-dir": {"file", "unreadable"},
-    "launch --workdir": {"file", "missing", "unreadable"},
-    "launch --rank-binding": ALL,
+    "ls --root": ROOTS,
+    "check --root": ROOTS,
+    "check --ttnn-python": TOOL,
+    "reset --root": {*HOSTILE},
+    "reset --tt-smi": TOOL,
+    "ps --root": {*HOSTILE},
+    "launch --root": ROOTS,
+    "launch --log-dir": {"file", "unreadable", *HOSTILE},
+    "launch --workdir": ROOTS,
+    "launch --rank-binding": ALL | set(HOSTILE),
     "launch --summary-json": {"dir", "missing", "unreadable"},
-    "launch --tt-smi": ALL,
-    "launch COMMAND": ALL,
-    "launch SCRIPT.py": ALL,
-    "descriptor -o": {"file", "unreadable"},
+    "launch --tt-smi": TOOL,
+    "launch COMMAND": TOOL,
+    "launch SCRIPT.py": ALL | {"fifo", "devzero"},  # a huge script is Python's to read
+    "descriptor -o": {"file", "unreadable", *HOSTILE},
     "descriptor --export-rank-binding": {"dir", "unreadable"},
     "doctor --capture": ALL,
-    "doctor --root": {"file", "missing", "unreadable"},
-    "doctor --tt-smi": ALL,
-    "sim create --from-capture": ALL,
-    "sim create --system": ALL,
-    "sim create --system YAML": ALL,
-    "sim create --root": {"file", "unreadable"},
-    "sim fault --root": ALL,
-    "sim show --root": ALL,
-    "sim clear --root": ALL,
-    "sim config --root": ALL,
+    "doctor --root": ROOTS,
+    "doctor --tt-smi": TOOL,
+    "sim create --from-capture": ALL | set(HOSTILE),
+    "sim create --system": ALL | set(HOSTILE),
+    "sim create --system YAML": ALL | set(HOSTILE),
+    "sim create --root": {"file", "unreadable", *HOSTILE},
+    "sim fault --root": ALL | set(HOSTILE),
+    "sim show --root": ALL | set(HOSTILE),
+    "sim clear --root": ALL | set(HOSTILE),
+    "sim config --root": ALL | set(HOSTILE),
 }
 
 
@@ -243,7 +281,7 @@ def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str
     tag = name.replace(" ", "_").replace("-", "").replace(".", "")
     paths = _paths(user, tag)
     problems: list[str] = []
-    for kind in KINDS:
+    for kind in (*KINDS, *(k for k in HOSTILE if k in REFUSE.get(name, set()))):
         args = [
             a.replace("{P}", str(paths[kind]))
             .replace("{SIM}", str(user.sim))
@@ -251,7 +289,7 @@ def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str
             .replace("{NEW}", str(user.base / tag / f"new-{kind}"))
             for a in argv
         ]
-        problems += _check(user, name, kind, user.run(*args))
+        problems += _check(user, name, kind, user.run(*args, hostile=kind in HOSTILE))
     assert not problems, "\n".join(problems)
 
 

@@ -82,28 +82,34 @@ def open_regular(path: str | os.PathLike[str], limit: int, what: str = "file") -
     """A read-only descriptor on the regular file ``path`` (links followed) of at most
     ``limit`` bytes; :class:`Refused` for anything else, ``OSError`` when it cannot be opened.
     Never blocks (a FIFO is refused, not opened for reading) and never opens a device."""
-    name = os.fspath(path)
+    return _open(os.fspath(path), limit, what)[0]
+
+
+def _open(name: str, limit: int, what: str) -> tuple[int, os.stat_result]:
     _check(name, os.stat(name), limit, what)
     fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        # The file may have been swapped meanwhile. A regular file ignores O_NONBLOCK.
-        _check(name, os.fstat(fd), limit, what)
+        st = os.fstat(fd)
+        _check(name, st, limit, what)  # swapped meanwhile? (a regular file ignores O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
     """The whole regular file ``path``: at most ``limit`` bytes (a file that grows past it
     while being read, or a kernel file whose size says 0 or 4096 whatever it holds, is refused
     at the limit too)."""
-    fd = open_regular(path, limit, what)
+    fd, st = _open(os.fspath(path), limit, what)
+    # Read what the file says it holds (plus one byte, to see it end) in one go; a kernel file
+    # says 0 or 4096 whatever it holds, so go on in blocks up to the limit.
+    block = max(st.st_size + 1, 64 * KiB)
     try:
         chunks = []
         left = limit + 1
         while left > 0:
-            chunk = os.read(fd, min(left, MiB))
+            chunk = os.read(fd, min(left, block))
             if not chunk:
                 break
             chunks.append(chunk)

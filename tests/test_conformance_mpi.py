@@ -492,9 +492,9 @@ def test_tt_run_and_ttmesh_give_ranks_the_same_env(
     if user_env:
         # The user's own TT_METAL_HOME/RUNTIME_ROOT, and binding variables with ${VAR} in them.
         data = yaml.safe_load(binding.read_text())
-        data["global_env"]["TTMESH_PARITY_GLOBAL"] = "${HOME}/global"
+        data["global_env"]["PARITY_GLOBAL"] = "${HOME}/global"
         for b in data["rank_bindings"]:
-            b["env_overrides"]["TTMESH_PARITY_RANK"] = f"rank{b['rank']}:${{HOME}}"
+            b["env_overrides"]["PARITY_RANK"] = f"rank{b['rank']}:${{HOME}}"
         binding = binding.with_name("b-user.yaml")
         binding.write_text(yaml.safe_dump(data, sort_keys=False))
         env = {
@@ -519,7 +519,7 @@ def test_tt_run_and_ttmesh_give_ranks_the_same_env(
         assert theirs["TT_MESH_HOST_RANK"] == str(data["rank_bindings"][planned["rank"]]
                                                  ["mesh_host_rank"])  # fmt: skip
         if user_env:
-            assert theirs["TTMESH_PARITY_GLOBAL"] == os.environ["HOME"] + "/global"
+            assert theirs["PARITY_GLOBAL"] == os.environ["HOME"] + "/global"
             assert ours["TT_METAL_HOME"] == env["TT_METAL_HOME"]
             assert ours["TT_METAL_RUNTIME_ROOT"] == theirs["TT_METAL_RUNTIME_ROOT"]
             assert ours["TT_METAL_RUNTIME_ROOT"] == env["TT_METAL_RUNTIME_ROOT"]

@@ -309,9 +309,24 @@ HOSTILE: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "through a link": (lambda: [_link("top/l", "host"), _file("top/l/x")], "behind a symbolic"),
     "link over files": (lambda: [_file("top/d/x"), _link("top/d", "host")], "hides members"),
     "hard link": (lambda: [_link("top/h", "top/manifest.json", tarfile.LNKTYPE)], "hard link"),
-    "device": (lambda: [_link("top/dev", "", tarfile.CHRTYPE)], "device or special file"),
+    "device": (lambda: [_link("top/dev", "", tarfile.CHRTYPE)], "is a character device"),
     "two tops": (lambda: [_file("other/x")], "outside the top directory"),
     "huge member": (lambda: [_huge("top/big")], "is 16777217 bytes"),
+    # Appended under a name the archive has (tar --append): refused for what it is, not as a
+    # member that "appears twice".
+    "hard link, taken name": (
+        lambda: [_link("top/manifest.json", "top/x", tarfile.LNKTYPE)],
+        "is a hard link (to 'top/x')",
+    ),
+    "device, taken name": (
+        lambda: [_link("top/manifest.json", "", tarfile.CHRTYPE)],
+        "is a character device",
+    ),
+    "FIFO, taken name": (
+        lambda: [_link("top/manifest.json", "", tarfile.FIFOTYPE)],
+        "is a FIFO (named pipe)",
+    ),
+    "huge, taken name": (lambda: [_huge("top/manifest.json")], "is 16777217 bytes"),
 }
 
 

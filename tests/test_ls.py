@@ -201,11 +201,15 @@ def test_ls_malformed_cluster_descriptor_is_bad_input(
     desc.write_text(text.replace("chips_with_mmio:\n  - 0: 1\n", "chips_with_mmio:\n  - 0\n"))
     r = cli("ls", "--json", "--root", str(root))
     assert r.code == 2, r.err
-    assert error_doc(r.out)["message"].startswith(f"{desc}: malformed cluster descriptor")
+    message = error_doc(r.out)["message"]
+    assert message.startswith(f"the simulated host's {desc} is a malformed cluster descriptor")
     assert "Traceback" not in r.err
     lines = [line for line in r.err.splitlines() if not line.startswith("simulated host: ")]
     assert len(lines) == 1, r.err
-    assert lines[0].startswith(f"ttmesh: {desc}: malformed cluster descriptor")
+    assert (
+        lines[0]
+        == f"ttmesh: {message} (recreate it: ttmesh sim create --force --system p300 --root {root})"
+    )
 
 
 def error_doc(out: str) -> dict:

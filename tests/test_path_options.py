@@ -1,5 +1,9 @@
 """Every command, every path option, pointed at a file, a directory, a missing path and an
-unreadable one, as root and as another user (nobody): never a traceback, always one line.
+unreadable one, as root and as another user (nobody): never a traceback, always one line. The
+options that read or run what they name also get what no one should read: a FIFO (an open
+waits forever for a writer), /dev/zero (never ends) and a huge (sparse) file; each is refused
+in one line, quickly and without reading it (a memory cap and a timeout make a regression fail
+instead of hanging the suite or waking the OOM killer).
 
 The two users are tests/users.py's.
 """
@@ -18,6 +22,8 @@ from users import (
 )
 
 KINDS = ("file", "dir", "missing", "unreadable")
+HOSTILE = ("fifo", "devzero", "huge")  # never to be read (module docstring)
+HUGE = 3 << 30  # a sparse file of 3 GiB: no format ttmesh reads is a thousandth of it
 C01 = "0000:01:00.0"
 
 
@@ -27,7 +33,10 @@ def _paths(user: User, tag: str) -> dict[str, Path]:
     script = (
         "import os, sys; w = sys.argv[1]; os.makedirs(w + '/dir'); "
         "open(w + '/file', 'w').write('x\\n'); os.makedirs(w + '/locked'); "
-        "open(w + '/locked/x', 'w').write('x\\n'); os.chmod(w + '/locked', 0)"
+        "open(w + '/locked/x', 'w').write('x\\n'); os.chmod(w + '/locked', 0)\n"
+        "for end in ('', '.yaml', '.py', '.tar.gz'):\n"
+        "    os.mkfifo(w + '/fifo' + end); os.symlink('/dev/zero', w + '/devzero' + end)\n"
+        f"    open(w + '/huge' + end, 'w').truncate({HUGE})"
     )
     if user.name == "root":
         subprocess.run([sys.executable, "-c", script, str(work)], check=True)
@@ -41,6 +50,7 @@ def _paths(user: User, tag: str) -> dict[str, Path]:
         "dir": work / "dir",
         "missing": work / "missing" / "deeper",
         "unreadable": work / "locked" / "x",
+        **{kind: work / kind for kind in HOSTILE},
     }
 
 
@@ -90,34 +100,38 @@ CASES: list[tuple[str, list[str]]] = [
 
 
 # Kinds of path each option must refuse with exit 2 (root can read "unreadable" paths, so that
-# kind counts for other users only).
+# kind counts for other users only). The hostile kinds run only where they are listed.
 ALL = set(KINDS)
+ROOTS = {"file", "missing", "unreadable", *HOSTILE}  # a --root: only a directory will do
+TOOL = ALL | set(HOSTILE)  # a program to run (a huge sparse file is not executable)
 REFUSE: dict[str, set[str]] = {
-    "ls --root": {"file", "missing", "unreadable"},
-    "check --root": {"file", "missing", "unreadable"},
-    "check --ttnn-python": ALL,
-    "reset --tt-smi": ALL,
-    "launch --root": {"file", "missing", "unreadable"},
-    "launch --log-dir": {"file", "unreadable"},
-    "launch --workdir": {"file", "missing", "unreadable"},
-    "launch --rank-binding": ALL,
+    "ls --root": ROOTS,
+    "check --root": ROOTS,
+    "check --ttnn-python": TOOL,
+    "reset --root": {*HOSTILE},
+    "reset --tt-smi": TOOL,
+    "ps --root": {*HOSTILE},
+    "launch --root": ROOTS,
+    "launch --log-dir": {"file", "unreadable", *HOSTILE},
+    "launch --workdir": ROOTS,
+    "launch --rank-binding": ALL | set(HOSTILE),
     "launch --summary-json": {"dir", "missing", "unreadable"},
-    "launch --tt-smi": ALL,
-    "launch COMMAND": ALL,
-    "launch SCRIPT.py": ALL,
-    "descriptor -o": {"file", "unreadable"},
+    "launch --tt-smi": TOOL,
+    "launch COMMAND": TOOL,
+    "launch SCRIPT.py": ALL | {"fifo", "devzero"},  # a huge script is Python's to read
+    "descriptor -o": {"file", "unreadable", *HOSTILE},
     "descriptor --export-rank-binding": {"dir", "unreadable"},
     "doctor --capture": ALL,
-    "doctor --root": {"file", "missing", "unreadable"},
-    "doctor --tt-smi": ALL,
-    "sim create --from-capture": ALL,
-    "sim create --system": ALL,
-    "sim create --system YAML": ALL,
-    "sim create --root": {"file", "unreadable"},
-    "sim fault --root": ALL,
-    "sim show --root": ALL,
-    "sim clear --root": ALL,
-    "sim config --root": ALL,
+    "doctor --root": ROOTS,
+    "doctor --tt-smi": TOOL,
+    "sim create --from-capture": ALL | set(HOSTILE),
+    "sim create --system": ALL | set(HOSTILE),
+    "sim create --system YAML": ALL | set(HOSTILE),
+    "sim create --root": {"file", "unreadable", *HOSTILE},
+    "sim fault --root": ALL | set(HOSTILE),
+    "sim show --root": ALL | set(HOSTILE),
+    "sim clear --root": ALL | set(HOSTILE),
+    "sim config --root": ALL | set(HOSTILE),
 }
 
 
@@ -151,7 +165,7 @@ def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str
     tag = name.replace(" ", "_").replace("-", "").replace(".", "")
     paths = _paths(user, tag)
     problems: list[str] = []
-    for kind in KINDS:
+    for kind in (*KINDS, *(k for k in HOSTILE if k in REFUSE.get(name, set()))):
         args = [
             a.replace("{P}", str(paths[kind]))
             .replace("{SIM}", str(user.sim))
@@ -159,7 +173,7 @@ def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str
             .replace("{NEW}", str(user.base / tag / f"new-{kind}"))
             for a in argv
         ]
-        problems += _check(user, name, kind, user.run(*args))
+        problems += _check(user, name, kind, user.run(*args, hostile=kind in HOSTILE))
     assert not problems, "\n".join(problems)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,31 @@ def can_switch() -> bool:
 
 
 NEEDS_NOBODY = "switching to nobody needs root, /usr/bin/python3 and setpriv"
+MEMORY_CAP = 2 << 30  # address space a hostile run may use: reading /dev/zero stops at this
+HOSTILE_TIMEOUT = 30  # seconds: a refusal takes well under one (a hung open takes forever)
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def _run(
+    argv: list[str], cwd: Path | None, hostile: bool, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ttmesh; a hostile input's run (``hostile``: a FIFO, /dev/zero, a huge file for a
+    path) is capped (memory, time) and a hang is a result, not a hung suite."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, cwd=cwd, env=env,
+            timeout=HOSTILE_TIMEOUT if hostile else 60,
+            preexec_fn=_cap_memory if hostile else None,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        if not hostile:
+            raise
+        return subprocess.CompletedProcess(
+            argv, -9, "", f"(hung: killed after {HOSTILE_TIMEOUT} s)"
+        )
 
 
 @pytest.fixture(scope="session", name="users")
@@ -103,13 +129,13 @@ def users_fixture() -> Iterator[dict[str, User]]:
     made: list[Path] = []
 
     def as_root(
-        *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+        *args: str,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        hostile: bool = False,
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ttmesh", *args],
-            capture_output=True, text=True, timeout=60, cwd=cwd,
-            env={**os.environ, **(env or {})},
-        )  # fmt: skip
+        argv = [sys.executable, "-m", "ttmesh", *args]
+        return _run(argv, cwd, hostile, {**os.environ, **(env or {})})
 
     root_base = world_dir("ttmesh-paths-root-")
     made.append(root_base)
@@ -141,13 +167,14 @@ def users_fixture() -> Iterator[dict[str, User]]:
         python = str(venv / "bin" / "python")
 
         def as_nobody(
-            *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+            *args: str,
+            cwd: Path | None = None,
+            env: dict[str, str] | None = None,
+            hostile: bool = False,
         ) -> subprocess.CompletedProcess[str]:
             extra = [f"{k}={v}" for k, v in (env or {}).items()]
-            return subprocess.run(
-                [*prefix, *extra, python, "-m", "ttmesh", *args],
-                capture_output=True, text=True, timeout=60, cwd=cwd or base,
-            )  # fmt: skip
+            argv = [*prefix, *extra, python, "-m", "ttmesh", *args]
+            return _run(argv, cwd or base, hostile)
 
         sim = base / "sim"
         made_sim = as_nobody("sim", "create", "--system", "quietbox2", "--root", str(sim))

@@ -36,17 +36,22 @@ def safe_name(value: str, flag: str) -> str:
     return value
 
 
-def read_text(path: str | os.PathLike[str], what: str) -> str:
-    """A file the user named, as text; every way it can fail is one line (exit 2)."""
+DEFAULT_LIMIT = 16 * 1024 * 1024  # a text file a user names, unless its format says less
+
+
+def read_text(path: str | os.PathLike[str], what: str, limit: int = DEFAULT_LIMIT) -> str:
+    """A file the user named, as text: a regular file of at most ``limit`` bytes (a FIFO or a
+    device is refused without being read: :mod:`ttmesh.fileread`); every way it can fail is
+    one line (exit 2)."""
+    from ttmesh import fileread
+
     name = os.fspath(path)
     try:
-        return Path(name).read_text()
-    except IsADirectoryError:
-        raise bad_input(f"{what} {name} is a directory, not a file", "give a file")
+        return fileread.read_text(name, limit, what)
+    except fileread.Refused as exc:
+        raise bad_input(f"{what} {name} {exc.why}", exc.hint)
     except FileNotFoundError:
         raise bad_input(f"{what} {name} does not exist", "check the path")
-    except UnicodeDecodeError:
-        raise bad_input(f"{what} {name} is not a text file", "give a text (YAML) file")
     except OSError as exc:
         raise from_os_error(exc, f"read {what}")
 
@@ -531,3 +536,17 @@ def sweep_stale(base: Path, keep: set[str] | frozenset[str] = frozenset()) -> li
         if is_stale(path, now) and remove_tree(path, (st.st_dev, st.st_ino)):
             removed.append(name)
     return removed
+
+
+def xdg_dir(var: str, default: str | None) -> str | None:
+    """The base directory the XDG variable ``var`` names, when it is an absolute path (the XDG
+    Base Directory spec: "If an implementation encounters a relative path in any of these
+    variables it should consider the path invalid and ignore it"); else ``default`` under the
+    home directory (``.cache`` for XDG_CACHE_HOME), or None when there is no default
+    (XDG_RUNTIME_DIR). Every reader of an XDG variable goes through here."""
+    value = os.environ.get(var, "")
+    if os.path.isabs(value):
+        return value
+    if default is None:
+        return None
+    return os.path.join(os.path.expanduser("~"), default)

@@ -181,10 +181,10 @@ def _invoke(argv: list[str]) -> int:
         err = from_os_error(exc)
         return _fail(argv, err.code, err.message, err.hint)
     except Exception as exc:
-        from ttmesh.sim.core import SimError
-
-        if isinstance(exc, SimError):  # a simulated host that cannot be used: its one line
-            return _fail(argv, BAD_INPUT, str(exc), None)
+        sim = sys.modules.get("ttmesh.sim.core")  # loaded only when a simulated host was used
+        if sim is not None and isinstance(exc, sim.SimError):
+            # A simulated host's own complaint (a corrupted file, a chip it has not): one line.
+            return _fail(argv, exc.code, exc.message, exc.hint)
         if os.environ.get("TTMESH_DEBUG"):
             raise
         what = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]

@@ -304,7 +304,8 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--rank-binding",
     metavar="FILE.yaml",
     help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
-    "descriptor, under mpirun, with ttmesh's environment and supervision added.",
+    "descriptor, under mpirun, with ttmesh's environment and supervision added. Its global_env "
+    "and env_overrides may not set what --env may not (RANK, MASTER_PORT, TTMESH_*, ...).",
 )
 @click.option(
     "--workdir",

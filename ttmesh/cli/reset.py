@@ -116,6 +116,7 @@ def reset_cmd(
             "name the chips to reset alone, e.g. --chips 0000:01:00.0 --no-expand",
         )
     inv = discover(host)
+    host.check_changeable()  # before saying what will be reset
     asics = health.parse_chips(inv, chips)
     run = functools.partial(
         reset.recover,

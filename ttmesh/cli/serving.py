@@ -17,8 +17,8 @@ def profiles_cmd(as_json: bool) -> None:
     """List the serving stacks ttmesh recognises, and how it runs each.
 
     \b
-    A profile is a file in ttmesh/configs/profiles (or $TTMESH_PROFILES): how the stack is
-    recognised, how its chips are passed, the environment it needs, its flag rules, how
+    A profile is a file in ttmesh/configs/profiles (or in the directory $TTMESH_PROFILES):
+    how the stack is recognised, how its chips are passed, the environment it needs, its flag rules, how
     readiness is known and how it stops. `ttmesh launch -- COMMAND` picks the first that
     matches COMMAND; `--profile NAME` picks one, `--profile none` none.
     """

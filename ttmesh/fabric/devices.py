@@ -12,12 +12,17 @@ discovery on a real host when the ``hw`` extra is installed, else none (said in 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ttmesh.errors import bad_input
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc
-from ttmesh.host.base import Host
+from ttmesh.host.base import CLASS_DIR, Host
+
+ASIC_ID = re.compile(r"[0-9a-f]{1,16}")  # the driver writes 16 hex digits
+BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+PCI_ID = re.compile(r"0x[0-9a-f]{1,4}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,12 @@ def discover(host: Host) -> Inventory:
         asic = host.attr(n, "tt_asic_id")
         if bdf is None or asic is None:
             continue
+        node = host.path(f"{CLASS_DIR}/tenstorrent!{n}")
+        if not BDF.fullmatch(bdf.lower()):
+            raise host.corrupt(f"{node}/device", f"leads to {bdf[:60]!a}, not a PCI device")
+        if not ASIC_ID.fullmatch(asic.lower()):
+            why = f"holds {asic[:40]!a}, not a chip's unique id (16 hex digits)"
+            raise host.corrupt(f"{node}/tt_asic_id", why)
         pci.append((bdf.lower(), n, asic.lower()))
     pci.sort()
     pci_index = {bdf: i for i, (bdf, _, _) in enumerate(pci)}
@@ -125,7 +136,10 @@ def discover(host: Host) -> Inventory:
     seen: set[str] = set()
     for bdf, n, asic in pci:
         card = host.attr(n, "tt_card_type") or "unknown"
-        device = host.pci_attr(bdf, "device") or ""
+        device = (host.pci_attr(bdf, "device") or "").lower()
+        if device and not PCI_ID.fullmatch(device):
+            where = str(host.path(f"sys/bus/pci/devices/{bdf}/device"))
+            raise host.corrupt(where, f"holds {device[:40]!a}, not a PCI device id (e.g. 0xb140)")
         arch = boardfacts.PCI_DEVICE_IDS.get(int(device, 16) if device else -1) or (
             boardfacts.CARDS[card].arch if card in boardfacts.CARDS else "unknown"
         )

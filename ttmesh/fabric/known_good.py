@@ -52,9 +52,9 @@ def store_dir() -> Path:
     override = os.environ.get("TTMESH_TOPOLOGY_DIR")
     if override:
         return Path(override)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
+    from ttmesh.paths import xdg_dir
+
+    base = xdg_dir("XDG_STATE_HOME", os.path.join(".local", "state")) or "."
     return Path(base) / "ttmesh" / "topology"
 
 
@@ -74,8 +74,10 @@ def pair_key(link: LinkSpec) -> frozenset:
 
 def _parse(path: Path) -> Record | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        from ttmesh import fileread
+
+        data = json.loads(fileread.read_bytes(path, fileread.MiB, "topology record"))
+    except (OSError, ValueError):  # fileread.Refused is a ValueError
         return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         return None

@@ -24,7 +24,8 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ttmesh.errors import bad_input, from_os_error, owner_of
+from ttmesh import fileread
+from ttmesh.errors import TTMeshError, bad_input, from_os_error, owner_of
 from ttmesh.paths import SharedDir, shared_dir
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ LEASES = "run/lock/ttmesh"
 RUN_LOCK = "/run/lock"
 RUN_LOCK_LEASES = Path("/run/lock/ttmesh")
 TMP_LEASES = Path("/tmp/ttmesh-leases")  # on a machine without /run/lock (never $TMPDIR)
+MAX_FILE = 1024 * 1024  # a driver file (sysfs says 4096 bytes for every attribute)
 
 Marks = list[tuple[list[str], int]]  # (asic ids, pid) per process
 
@@ -76,16 +78,36 @@ class Host:
         return os.path.join(self._root, rel.lstrip("/"))
 
     def read_text(self, rel: str) -> str | None:
-        """Read a host file (``rel`` is relative to the root); None when it does not exist."""
+        """Read a host file (``rel`` is relative to the root); None when it does not exist.
+        Bounded and regular files only (:mod:`ttmesh.fileread`): anything else in a driver
+        file's place is :meth:`corrupt`. Bytes that are not UTF-8 are replaced: whoever reads
+        the value checks it."""
         rel = rel.lstrip("/")
         dynamic = self._dynamic(rel)
         if dynamic is not None:
             return dynamic
+        path = self._join(rel)
         try:
-            with open(self._join(rel)) as f:
-                return f.read()
+            data = fileread.read_bytes(path, MAX_FILE, "driver file")
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except fileread.Refused as exc:
+            raise self.corrupt(path, exc.why) from None
+        return data.decode(errors="replace")
+
+    def corrupt(self, path: str, why: str) -> TTMeshError:
+        """A host file that cannot be what the driver writes: one line naming it, and the fix
+        for this kind of host (bad input, exit 2)."""
+        return bad_input(f"{path} {why}", self.repair_hint())
+
+    def repair_hint(self) -> str:
+        """How to get sane driver files back on this host."""
+        if self.root == Path("/"):
+            return (
+                "the tenstorrent driver writes this file: reload it (modprobe -r tenstorrent; "
+                "modprobe tenstorrent) or reboot, and report it if it stays"
+            )
+        return f"check the files under {self.root}"
 
     def _dynamic(self, rel: str) -> str | None:
         """A file whose content a backend computes when read (None: read the file)."""

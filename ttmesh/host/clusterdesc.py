@@ -237,8 +237,19 @@ def loads(text: str) -> ClusterDescriptor:
         raise DescriptorError(str(exc)) from exc
 
 
+MAX_BYTES = 16 * 1024 * 1024  # a Galaxy's is about 100 KiB
+
+
 def load(path: str | Path) -> ClusterDescriptor:
-    return loads(Path(path).read_text())
+    """Read a descriptor file, bounded (a FIFO, a device or a huge file is a DescriptorError,
+    as is text that is not UTF-8); a missing file is an OSError."""
+    from ttmesh import fileread
+
+    try:
+        text = fileread.read_text(path, MAX_BYTES, "cluster descriptor")
+    except fileread.Refused as exc:
+        raise DescriptorError(exc.why) from None
+    return loads(text)
 
 
 def to_plain(cd: ClusterDescriptor) -> dict[str, Any]:
@@ -262,13 +273,15 @@ def load_cached(path: Path, cache: Path) -> ClusterDescriptor:
     Parsing YAML costs tens of milliseconds on every launch; the cache is keyed by the file's
     modification time and size, so a rewritten descriptor is parsed again.
     """
+    from ttmesh import fileread
+
     st = path.stat()
     key = [st.st_mtime_ns, st.st_size, str(path)]
     try:
-        data = json.loads(cache.read_text())
+        data = json.loads(fileread.read_bytes(cache, 4 * MAX_BYTES, "parsed descriptor"))
         if data.get("key") == key:
             return from_plain(data["descriptor"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     cd = load(path)
     try:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+from ttmesh import paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher import mpi
 
@@ -64,7 +65,7 @@ def start(hosts: str, multi: Any, argv: list[str], *, dry_run: bool = False) -> 
         return 0
     env = {**os.environ, "TTMESH_RDZV_TOKEN": token, "TTMESH_AGENT": "1"}
     env.setdefault("PYTHONPATH", "")
-    env.setdefault("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    env["XDG_CACHE_HOME"] = paths.xdg_dir("XDG_CACHE_HOME", ".cache") or ""  # absolute (XDG)
     try:
         return subprocess.call(command, env=env)
     except OSError as exc:

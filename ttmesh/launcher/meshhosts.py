@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh import paths
 from ttmesh.errors import bad_input, refused
 from ttmesh.launcher import hostreport, mpi
 from ttmesh.mesh import cluster as meshcluster
@@ -281,7 +282,8 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
     count = len(bf.bindings)
     rankfile = Path(bf.path).with_suffix(".rankfile")
     if rankfile.is_file():
-        placed = parse_rankfile(rankfile.read_text(), str(rankfile), names, count)
+        text = paths.read_text(rankfile, "rankfile", ttrun.MAX_BYTES)
+        placed = parse_rankfile(text, str(rankfile), names, count)
     else:
         if count % len(names):
             raise bad_input(
@@ -299,7 +301,8 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
     chips = [a for us in units for u in us for a in u.chips]
     req.tp_size = len(chips)
     try:
-        graph = mgd.parse(Path(bf.mesh_graph_desc_path).read_text())
+        text = paths.read_text(bf.mesh_graph_desc_path, "mesh graph descriptor", ttrun.MAX_BYTES)
+        graph = mgd.parse(text)
         host_dims = graph.meshes[0].host_dims
     except (OSError, mgd.DescriptorError, IndexError) as exc:
         raise bad_input(

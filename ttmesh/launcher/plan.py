@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh import paths
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.mesh import layout
@@ -234,6 +235,11 @@ def resolve_command(req: LaunchRequest) -> list[str]:
         path = Path(req.cwd or ".") / first
         if path.is_dir():
             raise bad_input(f"script {first} is a directory", "give the script file")
+        if path.exists() and not path.is_file():
+            from ttmesh.fileread import kind_of
+
+            kind = kind_of(path.stat().st_mode) or "not a file"
+            raise bad_input(f"script {first} is {kind}, not a regular file", "give the script file")
         if not path.is_file():
             raise bad_input(f"script {first} does not exist", "check the path")
         if not os.access(path, os.R_OK):
@@ -388,9 +394,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         else:
             descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
     cache_base = os.environ.get("TT_METAL_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "ttmesh"
-        / "tt-metal-cache"
+        Path(paths.xdg_dir("XDG_CACHE_HOME", ".cache") or ".") / "ttmesh" / "tt-metal-cache"
     )
     user_env = dict(req.env)
     host_env = inv.host.rank_env(sel.chips)

@@ -1076,10 +1076,13 @@ def _seconds(value: float) -> str:
 
 def _error_message(path: str) -> str | None:
     """The exception a worker recorded with torch's @record (TORCHELASTIC_ERROR_FILE)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+    from ttmesh import fileread
+
+    try:  # bounded: a rank may leave anything there (a FIFO would hang the guardian)
+        data = json.loads(fileread.read_bytes(path, fileread.MiB, "error file"))
+    except (OSError, ValueError):  # fileread.Refused is a ValueError
+        return None
+    if not isinstance(data, dict):
         return None
     message = data.get("message")
     if isinstance(message, dict):

@@ -225,8 +225,9 @@ def single_mesh(spec: MeshSpec) -> MeshGraph:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ttmesh" / "mgd"
+    from ttmesh.paths import xdg_dir
+
+    return Path(xdg_dir("XDG_CACHE_HOME", ".cache") or ".") / "ttmesh" / "mgd"
 
 
 def to_text(graph: MeshGraph, comment: str = "") -> str:
@@ -252,7 +253,9 @@ def _body(graph: MeshGraph) -> str:
     name = f"{zlib.crc32(json.dumps(key).encode()):08x}.json"
     cached = _cache_dir() / name
     try:
-        data = json.loads(cached.read_text())
+        from ttmesh import fileread
+
+        data = json.loads(fileread.read_bytes(cached, fileread.MiB, "cached descriptor"))
         if data["key"] == key and isinstance(data["text"], str):
             _bodies[graph_key] = data["text"]
             return str(data["text"])

@@ -51,7 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ttmesh import __version__, paths
+from ttmesh import __version__, fileread, paths
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import CLASS_DIR, Host
@@ -134,7 +134,7 @@ class Capture:
 def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
-    if isinstance(exc, TTMeshError):
+    if isinstance(exc, TTMeshError) or hasattr(exc, "hint"):  # a simulated host's SimError
         return str(exc)
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
@@ -768,16 +768,14 @@ def read_archive(path: Path) -> Archive:
     """Read a capture, treating it as hostile: every member is checked before anything is
     used, and the first that breaks a rule refuses the whole archive (bad input, exit 2)."""
     try:
-        st = os.stat(path)
+        fd = fileread.open_regular(path, MAX_ARCHIVE, "capture")
+    except fileread.Refused as exc:
+        raise bad_input(f"--from-capture {path} {exc.why}", "give a .tar.gz from ttmesh doctor")
     except OSError as exc:
         raise from_os_error(exc, "read the capture")
-    if not stat.S_ISREG(st.st_mode):
-        raise bad_input(f"--from-capture {path} is not a file", "give a .tar.gz from ttmesh doctor")
-    if st.st_size > MAX_ARCHIVE:
-        raise _refuse(path, f"{st.st_size} bytes, more than a capture's {MAX_ARCHIVE}")
     limit = MAX_TOTAL + HEADROOM
     try:
-        with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) as unzipped:
+        with os.fdopen(fd, "rb") as raw, gzip.GzipFile(fileobj=raw) as unzipped:
             stream = _Capped(unzipped, limit)
             with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
                 top, files, links = _read_members(path, tar)
@@ -799,6 +797,19 @@ def read_archive(path: Path) -> Archive:
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise _refuse(path, f"no {SCHEMA} manifest ({top}/{MANIFEST} missing or not one)")
     return Archive(path, top, files, links, manifest)
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    """What a member that is no file, directory or symbolic link is."""
+    if member.islnk():
+        return f"a hard link (to {member.linkname[:80]!r})"
+    if member.ischr():
+        return "a character device"
+    if member.isblk():
+        return "a block device"
+    if member.isfifo():
+        return "a FIFO (named pipe)"
+    return f"a special member (tar type {member.type!r})"
 
 
 def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, bytes], dict[str, str]]:
@@ -828,6 +839,16 @@ def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, byte
         for i in range(2, len(parts)):
             if "/".join(parts[1:i]) in links:
                 raise _refuse(path, f"member {name!r} lies behind a symbolic link")
+        # What the member is comes before whether its name was seen: a hard link, a device or
+        # a huge file appended under a name the archive has is refused for what it is.
+        if not (member.isdir() or member.issym() or member.isreg()):
+            raise _refuse(path, f"member {name!r} is {_kind(member)}, which no capture holds")
+        if member.isreg() and member.size > MAX_MEMBER:
+            raise _refuse(
+                path,
+                f"member {name!r} is {member.size} bytes (a capture's members are at most "
+                f"{fileread.size_text(MAX_MEMBER)})",
+            )
         if member.isdir():
             if rel in files or rel in links:
                 raise _refuse(path, f"member {name!r} appears twice")
@@ -852,14 +873,6 @@ def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, byte
                 raise _refuse(path, f"link {name!r} points to {target!r}, outside the archive")
             links[rel] = target
             continue
-        if not member.isreg():
-            kind = "a hard link" if member.islnk() else "a device or special file"
-            raise _refuse(path, f"member {name!r} is {kind}, which no capture holds")
-        if member.size > MAX_MEMBER:
-            raise _refuse(
-                path,
-                f"member {name!r} is {member.size} bytes (a capture's are at most {MAX_MEMBER})",
-            )
         total += member.size
         if total > MAX_TOTAL:
             raise _refuse(path, f"its members add up to more than {MAX_TOTAL} bytes")

@@ -32,7 +32,7 @@ KILLED = "ttmesh killed (its processes are gone)"
 def base_dir() -> Path:
     """Per-user runtime state: $XDG_RUNTIME_DIR, else a RAM-backed /dev/shm, else the temp dir
     (a job's run directory is written and removed on every launch: keep it off slow disks)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
+    base = paths.xdg_dir("XDG_RUNTIME_DIR", None)  # a relative one is ignored (XDG spec)
     if base and os.path.isdir(base):
         return Path(base) / "ttmesh"
     shm = Path("/dev/shm")

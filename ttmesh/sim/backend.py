@@ -18,15 +18,24 @@ from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
-from ttmesh.errors import bad_input, from_os_error
+from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import Host, Marks
-from ttmesh.sim.core import MARKER, SimRoot
+from ttmesh.sim.core import MARKER, SimCorrupt, SimRoot, recreate_command
 
 _DEV_ATTR = re.compile(r"^sys/class/tenstorrent/tenstorrent!(\d+)/(tt_heartbeat)$")
 _PIDS = re.compile(r"^proc/driver/tenstorrent/(\d+)/pids$")
 DESCRIPTOR = "cluster_descriptor.yaml"
 PARSED = "sim/cluster_descriptor.parsed.json"
+
+
+def _why(message: str) -> str:
+    """A reader's complaint, to follow a file's name."""
+    if message.startswith(("is ", "holds ")):
+        return message
+    if message.startswith(("malformed cluster descriptor", "not a cluster descriptor")):
+        return f"is {message.replace('malformed', 'a malformed', 1)}"
+    return f"is not a cluster descriptor: {message}"
 
 
 def is_simulated(root: str | os.PathLike[str]) -> bool:
@@ -84,15 +93,15 @@ class SimHost(Host):
     def descriptor(self) -> clusterdesc.ClusterDescriptor:
         """The root's cluster descriptor, as tt-umd would have written it (parsed once)."""
         path = self.path(DESCRIPTOR)
-        if not path.is_file():
-            raise bad_input(f"{self.root} has no {DESCRIPTOR}", "recreate it: ttmesh sim create")
         try:
             return clusterdesc.load_cached(path, self.path(PARSED))
+        except (FileNotFoundError, NotADirectoryError):
+            raise SimCorrupt(self._root, str(path), "is missing") from None
         except clusterdesc.DescriptorError as exc:
-            raise bad_input(f"{path}: {exc}", "recreate the simulated host: ttmesh sim create")
+            raise SimCorrupt(self._root, str(path), _why(str(exc))) from None
 
     def topology(self) -> tuple[clusterdesc.ClusterDescriptor | None, str, list[str]]:
-        if not self.path(DESCRIPTOR).is_file():
+        if not os.path.lexists(self.path(DESCRIPTOR)):
             return None, "none", [f"the simulated host has no {DESCRIPTOR}"]
         return self.descriptor(), "cluster-descriptor", []
 
@@ -110,6 +119,12 @@ class SimHost(Host):
             )
         ]
         return replace(cd, links=links)
+
+    def repair_hint(self) -> str:
+        return f"recreate it: {recreate_command(self._root)}"
+
+    def corrupt(self, path: str, why: str) -> TTMeshError:
+        return bad_input(f"the simulated host's {path} {why}", self.repair_hint())
 
     # -- tools
 
@@ -156,3 +171,4 @@ class SimHost(Host):
         ):
             denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(lock))
             raise from_os_error(denied, "change the simulated host")
+        self.sim.state_now()  # a state that cannot be read is refused before anything starts

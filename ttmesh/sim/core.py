@@ -1,8 +1,9 @@
 """The simulated host's mechanics: its file tree, its state and how that state moves.
 
 STANDARD LIBRARY ONLY. This file is copied into every simulated root as ``bin/_ttmesh_simcore.py``
-so the ``bin/tt-smi`` stand-in keeps working when the venv that made the root is gone; ttmesh
-itself imports the same code as ``ttmesh.sim.core``.
+(with the bounded reader, ``ttmesh.fileread``, as ``bin/_ttmesh_fileread.py``) so the
+``bin/tt-smi`` stand-in keeps working when the venv that made the root is gone; ttmesh itself
+imports the same code as ``ttmesh.sim.core``.
 
 A simulated root holds what the kernel driver shows on a real host (``sys/``, ``dev/``,
 ``proc/driver/``), tt-umd's ``cluster_descriptor.yaml``, the marker ``.ttmesh-sim`` and:
@@ -10,6 +11,11 @@ A simulated root holds what the kernel driver shows on a real host (``sys/``, ``
 * ``sim/system.json`` - the hardware: chips, boards, links (a stock system model, see system.py);
 * ``sim/state.json``  - everything that changes, written under ``sim/state.lock`` and replaced
   atomically: chips alive or dead, links down, armed faults, fabric marks, holders.
+
+A root's files are read as hostile (a user may truncate, garble or replace any of them): every
+read is bounded and regular files only (``fileread``), and what is read is checked against the
+shape this module writes (:func:`check_system`, :func:`check_state`). Anything else is a
+:class:`SimCorrupt`, one line naming the file and the command that recreates the root.
 
 Dynamic values are computed when read: a live chip's heartbeat advances with the clock, a dead
 chip's is frozen; a holder is listed only while its process lives; a fabric mark whose process
@@ -20,15 +26,24 @@ job leaves them on hardware.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
+import math
 import os
+import re
+import shlex
 import shutil
 import stat
 import time
 from collections.abc import Iterator
 from typing import Any
+
+if __package__:
+    from ttmesh import fileread
+else:  # the copy in a simulated root's bin/, next to the copy of the reader
+    import _ttmesh_fileread as fileread  # type: ignore[import-not-found, no-redef]
 
 MARKER = ".ttmesh-sim"
 SYSTEM_FILE = "sim/system.json"
@@ -50,8 +65,198 @@ FAULT_KINDS = (
 )
 
 
+# The most each file of a root can hold (a Galaxy's are tens of KiB).
+MAX_JSON = 64 * fileread.MiB  # system.json, state.json (the state keeps every reset's record)
+MAX_SMALL = 64 * fileread.KiB  # the marker, a driver attribute
+MAX_DESCRIPTOR = 16 * fileread.MiB  # cluster_descriptor.yaml
+CAPTURE_INFO = "sim/capture.json"
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
 class SimError(Exception):
-    """A problem with a simulated root (bad target, missing chip); the message is one line."""
+    """A problem with a simulated root (bad target, missing chip); the message is one line.
+    ``message``, ``hint`` and ``code`` are what the command line prints (exit 2)."""
+
+    code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class SimCorrupt(SimError):
+    """A file of the root that is not what this module wrote: truncated, garbled, missing, a
+    directory, a FIFO. Names the file and the command that recreates the root."""
+
+    def __init__(self, root: str, path: str, why: str) -> None:
+        # "... state.json is not valid JSON"; a part of it: "... state.json: chips is not ..."
+        sep = " " if why.startswith(("is ", "has ", "holds ", "cannot ")) else ": "
+        super().__init__(
+            f"the simulated host's {path}{sep}{why}", f"recreate it: {recreate_command(root)}"
+        )
+        self.path = path
+
+
+def recreate_command(root: str) -> str:
+    """The ``ttmesh sim create --force ...`` that rebuilds ``root`` as it was made (from its
+    marker and ``sim/capture.json``, read bounded; ``--system NAME`` when they cannot say)."""
+    where = shlex.quote(os.path.abspath(root))
+    info = _small_json(os.path.join(root, CAPTURE_INFO), MAX_JSON)
+    if isinstance(info, dict) and isinstance(info.get("archive"), str):
+        archive = shlex.quote(info["archive"])
+        return f"ttmesh sim create --force --from-capture {archive} --root {where}"
+    marker = _small_json(os.path.join(root, MARKER), MAX_SMALL)
+    system = marker.get("system") if isinstance(marker, dict) else None
+    if not isinstance(system, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", system):
+        system = "NAME"
+    host = marker.get("host") if isinstance(marker, dict) else None
+    part = f" --host {host}" if isinstance(host, int) and not isinstance(host, bool) else ""
+    return f"ttmesh sim create --force --system {system}{part} --root {where}"
+
+
+def _small_json(path: str, limit: int) -> Any:
+    try:
+        return json.loads(fileread.read_bytes(path, limit))
+    except (OSError, ValueError):
+        return None
+
+
+def read_json(root: str, rel: str, what: str, limit: int = MAX_JSON) -> Any:
+    """A JSON file of the root, read bounded; :class:`SimCorrupt` when it cannot be."""
+    path = os.path.join(root, rel)
+    try:
+        data = fileread.read_bytes(path, limit, what)
+    except fileread.Refused as exc:
+        raise SimCorrupt(root, path, exc.why) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise SimCorrupt(root, path, "is missing") from None
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise  # whose it is: the command line names the owner
+        raise SimCorrupt(root, path, f"cannot be read ({exc.strerror})") from None
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise SimCorrupt(root, path, "is not UTF-8 text (garbled?)") from None
+    except ValueError as exc:
+        raise SimCorrupt(root, path, f"is not valid JSON ({exc})") from None
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _quads(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(q, list) and len(q) == 4 and all(_int(x) for x in q) for q in value
+    )
+
+
+def check_system(data: Any) -> str | None:
+    """What is wrong with a ``sim/system.json`` (None: it has the shape this module reads)."""
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    chips = data.get("chips")
+    if not isinstance(chips, list) or not chips:
+        return "has no list of chips"
+    ids = set()
+    for i, chip in enumerate(chips):
+        where = f"chips[{i}]"
+        if not isinstance(chip, dict):
+            return f"{where} is not an object"
+        for key in ("id", "unique_id", "board_id"):
+            if not _int(chip.get(key)) or chip[key] < 0:
+                return f"{where}.{key} is not a whole number"
+        if chip.get("arch") not in PCI_DEVICE:
+            return f"{where}.arch is not one of {', '.join(PCI_DEVICE)}"
+        if not isinstance(chip.get("card_type"), str):
+            return f"{where}.card_type is not a string"
+        bdf = chip.get("bdf")
+        if bdf is not None and not (isinstance(bdf, str) and _BDF.match(bdf)):
+            return f"{where}.bdf is not a PCI address"
+        if chip.get("dev_index") is not None and not _int(chip.get("dev_index")):
+            return f"{where}.dev_index is not a whole number"
+        ids.add(chip["id"])
+    boards = data.get("boards", [])
+    if not isinstance(boards, list) or not all(
+        isinstance(b, dict) and isinstance(b.get("chips"), list) for b in boards
+    ):
+        return "boards is not a list of boards with chips"
+    for key in ("links", "remote_links"):
+        if not _quads(data.get(key, [])):
+            return f"{key} is not a list of [chip, channel, chip, channel]"
+    for a, _, b, _ in data.get("links", []):
+        if a not in ids or b not in ids:
+            return f"links names chip {a if a not in ids else b}, which chips has not"
+    for a, *_ in data.get("remote_links", []):
+        if a not in ids:
+            return f"remote_links names chip {a}, which chips has not"
+    for b in boards:
+        if not all(c in ids for c in b["chips"]):
+            return "a board names a chip that chips has not"
+    for key in ("name", "driver_version", "fw_bundle_version"):
+        if key in data and not isinstance(data[key], str):
+            return f"{key} is not a string"
+    return None
+
+
+def check_state(state: Any, asics: list[str]) -> str | None:
+    """What is wrong with a ``sim/state.json`` for chips ``asics`` (None: the shape is right)."""
+    if not isinstance(state, dict):
+        return "is not a JSON object"
+    if state.get("schema") != STATE_SCHEMA:
+        return f"has an unknown state schema {state.get('schema')!r}"[:200]
+    config = state.get("config")
+    if not isinstance(config, dict) or not all(
+        _num(config.get(k)) and config[k] >= 0 for k in DEFAULT_CONFIG
+    ):
+        return "config is not heartbeat_hz and reset_seconds as numbers"
+    chips = state.get("chips")
+    if not isinstance(chips, dict):
+        return "chips is not an object"
+    for asic in asics:
+        chip = chips.get(asic)
+        if not isinstance(chip, dict):
+            return f"has no state for chip {asic}"
+        if not (isinstance(chip.get("alive"), bool) and isinstance(chip.get("present"), bool)):
+            return f"chips.{asic}: alive and present are not true or false"
+        if not (_num(chip.get("hb_base")) and _num(chip.get("hb_t0"))):
+            return f"chips.{asic}: hb_base and hb_t0 are not numbers"
+        if chip.get("dev") is not None and not (_int(chip["dev"]) and chip["dev"] >= 0):
+            return f"chips.{asic}.dev is not a /dev/tenstorrent number"
+    if not isinstance(state.get("links_down"), list) or not all(
+        isinstance(k, str) for k in state["links_down"]
+    ):
+        return "links_down is not a list of links"
+    faults = state.get("faults")
+    if not (
+        isinstance(faults, dict)
+        and isinstance(faults.get("permanent", []), list)
+        and (faults.get("reset_fails") is None or isinstance(faults["reset_fails"], dict))
+        and (faults.get("reset_hangs") is None or _num(faults["reset_hangs"]))
+    ):
+        return "faults is not the faults this module writes"
+    for key, needs in (("fabric_marks", ("pid", "chips")), ("holders", ("pid", "asic"))):
+        entries = state.get(key)
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and _int(e.get("pid")) and all(n in e for n in needs)
+            for e in entries
+        ):
+            return f"{key} is not a list of processes"
+    if not isinstance(state.get("resets"), list):
+        return "resets is not a list"
+    return None
 
 
 def asic_hex(unique_id: int) -> str:
@@ -107,8 +312,11 @@ class SimRoot:
     @property
     def system(self) -> dict[str, Any]:
         if self._system is None:
-            with open(self.path(SYSTEM_FILE)) as f:
-                self._system = json.load(f)
+            data = read_json(self.root, SYSTEM_FILE, "system file")
+            why = check_system(data)
+            if why is not None:
+                raise SimCorrupt(self.root, self.path(SYSTEM_FILE), why)
+            self._system = data
         return self._system
 
     def chips(self) -> list[dict[str, Any]]:
@@ -171,17 +379,20 @@ class SimRoot:
     # -- state
 
     def read_state(self) -> dict[str, Any]:
-        with open(self.path(STATE_FILE)) as f:
-            state = json.load(f)
-        if state.get("schema") != STATE_SCHEMA:
-            raise SimError(f"{self.path(STATE_FILE)}: unknown state schema {state.get('schema')!r}")
+        state = read_json(self.root, STATE_FILE, "state file")
+        why = check_state(state, [asic_hex(c["unique_id"]) for c in self.chips()])
+        if why is not None:
+            raise SimCorrupt(self.root, self.path(STATE_FILE), why)
         return state
 
     def state_now(self) -> dict[str, Any]:
         """The state as it is now, for reading only (never change what this returns): parsed
         again only when the file was replaced. Every change replaces it (a new inode, a new
         modification time), so a heartbeat or holder read costs a stat, not a JSON parse."""
-        st = os.stat(self.path(STATE_FILE))
+        try:
+            st = os.stat(self.path(STATE_FILE))
+        except (FileNotFoundError, NotADirectoryError):
+            raise SimCorrupt(self.root, self.path(STATE_FILE), "is missing") from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._seen is None or self._seen[0] != key:
             self._seen = (key, self.read_state())
@@ -220,11 +431,16 @@ class SimRoot:
         anyone else could take would let them stop every change to the host."""
         directory = self._state_dir()
         try:
+            lock = self.path(LOCK_FILE)
             try:
                 fd = _lock_file(directory, os.fstat(directory).st_uid)
+            except _NotAFile as exc:
+                raise SimCorrupt(self.root, lock, str(exc)) from None
             except OSError as exc:
-                exc.filename = self.path(LOCK_FILE)  # named in full for the user
-                raise
+                if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    exc.filename = lock  # whose it is: the command line names the owner
+                    raise
+                raise SimCorrupt(self.root, lock, f"cannot be opened ({exc.strerror})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 state = self.read_state()
@@ -611,10 +827,11 @@ class SimRoot:
         """Keep chips_with_mmio of the cluster descriptor in step with device numbers."""
         path = self.path("cluster_descriptor.yaml")
         try:
-            with open(path) as f:
-                lines = f.read().split("\n")
+            lines = fileread.read_text(path, MAX_DESCRIPTOR, "cluster descriptor").split("\n")
         except FileNotFoundError:
             return
+        except fileread.Refused as exc:
+            raise SimCorrupt(self.root, path, exc.why) from None
         try:
             start = lines.index("chips_with_mmio:") + 1
         except ValueError:
@@ -673,10 +890,14 @@ def _create(path: str, mode: int, dir_fd: int | None = None) -> int:
         return os.open(path, flags, mode, dir_fd=dir_fd)
 
 
+class _NotAFile(Exception):
+    """Something that is no file stands where one of the root's files should be."""
+
+
 def _lock_file(directory: int, owner: int) -> int:
     """``state.lock`` in ``sim/`` (``directory``), opened without following a link; made mode
     0600 for the directory's owner (root changing another's host makes it theirs)."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open("state.lock", flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=directory)
         if owner != os.geteuid():
@@ -687,15 +908,36 @@ def _lock_file(directory: int, owner: int) -> int:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise SimError(
-            "sim/state.lock is not a file (recreate the host with ttmesh sim create --force)"
-        )
+        raise _NotAFile("is not a regular file")
     if st.st_uid == os.geteuid() and st.st_mode & 0o077:
         os.fchmod(fd, 0o600)  # made by an older ttmesh: mode 0644 let anyone hold it
     return fd
 
 
 def _write(path: str, text: str) -> None:
+    """Write a file of the tree; never through a link, never blocking on a FIFO put in its
+    place, never into anything but a regular file."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        raise SimCorrupt(_root_of(path), path, "is not a regular file") from None
+    with os.fdopen(fd, "w") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SimCorrupt(_root_of(path), path, "is not a regular file")
+        os.ftruncate(fd, 0)
         f.write(text)
+
+
+def _root_of(path: str) -> str:
+    """The simulated root ``path`` is in (the nearest directory above it with the marker)."""
+    current = os.path.dirname(os.path.abspath(path))
+    while not os.path.isfile(os.path.join(current, MARKER)):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return os.path.dirname(os.path.abspath(path))
+        current = parent
+    return current

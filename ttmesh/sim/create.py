@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,11 @@ from ttmesh.sim.roots import read_marker
 from ttmesh.sim.system import SystemModel
 
 HERE = Path(__file__).resolve().parent
-TOOLS = {"_ttmesh_simcore.py": HERE / "core.py", "tt-smi": HERE / "tt_smi.py"}
+TOOLS = {
+    "_ttmesh_simcore.py": HERE / "core.py",
+    "_ttmesh_fileread.py": HERE.parent / "fileread.py",
+    "tt-smi": HERE / "tt_smi.py",
+}
 # What a simulated root holds; only these are removed when it is recreated.
 MANAGED = (
     "sys",
@@ -79,12 +84,29 @@ def create(
 
 
 def install_tools(root: Path) -> None:
-    """Copy the standard-library tools (tt-smi stand-in and its core) into ``root/bin``."""
+    """Copy the standard-library tools (tt-smi stand-in, its core and reader) into
+    ``root/bin``, each written to a new file (never through a link left in its place) and
+    renamed over the old one."""
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, source in TOOLS.items():
-        target = bin_dir / name
-        tmp = bin_dir / f".{name}.tmp"
-        tmp.write_bytes(source.read_bytes())
-        tmp.chmod(0o755 if name == "tt-smi" else 0o644)
+        replace_file(bin_dir / name, source.read_bytes(), 0o755 if name == "tt-smi" else 0o644)
+
+
+def replace_file(target: Path, data: bytes, mode: int = 0o644) -> None:
+    """``target`` holds ``data`` now: written to a file created for it (``O_EXCL``, not
+    following links) and renamed over ``target`` (which replaces a link, never its target)."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a leftover of a killed process with this PID (unlink follows nothing)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -33,7 +33,7 @@ from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel, from_dict
 
 CAPTURE_DIR = "sim/capture"  # the archive's members, under the recreated root
-CAPTURE_INFO = "sim/capture.json"
+CAPTURE_INFO = core.CAPTURE_INFO
 INFO_SCHEMA = "ttmesh.sim-capture/1"
 CLASS = f"{cap.HOST_DIR}/sys/class/tenstorrent"
 DEFAULT_HARVESTING = {
@@ -485,7 +485,7 @@ def _extract(ar: cap.Archive, dest: Path) -> None:
 def capture_info(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     """What ``sim/capture.json`` says of a host recreated from a capture (None otherwise)."""
     try:
-        data = json.loads((Path(root) / CAPTURE_INFO).read_text())
-    except (OSError, ValueError):
+        data = core.read_json(str(root), CAPTURE_INFO, "capture record")
+    except (OSError, core.SimError):  # none, or not readable: not a recreated host
         return None
     return data if isinstance(data, dict) and data.get("schema") == INFO_SCHEMA else None

@@ -25,28 +25,51 @@ def stock_names() -> list[str]:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ttmesh" / "sim"
+    from ttmesh.paths import xdg_dir
+
+    return Path(xdg_dir("XDG_CACHE_HOME", ".cache") or ".") / "ttmesh" / "sim"
+
+
+TOOL_NAMES = ("_ttmesh_simcore.py", "_ttmesh_fileread.py", "tt-smi")  # in bin/ (sim.create)
 
 
 def read_marker(root: Path) -> dict | None:
+    """The root's marker (``{}`` when it is garbled: still a simulated host, a broken one);
+    None when there is none. Read bounded: it may be a FIFO or /dev/zero."""
+    from ttmesh import fileread
+    from ttmesh.sim.core import MAX_SMALL
+
     try:
-        return json.loads((root / MARKER).read_text() or "{}")
+        data = json.loads(fileread.read_bytes(root / MARKER, MAX_SMALL, "marker") or b"{}")
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except ValueError:
+    except (OSError, ValueError):  # fileread.Refused is a ValueError
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def refresh_tools(root: Path) -> None:
-    """A root made by another ttmesh version gets this version's tools (its state is kept)."""
+    """A root of yours made by another ttmesh version (or whose core lacks its reader) gets
+    this version's tools (its state is kept). Never another user's root: what they left
+    in it (a link where a tool is written) must not make this user write anywhere else."""
     marker = read_marker(root)
-    if marker is not None and marker.get("ttmesh") != __version__ and os.access(root, os.W_OK):
-        from ttmesh.sim.create import install_tools
+    if not marker:  # none, or garbled: nothing to refresh (a garbled one is refused later)
+        return
+    # A root made before the core had a reader of its own has the core without it.
+    core_alone = (root / "bin" / TOOL_NAMES[0]).is_file() and not (
+        root / "bin" / TOOL_NAMES[1]
+    ).is_file()
+    stale = marker.get("ttmesh") != __version__ or core_alone
+    try:
+        mine = os.lstat(root).st_uid == os.getuid()
+    except OSError:
+        return
+    if stale and mine and os.access(root, os.W_OK):
+        from ttmesh.sim.create import install_tools, replace_file
 
         install_tools(root)
         marker["ttmesh"] = __version__
-        (root / MARKER).write_text(json.dumps(marker) + "\n")
+        replace_file(root / MARKER, (json.dumps(marker) + "\n").encode())
 
 
 def ensure_cached(name: str) -> Path:

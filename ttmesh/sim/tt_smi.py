@@ -308,11 +308,14 @@ class Host:
         self.sim = core.SimRoot(root)
 
     def driver_version(self) -> str | None:
+        path = self.sim.path("sys/module/tenstorrent/version")
         try:
-            with open(self.sim.path("sys/module/tenstorrent/version")) as f:
-                return f.readline().strip()
-        except OSError:
+            text = core.fileread.read_text(path, core.MAX_SMALL, "driver version")
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError) as exc:  # fileread.Refused is a ValueError
+            raise core.SimCorrupt(self.sim.root, path, getattr(exc, "why", str(exc))) from None
+        return text.split("\n", 1)[0].strip()
 
     def pci_devices(self, state: dict) -> list[tuple[str, int, str]]:
         """(bdf, /dev number, asic) of present PCI devices, sorted by PCI address."""
@@ -551,13 +554,14 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
     speed: int | str = "N/A"
     width = "N/A"
     if bdf:
+        read = core.fileread.read_text
         try:
-            with open(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_speed")) as f:
-                gts = float(f.read().split()[0])
+            text = read(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_speed"), core.MAX_SMALL)
+            gts = float(text.split()[0])
             speed = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5}.get(gts, "N/A")
-            with open(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_width")) as f:
-                width = f.read().strip()
-        except (OSError, ValueError):
+            width = read(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_width"), core.MAX_SMALL)
+            width = width.strip()
+        except (OSError, ValueError, IndexError):  # fileread.Refused is a ValueError
             pass
     coords = chip.get("coords")
     return {
@@ -791,5 +795,11 @@ if __name__ == "__main__":
         sys.stdout.flush()
     except BrokenPipeError:  # `tt-smi -s | head`: the reader left; end quietly as tt-smi does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    except core.SimError as exc:  # a corrupted root: one line naming the file and the fix
+        sys.stderr.write(f"tt-smi: {exc}\n")
+        code = 1
+    except OSError as exc:
+        sys.stderr.write(f"tt-smi: {exc.filename or ''}: {exc.strerror}\n")
         code = 1
     sys.exit(code)

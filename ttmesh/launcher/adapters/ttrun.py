@@ -16,7 +16,7 @@ from typing import Any
 from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
-from ttmesh.launcher.plan import LaunchPlan
+from ttmesh.launcher.plan import ENV_KEY, LaunchPlan, owner_flag
 from ttmesh.mesh.select import Unit
 from ttmesh.vocab import Layout
 
@@ -50,6 +50,51 @@ def dump(data: dict[str, Any], header: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- reading tt-run files
+
+MAX_BYTES = 1024 * 1024  # a rank binding is KiB: a Galaxy of 32 ranks' is about 3 KiB
+
+# What a binding may set although ttmesh sets it for every rank (``launcher.plan.OWNED``, which
+# --env may not set): tt-run's format carries them, and ttmesh's own export writes them. A
+# rank's chips (read as its chips, then passed on by PCI address), a rank's own mesh graph
+# descriptor (the isolated layout) and the symmetric DRAM every rank gets.
+BINDING_SETS = {
+    "env_overrides": {"TT_VISIBLE_DEVICES", "TT_MESH_GRAPH_DESC_PATH", "LIBTT_SYMMETRIC_DRAM_MB"},
+    "global_env": {"TT_MESH_GRAPH_DESC_PATH", "LIBTT_SYMMETRIC_DRAM_MB"},
+}
+# tt-run takes these from the binding's own fields.
+_FROM_FIELDS = {
+    "TT_MESH_ID": "set the rank's mesh_id instead",
+    "TT_MESH_HOST_RANK": "set the rank's mesh_host_rank instead",
+    "TT_VISIBLE_DEVICES": "give each rank its chips in its own env_overrides",
+}
+
+
+def _env(path: str, where: str, kind: str, raw: Any, environ: dict[str, str]) -> dict[str, str]:
+    """A binding's ``global_env`` or ``env_overrides``, expanded as tt-run does. A binding may
+    not set what ttmesh owns, exactly as --env may not (one line naming the file, the key and
+    the variable, and what sets it instead)."""
+    if not isinstance(raw, dict):
+        raise bad_input(f"{path}: {where} must be a map")
+    out = {}
+    for k, v in raw.items():
+        key = str(k)
+        if not ENV_KEY.match(key):
+            raise bad_input(
+                f"{path}: {where}: {key[:80]!r} is not an environment variable name",
+                "letters, digits and '_', not starting with a digit",
+            )
+        flag = None if key in BINDING_SETS[kind] else owner_flag(key)
+        if flag is not None:
+            hint = _FROM_FIELDS.get(key) or (
+                f"drop it: use {flag} instead" if flag.startswith("--") else f"drop it: {flag}"
+            )
+            raise bad_input(f"{path}: {where} sets {key}, which ttmesh sets for every rank", hint)
+        value = _expand(str(v), environ, f"{path}: {where}")
+        if "\0" in value:
+            raise bad_input(f"{path}: {where}: {key} holds a NUL byte", "edit the file")
+        out[key] = value
+    return out
+
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -89,7 +134,7 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
     from ttmesh import yamlio
 
     try:
-        data = yamlio.load_file(path, "rank binding")
+        data = yamlio.load_file(path, "rank binding", MAX_BYTES)
     except ValueError as exc:
         raise bad_input(f"{path}: not valid YAML: {exc}")
     if not isinstance(data, dict) or not isinstance(data.get("rank_bindings"), list):
@@ -111,10 +156,13 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
                 raw["mesh_host_rank"], f"{where}: mesh_host_rank", high=numeric.MAX_CHIPS - 1
             )
         )
-        overrides = raw.get("env_overrides") or {}
-        if not isinstance(overrides, dict):
-            raise bad_input(f"{where}: env_overrides must be a map")
-        expanded = {str(k): _expand(str(v), environ, where) for k, v in overrides.items()}
+        expanded = _env(
+            path,
+            f"rank_bindings[{i}].env_overrides",
+            "env_overrides",
+            raw.get("env_overrides") or {},
+            environ,
+        )
         bindings.append(Binding(rank, mesh_id, host_rank, expanded))
     ranks = sorted(b.rank for b in bindings)
     if len(set(ranks)) != len(ranks):
@@ -124,10 +172,7 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
         raise bad_input(
             f"{path}: ranks must run 0..{len(ranks) - 1} without gaps (missing {missing})"
         )
-    global_env = {
-        str(k): _expand(str(v), environ, f"{path}: global_env")
-        for k, v in (data.get("global_env") or {}).items()
-    }
+    global_env = _env(path, "global_env", "global_env", data.get("global_env") or {}, environ)
     mgd = data.get("mesh_graph_desc_path")
     if not mgd:
         raise bad_input(f"{path}: no mesh_graph_desc_path")
@@ -138,6 +183,14 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
         )
         candidates += [Path(cwd) / mgd_path, Path(path).resolve().parent / mgd_path]
         mgd_path = next((c for c in candidates if c.is_file()), candidates[-1])
+    if mgd_path.exists() and not mgd_path.is_file():
+        from ttmesh.fileread import kind_of
+
+        kind = "a directory" if mgd_path.is_dir() else kind_of(mgd_path.stat().st_mode)
+        raise bad_input(
+            f"{path}: mesh graph descriptor {mgd_path} is {kind}, not a regular file",
+            "give mesh_graph_desc_path a .textproto file",
+        )
     if not mgd_path.is_file():
         raise bad_input(f"{path}: mesh graph descriptor {mgd} not found")
     return BindingFile(

@@ -80,6 +80,9 @@ def _holds(spec: dict[str, Any], args: ServerArgs, environ: dict[str, str]) -> b
     return True
 
 
+MAX_BYTES = 1024 * 1024  # a profile is a few KiB
+
+
 def profiles_dir() -> Path:
     return Path(__file__).resolve().parent.parent.parent / "configs" / "profiles"
 
@@ -88,7 +91,7 @@ def _load(path: Path) -> Profile:
     from ttmesh import yamlio
 
     try:
-        data = yamlio.load_cached(path, "profile")  # every launch recognises servers
+        data = yamlio.load_cached(path, "profile", MAX_BYTES)  # every launch recognises servers
         if not isinstance(data, dict):
             raise ValueError("not a map")
         ready = data.get("ready") or {}
@@ -106,7 +109,7 @@ def _load(path: Path) -> Profile:
             ),
             chips=str(data.get("chips", CHIPS_PASS)),
             tp_flag=data.get("tp_flag"),
-            env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+            env=_env(path, data.get("env") or {}),
             defaults={str(k): str(v) for k, v in (data.get("defaults") or {}).items()},
             ready_path=ready.get("http"),
             ready_timeout=numeric.seconds(
@@ -129,12 +132,48 @@ def _load(path: Path) -> Profile:
         raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
 
 
+def _env(path: Path, raw: Any) -> dict[str, str]:
+    """A profile's ``env``: it may not set what ttmesh sets for every rank (``--env`` may not
+    either): a server given another job's chips, or TTMESH_JOB_ID, breaks the lease."""
+    from ttmesh.launcher.plan import owner_flag
+
+    if not isinstance(raw, dict):
+        raise bad_input(f"profile {path}: env must be a map", "compare with a stock profile")
+    for key in raw:
+        flag = owner_flag(str(key))
+        if flag is not None:
+            hint = f"drop it: use {flag} instead" if flag.startswith("--") else f"drop it: {flag}"
+            raise bad_input(f"profile {path}: env sets {key}, which ttmesh sets", hint)
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def user_dir() -> Path | None:
+    """``TTMESH_PROFILES``, a directory of your own profiles (None when unset or empty); one
+    that is missing, not a directory or unreadable is refused, never silently ignored."""
+    from ttmesh.errors import from_os_error
+
+    extra = os.environ.get("TTMESH_PROFILES", "")
+    if not extra:
+        return None
+    path = Path(extra)
+    hint = "point TTMESH_PROFILES at a directory of profiles (*.yaml), or unset it"
+    if not path.exists():
+        raise bad_input(f"TTMESH_PROFILES {extra} does not exist", hint)
+    if not path.is_dir():
+        raise bad_input(f"TTMESH_PROFILES {extra} is not a directory", hint)
+    try:
+        os.listdir(path)
+    except OSError as exc:
+        raise from_os_error(exc, "read TTMESH_PROFILES")
+    return path
+
+
 def every() -> list[Profile]:
     """Every profile, the most specific (highest priority) first."""
     paths = sorted(profiles_dir().glob("*.yaml"))
-    extra = os.environ.get("TTMESH_PROFILES")  # a directory of your own profiles
-    if extra:
-        paths += sorted(Path(extra).glob("*.yaml"))
+    extra = user_dir()
+    if extra is not None:
+        paths += sorted(extra.glob("*.yaml"))
     return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
 
 

@@ -23,6 +23,8 @@ from ttmesh.launcher.serving.profiles import (
 from ttmesh.mesh import memory
 from ttmesh.render import plural
 
+MODEL_CONFIG = 16 * 1024 * 1024  # a model's config.json is KiB; anything larger is not one
+
 
 @dataclass
 class ServingSpec:
@@ -179,8 +181,10 @@ def _budget(
     if not config.is_file():
         return None, f"memory budget skipped: {path} has no config.json"
     try:
-        shape = memory.model_shape(json.loads(config.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        from ttmesh import fileread
+
+        shape = memory.model_shape(json.loads(fileread.read_bytes(config, MODEL_CONFIG, "config")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # fileread.Refused: ValueError
         return None, f"memory budget skipped: {config} is not a decoder's config ({exc})"
     fraction = ctx.number("--mem-fraction-static")
     tokens = ctx.number("--max-total-tokens")

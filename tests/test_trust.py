@@ -584,7 +584,90 @@ def test_a_link_as_a_simulated_hosts_state_directory(two: dict[str, User]) -> No
         assert planted.returncode == 0, planted.stderr
         res = root.run("sim", "fault", "--root", str(sim), "chip-dead", C01)
         assert res.returncode == 2, res.stderr
-        assert f"{sim / 'sim'} is a symbolic link" in _last(res)
+        # Refused as it reads the host (its files lead out of it) or as it would change it.
+        last = _last(res)
+        assert f"{sim / 'sim'} is a symbolic link" in last or (
+            f"{sim / 'sim' / 'system.json'} leads out of {sim}" in last
+        ), last
         assert (root.sim / "sim" / "state.json").read_bytes() == before
     finally:
         shutil.rmtree(sim, ignore_errors=True)
+
+
+def _own_sim(user: User, name: str) -> Path:
+    """A fresh simulated QuietBox 2 of ``user``'s (the session's one stays untouched)."""
+    sim = user.base / name
+    made = user.run("sim", "create", "--system", "quietbox2", "--root", str(sim))
+    assert made.returncode == 0, made.stderr
+    return sim
+
+
+def test_a_link_out_of_anothers_simulated_host_is_never_read(two: dict[str, User]) -> None:
+    """nobody's simulated host whose driver file is a link to a file only root may read: root's
+    ttmesh reading that host refuses the file in one line, never showing what it holds."""
+    root, nobody = two["root"], two["nobody"]
+    secret_dir = Path(tempfile.mkdtemp(prefix="ttmesh-secret-"))
+    secret = secret_dir / "secret"
+    secret.write_text("SECRET-of-root\n")
+    secret.chmod(0o600)
+    try:
+        sim = _own_sim(nobody, "sim-link-out")
+        attr = sim / "sys" / "class" / "tenstorrent" / "tenstorrent!0" / "tt_asic_id"
+        assert attr.is_file()
+        planted = nobody.py(
+            "import os, sys; os.unlink(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[1])",
+            str(attr.resolve()), str(secret),
+        )  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        res = root.run("ls", "--root", str(sim))
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "SECRET" not in res.stdout + res.stderr
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("ttmesh:")]
+        assert "tt_asic_id leads out of" in line, line
+    finally:
+        shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def test_root_reading_anothers_simulated_host_writes_nothing_into_it(
+    two: dict[str, User],
+) -> None:
+    """Reading a host is reading: root's ttmesh on nobody's simulated host leaves no file of
+    root's in it (a cache written there would follow a link nobody planted at its name)."""
+    root, nobody = two["root"], two["nobody"]
+    sim = _own_sim(nobody, "sim-no-writes")
+    for res in (root.run("ls", "--root", str(sim)), root.run("check", "--root", str(sim))):
+        assert res.returncode in (0, 1), res.stderr
+    roots = [p for p in sim.rglob("*") if p.lstat().st_uid == 0]
+    assert roots == [], roots
+
+
+@pytest.mark.parametrize("option", ["--summary-json", "--export-rank-binding"])
+def test_a_link_planted_at_an_output_in_a_shared_directory_is_not_written_through(
+    two: dict[str, User], option: str
+) -> None:
+    """A file root names in /tmp-like directory (sticky, world-writable) where nobody planted
+    a link to a file of root's: root's ttmesh refuses in one line and the file is untouched, as
+    the kernel's fs.protected_symlinks would (this machine has it off)."""
+    root, nobody = two["root"], two["nobody"]
+    top = world_dir("ttmesh-outputs-", 0o1777)
+    victim_dir = Path(tempfile.mkdtemp(prefix="ttmesh-victim-"))
+    victim = victim_dir / "victim"
+    victim.write_text("root's own\n")
+    try:
+        out = top / "out.json"
+        planted = nobody.py("import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                            str(victim), str(out))  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        if option == "--summary-json":
+            res = root.run("launch", "--root", str(root.sim), "--tp-size", "1",
+                           "--summary-json", str(out), "--", "true")  # fmt: skip
+        else:
+            res = root.run("descriptor", "--root", str(root.sim), "--tp-size", "2",
+                           "-o", str(victim_dir / "desc"), "--export-rank-binding", str(out))  # fmt: skip
+        assert victim.read_text() == "root's own\n"
+        lines = [x for x in res.stderr.splitlines() if x.startswith("ttmesh:")]
+        assert any(f"{option} {out} is a symbolic link of nobody's" in x for x in lines), res.stderr
+        assert res.returncode == 2, res.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(victim_dir, ignore_errors=True)

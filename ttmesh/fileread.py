@@ -78,30 +78,56 @@ def _check(path: str, st: os.stat_result, limit: int, what: str) -> None:
         )
 
 
-def open_regular(path: str | os.PathLike[str], limit: int, what: str = "file") -> int:
+def open_regular(
+    path: str | os.PathLike[str], limit: int, what: str = "file", within: str | None = None
+) -> int:
     """A read-only descriptor on the regular file ``path`` (links followed) of at most
     ``limit`` bytes; :class:`Refused` for anything else, ``OSError`` when it cannot be opened.
-    Never blocks (a FIFO is refused, not opened for reading) and never opens a device."""
-    return _open(os.fspath(path), limit, what)[0]
+    Never blocks (a FIFO is refused, not opened for reading) and never opens a device.
+    ``within`` (a resolved directory): the file opened must lie inside it, whatever links led
+    there (a host's root: a link another user planted in their simulated host never makes
+    ttmesh read a file of the machine's)."""
+    return _open(os.fspath(path), limit, what, within)[0]
 
 
-def _open(name: str, limit: int, what: str) -> tuple[int, os.stat_result]:
+def _open(
+    name: str, limit: int, what: str, within: str | None = None
+) -> tuple[int, os.stat_result]:
     _check(name, os.stat(name), limit, what)
     fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         _check(name, st, limit, what)  # swapped meanwhile? (a regular file ignores O_NONBLOCK)
+        if within is not None and within != "/":
+            _inside(name, fd, within)
     except BaseException:
         os.close(fd)
         raise
     return fd, st
 
 
-def read_bytes(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+def _inside(name: str, fd: int, within: str) -> None:
+    """Refuse the open file ``fd`` unless it lies inside directory ``within``: the kernel's
+    own name for it (``/proc/self/fd``), which no link or rename can fake."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = os.path.realpath(name)  # no /proc: the path as it resolves now
+    if not real.startswith(within.rstrip("/") + "/"):
+        raise Refused(
+            name,
+            f"leads out of {within} (to {real})",
+            f"a file of {within} must lie inside it: remove the link",
+        )
+
+
+def read_bytes(
+    path: str | os.PathLike[str], limit: int, what: str = "file", within: str | None = None
+) -> bytes:
     """The whole regular file ``path``: at most ``limit`` bytes (a file that grows past it
     while being read, or a kernel file whose size says 0 or 4096 whatever it holds, is refused
-    at the limit too)."""
-    fd, st = _open(os.fspath(path), limit, what)
+    at the limit too). ``within``: as :func:`open_regular`."""
+    fd, st = _open(os.fspath(path), limit, what, within)
     # Read what the file says it holds (plus one byte, to see it end) in one go; a kernel file
     # says 0 or 4096 whatever it holds, so go on in blocks up to the limit.
     block = max(st.st_size + 1, 64 * KiB)
@@ -127,9 +153,11 @@ def read_bytes(path: str | os.PathLike[str], limit: int, what: str = "file") -> 
     return data
 
 
-def read_text(path: str | os.PathLike[str], limit: int, what: str = "file") -> str:
+def read_text(
+    path: str | os.PathLike[str], limit: int, what: str = "file", within: str | None = None
+) -> str:
     """:func:`read_bytes` as UTF-8 text; bytes that are not UTF-8 are :class:`Refused`."""
-    data = read_bytes(path, limit, what)
+    data = read_bytes(path, limit, what, within)
     try:
         return data.decode()
     except UnicodeDecodeError as exc:

@@ -57,12 +57,60 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int = DEFAULT_LIMI
 
 
 def write_text(path: str | os.PathLike[str], text: str, flag: str) -> None:
-    """Write a file the user named (with ``flag``); a failure names the flag and the path
-    (a full disk's error names no file), exit 2."""
+    """Write a file the user named (with ``flag``, :func:`open_output`); a failure names the
+    flag and the path (a full disk's error names no file), exit 2."""
+    name = os.fspath(path)
     try:
-        Path(path).write_text(text)
+        fd = open_output(name, flag)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
     except OSError as exc:
-        raise from_os_error(exc, f"write {flag}", os.fspath(path))
+        raise from_os_error(exc, f"write {flag}", name)
+
+
+def open_output(path: str, flag: str) -> int:
+    """A descriptor to write the file the user named with ``flag`` (created, or truncated).
+
+    In a directory everyone may write in (sticky and world-writable, as /tmp), a link or a file
+    another user put at that name is refused (bad input, exit 2), as the kernel's
+    ``fs.protected_symlinks`` and ``fs.protected_regular`` refuse them (machines that turn those
+    off let another user's planted ``/tmp/summary.json -> /etc/passwd`` make root's ttmesh write
+    the password file); a name that was free is created exclusively, so no file can be planted
+    there meanwhile. Never blocks on a FIFO (no reader: ENXIO, an OSError)."""
+    me = os.geteuid()
+    parent = os.path.dirname(os.path.abspath(path)) or "/"
+    for _ in range(8):
+        try:
+            pst = os.stat(parent)
+        except OSError:
+            pst = None
+        shared = pst is not None and pst.st_mode & stat.S_ISVTX and pst.st_mode & 0o002
+        try:
+            lst = os.lstat(path)
+        except FileNotFoundError:
+            lst = None
+        if shared and lst is not None and pst is not None and lst.st_uid not in (me, pst.st_uid):
+            kind = "a symbolic link" if stat.S_ISLNK(lst.st_mode) else "a file"
+            raise bad_input(
+                f"{flag} {path} is {kind} of {_owner(lst.st_uid)}'s in {parent}, a directory "
+                "everyone may write in: ttmesh does not write through it",
+                "name a file of your own, or a path in a directory of yours",
+            )
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+        if lst is None:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue  # made meanwhile: look at it again
+        else:
+            fd = os.open(path, flags | os.O_CREAT, 0o644)
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)
+        return fd
+    raise bad_input(f"{flag} {path} keeps changing", "name a path in a directory of yours")
 
 
 def not_replaceable(path: Path) -> str | None:

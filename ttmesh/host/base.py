@@ -88,7 +88,7 @@ class Host:
             return dynamic
         path = self._join(rel)
         try:
-            data = fileread.read_bytes(path, MAX_FILE, "driver file")
+            data = fileread.read_bytes(path, MAX_FILE, "driver file", self._root)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except fileread.Refused as exc:

@@ -9,6 +9,7 @@ writes the same layout, key order and quoting as tt-umd so our files read like r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable
@@ -240,13 +241,14 @@ def loads(text: str) -> ClusterDescriptor:
 MAX_BYTES = 16 * 1024 * 1024  # a Galaxy's is about 100 KiB
 
 
-def load(path: str | Path) -> ClusterDescriptor:
+def load(path: str | Path, within: str | None = None) -> ClusterDescriptor:
     """Read a descriptor file, bounded (a FIFO, a device or a huge file is a DescriptorError,
-    as is text that is not UTF-8); a missing file is an OSError."""
+    as is text that is not UTF-8, and with ``within`` a file outside that directory); a missing
+    file is an OSError."""
     from ttmesh import fileread
 
     try:
-        text = fileread.read_text(path, MAX_BYTES, "cluster descriptor")
+        text = fileread.read_text(path, MAX_BYTES, "cluster descriptor", within)
     except fileread.Refused as exc:
         raise DescriptorError(exc.why) from None
     return loads(text)
@@ -267,26 +269,34 @@ def from_plain(data: dict[str, Any]) -> ClusterDescriptor:
     )
 
 
-def load_cached(path: Path, cache: Path) -> ClusterDescriptor:
+def load_cached(path: Path, cache: Path, within: str | None = None) -> ClusterDescriptor:
     """:func:`load`, remembering the parsed result in ``cache`` (JSON) while the file is unchanged.
 
     Parsing YAML costs tens of milliseconds on every launch; the cache is keyed by the file's
-    modification time and size, so a rewritten descriptor is parsed again.
+    modification time and size, so a rewritten descriptor is parsed again. The cache is written
+    only into a directory of this user's, as a new file (never through a link another user put
+    at its temporary name), then renamed into place.
     """
     from ttmesh import fileread
 
     st = path.stat()
     key = [st.st_mtime_ns, st.st_size, str(path)]
     try:
-        data = json.loads(fileread.read_bytes(cache, 4 * MAX_BYTES, "parsed descriptor"))
+        data = json.loads(fileread.read_bytes(cache, 4 * MAX_BYTES, "parsed descriptor", within))
         if data.get("key") == key:
             return from_plain(data["descriptor"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    cd = load(path)
+    cd = load(path, within)
     try:
+        if os.lstat(cache.parent).st_uid != os.geteuid():
+            return cd  # another user's host: read it, never write into it
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "descriptor": to_plain(cd)}))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # left by a killed process with this PID (this user's directory)
+        with os.fdopen(os.open(tmp, flags, 0o644), "w") as f:
+            f.write(json.dumps({"key": key, "descriptor": to_plain(cd)}))
         os.replace(tmp, cache)
     except OSError:
         pass

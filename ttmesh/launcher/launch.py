@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
-from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, from_os_error, refused
+from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
@@ -1087,12 +1087,11 @@ class JobRun:
         diagnosis = _explain(self.prepared, final)
         code = final.code
         if self.summary_json:
-            try:
-                _write_summary(self.summary_json, final, self.results, diagnosis)
-            except OSError as exc:
+            unwritten = _write_summary(self.summary_json, final, self.results, diagnosis)
+            if unwritten is not None:
                 # Said, never silent; a job that failed keeps its code (the worker's is what
                 # matters), one that succeeded ends 2: a script must not take 0 for a summary.
-                note(_unwritten(self.summary_json, exc))
+                note(unwritten)
                 code = code or BAD_INPUT
         _summarize(self.prepared, self.results, diagnosis, final)  # its exit line comes last
         return code
@@ -1181,15 +1180,19 @@ def write_refusal(path: str, exc: TTMeshError) -> None:
         "attempts": [],
         "diagnosis": None,
     }
+    unwritten = _write_json(path, data)
+    if unwritten is not None:
+        note(unwritten)  # the refusal, with its code, follows
+
+
+def _write_json(path: str, data: dict[str, object]) -> str | None:
+    """Write the summary the user named (``paths.write_text``: never through a link another
+    user planted); the line saying why it could not be, or None."""
     try:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as err:
-        note(_unwritten(path, err))  # the refusal, with its code, follows
-
-
-def _unwritten(path: str, exc: OSError) -> str:
-    err = from_os_error(exc, "write --summary-json", path)
-    return err.message + (f" ({err.hint})" if err.hint else "")
+        paths.write_text(path, json.dumps(data, indent=2) + "\n", "--summary-json")
+    except TTMeshError as err:
+        return str(err)
+    return None
 
 
 def _write_summary(
@@ -1197,8 +1200,9 @@ def _write_summary(
     final: AttemptResult,
     results: list[AttemptResult],
     diagnosis: Diagnosis | None = None,
-) -> None:
-    data = {
+) -> str | None:
+    """Write ``--summary-json``; the line saying why it could not be, or None."""
+    data: dict[str, object] = {
         "source": final.source,
         "rank": final.rank,
         "code": final.code,
@@ -1209,4 +1213,4 @@ def _write_summary(
         ],
         "diagnosis": diagnosis.to_json() if diagnosis else None,
     }
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    return _write_json(path, data)

@@ -94,7 +94,7 @@ class SimHost(Host):
         """The root's cluster descriptor, as tt-umd would have written it (parsed once)."""
         path = self.path(DESCRIPTOR)
         try:
-            return clusterdesc.load_cached(path, self.path(PARSED))
+            return clusterdesc.load_cached(path, self.path(PARSED), self._root)
         except (FileNotFoundError, NotADirectoryError):
             raise SimCorrupt(self._root, str(path), "is missing") from None
         except clusterdesc.DescriptorError as exc:

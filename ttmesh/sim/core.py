@@ -94,7 +94,7 @@ class SimCorrupt(SimError):
 
     def __init__(self, root: str, path: str, why: str) -> None:
         # "... state.json is not valid JSON"; a part of it: "... state.json: chips is not ..."
-        sep = " " if why.startswith(("is ", "has ", "holds ", "cannot ")) else ": "
+        sep = " " if why.startswith(("is ", "has ", "holds ", "cannot ", "leads ")) else ": "
         super().__init__(
             f"the simulated host's {path}{sep}{why}", f"recreate it: {recreate_command(root)}"
         )
@@ -129,7 +129,7 @@ def read_json(root: str, rel: str, what: str, limit: int = MAX_JSON) -> Any:
     """A JSON file of the root, read bounded; :class:`SimCorrupt` when it cannot be."""
     path = os.path.join(root, rel)
     try:
-        data = fileread.read_bytes(path, limit, what)
+        data = fileread.read_bytes(path, limit, what, os.path.realpath(root))
     except fileread.Refused as exc:
         raise SimCorrupt(root, path, exc.why) from None
     except (FileNotFoundError, NotADirectoryError):
@@ -827,7 +827,8 @@ class SimRoot:
         """Keep chips_with_mmio of the cluster descriptor in step with device numbers."""
         path = self.path("cluster_descriptor.yaml")
         try:
-            lines = fileread.read_text(path, MAX_DESCRIPTOR, "cluster descriptor").split("\n")
+            real = os.path.realpath(self.root)
+            lines = fileread.read_text(path, MAX_DESCRIPTOR, "cluster descriptor", real).split("\n")
         except FileNotFoundError:
             return
         except fileread.Refused as exc:

@@ -310,7 +310,8 @@ class Host:
     def driver_version(self) -> str | None:
         path = self.sim.path("sys/module/tenstorrent/version")
         try:
-            text = core.fileread.read_text(path, core.MAX_SMALL, "driver version")
+            real = os.path.realpath(self.sim.root)
+            text = core.fileread.read_text(path, core.MAX_SMALL, "driver version", real)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:  # fileread.Refused is a ValueError
@@ -554,12 +555,16 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
     speed: int | str = "N/A"
     width = "N/A"
     if bdf:
-        read = core.fileread.read_text
+        real = os.path.realpath(sim.root)
+
+        def read(rel: str) -> str:
+            return core.fileread.read_text(sim.path(rel), core.MAX_SMALL, "PCI attribute", real)
+
         try:
-            text = read(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_speed"), core.MAX_SMALL)
+            text = read(f"sys/bus/pci/devices/{bdf}/current_link_speed")
             gts = float(text.split()[0])
             speed = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5}.get(gts, "N/A")
-            width = read(sim.path(f"sys/bus/pci/devices/{bdf}/current_link_width"), core.MAX_SMALL)
+            width = read(f"sys/bus/pci/devices/{bdf}/current_link_width")
             width = width.strip()
         except (OSError, ValueError, IndexError):  # fileread.Refused is a ValueError
             pass

@@ -180,21 +180,30 @@ class Host:
     def env(self) -> dict[str, str]:
         return {"TTMESH_ROOT": str(self.root), "XDG_RUNTIME_DIR": "/tmp/run"}
 
+    def binds(self) -> list[tuple[str, str]]:
+        """(shared directory under /tmp, its mount point inside the host's own /tmp dir)."""
+        tmp, real_tmp = str(self.dir / "tmp"), os.path.realpath("/tmp")
+        return [(path, tmp + path[len(real_tmp) :]) for path in under_tmp(self.shares)]
+
+    def prepare(self) -> None:
+        """The mount points of :meth:`binds`, made before any process runs on the host, by
+        this process: directories it owns (0755), in a /tmp everyone may write, so no
+        process on the host can plant a link where a later bind would follow it."""
+        for _, inner in self.binds():
+            os.makedirs(inner, mode=0o755, exist_ok=True)
+
     def enter_script(self) -> str:
         """The shell commands, run in the host's fresh mount namespace, that make its view:
         each shared directory under /tmp is bound onto the same path inside the host's own
-        /tmp directory first (mount points made there, empty directories), then that
-        directory, with those mounts, over /tmp (``--rbind``); the other hosts' /tmp
-        directories under empty read-only tmpfs. Binding the machine's whole /tmp through
-        instead would show every host every other host's runtime files."""
+        /tmp directory first (on the mount points :meth:`prepare` made), then that directory,
+        with those mounts, over /tmp (``--rbind``); the other hosts' /tmp directories under
+        empty read-only tmpfs. Binding the machine's whole /tmp through instead would show
+        every host every other host's runtime files."""
         q = shlex.quote
         tmp = self.dir / "tmp"
-        real_tmp = os.path.realpath("/tmp")
         steps = [f"hostname {q(self.name)}"]
-        for path in under_tmp(self.shares):
-            inner = str(tmp) + path[len(real_tmp) :]
-            steps.append(f"{{ [ ! -d {q(path)} ] || {{ mkdir -p {q(inner)}"
-                         f" && mount --bind {q(path)} {q(inner)}; }}; }}")  # fmt: skip
+        for path, inner in self.binds():  # a share not made (yet) is left out
+            steps.append(f"{{ [ ! -d {q(path)} ] || mount --bind {q(path)} {q(inner)}; }}")
         steps.append(f"mount --rbind {q(str(tmp))} /tmp")
         for other in self.hidden:
             steps.append(f"{{ [ ! -d {q(str(other))} ] || mount -t tmpfs -o ro,size=4k,mode=0"
@@ -231,6 +240,7 @@ def plan_hosts(
         host.hidden = tuple(h.dir / "tmp" for h in hosts if h is not host)
         (host.dir / "tmp").mkdir(parents=True)
         (host.dir / "tmp").chmod(0o1777)
+        host.prepare()
     return hosts
 
 

@@ -117,3 +117,34 @@ def test_the_launch_agent_enters_the_same_host(in_tmp: Path) -> None:
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
         assert res.stdout.split() == [host.name, "/", str(host.root), "shared", "root-ok"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_another_user_on_a_host_cannot_redirect_a_share(
+    in_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host's /tmp is writable by everyone. A share under the machine's /tmp that does not
+    exist yet when the hosts are made (a cache made later): ``nobody`` on a host plants a link
+    where its mount point goes, to a directory of the machine's. The mount points were made
+    with the hosts, as root: the link cannot be planted, root follows none later, and the
+    share is seen at its own path once it exists."""
+    late = in_tmp / "late" / "cache"
+    monkeypatch.setenv("TTMESH_SGLANG_DIR", str(late))
+    elsewhere = Path(tempfile.mkdtemp(prefix="ttmesh-emu-elsewhere-", dir="/tmp"))
+    try:
+        with scratch(tmp_path / "world") as world:
+            hosts = make_hosts(world, "quietbox2", 2)
+            first = "/tmp/" + in_tmp.name
+            plant = _on(
+                hosts[0],
+                "setpriv --reuid=nobody --regid=nogroup --clear-groups "
+                f"sh -c 'rm -rf {first} 2>/dev/null; ln -s {elsewhere} {first}'",
+            )
+            late.mkdir(parents=True)
+            (late / "f").write_text("late share\n")
+            seen = _on(hosts[0], f"cat {late}/f")
+            assert plant.returncode != 0, "nobody planted a link in the host's /tmp"
+            assert seen.returncode == 0 and seen.stdout == "late share\n", seen.stderr
+            assert list(elsewhere.iterdir()) == []  # root made nothing where the link pointed
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -241,7 +241,7 @@ def main() -> int:
         if net is not None:
             net.up()
         if mode != "plain":
-            hosts = make_hosts(work / "hosts", max(counts), net)
+            hosts = make_hosts(work / "hosts", max(counts), net, share=[work])
         bench = Rendezvous(work, hosts, mode == "netns")
         for host in hosts or []:
             bench.sim_create(host.root)

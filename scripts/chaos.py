@@ -125,6 +125,18 @@ def _stat(pid: int) -> tuple[int, str] | None:
         return None
 
 
+def _leads_group_in(pid: int, front: int) -> bool:
+    """``pid`` leads its process group, in the session of ``front``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            mine = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{front}/stat") as f:
+            theirs = f.read().rsplit(")", 1)[1].split()
+        return int(mine[2]) == pid and mine[3] == theirs[3]
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def alive(pid: int) -> bool:
     st = _stat(pid)
     return st is not None and st[1] not in ("Z", "X")
@@ -218,10 +230,17 @@ class Launch:
         return self.proc.pid
 
     def guardian(self) -> int | None:
-        """The front's forked child (its command line is the front's), if alive."""
-        for child in children(self.pid, newer=True) or children(self.pid):
-            if cmdline(child) == self.line:
-                return child
+        """The front's guardian, if alive: its forked child (the front's command line) that
+        leads a process group of its own in the front's session (its first act). A child the
+        front forks to run a program (``mpirun --version`` while it prepares, tt-smi) has the
+        front's command line too until it execs, but stays in the front's group or leads a
+        session of its own; under load that moment lasts long enough to be caught, and a
+        harness that took it for the guardian found "the guardian gone" a moment later."""
+        newer = children(self.pid, newer=True)
+        for found in (newer, [c for c in children(self.pid) if c not in newer]):  # PIDs wrap
+            for child in found:
+                if cmdline(child) == self.line and _leads_group_in(child, self.pid):
+                    return child
         return None
 
     def orphans(self) -> list[int]:
@@ -1038,6 +1057,10 @@ def run_one(c: Case, index: int, seed: str, base: Path) -> Outcome:
             t.phase = None
             for la in t.launches:
                 la.expect = None
+                # No fault reached it: a job whose workers wait for one would run until the
+                # launch timeout. Stop it as a user does; the checks below still hold.
+                if la.proc.poll() is None:
+                    kill(la.pid, signal.SIGTERM)
         t.check()
     except Exception as exc:  # the harness itself failed: say so, as a violation
         t.violation(f"harness error: {type(exc).__name__}: {exc}")

@@ -35,6 +35,24 @@ STOCK = [
 ]
 
 
+# The slow tier (``pytest -m "not slow"`` runs the rest, the inner loop): tests that start the
+# real heavy things, known by their module, a fixture they use or their marker. Emulated hosts
+# (namespaces, their own mpirun or Slurm cluster), a real mpirun, SGLang, torch, tt-metal's
+# libraries (conformance), and the chaos matrix.
+SLOW_MODULES = {"test_multihost", "test_emuhosts", "test_mpi"}
+SLOW_FIXTURES = {"world", "ttnn_python", "sglang_dir"}
+SLOW_MARKERS = {"conformance", "sglang", "torch", "slow"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        marked = {m.name for m in item.iter_markers()}
+        if module in SLOW_MODULES or fixtures & SLOW_FIXTURES or marked & SLOW_MARKERS:
+            item.add_marker(pytest.mark.slow)
+
+
 @dataclass
 class Result:
     code: int

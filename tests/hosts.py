@@ -1,10 +1,12 @@
 """Emulated hosts on one machine, for multi-host tests (../shared/reference/multihost.md).
 
 Each host has its own hostname (a UTS namespace), its own /tmp (a mount namespace with a private
-directory bound over it: runtime files, mpirun's session directory), its own simulated root
-(TTMESH_ROOT) and its own loopback address (127.0.0.N, routed to ``lo`` already: no traffic
-leaves the machine). A process "on" a host is started through ``unshare``; mpirun reaches a host
-through a launch agent that enters the same namespaces instead of ssh.
+directory bound over it: runtime files, mpirun's session directory; the checkout, the venv and
+the hosts' common directory bound back in at their own paths when they lie under /tmp), its own
+simulated root (TTMESH_ROOT) and its own loopback address (127.0.0.N, routed to ``lo`` already:
+no traffic leaves the machine). A process "on" a host is started through ``unshare``
+(scripts/emuhosts.py, the one copy of how); mpirun reaches a host through a launch agent that
+enters the same namespaces instead of ssh.
 
 Open MPI never uses a loopback address between two nodes, so MPI ranks on different emulated
 hosts cannot talk over ``lo``. For tt-metal meshes over hosts (ranks that talk through MPI) the
@@ -30,6 +32,7 @@ from conftest import REPO, SESSION
 
 # The namespace mechanics are the benchmark's (scripts/emuhosts.py): one copy for both.
 sys.path.append(str(REPO / "scripts"))
+import emuhosts
 from emuhosts import Network, can_emulate, can_network  # re-exported for the tests
 
 __all__ = [
@@ -46,45 +49,17 @@ __all__ = [
 
 
 @dataclass
-class Host:
-    name: str
-    addr: str
-    dir: Path
-    netns: str | None = None  # its network namespace, on a test network
-
-    @property
-    def root(self) -> Path:
-        return self.dir / "root"
+class Host(emuhosts.Host):
+    """An emulated host (scripts/emuhosts.py: what it sees, how a process gets onto it), with
+    the test session's environment and ways to start processes there."""
 
     def env(self) -> dict[str, str]:
         return {
-            "TTMESH_ROOT": str(self.root),
-            "XDG_RUNTIME_DIR": "/tmp/run",
+            **super().env(),
             "GLOO_SOCKET_IFNAME": "lo",
             "PYTHONDONTWRITEBYTECODE": "1",
             "TTMESH_TEST_SESSION": SESSION,
         }
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` as a process on this host."""
-        script = (
-            f"hostname {shlex.quote(self.name)} && mount --bind {shlex.quote(str(self.dir / 'tmp'))} /tmp "
-            '&& mkdir -p -m 700 /tmp/run && exec "$@"'
-        )
-        enter = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
-        return [
-            *enter,
-            "unshare",
-            "--uts",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            *argv,
-        ]
 
     def popen(
         self, argv: list[str], env: dict[str, str] | None = None, **kw: object
@@ -107,7 +82,9 @@ def make_hosts(
 ) -> list[Host]:
     """``count`` hosts of a single-host system, or every host of a system of several hosts
     (host N simulated as its host N: its own chips, its cables to the others). With ``net`` (made
-    already) each host is on it, at its own address."""
+    already) each host is on it, at its own address. Every host sees ``base`` (the hosts'
+    common directory: their roots, the launch agent, what a test hands them), this checkout and
+    the Python running, wherever they lie (scripts/emuhosts.py)."""
     from ttmesh.sim.create import create
     from ttmesh.sim.system import ClusterModel, load_any
 
@@ -117,28 +94,26 @@ def make_hosts(
         if isinstance(model, ClusterModel)
         else [model] * (count or 1)
     )
-    hosts = []
-    for i, m in enumerate(models):
-        host = Host(f"ttmh-{i}", f"127.0.0.{2 + i}", base / f"host{i}")
-        if net is not None:
-            host.addr, host.netns = net.addr(i), net.host_ns(i)
-        (host.dir / "tmp").mkdir(parents=True)
-        (host.dir / "tmp").chmod(0o1777)
+    hosts = [Host(**vars(h)) for h in emuhosts.plan_hosts(base, len(models), net)]
+    for host, m in zip(hosts, models, strict=True):
         create(m, host.root, config={"reset_seconds": 0.0})
-        hosts.append(host)
     return hosts
 
 
 def launch_agent(base: Path, hosts: list[Host]) -> Path:
     """mpirun's launch agent (instead of ssh): ``AGENT [options] HOST COMMAND...`` runs COMMAND
-    on that emulated host. Like ssh, it starts COMMAND in a directory of that host (``/``), not
-    in mpirun's: a directory under the launcher's /tmp is hidden there by the host's own /tmp,
-    and Open MPI 5's daemon dies when its working directory is one it cannot reach ("PRTE has
-    lost communication with a remote daemon"); 4.x's did not mind."""
+    on that emulated host, entered as :meth:`Host.wrap` enters it, with its environment. Like
+    ssh, it starts COMMAND in a directory of that host (``/``), not in mpirun's: a directory
+    under the launcher's /tmp is hidden there by the host's own /tmp, and Open MPI 5's daemon
+    dies when its working directory is one it cannot reach ("PRTE has lost communication with a
+    remote daemon"); 4.x's did not mind."""
+    run = 'cd / && exec sh -c "$0"'  # COMMAND, as ssh hands it to the remote shell
     table = "\n".join(
-        f"  {h.name}) dir={shlex.quote(str(h.dir))}; enter="
-        + (shlex.quote(f"nsenter --net=/run/netns/{h.netns}") if h.netns else "''")
-        + " ;;"
+        f"  {shlex.quote(h.name)}) exec env "
+        + " ".join(shlex.quote(f"{k}={v}") for k, v in h.env().items())
+        + " "
+        + shlex.join(h.wrap(["sh", "-c", run]))
+        + ' "$*" ;;'
         for h in hosts
     )
     agent = base / "agent"
@@ -147,10 +122,6 @@ def launch_agent(base: Path, hosts: list[Host]) -> Path:
         'while [[ "$1" == -* ]]; do shift; done\n'
         'host="$1"; shift\n'
         f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
-        'export TTMESH_ROOT="$dir/root" XDG_RUNTIME_DIR=/tmp/run GLOO_SOCKET_IFNAME=lo\n'
-        "exec $enter unshare --uts --mount --propagation private sh -c "
-        '"hostname $host && mount --bind $dir/tmp /tmp && mkdir -p -m 700 /tmp/run && cd / '
-        '&& exec sh -c \\"\\$0\\"" "$*"\n'
     )
     agent.chmod(0o755)
     return agent

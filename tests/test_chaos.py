@@ -3,14 +3,18 @@ detectors (a harness that never reports a violation proves nothing)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from conftest import REPO
+import pytest
+from conftest import REPO, alive, wait_for
 
 CHAOS = REPO / "scripts" / "chaos.py"
 
@@ -63,6 +67,7 @@ def test_the_harness_sees_what_a_run_leaves(tmp_path: Path) -> None:
     assert "host unhealthy after the job" in said and "down" in said
 
 
+@pytest.mark.slow
 def test_the_short_matrix(tmp_path: Path) -> None:
     """Every case twice with seed 1 (about 2-3 minutes on 2 cores): no violation."""
     out = tmp_path / "chaos.json"
@@ -79,3 +84,83 @@ def test_the_short_matrix(tmp_path: Path) -> None:
     assert all(o["ok"] for o in data["outcomes"])
     ran = [o for o in data["outcomes"] if not o["skipped"] and not o["missed"]]
     assert sum(o["faults"] for o in ran) >= len(cases)  # the faults really were injected
+
+
+FAKE_FRONT = r"""
+import os, sys, time
+
+def child(kind):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        if kind == "group":
+            os.setpgid(0, 0)
+        elif kind == "session":
+            os.setsid()
+        os.write(w, b"x")
+        time.sleep(60)
+        os._exit(0)
+    if kind == "group":
+        try:
+            os.setpgid(pid, pid)  # either side may do it first
+        except OSError:
+            pass
+    os.read(r, 1)  # it is in its group or session now
+    return pid
+
+print(child("plain"), child("session"), flush=True)
+sys.stdin.readline()
+print(child("group"), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_guardian_is_never_a_child_the_front_forked_for_a_program(tmp_path: Path) -> None:
+    """A child the front forks to run a program has the front's command line until it execs
+    (under load long enough to be seen: ``mpirun --version`` while an MPI launch prepares):
+    neither one in the front's process group nor one leading a session of its own is taken for
+    the guardian, which leads a group of its own in the front's session. (Taken for it, the
+    guardian was "gone" a moment later, the fault never sent, and the run waited out the
+    launch timeout: "ttmesh did not exit within 90 s".)"""
+    chaos = _chaos()
+    script = tmp_path / "front.py"
+    script.write_text(FAKE_FRONT)
+    argv = [sys.executable, str(script), chaos.TAG]
+    front = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    kids: list[int] = []
+    try:
+        assert front.stdout is not None and front.stdin is not None
+        kids += [int(p) for p in front.stdout.readline().split()]
+        la = chaos.Launch(None, "job", front, tmp_path / "err", 1, " ".join(argv))  # type: ignore[arg-type]
+        assert len(kids) == 2 and la.guardian() is None
+        front.stdin.write("\n")
+        front.stdin.flush()
+        kids.append(int(front.stdout.readline()))
+        assert la.guardian() == kids[-1]
+    finally:
+        for pid in kids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        front.kill()
+        front.wait()
+        wait_for(lambda: not any(alive(p) for p in kids), what="the fake front's children")
+
+
+def test_a_missed_fault_stops_the_job_it_never_reached(tmp_path: Path) -> None:
+    """The moment a fault was aimed at never came (Missed): the job its workers were waiting
+    in is stopped by the harness, not waited for until the launch timeout, where it counted as
+    a violation ("did not exit within 90 s") of a run that was only missed."""
+    chaos = _chaos()
+    chaos.SETTLE = 5.0
+
+    def never(t) -> None:  # type: ignore[no-untyped-def]
+        t.create()
+        la = t.launch("--tp-size", "1", "--grace", "1", n=1)  # its worker waits for a signal
+        t.until("every worker", lambda: la.started_workers() == 1)
+        raise chaos.Missed("the moment never came")
+
+    outcome = chaos.run_one(chaos.Case("missed", "self", never, ""), 0, "1", tmp_path)
+    assert outcome.missed == "the moment never came"
+    assert outcome.ok, outcome.violations

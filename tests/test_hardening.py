@@ -338,6 +338,69 @@ def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> N
     _finished(qb2, tmp_path, job, "supervisor killed")
 
 
+ORPHAN_SWEEP = r"""
+import os, sys, time
+from ttmesh import procs
+from ttmesh.launcher import supervisor
+
+procs.set_subreaper()  # as the front is
+child = os.fork()
+if child == 0:  # the guardian's mpirun: it starts a rank, then dies (the guardian is gone)
+    rank = os.fork()
+    if rank == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]])
+    print(rank, flush=True)
+    os._exit(0)
+rank = int(sys.stdin.readline())
+while not procs.is_zombie(child):  # its exit is complete: the rank is ours now
+    time.sleep(0.01)
+real, walks = procs.live_descendants, []
+
+def missed_once(root):
+    # The first walk read our children (the dying mpirun) just before the rank was handed
+    # over, and mpirun's just after: nothing alive seen. Later walks are real.
+    walks.append(root)
+    return [] if len(walks) == 1 else real(root)
+
+supervisor.procs.live_descendants = missed_once
+supervisor._kill_tree(os.getpid())
+print("alive" if not procs.is_zombie(rank) else "gone", len(walks), flush=True)
+"""
+
+
+def test_the_sweep_after_the_guardian_waits_for_orphans_still_being_handed_over(
+    tmp_path: Path,
+) -> None:
+    """The front's sweep once the guardian is killed (``supervisor._kill_tree``): a walk of
+    its tree can read the dying mpirun as a zombie just as mpirun's ranks are being
+    re-parented to the front, and see nothing alive. The sweep still ends only when nothing is
+    left to reap either, so those ranks are killed too (found by scripts/chaos.py under load:
+    mpi-guardian-kill left four ranks running, "process left", links down)."""
+    from conftest import TAG
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_SWEEP, TAG], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    rank = int(proc.stdout.readline())
+    try:
+        proc.stdin.write(f"{rank}\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.split()[0] == "gone", out + err
+        assert not alive(rank)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(rank, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
 def test_sighup_to_ttmesh_is_ttmeshs(qb2: Path, tmp_path: Path) -> None:
     proc = start_launch(qb2, "--tp-size", "2", *worker(f"pids={tmp_path}"))
     try:

@@ -150,7 +150,7 @@ def _children_of(pid: int) -> list[int] | None:
     return out
 
 
-def _has_children() -> bool:
+def has_children() -> bool:
     """This process has children (live or not yet reaped), asked without reaping any."""
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -183,7 +183,7 @@ def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
     re-parented at that very moment: the sweeps that rely on it repeat until nothing is left,
     and what outlives the guardian is re-parented to the launcher, which sweeps again."""
     if table is None:
-        if root == os.getpid() and not _has_children():
+        if root == os.getpid() and not has_children():
             return []
         walked = _walk(root)
         if walked is not None:

@@ -404,13 +404,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _kill_tree(root: int) -> None:
-    """SIGKILL every descendant of ``root`` until none is left (orphans re-parent to it)."""
+    """SIGKILL every descendant of ``root`` (this process, a subreaper) until none is left.
+
+    Orphans re-parent to it: a walk of the tree can read a dying child (mpirun once the
+    guardian is killed) as a zombie just as its children are handed over, and see nothing
+    alive. So an empty walk ends the sweep only when no child is left to reap either: a child
+    is reapable only once its exit, the hand-over of its children included, is complete."""
     for _ in range(200):
         left = procs.live_descendants(root)
-        if not left:
-            break
-        procs.signal_pids(left, signal.SIGKILL)
+        if left:
+            procs.signal_pids(left, signal.SIGKILL)
         procs.reap_all()
+        if not left and not procs.has_children():
+            break
         time.sleep(0.01)
     procs.reap_all()
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -129,7 +130,7 @@ def test_a_pattern_re2_cannot_run_is_refused_at_parse_time(
     assert res.code == 2, res.err
     lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host: ")]
     assert len(lines) == 1, res.err
-    assert lines[0].startswith(f"ttmesh: --ready-pattern {pattern!r}: "), res.err
+    assert lines[0].startswith(f"ttmesh: --ready-pattern {shlex.quote(pattern)}: "), res.err
     assert why in lines[0], res.err
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -520,7 +521,10 @@ def launch_cmd(
             compile_pattern(ready_pattern)  # matched in linear time by the guardian
         except PatternError as exc:
             shown = ready_pattern if len(ready_pattern) <= 80 else ready_pattern[:77] + "..."
-            raise bad_input(f"--ready-pattern {shown!r}: {exc}", exc.hint)
+            # As the user would type it again (the shell's quoting), unless it holds what a
+            # terminal must not be sent as it is.
+            quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
+            raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint)
     shown_ranks = _ranks(ranks_filter)
     options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
     try:

@@ -293,18 +293,27 @@ def test_sigint_while_a_failure_stops_the_job_is_a_stop(qb2: Path, tmp_path: Pat
     """Ctrl-C while ttmesh stops the ranks after a failure (found by scripts/chaos.py): kills
     at once, exits 130 as SIGTERM exits 143 there, and never restarts the job."""
     summary = tmp_path / "summary.json"
+    go = tmp_path / "go"
+    # Rank 0 fails only once both ranks ignore SIGTERM (their pid files come after that), so
+    # the stop it causes waits out the grace on rank 1.
     proc = start_launch(
         qb2, "--tp-size", "2", "--grace", "60", "--max-restarts", "2",
         "--summary-json", str(summary),
-        *worker(f"pids={tmp_path}", "ignore-term", "fail-after=0:0.2:3"),
+        *worker("ignore-term", f"pids={tmp_path}", f"await={go}", "fail-rank=0:3"),
+        env={"PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
+    seen = []
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
-        failing = read_pids(tmp_path, "pid")["rank0"]
-        wait_for(lambda: not alive(failing), what="rank 0 to fail")
-        time.sleep(0.2)  # the other rank ignores SIGTERM; the grace is 60 s
+        go.touch()
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the stop after the failure is under way: the grace runs
+            seen.append(line)
+            if line.startswith("ttmesh: draining, "):
+                break
         proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=20)
+        _out, rest = proc.communicate(timeout=20)
+        err = "".join(seen) + rest
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -24,6 +24,10 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   while 4 ranks of ``sleep 0.5`` run: the highest VmHWM of each process (/proc/PID/status,
   sampled every 5 ms), summed. The guardian is forked from the front and shares most pages
   with it, so the sum counts those twice.
+* ``flags``: ttmesh alone, in a fresh process each run: reading a server's flag table (JSON),
+  building argparse from it, and reading the seed's command with it
+  (``ttmesh.launcher.serving.flags``), for each stock table (the module's import apart); and the
+  ``--dry-run`` of a stock SGLang command against the same dry run of ``true``.
 * ``fan-in``: 4 ranks writing 50 MB together (100-byte lines) to the launcher's stdout, a pipe
   this script drains. ttmesh cuts every line and prefixes it with its rank; torchrun and bare
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
@@ -49,7 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-BENCHES = ("launch", "start", "preflight", "failure", "help", "rss", "fanin")
+BENCHES = ("launch", "start", "preflight", "failure", "help", "rss", "fanin", "flags")
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
@@ -581,8 +585,67 @@ def bench_fanin(b: Bench) -> list[dict]:
 # --------------------------------------------------------------------------- report
 
 
+FLAGS_TIMED = r"""
+import sys, time
+from pathlib import Path
+t0 = time.perf_counter()
+from ttmesh.launcher.serving import flags
+t1 = time.perf_counter()
+table = flags.load(Path(sys.argv[1]))
+t2 = time.perf_counter()
+table.parser()
+t3 = time.perf_counter()
+table.parse(sys.argv[2:])
+t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+"""
+COMMON = ["--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "31000",
+          "--tp-size", "1", "--dtype", "bfloat16", "--mem-fraction-static", "0.75", "--max-total-tokens", "16384",
+          "--chunked-prefill-size", "64"]  # fmt: skip
+COMMANDS = {  # the seed's command, as each table's server takes it
+    "sglang": [*COMMON, "--device", "cpu", "--kv-cache-dtype", "bfloat16", "--enable-torch-compile", "--page-size", "64",
+               "--torch-compile-max-bs", "4", "--grammar-backend", "none"],
+    "sglang-torchtpu": [*COMMON, "--device", "tpu", "--kv-cache-dtype", "bfloat16", "--enable-torch-compile", "--page-size", "64",
+                        "--torch-compile-max-bs", "4", "--tpu-compile-bs", "1", "4",
+                        "--tpu-compile-tokens", "64", "--grammar-backend", "none"],
+    "sglang-jax": [*COMMON, "--device", "tt", "--kv-cache-dtype", "bf16", "--attention-backend", "tt",
+                   "--page-size", "32"],  # SGLang-JAX spells it bf16
+    "vllm-tt": ["Qwen/Qwen3-8B", "--port", "8000", "-tp", "1", "--max-model-len", "8192"],
+}  # fmt: skip
+
+
+def bench_flags(b: Bench) -> list[dict]:
+    tables = Path(__file__).resolve().parent.parent / "ttmesh" / "configs" / "profiles"
+    rows = []
+    for name, argv in COMMANDS.items():
+        parts: list[list[float]] = [[], [], [], []]
+        for _ in range(b.runs + 1):  # the first run warms the bytecode cache
+            out = subprocess.run(
+                [b.py, "-c", FLAGS_TIMED, str(tables / f"{name}.flags.json"), *argv],
+                env=b.env, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            for i, value in enumerate(out.stdout.split()):
+                parts[i].append(float(value) * 1000)
+        imp, load, build, parse = (median(p[1:]) for p in parts)
+        note = f"import {imp:.1f} ms, read the JSON {load:.1f} ms, build {build:.1f} ms, parse {parse:.1f} ms"
+        total = {"ttmesh": load + build + parse}
+        rows.append(row(f"flag table {name}: the seed's command read", "ms", total, True, note))
+    root = str(b.roots["qb2"])
+    server = [*b.ttmesh_bin, "launch", "--root", root, "--dry-run", "--", b.py, "-m",
+              "sglang.launch_server", *COMMANDS["sglang"]]  # fmt: skip
+    plain = [*b.ttmesh_bin, "launch", "--root", root, "--dry-run", "--", "true"]
+    for argv in (server, plain):
+        b.timed(argv)
+    med = interleaved(
+        b.runs, {"ttmesh": lambda: b.timed(server)[0], "plain": lambda: b.timed(plain)[0]}
+    )
+    note = f"the same dry run of `true`: {med['plain']:.3f} s"
+    rows.append(row("--dry-run of a stock SGLang command", "s", med, True, note))
+    return rows
+
+
 def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:
-    t, tr, bare = med["ttmesh"], med["torchrun"], med["bare"]
+    t, tr, bare = med["ttmesh"], med.get("torchrun"), med.get("bare")
     out = {
         "name": name,
         "unit": unit,
@@ -607,7 +670,10 @@ def show(rows: list[dict]) -> str:
     for r in rows:
         fmt = "{:11.3f}" if r["unit"] == "s" else "{:11.1f}"
         cells = [fmt.format(r[k]) if r.get(k) is not None else f"{'-':>11}" for k in LAUNCHERS]
-        ratios = [f"{r['ttmesh/bare']:11.2f}", f"{r['ttmesh/torchrun']:11.3f}"]
+        ratios = [
+            f"{r[k]:11.{d}f}" if r.get(k) is not None else f"{'-':>11}"
+            for k, d in (("ttmesh/bare", 2), ("ttmesh/torchrun", 3))
+        ]
         if "before" in LAUNCHERS:
             ratios += [
                 f"{r[k]:11.2f}" if r.get(k) is not None else f"{'-':>11}"

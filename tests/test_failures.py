@@ -246,7 +246,7 @@ def test_a_servers_output_is_matched_when_ttmesh_stops_it(qb2: Path, tmp_path: P
     line = SAMPLES["fabric-router-sync"][1]
     out = tmp_path / "s.json"
     res = run_cli("launch", "--root", str(qb2), "--ready-timeout", "2", "--summary-json", str(out),
-                  "--", *SGLANG, *seed(1, port=str(_free_port()), model_path=None),
+                  "--", *SGLANG, *seed(1, port=str(_free_port())),
                   env={**ENV, "FAKE_MODE": "hang", "FAKE_SAY": line})  # fmt: skip
     assert res.code == 124, res.err
     summary = json.loads(out.read_text())

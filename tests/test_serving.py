@@ -85,10 +85,14 @@ def chip_env(data: dict) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("command", "env", "profile"),
     [
-        ([*SGLANG, "--device", "tpu"], {}, "sglang-torchtpu"),
-        ([*SGLANG, "--device", "cpu"], {"SGLANG_PLATFORM": "tpu_oot"}, "sglang-torchtpu"),
-        ([*SGLANG, "--device", "cpu"], {}, "sglang"),
-        ([*JAX, "--device", "tt"], {}, "sglang-jax"),
+        ([*SGLANG, "--model-path", "m", "--device", "tpu"], {}, "sglang-torchtpu"),
+        (
+            [*SGLANG, "--model-path", "m", "--device", "cpu"],
+            {"SGLANG_PLATFORM": "tpu_oot"},
+            "sglang-torchtpu",
+        ),
+        ([*SGLANG, "--model-path", "m", "--device", "cpu"], {}, "sglang"),
+        ([*JAX, "--model-path", "m", "--device", "tt"], {}, "sglang-jax"),
     ],
 )
 def test_profile_is_recognised_from_the_command(
@@ -163,11 +167,11 @@ def test_the_users_own_values_win_and_are_named(qb2: Path) -> None:
 
 
 def test_sglang_jax_and_stock_sglang_environments(qb2: Path) -> None:
-    data, _ = plan(qb2, "--", *JAX, "--tp-size", "1", "--device", "tt")
+    data, _ = plan(qb2, "--", *JAX, "--model-path", "m", "--tp-size", "1", "--device", "tt")
     env = chip_env(data)
     assert env == {"JAX_PLATFORMS": "tt", "LIBTT_SYMMETRIC_DRAM_MB": "2048", "TT_VISIBLE_DEVICES": C01,
                    "TT_MESH_GRAPH_DESC_PATH": env["TT_MESH_GRAPH_DESC_PATH"]}  # fmt: skip
-    data, _ = plan(qb2, "--", *SGLANG, "--device", "cpu", "--tp-size", "2")
+    data, _ = plan(qb2, "--", *SGLANG, "--model-path", "m", "--device", "cpu", "--tp-size", "2")
     assert chip_env(data) == {}  # stock SGLang: readiness, stop and supervision only
     assert set(data["ranks"][0]["env"]) <= {"TTMESH_JOB_ID", "TTMESH_RANK", "TTMESH_READY_FILE",
                                             "TTMESH_FABRIC_FILE", "TTMESH_SIM_ROOT", "TTMESH_JOB_CHIPS"}  # fmt: skip
@@ -338,7 +342,7 @@ def test_the_model_is_a_flag_or_an_entry_points_positional_never_a_script() -> N
 def _serve(root: Path, tmp_path: Path, *extra: str, tp: int = 4, env: dict[str, str] | None = None,
            port: int | None = None) -> tuple[subprocess.Popen, int]:  # fmt: skip
     port = port or _free_port()
-    argv = seed(tp, port=str(port), model_path=None)
+    argv = seed(tp, port=str(port))
     proc = start_launch(root, "--job-id", f"serve-{os.getpid()}-{port}", *extra, "--", *SGLANG, *argv,
                         env={**ENV, "FAKE_REPORT": str(tmp_path), **(env or {})})  # fmt: skip
     return proc, port

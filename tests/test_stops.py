@@ -142,6 +142,7 @@ def _profile(tmp_path: Path, model: str) -> dict[str, str]:
         "name: hostile\n"
         "title: a profile with a model rule\n"
         "recognise: {program: sglang.launch_server}\n"
+        "flags: sglang\n"
         "priority: 100\n"
         "chips: none\n"
         "ready: {http: /health}\n"

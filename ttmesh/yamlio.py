@@ -79,6 +79,27 @@ def loads(text: str) -> Any:
         loader.dispose()
 
 
+def loads_as_pyyaml(text: str) -> Any:
+    """YAML text as another program's ``yaml.safe_load`` reads it (YAML 1.1: ``017`` is 15,
+    ``1_000`` is 1000), for a file ttmesh must read exactly as that program will (SGLang's
+    ``--config``); aliases are bounded as in :func:`loads`."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).replace("\n", " ")) from exc
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
 def _check_expansion(root: Any) -> None:
     """Refuse a node graph whose aliases expand it past the bound (iteratively: a deep
     document does not exhaust the stack)."""

@@ -398,8 +398,10 @@ def launch_cmd(
     \b
     A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)
     runs as its makers intend: one server process for every chip, its flag rules checked before
-    anything starts, ready when its /health answers, stopped with a bounded drain. --tp-size
-    is read from the server's own flag when not given.
+    anything starts, ready when its /health answers, stopped with a bounded drain. The server's
+    command is read as its own parser reads it (its whole flag table: the last of a repeated
+    flag wins, prefixes, --flag=value); one it would refuse is refused with its complaint.
+    --tp-size is read from the server's own flag when not given.
 
     \b
     On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
@@ -410,7 +412,7 @@ def launch_cmd(
     \b
     Examples:
       ttmesh launch --sim quietbox2 --tp-size 4 examples/allreduce.py
-      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --device tpu --tp-size 4 ...
+      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 4 ...
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
     """
@@ -633,6 +635,7 @@ def _server(
         )
     from ttmesh.launcher.serving import spec
 
+    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
     tp, findings = spec.server_tp(profile, parsed, tp_size)
     if tp is None and profile.tp_flag:
         tp = 1  # the server's own default: one chip

@@ -42,6 +42,7 @@ def profiles_cmd(as_json: bool) -> None:
                         "grace": p.grace,
                         "rules": [r.get("id") for r in p.rules],
                         "path": p.path,
+                        "flags": p.flags,  # the server's flag table
                     }
                     for p in found
                 ],

@@ -110,6 +110,26 @@ def serving_lines(serving: dict[str, Any]) -> list[str]:
     ]
     out += [f"  note: {n}" for n in serving["notes"]]
     out += [f"  {f['severity']}: {f['message']} (fix: {f['fix']})" for f in serving["findings"]]
+    flags = serving.get("flags")
+    if flags:
+        config = f", with --config {flags['config']} merged first" if flags["config"] else ""
+        out.append(f"  flags, read with the flag table of {flags['parser']}{config}:")
+        for r in flags["read"]:
+            value = r["value"]
+            if r["kind"] in ("store_true", "store_false", "boolean_optional"):
+                said = r["option"]  # the spelling that decided it (--x or --no-x)
+            else:
+                said = f"{r['flag']} " + (
+                    " ".join(map(str, value)) if isinstance(value, list) else str(value)
+                )
+            times = (
+                f" (given {len(r['given'])} times: {', '.join(r['given'])})"
+                if len(r["given"]) > 1
+                else ""
+            )
+            out.append(f"    {said}{times}")
+        if flags["unread"]:
+            out.append(f"    not in ttmesh's table (passed on unread): {' '.join(flags['unread'])}")
     memory = serving.get("memory")
     if memory:
         rows = [

@@ -4,6 +4,12 @@ A profile says how its stack is recognised (the module or entry point run, a fla
 environment variable), its process model, how chips are passed, the environment it needs, its
 flag rules (:mod:`.rules`), how readiness is known, how it stops, what it leaves behind and the
 failure lines it is known for. ``ttmesh profiles`` lists them; ``--profile NAME`` picks one.
+
+Each profile reads its server's command with the server's whole flag table (:mod:`.flags`):
+``<name>.flags.json`` beside it, or the table ``flags:`` names (a stock table by name, or a file
+beside the profile). Every flag the profile reads (its rules, its chip-count flag, ``--host``,
+``--port``, the memory budget's, the flags it is recognised by) must be in that table: a profile
+that reads a flag the server does not have is refused when its table is loaded.
 """
 
 from __future__ import annotations
@@ -11,17 +17,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import numeric
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.serving.args import ServerArgs
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.serving.flags import Table
 
 # How chips reach the server (``chips:`` in a profile).
 CHIPS_NONE = "none"  # the stack does not run on Tenstorrent chips here (stock SGLang on a CPU)
 CHIPS_PASS = "pass"  # TT_VISIBLE_DEVICES and a descriptor of the chips
 CHIPS_LIBTT = "libtt"  # the whole host: leave both unset, libtt assigns them; a part: pass them
 CHIPS_MESH_DEVICE = "mesh-device"  # vLLM's plugin: MESH_DEVICE names the system or the shape
+# The flags the memory budget reads (``budget:`` in a profile names the server's own; null: none).
+BUDGET_FLAGS = {
+    "fraction": "--mem-fraction-static",
+    "tokens": "--max-total-tokens",
+    "dtype": "--dtype",
+    "kv_dtype": "--kv-cache-dtype",
+}
+SERVER_FLAGS = ("--host", "--port")  # where it answers: every profile reads them
 
 
 @dataclass(frozen=True)
@@ -49,16 +66,107 @@ class Profile:
     part_note: str = ""
     path: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    flags: str = ""  # the flag table's path
+    budget: dict[str, str | None] = field(default_factory=lambda: dict(BUDGET_FLAGS))
 
     def matches(self, args: ServerArgs, environ: dict[str, str]) -> bool:
         """Every ``recognise`` entry holds (``any``: at least one of its entries)."""
-        return _holds(self.recognise, args, environ)
+        return _holds(self.recognise, args, environ, self)
 
     def default(self, flag: str) -> str | None:
         return self.defaults.get(flag)
 
+    def table(self) -> Table:
+        """The server's flag table, checked against every flag this profile reads."""
+        from ttmesh.launcher.serving import flags
 
-def _holds(spec: dict[str, Any], args: ServerArgs, environ: dict[str, str]) -> bool:
+        if not self.flags:
+            raise bad_input(
+                f"profile {self.path or self.name}: no flag table",
+                "name one with flags: (a stock table: sglang, sglang-jax, ...) or generate "
+                "it beside the profile: python scripts/gen_flags.py (docs/serving.md)",
+            )
+        table = flags.load(Path(self.flags), f"profile {self.name}: flag table")
+        key = f"{self.flags}\0{self.path}\0{self.name}"
+        if key not in _CHECKED:  # once per process: a profile's reads do not change
+            _check(self, table)
+            _CHECKED.add(key)
+        return table
+
+    def read(self, args: ServerArgs, cwd: str | None = None) -> ServerArgs:
+        """``args`` read as the server's parser reads them; a command it refuses is refused
+        here with its own complaint (exit 2), before anything starts."""
+        from ttmesh.launcher.serving import flags
+
+        table = self.table()
+        try:
+            return args.read_with(table, cwd)
+        except flags.ParseError as exc:
+            raise bad_input(
+                f"{self.name}: the server refuses its command: {exc}",
+                f"fix its flags; ttmesh reads them with the flag table of {table.server}, "
+                "as its parser does; --profile none runs the command unread",
+            ) from None
+
+    def reads(self) -> list[tuple[str, str, bool]]:
+        """Every flag this profile reads: (who reads it, the flag, read as a number)."""
+        out = [(f"rule {rid}", flag, numeric) for rid, flag, numeric in _rules_read(self)]
+        if self.tp_flag:
+            out.append(("tp_flag", self.tp_flag, True))
+        out += [("the server's address", flag, flag == "--port") for flag in SERVER_FLAGS]
+        out += [("recognise", flag, False) for flag in _recognise_flags(self.recognise)]
+        if self.chips != CHIPS_NONE:
+            for key, flag in self.budget.items():
+                if flag:
+                    out.append((f"the memory budget ({key})", flag, key in ("fraction", "tokens")))
+        return out
+
+
+_CHECKED: set[str] = set()
+
+
+def _rules_read(profile: Profile) -> list[tuple[str, str, bool]]:
+    from ttmesh.launcher.serving import rules
+
+    return rules.flags_read(list(profile.rules))
+
+
+def _recognise_flags(spec: dict[str, Any]) -> list[str]:
+    out = list((spec.get("flag") or {}).keys())
+    for alt in spec.get("any") or []:
+        out += _recognise_flags(alt)
+    return out
+
+
+def _check(profile: Profile, table: Table) -> None:
+    """A flag the profile reads that the server's table lacks, or reads as a number where the
+    server does not convert one, is refused (a profile must never guess what the server read)."""
+    hint = (
+        "the profile names a flag its server does not have: fix the profile, or regenerate the "
+        "table from the server's parser (python scripts/gen_flags.py)"
+    )
+    for who, option, as_number in profile.reads():
+        flag = table.flag(option)
+        where = f"profile {profile.path or profile.name}: {who} reads {option}"
+        if flag is None:
+            raise bad_input(f"{where}, which {table.server}'s parser has no flag for", hint)
+        if as_number and not flag.numeric:
+            raise bad_input(
+                f"{where} as a number, but {table.server}'s parser reads it as "
+                f"{flag.type or 'text'} ({flag.kind})",
+                hint,
+            )
+        if not flag.typed:
+            raise bad_input(
+                f"{where}, which {table.server}'s parser converts with {flag.type}, a function "
+                "ttmesh does not know",
+                "read another flag, or teach ttmesh.launcher.serving.flags.TYPES its conversion",
+            )
+
+
+def _holds(
+    spec: dict[str, Any], args: ServerArgs, environ: dict[str, str], profile: Profile
+) -> bool:
     for key, want in spec.items():
         if key == "program":
             options = want if isinstance(want, list) else [want]
@@ -66,18 +174,32 @@ def _holds(spec: dict[str, Any], args: ServerArgs, environ: dict[str, str]) -> b
                 return False
         elif key == "flag":
             for flag, value in want.items():
-                if (args.value(flag) or "").lower() != str(value).lower():
+                if (_peek(profile, args, flag) or "").lower() != str(value).lower():
                     return False
         elif key == "env":
             for name, value in want.items():
                 if environ.get(name) != str(value):
                     return False
-        elif key == "any":
-            if not any(_holds(alt, args, environ) for alt in want):
+        elif key == "any":  # what needs no parse first (a flag's value needs the table's)
+            ordered = sorted(want, key=lambda alt: "flag" in alt)
+            if not any(_holds(alt, args, environ, profile) for alt in ordered):
                 return False
         else:
             raise ValueError(f"unknown recognise key {key!r}")
     return True
+
+
+def _peek(profile: Profile, args: ServerArgs, flag: str) -> str | None:
+    """``flag``'s value as the profile's server reads it; for a command that server refuses (the
+    refusal comes later, if this profile is chosen), the last exact ``flag VALUE`` or
+    ``flag=VALUE``."""
+    from ttmesh.launcher.serving import flags
+
+    try:
+        return profile.read(args).text(flag)
+    except (TTMeshError, flags.ParseError):
+        values = args.plain().get(flag)
+        return values[0] if values else None
 
 
 MAX_BYTES = 1024 * 1024  # a profile is a few KiB
@@ -125,11 +247,36 @@ def _load(path: Path) -> Profile:
             part_note=str(data.get("part_note", "")),
             path=str(path),
             extra={k: v for k, v in data.items() if k in ("mesh_device", "failures")},
+            flags=_table_path(path, data.get("flags")),
+            budget=_budget(data.get("budget")),
         )
     except TTMeshError as exc:  # a bad value: named by its key, with the range to give
         raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile")
     except (KeyError, TypeError, ValueError) as exc:
         raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
+
+
+def _table_path(path: Path, name: Any) -> str:
+    """The profile's flag table: ``flags: NAME`` (a stock table), ``flags: FILE.json`` (beside the
+    profile), else ``<profile file's name>.flags.json`` beside it."""
+    if name is None:
+        return str(path.with_name(f"{path.stem}.flags.json"))
+    name = str(name)
+    if name.endswith(".json"):
+        return str(path.parent / name)
+    if "/" in name or not name:
+        raise ValueError(f"flags: {name!r} is neither a stock table's name nor a .json file")
+    return str(profiles_dir() / f"{name}.flags.json")
+
+
+def _budget(raw: Any) -> dict[str, str | None]:
+    if raw is None:
+        return dict(BUDGET_FLAGS)
+    if not isinstance(raw, dict) or set(raw) - set(BUDGET_FLAGS):
+        raise ValueError(f"budget: a map of {', '.join(BUDGET_FLAGS)} to the server's flags")
+    return {
+        k: (str(raw[k]) if raw[k] else None) if k in raw else v for k, v in BUDGET_FLAGS.items()
+    }
 
 
 def _env(path: Path, raw: Any) -> dict[str, str]:

@@ -16,6 +16,10 @@ path), ``{env: NAME, equals: V}`` (the environment the server gets), ``{tp: {at_
 ``{tp: {at_most: N}}`` (chips), ``{compare: [A, OP, B]}`` with A and B a number, ``tp``, ``F``
 (its first value) or ``max(F)``, OP one of == != >= <= > <. Messages and fixes name values as
 ``{F}``, ``{max(F)}``, ``{tp}``, ``{env:NAME}``.
+
+A flag's value is what the server's own parser stores (``args.ServerArgs`` read with the
+profile's flag table): a rule names a flag by one of its spellings, and every flag a rule reads
+must be in the table (:func:`flags_read`, checked when the table is loaded).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class Context:
     tp: int
 
     def text(self, flag: str) -> str | None:
-        value = self.args.value(flag)
+        value = self.args.text(flag)
         return value if value is not None else self.defaults.get(flag)
 
     def number(self, expr: str | int | float) -> float | None:
@@ -89,7 +93,7 @@ class Context:
         # A model flag, or an entry point's positional (`vllm serve MODEL`); a script's name
         # (`python serve.py`) is not a model.
         positional = self.args.positionals[0] if self.args.positionals else ""
-        return next((v for f in MODEL_FLAGS if (v := self.args.value(f))), "") or positional
+        return next((v for f in MODEL_FLAGS if (v := self.args.text(f))), "") or positional
 
 
 def _floats(texts: list[str | None]) -> list[float]:
@@ -165,6 +169,31 @@ def check_patterns(rules: list[dict[str, Any]], source: str) -> None:
                     f"{cond['model']!r}: {exc}",
                     exc.hint,
                 ) from None
+
+
+_TEMPLATE_FLAG = re.compile(r"\{(max\()?(--?[\w-]+)\)?\}")
+_EXPR_FLAG = re.compile(r"(max\()?(--?[\w-]+)\)?")
+
+
+def flags_read(rules: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Every flag the rules read: ``(rule id, flag, read as a number)``. Each must be one of
+    the server's flags (its table), and one read as a number must be one the server converts
+    to a number; a rule naming anything else is refused when the table is loaded."""
+    out: list[tuple[str, str, bool]] = []
+    for rule in rules:
+        rid = str(rule.get("id", "?"))
+        for cond in _conditions(rule):
+            for key in ("flag", "no_flag"):
+                if isinstance(cond.get(key), str):
+                    out.append((rid, cond[key], False))
+            for operand in cond.get("compare") or []:
+                match = _EXPR_FLAG.fullmatch(operand.strip()) if isinstance(operand, str) else None
+                if match:
+                    out.append((rid, match.group(2), True))
+        for key in ("message", "fix"):
+            for match in _TEMPLATE_FLAG.finditer(str(rule.get(key, ""))):
+                out.append((rid, match.group(2), bool(match.group(1))))
+    return out
 
 
 def _conditions(rule: dict[str, Any]) -> list[dict[str, Any]]:

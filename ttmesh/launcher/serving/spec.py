@@ -73,7 +73,55 @@ class ServingSpec:
             "notes": list(self.notes),
             "memory": self.budget.to_json() if self.budget else None,
             "memory_note": self.budget_note or None,
+            "flags": read_flags(self.args),
         }
+
+
+def read_flags(args: ServerArgs) -> dict[str, Any] | None:
+    """What ttmesh read of the server's command, and with which parser (``--dry-run``): every
+    destination the command set, the flag (its first long spelling), the value the server
+    stores, and each time it was given (the last one won)."""
+    parsed = args.parsed
+    if parsed is None:
+        return None
+    return {
+        "parser": parsed.table.server,
+        "table": parsed.table.path,
+        "config": parsed.config,
+        "help": parsed.help,
+        "unread": list(parsed.extra),
+        "read": [
+            {
+                "flag": r.flag.name,
+                "option": r.option,
+                "kind": r.flag.kind,
+                "dest": dest,
+                "value": r.value,
+                "given": [" ".join((option, *words)) for option, words in r.times],
+            }
+            for dest, r in parsed.reads.items()
+        ],
+    }
+
+
+def repeats(args: ServerArgs) -> list[str]:
+    """A note for each flag given more than once with different values: the server takes the
+    last (argparse), which is easy to miss in a long command."""
+    if args.parsed is None:
+        return []
+    out = []
+    for read in args.parsed.reads.values():
+        given = [" ".join(words) for _, words in read.times]
+        if (
+            len(read.times) > 1
+            and len(set(given)) > 1
+            and read.flag.kind not in ("append", "extend", "count", "append_const")
+        ):
+            shown = ", ".join(f"{option} {' '.join(words)}".strip() for option, words in read.times)
+            out.append(
+                f"{read.flag.name} is given {len(read.times)} times ({shown}): the server takes the last"
+            )
+    return out
 
 
 def server_tp(
@@ -82,11 +130,14 @@ def server_tp(
     """ttmesh's chip count, read from the server's own flag when ``--tp-size`` was not given;
     a disagreement between the two is an error."""
     flag = profile.tp_flag
-    theirs = args.value(flag) if flag else None
-    if theirs is None:
+    read = args.read(flag) if flag else None
+    if flag is None or read is None:
         return tp_size, []
+    # The value the server's parser took (the last given), spelled as ttmesh reads numbers: the
+    # server's int() also takes "1_0" or " 4", which ttmesh refuses rather than guess at.
+    theirs = read.words[-1] if read.words else read.value
     value = numeric.whole(
-        theirs, f"{flag}", low=1, high=numeric.MAX_CHIPS, unit="chips", example=f"{flag} 4"
+        theirs, read.option, low=1, high=numeric.MAX_CHIPS, unit="chips", example=f"{flag} 4"
     )
     if tp_size is not None and tp_size != value:
         finding = rules.Finding(
@@ -123,14 +174,23 @@ def build(
             spec.notes.append(f"{key}={theirs} from your environment, not the profile's {value}")
     server_env = {**environ, **spec.env, **user_env}
     ctx = rules.Context(args, profile.defaults, server_env, tp)
-    spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
-    spec.host = args.value("--host") or profile.default("--host") or "127.0.0.1"
+    helps = args.parsed is not None and args.parsed.help
+    if helps:  # the server reads no further than its help: nothing to check
+        spec.notes.append("the server prints its help and exits (-h/--help): no rule was checked")
+    else:
+        spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
+    spec.notes += repeats(args)
+    spec.host = args.text("--host") or profile.default("--host") or "127.0.0.1"
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here
-    port = args.value("--port") or profile.default("--port") or "30000"
-    spec.port = numeric.whole(port, "--port", low=1, high=65535, example="--port 30000")
+    read = args.read("--port")
+    port = (read.words[-1] if read.words else read.value) if read else None
+    where = read.option if read else f"profile {profile.path or profile.name}: defaults: --port"
+    port = port if port is not None else profile.default("--port") or "30000"
+    spec.port = numeric.whole(port, where, low=1, high=65535, example="--port 30000")
     spec.ready_timeout = profile.ready_timeout
-    spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
+    if not helps:
+        spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
     if spec.budget is not None:
         b = spec.budget
         if not b.weights_fit:
@@ -186,16 +246,17 @@ def _budget(
         shape = memory.model_shape(json.loads(fileread.read_bytes(config, MODEL_CONFIG, "config")))
     except (OSError, ValueError, KeyError, TypeError) as exc:  # fileread.Refused: ValueError
         return None, f"memory budget skipped: {config} is not a decoder's config ({exc})"
-    fraction = ctx.number("--mem-fraction-static")
-    tokens = ctx.number("--max-total-tokens")
+    flags = profile.budget
+    fraction = ctx.number(flags["fraction"]) if flags["fraction"] else None
+    tokens = ctx.number(flags["tokens"]) if flags["tokens"] else None
     return (
         memory.budget(
             shape,
             chips=tp,
             chip_mb=chip_mb,
             fraction=fraction if fraction is not None else 0.9,
-            dtype=ctx.text("--dtype") or "auto",
-            kv_dtype=ctx.text("--kv-cache-dtype") or "auto",
+            dtype=(ctx.text(flags["dtype"]) if flags["dtype"] else None) or "auto",
+            kv_dtype=(ctx.text(flags["kv_dtype"]) if flags["kv_dtype"] else None) or "auto",
             max_total_tokens=int(tokens) if tokens else None,
             symmetric_mb=symmetric_mb if profile.chips != CHIPS_NONE else 0,
         ),

@@ -1,0 +1,106 @@
+"""SGLang's ``--config FILE``: the flags a YAML file adds to the command, merged as SGLang does.
+
+SGLang 0.5.23's ``prepare_server_args`` checks ``"--config" in argv`` (the exact word; ``--config=F``
+is stored and ignored), and its ``ConfigArgumentMerger`` turns the file's map into flags placed
+before the command's own, so the command wins (argparse: the last value wins). A file that sets
+``tp-size: 4`` is as much the server's command as ``--tp-size 4``: ttmesh reads it the same way,
+the file read bounded (``paths.read_text``) and parsed as PyYAML's ``safe_load`` parses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ttmesh.launcher.serving.flags import Flag, ParseError, Table
+
+MAX_BYTES = 1024 * 1024  # a server's configuration is a few KiB
+_CLASSES = {  # argparse's class of each kind, as SGLang's complaint names it
+    "store": "_StoreAction",
+    "store_const": "_StoreConstAction",
+    "store_true": "_StoreTrueAction",
+    "store_false": "_StoreFalseAction",
+    "append": "_AppendAction",
+    "append_const": "_AppendConstAction",
+    "extend": "_ExtendAction",
+    "count": "_CountAction",
+    "boolean_optional": "BooleanOptionalAction",
+}
+
+
+def _keys(flag: Flag) -> set[str]:
+    # YAML keys may use any long spelling of a flag, not only its destination.
+    return {flag.dest} | {o[2:].replace("-", "_") for o in flag.options if o.startswith("--")}
+
+
+def _store_true(flag: Flag) -> bool:
+    return flag.kind == "store_true" and flag.cls is None  # argparse's own store_true
+
+
+def _one_value(flag: Flag) -> bool:
+    return (flag.kind == "store" and flag.cls is None) or flag.nargs is None
+
+
+def merge_sglang(table: Table, argv: list[str], cwd: str | None) -> tuple[list[str], str]:
+    """(the command with the file's flags merged in, the file); :class:`ParseError` where SGLang
+    stops (with its words)."""
+    at = [i for i, word in enumerate(argv) if word == "--config"]
+    if len(at) > 1:
+        raise ParseError("--config: Multiple config files specified! Only one allowed.")
+    if at[0] == len(argv) - 1:
+        raise ParseError("--config: No config file specified after --config flag!")
+    name = argv[at[0] + 1]
+    path = Path(cwd or os.getcwd(), name)  # the server opens it relative to its directory
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ParseError(f"--config: Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ParseError(f"--config: Config file not found: {name}")
+    from ttmesh import paths, yamlio
+
+    try:
+        data = yamlio.loads_as_pyyaml(paths.read_text(path, "--config", MAX_BYTES))
+    except ValueError as exc:
+        raise ParseError(f"--config {name}: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParseError("--config: Config file must contain a dictionary at root level")
+    merged = [*_as_flags(table, data, name), *argv[: at[0]], *argv[at[0] + 2 :]]
+    return merged, name
+
+
+def _as_flags(table: Table, config: dict[Any, Any], name: str) -> list[str]:
+    with_flags = [f for f in table.flags if f.options]
+    store_true = {k for f in with_flags if _store_true(f) for k in _keys(f)}
+    supported = [f for f in with_flags if _store_true(f) or _one_value(f)]
+    supported_keys = {k for f in supported for k in _keys(f)}
+    unsupported = {
+        key: f
+        for f in with_flags
+        if f not in supported and not {"--config", "--help", "-h"} & set(f.options)
+        for key in _keys(f)
+        if key not in supported_keys
+    }
+    out: list[str] = []
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise ParseError(f"--config {name}: key {key!r} is not a flag's name")
+        norm = key.replace("-", "_")
+        if norm in unsupported:
+            flag = unsupported[norm]
+            kind = flag.cls or _CLASSES.get(flag.kind, flag.kind)
+            raise ParseError(f"--config: Unsupported config option '{norm}' with action '{kind}'")
+        if isinstance(value, bool):
+            if norm in store_true:
+                out += [f"--{key}"] if value else []
+            else:
+                out += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            out += [f"--{key}", *(str(item) for item in value)] if value else []
+        elif isinstance(value, dict):
+            out += [f"--{key}", json.dumps(value)]
+        else:
+            out += [f"--{key}", str(value)]
+    return out

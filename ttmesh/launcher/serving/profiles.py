@@ -57,6 +57,12 @@ class Profile:
     def default(self, flag: str) -> str | None:
         return self.defaults.get(flag)
 
+    @property
+    def chipless(self) -> bool:
+        """The stack drives no Tenstorrent chip (stock SGLang on a CPU or GPU): its plan has no
+        chips, leases, pre-flight or recovery (``launcher.launch.chipless``)."""
+        return self.chips == CHIPS_NONE
+
 
 def _holds(spec: dict[str, Any], args: ServerArgs, environ: dict[str, str]) -> bool:
     for key, want in spec.items():

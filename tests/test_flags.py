@@ -61,7 +61,7 @@ def test_tp_size_given_twice_plans_the_chips_of_the_last(qb2: Path) -> None:
 
 def test_an_unambiguous_prefix_reads_as_the_flag_it_abbreviates(qb2: Path) -> None:
     data, _ = plan(qb2, "--", *STOCK, "--tp", "2")  # stock SGLang: --tp is only --tp-size
-    assert data["serving"]["profile"] == "sglang" and len(data["ranks"][0]["chips"]) == 2
+    assert data["serving"]["profile"] == "sglang" and data["serving"]["tp_size"] == 2
     line = refusal(qb2, "--", *SGLANG, *seed(1, chunked_prefill_size=None), "--chunked-pre", "256")
     assert "--chunked-prefill-size 256 is not the largest --tpu-compile-tokens (64)" in line
     data, _ = plan(qb2, "--", *STOCK, "--dev", "tpu")  # --dev is --device: SGLang-TorchTPU
@@ -91,7 +91,7 @@ def test_flag_equals_value_as_the_server_reads_it(qb2: Path) -> None:
     line = refusal(qb2, "--", *STOCK, "--tp-size=")
     assert "argument --tp-size/--tensor-parallel-size: invalid int value: ''" in line, line
     data, _ = plan(qb2, "--", *STOCK, "--tp-size=2", "--port=31001")
-    assert len(data["ranks"][0]["chips"]) == 2 and data["serving"]["url"].endswith(":31001")
+    assert data["serving"]["tp_size"] == 2 and data["serving"]["url"].endswith(":31001")
 
 
 def test_nargs_as_the_server_has_them(qb2: Path) -> None:
@@ -181,7 +181,7 @@ def test_sglangs_config_file_is_read_as_the_server_merges_it(qb2: Path, tmp_path
         assert res.code == 0, res.err
         data = json.loads(res.out)
         assert data["serving"]["profile"] == "sglang"
-        return len(data["ranks"][0]["chips"])
+        return int(data["serving"]["tp_size"])  # stock SGLang: its own ranks, no chips
 
     assert chips("--config", "two.yaml") == 2
     assert chips("--config", "two.yaml", "--tp-size", "1") == 1

@@ -407,7 +407,10 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
 
 
 def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path) -> None:
-    proc, _ = _serve(qb2, tmp_path, "--max-restarts", "1", env={"FAKE_MODE": "crash"})
+    # Ready for 2 s before it crashes: ttmesh probes every 0.5 s (a window as long as that
+    # could fall between two probes on a loaded machine).
+    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2"}
+    proc, _ = _serve(qb2, tmp_path, "--max-restarts", "1", env=env)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert err.count("ready after") == 2  # restarted once, after recovery

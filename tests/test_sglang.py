@@ -2,7 +2,9 @@
 
 It becomes ready, ``/generate`` answers through the URL ttmesh printed, Ctrl-C stops it within
 the grace and leaves no process and no ``/dev/shm`` file of its own, a scheduler killed with
-SIGKILL ends the job with a clear summary, and ``--tp-size 2`` works too. The server is built
+SIGKILL ends the job with a clear summary and nothing of the server's left in ``/dev/shm``
+(its semaphores included), and ``--tp-size 2`` works too. Stock SGLang drives no Tenstorrent
+chip: the simulated host given is not read. The server is built
 by scripts/sglang-cpu/setup (``.ci/run`` does it; ``TTMESH_SGLANG_DIR``).
 """
 
@@ -97,6 +99,42 @@ def _shm() -> set[str]:
     return {p for pattern in SHM for p in glob.glob(pattern)}
 
 
+def _tree_shm(tree: list[int]) -> set[tuple[str, int]]:
+    """The /dev/shm files the server's processes map now, as (path, inode): their semaphores
+    (``sem.mp-*``, one per scheduler; a map names the file it was created as, so files are
+    matched by inode) and shared memory. What another program of this user holds is not in it,
+    so a concurrent run cannot fail the test."""
+    inodes = set()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    inodes.add(int(fields[4]))
+    out = set()
+    for path in glob.glob("/dev/shm/*"):
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino in inodes:
+                out.add((path, os.stat(path).st_ino))
+    return out
+
+
+def _left(files: set[tuple[str, int]]) -> list[str]:
+    """Which of the server's /dev/shm files are still there (the same file, by inode)."""
+    left = []
+    for path, inode in files:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == inode:
+                left.append(path)
+    return sorted(left)
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 @pytest.fixture(autouse=True)
 def _no_shm_left() -> Iterator[None]:
     """Whatever a test's SGLang left in /dev/shm (a test that failed before ttmesh cleaned up,
@@ -122,6 +160,8 @@ def test_real_sglang_ready_generate_and_ctrl_c(qb2: Path, sglang_dir: Path, tp: 
         tree = _server_tree(proc)
         names = [(procs.command_line(p) or "") for p in tree]
         assert sum(n.startswith("sglang::scheduler") for n in names) == tp, names
+        files = _tree_shm(tree)
+        assert sum("/sem.mp-" in p for p, _ in files) == tp, files  # one per scheduler
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=GRACE + 60)
@@ -134,16 +174,25 @@ def test_real_sglang_ready_generate_and_ctrl_c(qb2: Path, sglang_dir: Path, tp: 
     assert took < GRACE + 15, text  # within the grace (and the check after it)
     wait_for(lambda: not any(alive(p) for p in tree), timeout=5, what="every SGLang process gone")
     assert _shm() - before == set(), "SGLang files left in /dev/shm"
+    left = _left(files)
+    _remove(left)
+    assert left == [], "the server's files left in /dev/shm"
     assert "Traceback" not in err
 
 
 def test_real_sglang_scheduler_killed(qb2: Path, sglang_dir: Path, tmp_path: Path) -> None:
+    """A scheduler killed: SGLang SIGKILLs its own tree, itself and multiprocessing's resource
+    tracker included, so nothing of SGLang's unlinks the scheduler's semaphore; ttmesh ends the
+    job with the server's code (stock SGLang has no torchrun error file) and leaves nothing of
+    the server's in /dev/shm."""
     summary = tmp_path / "summary.json"
     proc, _ = _serve(qb2, sglang_dir, 1, f"sglang-kill-{os.getpid()}")
     lines: list[str] = []
     try:
         _ready(proc, lines)
         tree = _server_tree(proc)
+        files = _tree_shm(tree)
+        assert any("/sem.mp-" in p for p, _ in files), files
         scheduler = next(
             p for p in tree if (procs.command_line(p) or "").startswith("sglang::scheduler")
         )
@@ -159,5 +208,9 @@ def test_real_sglang_scheduler_killed(qb2: Path, sglang_dir: Path, tmp_path: Pat
         text
     )
     assert last.startswith("ttmesh: exit "), last
+    assert "supervisor error" not in text, text
     wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every SGLang process gone")
+    left = _left(files)
+    _remove(left)
+    assert left == [], "the server's files left in /dev/shm"
     del summary

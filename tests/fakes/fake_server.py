@@ -14,10 +14,15 @@ sgl_jax.launch_server`` with ``tests/fakes`` on PYTHONPATH. What it does, as the
 * on SIGTERM drains (``$FAKE_DRAIN`` seconds), then SIGKILLs its children (they never close the
   chips, as SGLang's schedulers don't) and exits 0.
 
-``$FAKE_MODE`` makes it misbehave: ``crash`` (exit 3 after ready), ``hang`` (never ready),
+``$FAKE_MODE`` makes it misbehave: ``crash`` (exit 3 after ready), ``crash-tree`` (after ready,
+SIGKILL to its whole process group, itself included, as SGLang's SIGQUIT handler does when a
+scheduler dies), ``hang`` (never ready),
 ``unhealthy`` (``/health`` 503 after ready), ``child-dies`` (a child exits after ready),
 ``ignore-term`` (ignores SIGTERM). ``$FAKE_READY_AFTER`` seconds to ready (0.3). ``$FAKE_SAY``: a
 line it prints on stderr once it has started (what a failing libtt or tt-metal would say).
+``$FAKE_LISTEN_PORT``: the port it really listens on (a server that ignores its ``--port``).
+``$FAKE_SEMAPHORE``: each child holds a multiprocessing lock (``/dev/shm/sem.mp-*``, its path in
+``$FAKE_REPORT/sem-PID``), as SGLang's schedulers do.
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ if root and chips:
     sim = core.SimRoot(root)
     sim.add_holder(chips[:1], os.getpid(), kind="fake-scheduler")
     sim.mark_fabric(chips, os.getpid(), owner="fake-scheduler")
+if os.environ.get("FAKE_SEMAPHORE"):  # a lock of its own, as each SGLang scheduler holds one
+    import multiprocessing
+    # Titled sglang::scheduler, this Python does not know its own executable, which
+    # multiprocessing needs to start its resource tracker.
+    multiprocessing.set_executable(os.readlink("/proc/self/exe"))
+    lock = multiprocessing.get_context("spawn").Lock()
+    with open(os.path.join(os.environ["FAKE_REPORT"], f"sem-{os.getpid()}"), "w") as out:
+        out.write("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
 os.write(int(sys.argv[2]), b"up")  # initialised: the server may say it is ready
 while True:
     time.sleep(60)
@@ -143,9 +156,8 @@ def main(stack: str) -> None:
             else:
                 self._send(503 if self.path == "/generate" else 404, {})
 
-    server = ThreadingHTTPServer(
-        (one(f, "--host", "127.0.0.1"), int(one(f, "--port", "30000"))), Handler
-    )
+    port = int(os.environ.get("FAKE_LISTEN_PORT") or one(f, "--port", "30000"))
+    server = ThreadingHTTPServer((one(f, "--host", "127.0.0.1"), port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def stop(*_: object) -> None:
@@ -180,8 +192,12 @@ def main(stack: str) -> None:
         state["ready"] = True
         sys.stdout.write("The server is fired up and ready to roll!\n")
         sys.stdout.flush()
-    if mode in ("crash", "unhealthy", "child-dies"):
+    if mode in ("crash", "crash-tree", "unhealthy", "child-dies"):
         time.sleep(float(os.environ.get("FAKE_FAIL_AFTER", "0.5")))
+        if mode == "crash-tree":
+            sys.stderr.write("fake server: a child failed, killing the whole tree\n")
+            sys.stderr.flush()
+            os.killpg(0, signal.SIGKILL)
         if mode == "crash":
             sys.stderr.write("fake server: crashing on purpose\n")
             sys.stderr.flush()

@@ -398,10 +398,12 @@ def launch_cmd(
     \b
     A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)
     runs as its makers intend: one server process for every chip, its flag rules checked before
-    anything starts, ready when its /health answers, stopped with a bounded drain. The server's
-    command is read as its own parser reads it (its whole flag table: the last of a repeated
-    flag wins, prefixes, --flag=value); one it would refuse is refused with its complaint.
-    --tp-size is read from the server's own flag when not given.
+    anything starts, its port checked free, ready when its /health answers from the server's
+    own processes, stopped with a bounded drain. The server's command is read as its own parser
+    reads it (its whole flag table: the last of a repeated flag wins, prefixes, --flag=value);
+    one it would refuse is refused with its complaint. --tp-size is read from the server's own
+    flag when not given. Stock SGLang on --device cpu or cuda drives no Tenstorrent chip: nothing
+    is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
     On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
@@ -475,6 +477,12 @@ def launch_cmd(
 
         binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
     server = _server(command, module, profile_name, tp_size, rank_binding, mesh_layout, nproc)
+    if server is not None and server[0].chipless and multi is not None:
+        raise bad_input(
+            f"a job over {multi[0].nnodes} hosts (--nnodes, or Slurm's SLURM_NNODES): "
+            f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
+            "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
+        )
     if server is not None:
         tp_size = server[2]
     if tp_size is None and nproc is None and chips is None and binding is None and server is None:
@@ -540,8 +548,12 @@ def launch_cmd(
         else:
             prepared = launch.prepare(
                 request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset,
-                defer_liveness=not dry_run and multi is None,
+                defer_liveness=not dry_run and multi is None, dry_run=dry_run,
             )  # fmt: skip
+        if prepared.plan.chipless:  # no chip to recover (launch.chipless refuses the rest)
+            for flag, given in (("--reset-on-failure", reset_on_failure), ("--tt-smi", tt_smi)):
+                if given:
+                    raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
         if shown_ranks is not None:
             world = len(prepared.plan.ranks)
             extra = sorted(r for r in shown_ranks if not 0 <= r < world)
@@ -633,9 +645,11 @@ def _server(
             f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
             "drop --mesh-layout",
         )
+    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
+    if profile.chipless:  # its --tp-size is its own processes; ttmesh's is refused (no chips)
+        return profile, parsed, tp_size, []
     from ttmesh.launcher.serving import spec
 
-    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
     tp, findings = spec.server_tp(profile, parsed, tp_size)
     if tp is None and profile.tp_flag:
         tp = 1  # the server's own default: one chip

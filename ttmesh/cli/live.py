@@ -384,6 +384,8 @@ class JobView:
 
 
 def _chips(bdfs: list[str], count: int) -> str:
+    if not count:
+        return "-"  # a chipless server (stock SGLang on a CPU)
     if not bdfs:
         return plural(count, "chip")
     more = f" +{len(bdfs) - 1}" if len(bdfs) > 1 else ""

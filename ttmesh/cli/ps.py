@@ -61,8 +61,9 @@ def ps_cmd(
                 state,
                 r.get("pid"),
                 len(ranks),
-                ",".join(b for rank in ranks for b in rank.get("bdfs", [])),
-                r.get("root", "?"),
+                # A chipless server (stock SGLang on a CPU): no chips, no host read.
+                ",".join(b for rank in ranks for b in rank.get("bdfs", [])) or "-",
+                r.get("root", "?") or "-",
                 time.strftime("%H:%M:%S", time.localtime(r.get("started", 0))),
                 " ".join(r.get("command", [])),
             ]

@@ -68,6 +68,8 @@ def ls_text(data: dict) -> str:
 
 
 def plan_text(data: dict) -> str:
+    if data.get("chipless"):
+        return _chipless_text(data)
     lines = [
         f"job {data['job']}: layout {data['layout']}, mesh {data['mesh_shape'][0]}x{data['mesh_shape'][1]}, "
         f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {data['master']['addr']}:{data['master']['port']}"
@@ -99,6 +101,18 @@ def plan_text(data: dict) -> str:
     if data.get("serving"):
         lines += serving_lines(data["serving"])
     return "\n".join(lines)
+
+
+def _chipless_text(data: dict) -> str:
+    """A server that drives no Tenstorrent chip: its command and environment, no mesh."""
+    (rank,) = data["ranks"]
+    lines = [
+        f"job {data['job']}: chipless (the server drives no Tenstorrent chip)",
+        f"command: {' '.join(rank['argv'])}",
+        "environment (what ttmesh sets):",
+    ]
+    lines += [f"  {key}={value}" for key, value in sorted(rank["env"].items())]
+    return "\n".join(lines + serving_lines(data["serving"]))
 
 
 def serving_lines(serving: dict[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
 from ttmesh.launcher.events import JobPhase, Observer
-from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, resolve_command
+from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, build_chipless, resolve_command
 from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
 from ttmesh.mesh import memory
 from ttmesh.mesh import select as meshselect
@@ -45,7 +45,7 @@ class Prepared:
 
     plan: LaunchPlan
     inv: Inventory
-    selection: meshselect.Selection
+    selection: meshselect.Selection | None  # None: a chipless server (no chips chosen)
     liveness: Liveness | None = None  # heartbeats still being read as the workers start
     mesh_hosts: MpiHosts | None = None  # how mpirun reaches the hosts of a mesh over several
     # A mesh over several hosts: links down between the job's chips, as each host reported
@@ -78,12 +78,12 @@ def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
     return out
 
 
-def _tcp_socket() -> Any:
+def _tcp_socket(family: int | None = None) -> Any:
     # The socket module's C core: the module itself builds its enums on import (milliseconds
     # on every launch, for one bind).
     import _socket
 
-    return _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    return _socket.socket(_socket.AF_INET if family is None else family, _socket.SOCK_STREAM)
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -96,6 +96,7 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 
 def check_port(port: int, addr: str = "127.0.0.1") -> None:
+    """torch.distributed's --master-port is free on ``addr`` (nothing has bound it)."""
     if not 0 < port < 65536:
         raise bad_input(f"--master-port {port}: not a TCP port", "use 1..65535, or omit it")
     s = _tcp_socket()
@@ -108,6 +109,80 @@ def check_port(port: int, addr: str = "127.0.0.1") -> None:
         )
     finally:
         s.close()
+
+
+class PortTaken(TTMeshError):
+    """A server's port is taken now (it may be free when the server starts: a dry run notes it)."""
+
+
+def check_server_port(host: str, port: int) -> None:
+    """The server can listen on ``host``:``port`` (its ``--host`` and ``--port``): bound here
+    as the server will (SO_REUSEADDR, as uvicorn and asyncio do, so a closing connection of a
+    server just stopped does not count), on every address ``host`` names. Taken, it is refused
+    before the start, naming who listens there: otherwise whatever answers on it would look
+    ready while the server fails, minutes later, with "address already in use"."""
+    import _socket
+    import errno
+
+    try:
+        found = _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM)
+    except OSError as exc:
+        raise bad_input(
+            f"--host {host}: not an address of this host ({exc})",
+            "give an address or name of this host, e.g. --host 127.0.0.1",
+        ) from None
+    unusable: list[tuple[str, str]] = []  # (address, why): a name's other family may be absent
+    for family, _kind, _proto, _name, sockaddr in found:
+        addr = str(sockaddr[0])
+        s = _tcp_socket(family)
+        try:
+            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortTaken(
+                    f"--port {port} is already in use on {addr}{_listener_of(addr, port)}",
+                    "stop what listens there, or give the server another --port",
+                    BAD_INPUT,
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise bad_input(
+                    f"--port {port}: only root may listen on a port below 1024",
+                    "give the server a --port from 1024 to 65535",
+                ) from None
+            unusable.append((addr, exc.strerror or str(exc)))
+        finally:
+            s.close()
+    if unusable and len(unusable) == len(found):  # "localhost" without IPv6 still has 127.0.0.1
+        addr, why = unusable[0]
+        raise bad_input(
+            f"--host {host}: the server cannot listen on {addr} ({why})",
+            "give an address of this host, e.g. --host 127.0.0.1",
+        )
+
+
+def _server_port(serving: Any, dry_run: bool) -> None:
+    """The server's port is free (:func:`check_server_port`); in a dry run, a port taken now
+    is a note of the plan (it may be free when the server starts, and a plan is not a start).
+    A --host that is no address of this host, or a port it may not use, is refused in both."""
+    try:
+        check_server_port(serving.bind_host, serving.port)
+    except PortTaken as exc:
+        if not dry_run:
+            raise
+        serving.notes.append(f"{exc.message} (a launch now is refused)")
+
+
+def _listener_of(addr: str, port: int) -> str:
+    """``: pid P (user: cmd) listens there`` for a taken port, as far as ttmesh can see."""
+    from ttmesh.launcher.serving import listeners
+
+    for lst in listeners.listening(port):
+        if listeners.reaches(lst, addr) or listeners.reaches(
+            listeners.Listener(addr, port, 0, 0), lst.addr
+        ):
+            return f": {listeners.describe(lst)}"
+    return ""
 
 
 def unavailable_chips(
@@ -186,12 +261,17 @@ def prepare(
     descriptor_only: bool = False,
     repairable: bool = False,
     defer_liveness: bool = False,
+    dry_run: bool = False,
 ) -> Prepared:
     """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
     descriptors without a command, a port or availability checks (``ttmesh descriptor``).
     ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them).
     ``defer_liveness``: when the heartbeats cannot change the choice of chips, do not wait for
-    them: ``Prepared.liveness`` reads them while the workers start (:class:`Liveness`)."""
+    them: ``Prepared.liveness`` reads them while the workers start (:class:`Liveness`).
+    ``dry_run``: a server's port taken now is a note of the plan, not a refusal. A server
+    that drives no Tenstorrent chip is planned without the host (:func:`chipless`)."""
+    if req.profile is not None and req.profile.chipless:
+        return chipless(req, host, chips_arg, exclude_arg, repairable, dry_run)
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
@@ -297,7 +377,7 @@ def prepare(
             watch, functools.partial(_frozen, inv, req, chosen, availability, job_chips)
         )
     try:
-        prepared = _plan(req, inv, sel, host, descriptor_only)
+        prepared = _plan(req, inv, sel, host, descriptor_only, dry_run)
     except TTMeshError as exc:
         raise (liveness.first(exc) if liveness is not None else exc) from None
     if liveness is not None and not _can_start_unverified(prepared.plan):
@@ -309,6 +389,57 @@ def prepare(
         inv.beats = liveness.known()
     prepared.liveness = liveness
     return prepared
+
+
+def chipless(
+    req: LaunchRequest,
+    host: Host,
+    chips_arg: str | None = None,
+    exclude_arg: str | None = None,
+    repairable: bool = False,
+    dry_run: bool = False,
+) -> Prepared:
+    """A server that drives no Tenstorrent chip (stock SGLang on ``--device cpu`` or ``cuda``:
+    a profile with ``chips: none``): no discovery, no chips chosen or leased, no pre-flight,
+    no recovery, so it runs on a host without the Tenstorrent driver. What ttmesh adds is the
+    server's own: readiness, the bounded stop, the watch on its processes, the clean-up. The
+    server's ``--tp-size`` counts its own processes; ttmesh's, and every flag that chooses or
+    recovers chips, has nothing to act on and is refused (one line, exit 2)."""
+    profile = req.profile
+    from ttmesh.launcher.serving import spec
+
+    what = spec.ServingSpec(profile, req.server_args).chipless_what
+    for flag, given in (
+        ("--tp-size", req.tp_size is not None),
+        ("--chips", chips_arg is not None),
+        ("--exclude", exclude_arg is not None),
+        ("--mesh-shape", req.mesh_shape is not None),
+        ("--auto-reset", repairable),
+    ):
+        if given:
+            fix = (
+                f"drop it: the server's own {profile.tp_flag} (after the command) sets its ranks"
+                if flag == "--tp-size" and profile.tp_flag
+                else "drop it"
+            )
+            raise bad_input(f"{flag}: {what}", fix)
+    req.layout, req.launcher, req.nproc = Layout.SINGLE_PROCESS, StartMode.DIRECT, None
+    tp, findings = spec.server_tp(profile, req.server_args, None)
+    req.server_findings = [*req.server_findings, *findings]
+    req.serving = _serving(req, tp or 1, None)
+    argv = resolve_command(req)
+    _server_port(req.serving, dry_run)
+    if not req.job:
+        req.job = jobs.new_job_id()
+    paths.safe_name(req.job, "--job-id")
+    if not req.run_dir:
+        req.run_dir = str(jobs.runs_dir() / req.job)
+    if not req.cwd:
+        req.cwd = os.getcwd()
+    unused = f"; {host.flag} is not read" if host.flag else ""
+    req.serving.notes.append(f"{what}: none is chosen, leased, checked or recovered{unused}")
+    inv = Inventory(host=host, driver="", chips=[], links=[], topology="none")
+    return Prepared(build_chipless(req, argv), inv, None)
 
 
 def _choose(
@@ -460,6 +591,7 @@ def _plan(
     sel: meshselect.Selection,
     host: Host,
     descriptor_only: bool,
+    dry_run: bool = False,
 ) -> Prepared:
     """The rest of :func:`prepare` once the chips are chosen: memory, server, command, port,
     job id, mock clusters and the plan."""
@@ -467,11 +599,13 @@ def _plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
     )
     if req.profile is not None:
-        req.serving = _serving(req, inv, sel)
+        req.serving = _serving(req, len(sel.chips), min(inv.chip(a).dram_mb for a in sel.chips))
     if descriptor_only:
         argv: list[str] = []
     else:
         argv = resolve_command(req)
+        if req.serving is not None:
+            _server_port(req.serving, dry_run)
         if req.master_port:
             check_port(req.master_port, req.master_addr)
         else:
@@ -490,18 +624,19 @@ def _plan(
     return Prepared(plan, inv, sel)
 
 
-def _serving(req: LaunchRequest, inv: Inventory, sel: meshselect.Selection) -> Any:
-    """The server's spec for the chips chosen; its rules' errors refuse the launch (exit 2)."""
+def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
+    """The server's spec for ``tp`` chips (a chipless server: its own ``--tp-size``, and no
+    chip memory); its rules' errors refuse the launch (exit 2)."""
     from ttmesh.launcher.serving import spec
 
     serving = spec.build(
         req.profile,
         req.server_args,
-        tp=len(sel.chips),
+        tp=tp,
         environ=req.environ,
         user_env=dict(req.env),
         symmetric_mb=req.symmetric_dram_mb,
-        chip_mb=min(inv.chip(a).dram_mb for a in sel.chips),
+        chip_mb=chip_mb,
         cwd=req.cwd or os.getcwd(),
         findings=req.server_findings,
     )
@@ -687,8 +822,8 @@ def _after_crash(
     nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
     on a host after every host recovered (a restart then does not happen), else None."""
     plan = prepared.plan
-    if result.code == 0:
-        return None
+    if result.code == 0 or plan.chipless:
+        return None  # a chipless server leaves no chip to check
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
         return None
@@ -804,7 +939,11 @@ class JobRun:
 
     def run(self) -> int:
         plan = self.plan
-        if plan.hosts:
+        if plan.chipless:
+            # A server that drives no Tenstorrent chip: nothing to lease or check before the
+            # start (nor to recover after it: _after_crash); the host is never read.
+            self.recovery.preflight = False
+        elif plan.hosts:
             # A mesh over several hosts: each host's duties (leases, pre-flight) run on that
             # host, in the rank's own ttmesh (``ttmesh _rank``), never through this one.
             self.recovery.preflight = False
@@ -1151,8 +1290,9 @@ def _summarize(
         shown = final.rank + plan.rank_offset  # the global rank, in a job over several hosts
         others = [e for e in final.exits if e.rank != final.rank and e.stopped]
         how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
+        chips = f" ({', '.join(rank.bdfs)})" if rank.bdfs else ""  # a chipless server: none
         note(
-            f"rank {shown} ({', '.join(rank.bdfs)}) {how}"
+            f"rank {shown}{chips} {how}"
             + (f"; stopped {plural(len(others), 'other rank')}" if others else "")
         )
         if final.error_message:

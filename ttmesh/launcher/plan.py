@@ -146,6 +146,7 @@ class LaunchPlan:
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
     hosts: list[str] = field(default_factory=list)  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # how mpirun reaches them
+    chipless: bool = False  # a server that drives no Tenstorrent chip (build_chipless)
 
     @property
     def fabric_at_start(self) -> bool:
@@ -182,8 +183,11 @@ class LaunchPlan:
                 return dict(env)
             return {k: ("***" if k in self.user_env_keys else v) for k, v in env.items()}
 
+        if self.chipless:
+            return self._chipless_json(shown)
         return {
             "schema": SCHEMA,
+            "chipless": False,
             "job": self.job,
             "layout": self.layout,
             "mesh_shape": list(self.mesh_shape),
@@ -212,6 +216,44 @@ class LaunchPlan:
                     **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
                     "env": shown({**r.env, **self.defaults(dict(os.environ))}),
+                }
+                for r in self.ranks
+            ],
+        }
+
+    def _chipless_json(self, shown: Any) -> dict[str, Any]:
+        """A chipless plan in ``ttmesh.plan/1``: the same keys, and null (or empty) for every
+        one about chips, a mesh or a host, since none is read (docs/architecture.md)."""
+        return {
+            "schema": SCHEMA,
+            "chipless": True,
+            "job": self.job,
+            "layout": self.layout,
+            "mesh_shape": None,
+            "dim_types": None,
+            "host_topology": None,
+            "symmetric_dram_mb": None,
+            "descriptors": {},
+            "host": None,
+            "master": None,
+            "grace": self.grace,
+            "max_restarts": self.max_restarts,
+            "grouping": "",
+            "launcher": self.launcher,
+            "ready_timeout": self.ready_timeout,
+            "serving": self.serving.to_json(),
+            "hosts": [],
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "chips": [],
+                    "bdfs": [],
+                    "coord": None,
+                    "block": None,
+                    "host_rank": None,
+                    "mesh_id": None,
+                    "argv": list(r.argv),
+                    "env": shown(dict(r.env)),
                 }
                 for r in self.ranks
             ],
@@ -361,10 +403,7 @@ def _server_env(
     server = req.serving
     profile = server.profile
     out = {k: v for k, v in env.items() if k.startswith(SERVER_KEEPS)}
-    if profile.chips == "none":
-        out = {k: v for k, v in out.items() if k.startswith("TTMESH_")}
-    else:
-        out["LIBTT_SYMMETRIC_DRAM_MB"] = str(req.symmetric_dram_mb)
+    out["LIBTT_SYMMETRIC_DRAM_MB"] = str(req.symmetric_dram_mb)
     board = inv.chip(sel.chips[0]).board_type
     chips, notes = serving.chip_env(
         profile,
@@ -546,6 +585,34 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
         mpi_args=list(req.mpi_args),
     )
+
+
+def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
+    """The plan of a server that drives no Tenstorrent chip (stock SGLang on a CPU or GPU): one
+    process, its own ranks, no chips, descriptors, mock clusters or torchrun variables. Its
+    environment is ttmesh's job and rank, the ready file, the profile's variables and ``--env``;
+    everything else is inherited (without the rank variables a torchrun or ttmesh above left)."""
+    run_dir = req.run_dir
+    env = {
+        "TTMESH_JOB_ID": req.job,
+        "TTMESH_RANK": "0",
+        "TTMESH_READY_FILE": f"{run_dir}/ready/rank0",
+        **req.serving.env,
+        **dict(req.env),
+    }
+    rank = RankPlan(
+        rank=0, units=(), chips=(), bdfs=(), coord=(0, 0), host_rank=0, mesh_id=0,
+        argv=tuple(argv), env=env,
+    )  # fmt: skip
+    return LaunchPlan(
+        job=req.job, layout=Layout.SINGLE_PROCESS, mesh_shape=(0, 0), dim_types=("", ""),
+        host_dims=(1, 1), symmetric_dram_mb=0, ranks=[rank], files={}, descriptors={},
+        run_dir=run_dir, root="", simulated=False, master_addr="", master_port=0,
+        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd,
+        user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
+        ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
+        chipless=True,
+    )  # fmt: skip
 
 
 def _nodes(req: LaunchRequest, sp: layout.Split) -> dict[int, int]:

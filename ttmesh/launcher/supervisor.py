@@ -774,6 +774,10 @@ class Guardian:
                 self._emit(
                     f"{self.server.name}: listening ({event.detail}), {self.server.phase(True)}"
                 )
+            elif event.kind == "foreign":  # not the server: it is not ready, waits on
+                self._emit(
+                    f"{self.server.name}: {event.detail}: not ready until the server answers"
+                )
             elif event.kind == "ready":
                 self.ready.add(0)
                 took = event.at - self.started
@@ -923,6 +927,8 @@ class Guardian:
         if waiting and time.monotonic() >= self.started + self.plan.ready_timeout:
             names = f"{noun(len(waiting), 'rank')} {', '.join(map(str, waiting))}"
             after = f"{self.plan.ready_timeout:g} s"
+            why = self.server.not_ready() if self.server is not None else ""
+            after += f" ({why})" if why else ""
             self._emit(f"{names} not ready after {after}: treating the job as hung in bring-up")
             self._begin_stop(Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True))
 
@@ -940,11 +946,10 @@ class Guardian:
             return  # not all ranks started yet (MPI): try again on the next step
         self.registered = True
         pids = starter.pids
-        self.host.workers_started(
-            [(list(r.chips), pids[r.rank]) for r in self.plan.ranks if r.rank in pids]
-        )
+        mine = [r for r in self.plan.ranks if r.rank in pids and r.chips]  # a chipless server: none
+        self.host.workers_started([(list(r.chips), pids[r.rank]) for r in mine])
         world = Layout(self.plan.layout).one_world
-        joined = [r for r in self.plan.ranks if (world or r.joins_chips) and r.rank in pids]
+        joined = [r for r in mine if world or r.joins_chips]
         marks = [(self.plan.all_chips() if world else list(r.chips), pids[r.rank]) for r in joined]
         self.host.fabric_opened(marks, owner=self.plan.job, supervisor=self.pid)
         self.fabric.update(r.rank for r in joined)
@@ -954,8 +959,8 @@ class Guardian:
     def _check_fabric(self, rank: RankPlan) -> None:
         """A rank that created its TTMESH_FABRIC_FILE brought the fabric up."""
         pid = self.starter.pids.get(rank.rank)
-        if rank.rank in self.fabric or pid is None:
-            return
+        if rank.rank in self.fabric or pid is None or not rank.chips:
+            return  # a rank with no chip (a chipless server) opens no fabric
         if os.path.exists(rank.env["TTMESH_FABRIC_FILE"]):
             self.fabric.add(rank.rank)
             self.host.fabric_opened(
@@ -1066,7 +1071,10 @@ class Guardian:
                 base, code=failure.code, source=Source.TTMESH, reason=failure.how,
                 stderr_tail=self.console.tail(LAUNCHER)[-10:],
             )  # fmt: skip
-        error = _error_message(self.plan.ranks[failure.rank].env["TORCHELASTIC_ERROR_FILE"])
+        # torch's @record file: a server (stock SGLang keeps no torchrun variable) has none,
+        # and its exit code and last stderr lines say why it failed.
+        error_file = self.plan.ranks[failure.rank].env.get("TORCHELASTIC_ERROR_FILE")
+        error = _error_message(error_file) if error_file else None
         return replace(
             base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank + self.plan.rank_offset} {failure.how}",  # global rank
             stderr_tail=self.console.tail(failure.rank)[-10:], error_message=error,

@@ -76,6 +76,12 @@ class Profile:
     def default(self, flag: str) -> str | None:
         return self.defaults.get(flag)
 
+    @property
+    def chipless(self) -> bool:
+        """The stack drives no Tenstorrent chip (stock SGLang on a CPU or GPU): its plan has no
+        chips, leases, pre-flight or recovery (``launcher.launch.chipless``)."""
+        return self.chips == CHIPS_NONE
+
     def table(self) -> Table:
         """The server's flag table, checked against every flag this profile reads."""
         from ttmesh.launcher.serving import flags

@@ -1,9 +1,18 @@
 """What the guardian does for a server beyond any worker: watch it become ready (and stay
 healthy), say where it answers, show the phase while it starts, and clean what it leaves.
 
-Leftovers are files matching the profile's patterns (SGLang's ``/dev/shm/sglang_loads_*``)
-that appeared while the attempt ran, belong to this user and are plain files: what was there
-before the attempt is never touched.
+Leftovers are files matching the profile's patterns (SGLang's ``/dev/shm/sglang_loads_*``, and
+the POSIX semaphores of Python's multiprocessing, ``/dev/shm/sem.mp-*``) that appeared while the
+attempt ran, are plain files of this user that no one else may open (mode 0600, as Python and
+SGLang make them) and that no live process of this user maps or holds open: what was there
+before the attempt, and what another program of yours still uses, is never touched.
+
+Why semaphores: each SGLang scheduler (one per TP rank) holds one (a multiprocessing lock),
+which is unlinked when the scheduler ends cleanly (its finalizer), or by multiprocessing's
+resource tracker (a child of SGLang's main process) when it notices the end. When a scheduler
+dies, SGLang's SIGQUIT handler SIGKILLs its whole tree, the tracker with it, and then itself:
+neither runs, with ttmesh or without it; a drain cut short by the grace's SIGKILL is the same.
+Once the tree is gone nothing can use them (their names were its own), so ttmesh unlinks them.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ class Server:
                 url,
                 pid,
                 self.wake_w,
+                where=(self.spec.host, self.spec.port),
                 critical=self.spec.profile.critical,
                 health_interval=self.spec.health_interval,
                 failures=self.spec.health_failures,
@@ -62,6 +72,10 @@ class Server:
                 self.listening = True
             out.append(event)
         return out
+
+    def not_ready(self) -> str:
+        """Why it is not ready yet (its watch's last word), "" without a watch."""
+        return self.watch.not_ready() if self.watch is not None else ""
 
     def phase(self, listening: bool) -> str:
         phases = self.spec.profile.phases
@@ -94,14 +108,72 @@ class Server:
         return {p for pattern in self.spec.profile.leftovers for p in glob.glob(pattern)}
 
     def clean(self) -> list[str]:
-        """Remove this user's plain files the profile names that appeared during the attempt."""
-        removed = []
+        """Remove this user's private plain files the profile names that appeared during the
+        attempt and that no live process of this user uses (called once the tree is gone)."""
+        found: dict[tuple[int, int], str] = {}
         for path in sorted(self._leftovers() - self.before):
             try:
                 st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                    os.unlink(path)
-                    removed.append(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+                found[(st.st_dev, st.st_ino)] = path
+        if not found:
+            return []
+        removed = []
+        used = in_use(set(found))
+        for key, path in found.items():
+            try:
+                st = os.lstat(path)
+                if key in used or (st.st_dev, st.st_ino) != key:
+                    continue  # in use, or replaced meanwhile: not the file looked at
+                os.unlink(path)
+                removed.append(path)
             except OSError:
                 continue
         return removed
+
+
+MAX_MAPS = 64 * 1024 * 1024  # /proc/PID/maps: ~100 bytes a mapping
+
+
+def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Which of ``files`` ((device, inode)) a live process of this user maps (a semaphore or
+    shared memory segment in use) or holds open. Only this user's processes can open a file of
+    this user's that no one else may read or write (root's: root's)."""
+    from ttmesh import fileread
+
+    me = os.getuid()
+    used: set[tuple[int, int]] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or used == files:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != me:
+                continue
+            maps = fileread.read_text(f"/proc/{name}/maps", MAX_MAPS, "memory map")
+        except (OSError, ValueError):  # gone, or not readable: nothing to learn from it
+            continue
+        for line in maps.splitlines():
+            fields = line.split(None, 5)  # address perms offset MAJ:MIN inode [path]
+            if len(fields) < 6 or fields[4] == "0":
+                continue
+            major, _, minor = fields[3].partition(":")
+            try:
+                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            except ValueError:
+                continue
+            if key in files:
+                used.add(key)
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{name}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in files:
+                used.add((st.st_dev, st.st_ino))
+    return used

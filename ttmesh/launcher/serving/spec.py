@@ -35,21 +35,38 @@ class ServingSpec:
     findings: list[rules.Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # what the profile adds (users' values won)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # where ttmesh asks it (its --host; 127.0.0.1 when that is "any")
     port: int = 30000
+    bind_host: str = "127.0.0.1"  # where the server listens (its --host as given)
     budget: memory.Budget | None = None
     budget_note: str = ""
     ready_timeout: float = 1800.0
     health_interval: float | None = None
     health_failures: int = 3
+    tp: int = 1  # the chips it drives; a chipless server: its own ranks (its --tp-size)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"http://{host}:{self.port}"
 
     @property
     def health_url(self) -> str | None:
         return self.url + self.profile.ready_path if self.profile.ready_path else None
+
+    @property
+    def chipless_what(self) -> str:
+        """``sglang on --device cpu drives no Tenstorrent chip``: why a chipless server's plan
+        has no chips (and why flags about chips are refused)."""
+        device = self.args.value("--device")
+        on = f" on --device {device}" if device else ""
+        return f"{self.profile.name}{on} drives no Tenstorrent chip"
+
+    @property
+    def process_model(self) -> str:
+        if self.profile.chipless:  # its ranks are its own processes, on its own device
+            return f"one server process, no Tenstorrent chip ({plural(self.tp, 'rank')} of its own)"
+        return "one server process for every chip"
 
     def errors(self, strict: bool) -> list[rules.Finding]:
         return [f for f in self.findings if f.severity == "error" or strict]
@@ -63,7 +80,9 @@ class ServingSpec:
         return {
             "profile": self.profile.name,
             "title": self.profile.title,
-            "process_model": "one server process for every chip",
+            "process_model": self.process_model,
+            "chips": self.profile.chips,
+            "tp_size": self.tp,
             "program": self.args.program,
             "url": self.url,
             "health": self.health_url,
@@ -164,7 +183,7 @@ def build(
     findings: list[rules.Finding] | None = None,
 ) -> ServingSpec:
     """The spec for ``tp`` chips; ``environ`` and ``user_env`` (``--env``) win over the profile."""
-    spec = ServingSpec(profile, args, findings=list(findings or []))
+    spec = ServingSpec(profile, args, findings=list(findings or []), tp=tp)
     mine = {**environ, **user_env}
     for key, value in profile.env.items():
         theirs = mine.get(key)
@@ -180,7 +199,8 @@ def build(
     else:
         spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
     spec.notes += repeats(args)
-    spec.host = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    spec.bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    spec.host = spec.bind_host
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here
     read = args.read("--port")

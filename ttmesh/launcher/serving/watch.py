@@ -2,12 +2,15 @@
 so, and alive while every process of its tree that matters is.
 
 SGLang can print its ready line before its port listens, so readiness is the endpoint, never
-the log. A server's ``/health`` may take a second (SGLang runs a one-token generation), so the
-watch runs in a thread of the guardian and reports through a pipe the guardian's loop selects
-on; it never blocks the loop. After ready it also watches the processes whose command lines
-start with the profile's ``critical`` names (SGLang renames its schedulers ``sglang::scheduler``):
-one of them dying while the server's main process lives is a failure (a health endpoint can
-still answer then).
+the log; and an answer counts only when it comes from the server itself: every socket listening
+where the probe connects must belong to its process tree (:mod:`.listeners`), else another
+process on the port (someone else's server, one of yours left over) would make it look ready
+while it fails to bind. A server's ``/health`` may take a second (SGLang runs a one-token
+generation), so the watch runs in a thread of the guardian and reports through a pipe the
+guardian's loop selects on; it never blocks the loop. It also watches the processes whose
+command lines start with the profile's ``critical`` names (SGLang renames its schedulers
+``sglang::scheduler``), each from when it appears: one of them dying after ready while the
+server's main process lives is a failure (a health endpoint can still answer then).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ttmesh import procs
 from ttmesh.render import plural
 
 STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"
+FOREIGN = "foreign"  # the port answers, but not from the server's tree (not an end: it waits on)
 PROBE_EVERY = 0.5  # seconds between probes until ready
 CRITICAL_EVERY = 0.25  # seconds between looks at the critical processes
 HEALTH_TIMEOUT = 20.0  # as SGLANG_HEALTH_CHECK_TIMEOUT
@@ -35,7 +39,7 @@ SETTLE = 2.0
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # listening | ready | unhealthy | died
+    kind: str  # listening | foreign | ready | unhealthy | died
     detail: str = ""
     at: float = 0.0
 
@@ -60,12 +64,16 @@ class Watch(threading.Thread):
         server_pid: int,
         wake_fd: int,
         *,
+        where: tuple[str, int] | None = None,
         critical: tuple[str, ...] = (),
         health_interval: float | None = None,
         failures: int = 3,
     ) -> None:
         super().__init__(name="ttmesh-serving-watch", daemon=True)
         self.url = url
+        self.where = where  # (host, port) the probe connects to: whose listener answers there
+        self.answered = ""  # why the last answer was not the server's ("" when none came)
+        self.named: dict[int, str] = {}  # whose each foreign socket is (found once)
         self.server = server_pid
         self.wake_fd = wake_fd
         self.critical = critical
@@ -86,8 +94,23 @@ class Watch(threading.Thread):
 
     def run(self) -> None:
         state = STARTING
+        said = ""
+        # The critical processes, as they appear while it starts: one that dies between the
+        # server's ready and ttmesh's next probe is still one that died while the server ran.
+        watched: dict[int, tuple[int | None, str]] = {}
         while not self.done.is_set():
+            for pid, seen in self._critical().items():
+                watched.setdefault(pid, seen)
             status = probe(self.url, HEALTH_TIMEOUT)
+            if status is not None:
+                why = self._not_ours()
+                self.answered = why
+                if why:
+                    if why != said:  # once per listener: it may stay for the whole timeout
+                        said = why
+                        self._say(FOREIGN, f"{self.url} answers (HTTP {status}), but {why}")
+                    self.done.wait(PROBE_EVERY)
+                    continue
             if status is not None and status != 200 and state == STARTING:
                 state = LISTENING
                 self._say(LISTENING, f"HTTP {status}")
@@ -97,7 +120,8 @@ class Watch(threading.Thread):
             self.done.wait(PROBE_EVERY)
         if self.done.is_set():
             return
-        watched = self._critical()
+        for pid, seen in self._critical().items():
+            watched.setdefault(pid, seen)
         misses = 0
         next_health = time.monotonic() + (self.health_interval or 0)
         while not self.done.wait(CRITICAL_EVERY):
@@ -118,6 +142,40 @@ class Watch(threading.Thread):
                     )
                     return
                 next_health = time.monotonic() + self.health_interval
+
+    def _tree(self) -> list[int]:
+        return [self.server, *procs.descendants(self.server)]
+
+    def _not_ours(self) -> str:
+        """Empty when every listener the probe reaches is the server's, else why not."""
+        if self.where is None:
+            return ""
+        from ttmesh.launcher.serving import listeners
+
+        host, port = self.where
+        try:
+            import _socket
+
+            found = _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM)
+            targets = sorted({str(a[4][0]) for a in found})
+        except OSError as exc:
+            return f"{host} cannot be resolved ({exc})"
+        return listeners.whose(targets, port, self._tree(), self.named).why
+
+    def not_ready(self) -> str:
+        """Why the server is not ready, for the line that gives up on it: the last answer was
+        not the server's, or none came (and where its processes listen instead, if anywhere)."""
+        if self.answered:
+            return f"{self.url} answers, but {self.answered}"
+        from ttmesh.launcher.serving import listeners
+
+        elsewhere = listeners.tree_ports(self._tree()) if procs.alive(self.server) else []
+        if elsewhere and self.where is not None:
+            return (
+                f"{self.url} never answered; the server's processes listen on "
+                f"{', '.join(elsewhere)}, not on port {self.where[1]}"
+            )
+        return f"{self.url} never answered"
 
     def _outlives(self, seconds: float) -> bool:
         """Is the server's main process still alive ``seconds`` from now? Its own exit (the

@@ -43,6 +43,7 @@ class MultiHost:
     local_addr: str | None = None
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
+    tp_size: int = 0  # the job's --tp-size as this host was given it (0: not given)
 
 
 def route_addr(endpoint: Endpoint) -> str:
@@ -84,8 +85,10 @@ class Peers:
             chips=[",".join(r.bdfs) for r in plan.ranks],
             root=plan.root,
             pid=os.getpid(),
+            tp_size=self.mh.tp_size,
         )
         self.coord.join(me)
+        same_tp(self.coord.nodes, self.mh.node_rank)
         if self.mh.node_rank == 0:
             self.coord.publish("master", {"addr": self.addr, "port": _free_port(self.addr)})
         master = self.coord.wait_for(["master"], "node 0's master address")["master"]
@@ -178,6 +181,23 @@ class Peers:
         else:
             self.coord.leave(attempt)
         self.coord.close()
+
+
+def same_tp(nodes: dict[int, Node], me: int) -> None:
+    """Every host was given the job's --tp-size (the chips over every host): a host told
+    another would take another share. Each host sees every record, so each refuses alike."""
+
+    def given(tp: int) -> str:
+        return f"--tp-size {tp}" if tp else "no --tp-size"
+
+    mine = nodes[me].tp_size
+    for n, node in sorted(nodes.items()):
+        if node.tp_size != mine:
+            raise bad_input(
+                f"the hosts were given different --tp-size: {given(mine)} here (node {me}), "
+                f"{given(node.tp_size)} on {node.hostname} (node {n})",
+                "give every host the same --tp-size: the job's chips over every host",
+            )
 
 
 def _said(end: dict[str, Any] | None) -> str:

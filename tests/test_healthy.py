@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_cli, worker
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -118,6 +120,10 @@ def test_a_dry_run_says_what_it_checked_and_what_it_skipped(qb2: Path) -> None:
                   "--tp-size", "4")  # fmt: skip
     rdzv = _checks(multi)["rendezvous"]
     assert rdzv["result"] == "skipped" and "no other host" in rdzv["detail"], rdzv
+    # A mesh layout started directly: the launch refuses it (exit 2), and so does its dry run.
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--mesh-layout", "mesh",
+                  "--launcher", "direct", "--dry-run", *worker("exit=0"))  # fmt: skip
+    assert res.code == 2 and "only an MPI launcher can start" in _only_line(res.err), res.err
 
 
 def test_a_frozen_chip_is_passed_over_and_named(qb2: Path) -> None:
@@ -158,3 +164,16 @@ def test_healthy_first_adds_no_heartbeat_wait(make_sim, tmp_path: Path) -> None:
     assert res.code == 0, res.err
     seen = {p.name: p.read_text() for p in tmp_path.glob("rank*")}
     assert seen == {"rank0": "True", "rank1": seen.get("rank1")}, seen
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (openmpi-bin)")
+def test_a_dry_run_over_hosts_says_no_host_was_checked(qb2: Path) -> None:
+    """--hosts with --dry-run prints the mpirun command and starts no agent: it says that no
+    host's plan or pre-flight was checked, and how to have them checked."""
+    res = run_cli("launch", "--root", str(qb2), "--hosts", "a,b", "--tp-size", "2", "--dry-run",
+                  *worker("exit=0"))  # fmt: skip
+    assert res.code == 0, res.err
+    assert "--dry-run" in res.out.split()
+    assert "a dry run of --hosts starts no agent, so no host's plan or pre-flight was checked" in (
+        res.err
+    )

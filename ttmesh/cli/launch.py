@@ -549,8 +549,8 @@ def launch_cmd(
 
             try:
                 prepared = launch.prepare(
-                    request, host, chips, exclude, allow_mpi_layouts=dry_run,
-                    repairable=auto_reset, defer_liveness=not dry_run and multi is None,
+                    request, host, chips, exclude, repairable=auto_reset,
+                    defer_liveness=not dry_run and multi is None,
                 )  # fmt: skip
             except TTMeshError as exc:
                 raise tpsize.over_hosts(exc, job_tp, tp_hosts, tp_size) from None

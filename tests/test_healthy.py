@@ -134,6 +134,18 @@ def test_a_frozen_chip_is_passed_over_and_named(qb2: Path) -> None:
     assert {"chips": [C05], "why": "dead: its heartbeat is frozen"} in plan["passed_over"]
 
 
+def test_auto_reset_resets_only_when_no_healthy_set_is_free(qb2: Path) -> None:
+    """--auto-reset may take a frozen chip (it resets it first), but healthy chips come first:
+    with one free, nothing is reset; only a mesh that needs the frozen chip resets it."""
+    _fault(qb2, "chip-dead", C01)
+    plan = _plan(qb2, "--tp-size", "2", "--auto-reset")
+    assert C01 not in _bdfs(plan) and _checks(plan)["pre-flight"]["result"] == "passed"
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--auto-reset", *worker("exit=0"))
+    assert res.code == 0 and "resetting the chips first" not in res.err, res.err
+    whole = _plan(qb2, "--tp-size", "4", "--auto-reset")
+    assert C01 in _bdfs(whole) and _checks(whole)["pre-flight"]["result"] == "failed"
+
+
 def test_healthy_first_adds_no_heartbeat_wait(make_sim, tmp_path: Path) -> None:
     """01-03 down, 05 excluded, --tp-size 2: 03/07 is the only healthy pair, and no heartbeat
     can change that (01 makes no healthy pair with either), so the workers start while the

@@ -266,7 +266,9 @@ def prepare(
     broken = [] if descriptor_only or chosen else broken_pairs(inv)
     choose = functools.partial(_choose, broken=broken, repairable=repairable)
 
-    def availability(beats: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    def availability(
+        beats: dict[str, str], repairable: bool = repairable
+    ) -> tuple[dict[str, str], dict[str, str]]:
         """Why each chip can't be used (in this order: leased, held, dead, excluded), who."""
         why, who = _with_dead(*blocked, beats, repairable)
         for c in excluded:
@@ -294,8 +296,11 @@ def prepare(
         inv.beats = beats  # seen alive now: pre-flight need not poll these again
         watch = None
         seen = availability(beats)
+        if repairable and not chosen:  # healthy first: reset frozen chips only when needed
+            sel = _alive_first(inv, req, choose, availability(beats, repairable=False), broken)
+            seen = availability(beats, repairable=False) if sel is not None else seen
         try:
-            sel = choose(inv, req, chosen, *seen)
+            sel = sel or choose(inv, req, chosen, *seen)
         except NoHealthy as exc:  # planned all the same: pre-flight refuses it (exit 3)
             sel, unhealthy = exc.selection, exc
     liveness = None
@@ -329,6 +334,23 @@ def prepare(
         inv.beats = liveness.known()
     prepared.liveness = liveness
     return prepared
+
+
+def _alive_first(
+    inv: Inventory,
+    req: LaunchRequest,
+    choose: Callable[..., meshselect.Selection],
+    alive: tuple[dict[str, str], dict[str, str]],
+    broken: list[healthy.Broken],
+) -> meshselect.Selection | None:
+    """With --auto-reset: a healthy mesh without the frozen chips, if one exists (nothing to
+    reset); None when only a reset of some chip can give the mesh."""
+    try:
+        sel = choose(inv, req, [], *alive)
+    except TTMeshError:
+        return None
+    used = {a for u in sel.units for a in u.chips}
+    return None if any(set(b.chips) <= used for b in broken) else sel
 
 
 def _default_tp(req: LaunchRequest, inv: Inventory, chosen: list[Chip]) -> tuple[int, str | None]:

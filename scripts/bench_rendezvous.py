@@ -141,7 +141,7 @@ class Rendezvous:
             if launcher == "ttmesh":
                 where = ["--root", str(roots[i])] if self.hosts is None else []
                 argv = [*self.ttmesh, "launch", *where, "--nnodes", str(n), "--node-rank", str(i),
-                        "--rdzv-endpoint", endpoint, "--tp-size", "1", "--no-live", "--",
+                        "--rdzv-endpoint", endpoint, "--nproc-per-node", "1", "--no-live", "--",
                         *RANK_CMD]  # fmt: skip
             else:
                 argv = [*self.torchrun, "--nnodes", str(n), "--nproc-per-node", "1",

@@ -145,12 +145,13 @@ def test_slurm_node_address_is_its_name_or_else_its_node_addr(tmp_path: Path, mo
 
 def test_multihost_bad_input(qb2: Path) -> None:
     for args, needle in (
-        (["--nnodes", "2", "--tp-size", "1"], "which host is this?"),
-        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "1"], "--node-rank 2: must be 0..1"),
+        (["--nnodes", "2", "--tp-size", "2"], "which host is this?"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2"], "--node-rank 2: must be 0..1"),
         (["--nnodes", "1:4", "--tp-size", "1"], "no elastic MIN:MAX"),
         (["--node-rank", "1", "--tp-size", "1"], "--node-rank goes with --nnodes N"),
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "1"], "expected HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "2"], "expected HOST:PORT"),
         (["--hosts", "a", "--tp-size", "1"], "name two or more different hosts"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "1", "--dry-run"], "--tp-size 2 for 1 chip on each host"),
     ):  # fmt: skip
         res = run_cli("launch", "--root", str(qb2), *args, "true")
         assert res.code == 2, (args, res.err)
@@ -158,10 +159,11 @@ def test_multihost_bad_input(qb2: Path) -> None:
 
 
 def _split_host(qb2: Path, port: int, max_restarts: int, code: str) -> list:
-    """Two agents of one job on one machine, each given one chip of ``qb2`` (a split host),
-    each running ``python -c CODE``; their (exit code, stdout, stderr)."""
+    """Two agents of one job on one machine, each given one chip of ``qb2`` (a split host: the
+    job's --tp-size 2 is one chip on each), each running ``python -c CODE``; their (exit code,
+    stdout, stderr)."""
     common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
-              "--heartbeat-timeout", "5", "--tp-size", "1", "--max-restarts", str(max_restarts)]  # fmt: skip
+              "--heartbeat-timeout", "5", "--tp-size", "2", "--max-restarts", str(max_restarts)]  # fmt: skip
     agents = []
     for n in (0, 1):
         argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--node-rank", str(n),
@@ -218,12 +220,13 @@ def test_every_host_restarts_together_after_one_hosts_rank_fails(qb2: Path, tmp_
 
 @needs_hosts
 def test_two_hosts_by_hand_all_reduce(two_qb2, world: Path) -> None:
-    """8 ranks over two QuietBox 2s: global ranks node-major, one world, the right sum."""
+    """8 ranks over two QuietBox 2s (--tp-size 8: the job's chips, four on each host): global
+    ranks node-major, one world, the right sum."""
     port = _port()
     envs = world / "envs"
     envs.mkdir()
     envs.chmod(0o777)
-    results = _finish(_agents(two_qb2, port, "--tp-size", "4", "--",
+    results = _finish(_agents(two_qb2, port, "--tp-size", "8", "--",
                               sys.executable, TW, TAG, f"env={envs}", "exit=0"))  # fmt: skip
     for code, _o, e in results:
         assert code == 0, e
@@ -238,7 +241,7 @@ def test_two_hosts_by_hand_all_reduce(two_qb2, world: Path) -> None:
         assert env["LOCAL_RANK"] == str(rank % 4) and env["GROUP_RANK"] == str(node)
         assert env["GROUP_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.2"
         assert env["TTMESH_SIM_ROOT"] == str(two_qb2[node].root)
-    results = _finish(_agents(two_qb2, _port(), "--tp-size", "4", ALLREDUCE))
+    results = _finish(_agents(two_qb2, _port(), "--tp-size", "8", ALLREDUCE))
     lines = [ln for _c, o, _e in results for ln in o.splitlines()]
     assert len([ln for ln in lines if "all_reduce = 36 ok" in ln]) == 8, lines
     assert {re.match(r"\[r(\d)\]", ln).group(1) for ln in lines} == {str(r) for r in range(8)}
@@ -253,7 +256,7 @@ def test_two_hosts_started_by_hosts_flag(two_qb2, world: Path) -> None:
     port = _port()
     res = subprocess.run(
         [sys.executable, "-m", "ttmesh", "launch", "--hosts", ",".join(h.name for h in two_qb2),
-         "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}", "--tp-size", "4", ALLREDUCE],
+         "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}", "--tp-size", "8", ALLREDUCE],
         capture_output=True, text=True, timeout=180, env={**__import__("os").environ, **mpi_env(agent), **TOKEN},
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -281,7 +284,7 @@ def test_two_hosts_started_by_slurm(slurm_qb2: SlurmCluster, two_qb2, world: Pat
     envs.mkdir()
     envs.chmod(0o777)
     dump = f'env > {envs}/rank"$RANK".env && exec "$0" "$1"'
-    res = _srun(slurm_qb2, "--tp-size", "4", "--", "sh", "-c", dump, sys.executable, ALLREDUCE)
+    res = _srun(slurm_qb2, "--tp-size", "8", "--", "sh", "-c", dump, sys.executable, ALLREDUCE)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = [ln for ln in res.stdout.splitlines() if "all_reduce = 36 ok" in ln]
     assert len(lines) == 8, res.stdout + res.stderr
@@ -298,7 +301,7 @@ def test_two_hosts_started_by_slurm(slurm_qb2: SlurmCluster, two_qb2, world: Pat
         assert env["GROUP_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == two_qb2[0].addr
         assert env["TTMESH_SIM_ROOT"] == str(two_qb2[node].root)
         assert env["TTMESH_JOB_ID"].startswith(f"slurm-{env['SLURM_JOB_ID']}"), env
-    res = _srun(slurm_qb2, "--tp-size", "4", "--grace", "2", "--",
+    res = _srun(slurm_qb2, "--tp-size", "8", "--grace", "2", "--",
                 sys.executable, TW, TAG, "fail-after=6:1:7")  # fmt: skip
     assert res.returncode == 7, res.stdout + res.stderr
     assert "exit 7: rank 6's exit code (on host ttmh-1)" in res.stderr, res.stderr
@@ -310,7 +313,7 @@ def test_a_rank_failing_on_host1_stops_every_host(two_qb2, world: Path) -> None:
     pids.mkdir()
     pids.chmod(0o777)
     t0 = time.monotonic()
-    results = _finish(_agents(two_qb2, _port(), "--tp-size", "4", "--grace", "2", "--",
+    results = _finish(_agents(two_qb2, _port(), "--tp-size", "8", "--grace", "2", "--",
                               sys.executable, TW, TAG, f"pids={pids}", "fail-after=6:2:7"))  # fmt: skip
     took = time.monotonic() - t0
     for code, _o, e in results:
@@ -330,7 +333,7 @@ def test_an_agent_killed_stops_the_others_within_the_heartbeat_timeout(
     pids.mkdir()
     pids.chmod(0o777)
     agents = _agents(
-        two_qb2, _port(), "--tp-size", "2", "--", sys.executable, TW, TAG, f"pids={pids}"
+        two_qb2, _port(), "--tp-size", "4", "--", sys.executable, TW, TAG, f"pids={pids}"
     )
     try:
         wait_for(
@@ -356,12 +359,12 @@ def test_an_agent_killed_stops_the_others_within_the_heartbeat_timeout(
 @needs_hosts
 def test_a_wrong_token_and_a_duplicate_node_rank_are_refused(two_qb2) -> None:
     port = _port()
-    good = _agents(two_qb2[:1], port, "--tp-size", "1", "--", "sleep", "30", nnodes=2)
+    good = _agents(two_qb2[:1], port, "--tp-size", "2", "--", "sleep", "30", nnodes=2)
     try:
         wait_for(lambda: _listening(two_qb2[0].addr, port), timeout=60, what="node 0's store")
         bad = two_qb2[1].ttmesh(
             "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}",
-            "--job-id", f"mh-{port}", "--rdzv-timeout", "900", "--tp-size", "1", "--", "true",
+            "--job-id", f"mh-{port}", "--rdzv-timeout", "900", "--tp-size", "2", "--", "true",
             env={"TTMESH_RDZV_TOKEN": "wrong"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         # Refused as soon as the job record is read, not at the end of --rdzv-timeout.
@@ -370,7 +373,7 @@ def test_a_wrong_token_and_a_duplicate_node_rank_are_refused(two_qb2) -> None:
         assert "is not signed with this job's token" in err.strip().splitlines()[-1], err
         dup = two_qb2[1].ttmesh(
             "launch", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"{two_qb2[0].addr}:{port}",
-            "--job-id", f"mh-{port}", "--rdzv-timeout", "5", "--tp-size", "1", "--", "true",
+            "--job-id", f"mh-{port}", "--rdzv-timeout", "5", "--tp-size", "2", "--", "true",
             env=TOKEN, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         code, _o, err = _finish([dup], timeout=60)[0]

@@ -10,6 +10,7 @@ The two users are tests/users.py's.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,11 @@ def test_another_users_simulated_host(users: dict[str, User]) -> None:
     for args in (["ls"], ["check"], ["launch", "--tp-size", "1", "--dry-run", "true"]):
         res = nobody.run(args[0], "--root", root_sim, *args[1:])
         assert res.returncode == 0, res.stderr
+    # The dry run runs pre-flight, and says the launch (changing the host) would be refused.
+    res = nobody.run("launch", "--root", root_sim, "--tp-size", "1", "--dry-run", "--json", "true")
+    checks = {c["check"]: c for c in json.loads(res.stdout)["checks"]}
+    assert checks["pre-flight"]["result"] == "passed", checks
+    assert checks["host"]["result"] == "failed" and "owned by root" in checks["host"]["detail"]
     for args in (
         ["launch", "--root", root_sim, "--tp-size", "1", "true"],
         ["reset", "--root", root_sim],

@@ -67,7 +67,8 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--tp-size",
     type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
     metavar="N",
-    help="Chips to use; one worker per chip (per board on n300 systems).",
+    help="Chips of the job (the tensor-parallel degree, over every host of a job on several); "
+    "one worker per chip (per board on n300 systems). Default: every chip of the host.",
 )
 @click.option(
     "--nproc-per-node",
@@ -75,7 +76,8 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "nproc",
     type=whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2"),
     metavar="N",
-    help="Workers on this host (torchrun's flag). Default: one per chip (per board on n300 "
+    help="Workers on this host (torchrun's flag; each host's, over several). Default: one per "
+    "chip (per board on n300 "
     "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
     "(alone, it splits the host's whole mesh).",
 )
@@ -224,8 +226,8 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     metavar="HOST,...",
     help="A job over these hosts, started with mpirun (ttmesh itself opens no connection to "
     "them): torch-style, one agent per host (--map-by ppr:1:node); with --mesh-layout mesh or "
-    "multi-mesh (or --rank-binding), one tt-metal mesh over the hosts in one MPMD mpirun "
-    "(--tp-size counts every host's chips, --nproc-per-node one host's processes).",
+    "multi-mesh (or --rank-binding), one tt-metal mesh over the hosts in one MPMD mpirun. "
+    "--tp-size counts every host's chips, --nproc-per-node one host's processes.",
 )
 @click.option(
     "--launch-agent",
@@ -322,7 +324,12 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     metavar="ID",
     help="Name the job (default: generated).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan (and the chips passed over, and why), run the checks a launch runs "
+    "before its start (pre-flight; refused alike, exit 3), and start nothing.",
+)
 @click.option(
     "--json", "as_json", is_flag=True, help="With --dry-run: the ttmesh.plan/1 JSON document."
 )
@@ -443,8 +450,10 @@ def launch_cmd(
         hosts, job_id,
     )  # fmt: skip
     if hosts is not None:
-        from ttmesh.launcher import agents
+        from ttmesh.launcher import agents, tpsize
 
+        if tp_size is not None and multi is not None:  # each host would refuse it: say it once
+            tpsize.per_host(tp_size, multi[0].nnodes)
         argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
         return agents.start(hosts, multi, argv, dry_run=dry_run)
     rdzv_job = ""
@@ -483,10 +492,7 @@ def launch_cmd(
             f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
             "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
         )
-    if server is not None:
-        tp_size = server[2]
-    if tp_size is None and nproc is None and chips is None and binding is None and server is None:
-        raise bad_input("--tp-size is required", "e.g. --tp-size 4 (or name chips with --chips)")
+    job_tp, tp_size, tp_hosts = _tp_over_hosts(tp_size, server, multi)
     if health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
     if grace is None:
@@ -523,6 +529,7 @@ def launch_cmd(
         strict=strict,
         health_interval=health_interval,
         health_failures=health_failures,
+        tp_hosts=tp_hosts,
     )
     if ready_pattern is not None:
         from ttmesh.patterns import PatternError, compile_pattern
@@ -546,10 +553,17 @@ def launch_cmd(
             request.mpirun = mesh_hosts.mpirun
             prepared = meshhosts.prepare(request, mesh_hosts)
         else:
-            prepared = launch.prepare(
-                request, host, chips, exclude, allow_mpi_layouts=dry_run, repairable=auto_reset,
-                defer_liveness=not dry_run and multi is None, dry_run=dry_run,
-            )  # fmt: skip
+            from ttmesh.launcher import tpsize
+
+            try:
+                prepared = launch.prepare(
+                    request, host, chips, exclude, repairable=auto_reset,
+                    defer_liveness=not dry_run and multi is None, dry_run=dry_run,
+                )  # fmt: skip
+            except TTMeshError as exc:
+                raise tpsize.over_hosts(exc, job_tp, tp_hosts, tp_size) from None
+            if job_tp is not None and tp_hosts > 1:
+                prepared.plan.notes.append(tpsize.note(job_tp, tp_hosts))
         if prepared.plan.chipless:  # no chip to recover (launch.chipless refuses the rest)
             for flag, given in (("--reset-on-failure", reset_on_failure), ("--tt-smi", tt_smi)):
                 if given:
@@ -564,6 +578,8 @@ def launch_cmd(
                     f"ranks are 0..{world - 1}",
                 )
                 raise prepared.liveness.first(err) if prepared.liveness else err
+        if dry_run:  # every check the launch runs before its start, or why it is skipped
+            launch.dry_run_checks(prepared, auto_reset, rendezvous=multi is not None)
     except TTMeshError as exc:
         if summary_json and not dry_run:
             launch.write_refusal(summary_json, exc)
@@ -595,6 +611,7 @@ def launch_cmd(
     if multi is not None:
         from ttmesh.launcher.multihost import Peers
 
+        multi[0].tp_size = job_tp or 0
         peers = Peers(multi[0], rdzv_job)
         try:
             prepared.plan = peers.join(prepared.plan)
@@ -610,6 +627,30 @@ def launch_cmd(
     with JobView(prepared.plan) as view:
         options.observer = view
         return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+
+
+def _tp_over_hosts(
+    tp_size: int | None, server: tuple[Any, Any, int | None, list[Any]] | None, multi: Any
+) -> tuple[int | None, int | None, int]:
+    """(the job's --tp-size, this host's share of it, the hosts sharing it). --tp-size is the
+    tensor-parallel degree over every host of the job (a server's own --tp-size too); a
+    server's --nnodes and --node-rank must be the job's (its findings, errors)."""
+    from ttmesh.launcher import tpsize
+
+    hosts = multi[0].nnodes if multi is not None else 1
+    flag = write = "--tp-size"
+    if server is not None:
+        profile, parsed, tp, findings = server
+        node = multi[0].node_rank if multi is not None else 0
+        findings.extend(tpsize.server_hosts(profile, parsed, hosts, node))
+        if tp_size is None and profile.tp_flag:
+            flag = write = f"the server's {profile.tp_flag}"
+            if parsed.value(profile.tp_flag) is None:
+                flag = f"the server's default {profile.tp_flag}"
+        tp_size = tp
+    if tp_size is None or hosts <= 1:
+        return tp_size, tp_size, 1
+    return tp_size, tpsize.per_host(tp_size, hosts, flag, write), hosts
 
 
 def _server(

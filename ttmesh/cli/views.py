@@ -100,6 +100,13 @@ def plan_text(data: dict) -> str:
         lines.append(f"  {key}={value}")
     if data.get("serving"):
         lines += serving_lines(data["serving"])
+    lines += [f"note: {n}" for n in data.get("notes", [])]
+    for p in data.get("passed_over", []):
+        lines.append(f"passed over {', '.join(p['chips'])}: {p['why']}")
+    for c in data.get("checks", []):
+        lines.append(
+            f"check {c['check']}: {c['result']}" + (f" ({c['detail']})" if c.get("detail") else "")
+        )
     return "\n".join(lines)
 
 

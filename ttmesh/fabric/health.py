@@ -667,6 +667,19 @@ def check(
     return report
 
 
+def links_down(inv: Inventory) -> list[Problem]:
+    """Pre-flight's "links down" errors between every two chips the host has, read once from
+    the chips' link telemetry (what choosing chips avoids: pre-flight refuses a job holding
+    both chips of such a pair). A link to a chip the host lost is the lost chip's problem."""
+    present = {c.asic_id for c in inv.chips}
+    exp = expected(inv)
+    specs = [lk for lk in exp.links if lk.a in present and lk.b in present and lk.a != lk.b]
+    if not specs:
+        return []
+    states = links.observe(inv, specs)
+    return [p for p in _link_problems(inv, states, exp, strict=False) if p.kind == "link-down"]
+
+
 # --------------------------------------------------------------------------- preflight
 
 

@@ -62,6 +62,12 @@ def start(hosts: str, multi: Any, argv: list[str], *, dry_run: bool = False) -> 
     command += agent
     if dry_run:
         sys.stdout.write(" ".join(command) + "\n")
+        from ttmesh.render import note
+
+        note(
+            "a dry run of --hosts starts no agent, so no host's plan or pre-flight was checked "
+            "(run the command above: each agent's --dry-run plans and checks its host)"
+        )
         return 0
     env = {**os.environ, "TTMESH_RDZV_TOKEN": token, "TTMESH_AGENT": "1"}
     env.setdefault("PYTHONPATH", "")

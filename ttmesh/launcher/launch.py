@@ -28,7 +28,7 @@ from ttmesh.host.clusterdesc import ClusterDescriptor
 from ttmesh.launcher.events import JobPhase, Observer
 from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, build_chipless, resolve_command
 from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
-from ttmesh.mesh import memory
+from ttmesh.mesh import healthy, memory
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import note, plural
 from ttmesh.runtime import jobs, leases
@@ -51,6 +51,9 @@ class Prepared:
     # A mesh over several hosts: links down between the job's chips, as each host reported
     # them: (host, what, the fix to run there). The start is refused unless --auto-reset.
     hosts_not_ready: list[tuple[str, str, str]] = field(default_factory=list)
+    # No healthy mesh of the size on this host: the chips are the mesh a reset makes healthy,
+    # and pre-flight refuses them with this (the reset that gives one), unless --auto-reset.
+    unhealthy: TTMeshError | None = None
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -313,15 +316,9 @@ def prepare(
 
         req.mpirun = mpi.find_mpirun(req.mpirun or None)
         mpi.version(req.mpirun)  # read once here: each attempt's guardian (a fork) reuses it
+    default_note = None
     if req.tp_size is None:
-        if chosen:
-            req.tp_size = len(chosen)
-        elif req.nproc and req.layout == Layout.ISOLATED:
-            req.tp_size = req.nproc * max(len(u.chips) for u in meshselect.units_of(inv))
-        elif req.nproc or req.profile is not None:  # the host's whole mesh
-            req.tp_size = len(inv.chips)
-        else:
-            req.tp_size = 0
+        req.tp_size, default_note = _default_tp(req, inv, chosen)
     if req.tp_size <= 0:
         raise bad_input(
             f"--tp-size {req.tp_size}: must be a positive number of chips", "e.g. --tp-size 4"
@@ -344,8 +341,14 @@ def prepare(
     else:
         blocked = blocked_chips(inv)
         watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
+    # Healthy first: the links down between the host's chips, read once (cheap: link telemetry),
+    # only when the choice is ttmesh's to make (chips named are the user's choice).
+    broken = [] if descriptor_only or chosen else broken_pairs(inv)
+    choose = functools.partial(_choose, broken=broken, repairable=repairable)
 
-    def availability(beats: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    def availability(
+        beats: dict[str, str], repairable: bool = repairable
+    ) -> tuple[dict[str, str], dict[str, str]]:
         """Why each chip can't be used (in this order: leased, held, dead, excluded), who."""
         why, who = _with_dead(*blocked, beats, repairable)
         for c in excluded:
@@ -353,33 +356,55 @@ def prepare(
         return why, who
 
     sel = None
+    seen: tuple[dict[str, str], dict[str, str]] = ({}, {})  # (why, who) the choice was made with
+    unhealthy = None
     if watch is not None and defer_liveness and not repairable:
         # Choose as if every chip's heartbeat moved. When the verdict cannot change that choice
         # (chips named, or every usable chip taken), a frozen chip can only refuse the launch:
         # the workers start while the heartbeats are read (Liveness); otherwise, as always,
         # the heartbeats are read first.
         try:
-            guess = _choose(inv, req, chosen, *availability({}))
+            guess = choose(inv, req, chosen, *availability({}))
         except TTMeshError:
             guess = None  # the refusal might name a frozen chip: read the heartbeats first
-        if guess is not None and _verdict_cannot_change(inv, guess, chosen, availability({})[0]):
-            sel = guess
+        if guess is not None and _verdict_cannot_change(
+            inv, req, guess, chosen, availability({}), choose, broken
+        ):
+            sel, seen = guess, availability({})
     if sel is None:
         beats = watch.wait() if watch is not None else {}
         inv.beats = beats  # seen alive now: pre-flight need not poll these again
         watch = None
-        sel = _choose(inv, req, chosen, *availability(beats))
+        seen = availability(beats)
+        if repairable and not chosen:  # healthy first: reset frozen chips only when needed
+            sel = _alive_first(inv, req, choose, availability(beats, repairable=False), broken)
+            seen = availability(beats, repairable=False) if sel is not None else seen
+        try:
+            sel = sel or choose(inv, req, chosen, *seen)
+        except NoHealthy as exc:  # planned all the same: pre-flight refuses it (exit 3)
+            sel, unhealthy = exc.selection, exc
     liveness = None
     if watch is not None:
         job_chips = [a for u in sel.units for a in u.chips]
         watch.only(job_chips)
         liveness = Liveness(
-            watch, functools.partial(_frozen, inv, req, chosen, availability, job_chips)
+            watch, functools.partial(_frozen, inv, req, chosen, availability, job_chips, choose)
         )
     try:
         prepared = _plan(req, inv, sel, host, descriptor_only, dry_run)
     except TTMeshError as exc:
         raise (liveness.first(exc) if liveness is not None else exc) from None
+    prepared.unhealthy = unhealthy
+    if default_note:
+        prepared.plan.notes.append(default_note)
+    if not (descriptor_only or chosen):
+        used = {a for u in sel.units for a in u.chips}
+        # A mesh holding a broken pair is --auto-reset's to mend: its links are no reason.
+        avoided = [b for b in broken if not set(b.chips) <= used]
+        if len(avoided) == len(broken):
+            prepared.plan.passed_over = healthy.passed_over(inv, used, *seen, broken)
+        else:
+            prepared.plan.passed_over = healthy.passed_over(inv, used, *seen, [])
     if liveness is not None and not _can_start_unverified(prepared.plan):
         refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
         if refusal is not None:
@@ -442,15 +467,57 @@ def chipless(
     return Prepared(build_chipless(req, argv), inv, None)
 
 
+def _alive_first(
+    inv: Inventory,
+    req: LaunchRequest,
+    choose: Callable[..., meshselect.Selection],
+    alive: tuple[dict[str, str], dict[str, str]],
+    broken: list[healthy.Broken],
+) -> meshselect.Selection | None:
+    """With --auto-reset: a healthy mesh without the frozen chips, if one exists (nothing to
+    reset); None when only a reset of some chip can give the mesh."""
+    try:
+        sel = choose(inv, req, [], *alive)
+    except TTMeshError:
+        return None
+    used = {a for u in sel.units for a in u.chips}
+    return None if any(set(b.chips) <= used for b in broken) else sel
+
+
+def _default_tp(req: LaunchRequest, inv: Inventory, chosen: list[Chip]) -> tuple[int, str | None]:
+    """The chips a launch without --tp-size takes, and what --dry-run says about it: the chips
+    named; --nproc-per-node units; the host's whole mesh (a server, --nproc-per-node with a
+    mesh layout); and with neither --tp-size nor --nproc-per-node one worker per chip of the
+    host (per board on n300 systems), as --help promises (torchrun starts one)."""
+    units = meshselect.units_of(inv)
+    if chosen:
+        return len(chosen), None
+    if req.nproc and req.layout == Layout.ISOLATED:
+        return req.nproc * max(len(u.chips) for u in units), None
+    if req.nproc or req.profile is not None or req.binding is not None:
+        return len(inv.chips), None
+    per = "board" if any(u.size > 1 for u in units) else "chip"
+    return len(inv.chips), (
+        f"no --tp-size or --nproc-per-node: one worker per {per} of this host "
+        f"({plural(len(units), per)}"
+        + (f", {plural(len(inv.chips), 'chip')}" if per == "board" else "")
+        + "); torchrun starts one (--nproc-per-node 1)"
+    )
+
+
 def _choose(
     inv: Inventory,
     req: LaunchRequest,
     chosen: list[Chip],
     why: dict[str, str],
     who: dict[str, str],
+    broken: list[healthy.Broken] | None = None,
+    repairable: bool = False,
 ) -> meshselect.Selection:
     """The chips of the job: the ones named (refused when one can't be used), else the best
-    mesh of the free ones (refused, exit 3, when chips in use are why there is none)."""
+    healthy mesh of the free ones (:mod:`ttmesh.mesh.healthy`: no pair whose links are down;
+    refused, exit 3, when chips in use or broken links are why there is none; with
+    ``repairable`` a broken mesh is taken when no healthy one exists, for --auto-reset)."""
     labels = {c.asic_id: c.label for c in inv.chips}
     if chosen:
         for c in chosen:
@@ -468,7 +535,13 @@ def _choose(
             inv, req.tp_size, shape=req.mesh_shape, chips=[c.asic_id for c in chosen]
         )
     try:
-        return meshselect.select(inv, req.tp_size, shape=req.mesh_shape, unavailable=why)
+        return healthy.select(
+            inv, req.tp_size, shape=req.mesh_shape, unavailable=why, broken=broken or []
+        )
+    except healthy.Unhealthy as exc:
+        if repairable:
+            return exc.selection  # --auto-reset: pre-flight resets its broken pairs first
+        raise NoHealthy(exc, _no_healthy(inv, req.tp_size, exc)) from None
     except Exception as exc:
         blocked = {a: w for a, w in why.items() if w != "excluded"}
         if not blocked or getattr(exc, "code", None) != 2:
@@ -496,15 +569,80 @@ def _choose(
         )
 
 
+def broken_pairs(inv: Inventory) -> list[healthy.Broken]:
+    """The host's chip pairs whose links are down, as pre-flight words them (and its fix)."""
+    from ttmesh.fabric import health
+
+    return [
+        healthy.Broken((p.chips[0], p.chips[1]), p.what, p.fix)
+        for p in health.links_down(inv)
+        if len(p.chips) == 2
+    ]
+
+
+class NoHealthy(TTMeshError):
+    """No healthy mesh of the size: pre-flight's refusal of ``selection``, the mesh a reset of
+    its broken pairs makes healthy (a launch still plans it: over several hosts every host
+    hears the refusal when they agree to start)."""
+
+    def __init__(self, exc: healthy.Unhealthy, refusal: TTMeshError) -> None:
+        super().__init__(refusal.message, refusal.hint, refusal.code)
+        self.selection = exc.selection
+
+
+def _no_healthy(inv: Inventory, n: int, exc: healthy.Unhealthy) -> TTMeshError:
+    """No healthy mesh of ``n`` chips: pre-flight's words for what breaks the one a reset would
+    make healthy, and that reset (pre-flight's fix for its links), exit 3."""
+    from ttmesh.fabric import health
+
+    first = exc.broken[0]
+    more = (
+        f" (and {plural(len(exc.broken) - 1, 'more broken pair')})" if len(exc.broken) > 1 else ""
+    )
+    chips = [a for b in exc.broken for a in b.chips]
+    fix = health.reset_fix(inv, chips, health.expected(inv).links) or first.fix
+    return refused(
+        f"pre-flight: {first.what}{more}: no healthy {n}-chip mesh on this host",
+        f"{fix}, or add --auto-reset to recover the chips first",
+    )
+
+
+# A damaged host's choice is asked again per chip (could another replace it if frozen?) only
+# for meshes up to this size: beyond it, reading the heartbeats first costs less.
+SURE_CHIPS = 16
+
+
 def _verdict_cannot_change(
-    inv: Inventory, sel: meshselect.Selection, chosen: list[Chip], why: dict[str, str]
+    inv: Inventory,
+    req: LaunchRequest,
+    sel: meshselect.Selection,
+    chosen: list[Chip],
+    seen: tuple[dict[str, str], dict[str, str]],
+    choose: Callable[..., meshselect.Selection],
+    broken: list[healthy.Broken],
 ) -> bool:
     """Whatever the heartbeats say, the job gets these chips or none: the user named them, or
-    they are every chip that could be used (a frozen one leaves too few: a refusal)."""
+    they are every chip that could be used (a frozen one leaves too few: a refusal), or the
+    only ones left out were passed over for their links and none of them could replace a
+    chip of the mesh found frozen (asked, on small meshes)."""
     if chosen:
         return True
+    why, who = seen
     used = {a for u in sel.units for a in u.chips}
-    return all(c.asic_id in used for c in inv.chips if c.asic_id not in why)
+    unused = {c.asic_id for c in inv.chips if c.asic_id not in why and c.asic_id not in used}
+    if not unused:
+        return True
+    if not unused <= {a for b in broken for a in b.chips} or len(used) > SURE_CHIPS:
+        return False
+    for asic in sorted(used):
+        try:
+            choose(
+                inv, req, chosen, {**why, asic: "dead"}, {**who, asic: "its heartbeat is frozen"}
+            )
+        except TTMeshError:
+            continue
+        return False  # another mesh would serve without it: the heartbeats decide
+    return True
 
 
 def _can_start_unverified(plan: LaunchPlan) -> bool:
@@ -521,6 +659,7 @@ def _frozen(
     chosen: list[Chip],
     availability: Callable[[dict[str, str]], tuple[dict[str, str], dict[str, str]]],
     job_chips: list[str],
+    choose: Callable[..., meshselect.Selection],
     beats: dict[str, str],
 ) -> TTMeshError | None:
     """The refusal the heartbeats ``beats`` give the job: what choosing the chips would have
@@ -528,7 +667,7 @@ def _frozen(
     if not any(beats.get(a) == heartbeat.FROZEN for a in job_chips):
         return None
     try:
-        _choose(inv, req, chosen, *availability(beats))
+        choose(inv, req, chosen, *availability(beats))
     except TTMeshError as exc:
         return exc
     # Other chips would have served (the choice was thought to leave none): refuse all the same.
@@ -599,7 +738,9 @@ def _plan(
         req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
     )
     if req.profile is not None:
-        req.serving = _serving(req, len(sel.chips), min(inv.chip(a).dram_mb for a in sel.chips))
+        # The job's tensor-parallel degree: every host's chips (this host has its share).
+        tp = len(sel.chips) * req.tp_hosts
+        req.serving = _serving(req, tp, min(inv.chip(a).dram_mb for a in sel.chips))
     if descriptor_only:
         argv: list[str] = []
     else:
@@ -714,7 +855,6 @@ class Recovery:
 
 def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None = None) -> None:
     """Refuse (exit 3) to start on chips that are unhealthy, unless --auto-reset fixes them."""
-    from ttmesh.errors import refused as refuse
     from ttmesh.fabric import health
 
     if observer is not None:
@@ -748,13 +888,80 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
         if refusal is not None:
             raise refusal
     if problems:
-        for p in problems[1:]:
-            note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
-        first = problems[0]
-        fix = first.fix or "see ttmesh check"
-        if first.kind in health.RESETTABLE and not recovery.auto_reset:
-            fix += ", or add --auto-reset to recover the chips first"
-        raise refuse(f"pre-flight: {first.what}", fix)
+        if prepared.unhealthy is not None and not recovery.auto_reset:
+            raise prepared.unhealthy  # no healthy mesh of the size here: the reset giving one
+        raise _preflight_refusal(problems, recovery.auto_reset)
+
+
+def _preflight_refusal(problems: list[Any], auto_reset: bool) -> TTMeshError:
+    """Pre-flight's errors as the launch refuses them: the others said first, the first as
+    the one line (exit 3), its fix, and --auto-reset when a reset would fix it."""
+    from ttmesh.fabric import health
+
+    for p in problems[1:]:
+        note(f"pre-flight: {p.what}" + (f" (fix: {p.fix})" if p.fix else ""))
+    first = problems[0]
+    fix = first.fix or "see ttmesh check"
+    if first.kind in health.RESETTABLE and not auto_reset:
+        fix += ", or add --auto-reset to recover the chips first"
+    return refused(f"pre-flight: {first.what}", fix)
+
+
+def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: bool = False) -> None:
+    """What a launch checks before anything starts, checked now and changing nothing (the plan's
+    ``checks``): pre-flight on the job's chips (one host), refusing as the launch would (exit 3);
+    with ``--auto-reset`` its errors are what the launch would reset first. What a dry run
+    cannot check is said, with why: a mesh over several hosts' own pre-flight, the rendezvous."""
+    from ttmesh.fabric import health
+
+    plan = prepared.plan
+    checks: list[dict[str, str]] = []
+    if plan.hosts:  # a tt-metal mesh over several hosts: each host checks its chips in its ranks
+        down = prepared.hosts_not_ready
+        if down and not auto_reset:
+            name, what, fix = down[0]
+            raise refused(
+                f"host {name} is not ready: pre-flight: {what}",
+                f"on {name}: {fix}, or add --auto-reset to recover the chips first; "
+                "nothing started anywhere",
+            )
+        said = f"links down on {down[0][0]}, reset first: {down[0][1]}" if down else "none"
+        checks.append(_check("pre-flight", "skipped", "each host runs its own in the job's ranks "
+                             f"there, before the command starts (links down in the hosts' "
+                             f"reports: {said})"))  # fmt: skip
+    else:
+        inv = prepared.inv
+        try:
+            inv.host.check_changeable()
+        except TTMeshError as exc:  # reading is anyone's: the plan is shown, the refusal said
+            checks.append(_check("host", "failed", f"{exc}: a launch by this user refuses "
+                                 f"before anything starts (exit {exc.code})"))  # fmt: skip
+        chips = plan.all_chips()
+        found = health.preflight(inv, chips, beats=inv.beats)
+        errors = [p for p in found if p.severity == "error"]
+        if errors and not auto_reset:
+            raise prepared.unhealthy or _preflight_refusal(errors, auto_reset)
+        kept = [p for p in errors if p.kind not in health.RESETTABLE]  # what a reset leaves
+        if kept:
+            raise _preflight_refusal(kept, auto_reset)
+        if errors:
+            checks.append(_check("pre-flight", "failed", f"{errors[0].what}: the launch resets "
+                                 f"the chips first (--auto-reset: {errors[0].fix}); a dry run "
+                                 "resets nothing"))  # fmt: skip
+        else:
+            warned = "".join(f"; warning: {p.what}" for p in found if p.severity != "error")
+            checks.append(_check("pre-flight", "passed", f"{plural(len(chips), 'chip')}: driver "
+                                 "nodes, leases, holders, heartbeats and the links between "
+                                 f"them{warned}"))  # fmt: skip
+    if rendezvous:
+        checks.append(_check("rendezvous", "skipped", "a dry run meets no other host: the "
+                             "hosts' plans, their pre-flight and one --tp-size are checked "
+                             "when the job starts"))  # fmt: skip
+    plan.checks = checks
+
+
+def _check(name: str, result: str, detail: str) -> dict[str, str]:
+    return {"check": name, "result": result, "detail": detail}
 
 
 def _reset(

@@ -43,6 +43,7 @@ class MultiHost:
     local_addr: str | None = None
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
+    tp_size: int = 0  # the job's --tp-size as this host was given it (0: not given)
 
 
 def route_addr(endpoint: Endpoint) -> str:
@@ -84,8 +85,12 @@ class Peers:
             chips=[",".join(r.bdfs) for r in plan.ranks],
             root=plan.root,
             pid=os.getpid(),
+            tp_size=self.mh.tp_size,
         )
         self.coord.join(me)
+        problem = tp_problem(self.coord.nodes, self.mh.node_rank)
+        if problem is not None:
+            self._refuse_together(problem)
         if self.mh.node_rank == 0:
             self.coord.publish("master", {"addr": self.addr, "port": _free_port(self.addr)})
         master = self.coord.wait_for(["master"], "node 0's master address")["master"]
@@ -93,6 +98,21 @@ class Peers:
         return global_plan(
             plan, self.coord.nodes, self.mh.node_rank, master["addr"], master["port"]
         )
+
+    def _refuse_together(self, exc: TTMeshError) -> None:
+        """Every host found ``exc`` in the records they all read: each says so; node 0, whose
+        store the others read from, first waits (a heartbeat timeout at most) until each other
+        host has read what it needs, so none is left with a store gone instead of the reason."""
+        me = self.mh.node_rank
+        try:
+            if me == 0:
+                others = [f"refusing/{n}" for n in range(1, self.mh.nnodes)]
+                self.coord.wait_for(others, "the other hosts", self.mh.heartbeat_timeout)
+            else:
+                self.coord.publish(f"refusing/{me}", {"problem": str(exc)})
+        except (TTMeshError, RuntimeError, OSError, TimeoutError):
+            pass  # the refusal is this host's all the same
+        raise exc
 
     def agree(self, name: str, problem: str | None) -> None:
         """Every host says whether it can go on; one that can't stops them all (exit 3)."""
@@ -178,6 +198,24 @@ class Peers:
         else:
             self.coord.leave(attempt)
         self.coord.close()
+
+
+def tp_problem(nodes: dict[int, Node], me: int) -> TTMeshError | None:
+    """Every host must be given the job's --tp-size (the chips over every host): a host told
+    another takes another share. Each host reads every record, so each finds this alike."""
+
+    def given(tp: int) -> str:
+        return f"--tp-size {tp}" if tp else "no --tp-size"
+
+    mine = nodes[me].tp_size
+    for n, node in sorted(nodes.items()):
+        if node.tp_size != mine:
+            return bad_input(
+                f"the hosts were given different --tp-size: {given(mine)} here (node {me}), "
+                f"{given(node.tp_size)} on {node.hostname} (node {n})",
+                "give every host the same --tp-size: the job's chips over every host",
+            )
+    return None
 
 
 def _said(end: dict[str, Any] | None) -> str:

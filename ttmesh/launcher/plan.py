@@ -90,6 +90,7 @@ class LaunchRequest:
     health_failures: int = 3  # that many failures in a row fail the job
     cluster: Any = None  # mesh.cluster.Cluster: a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
+    tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ class LaunchPlan:
     hosts: list[str] = field(default_factory=list)  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # how mpirun reaches them
     chipless: bool = False  # a server that drives no Tenstorrent chip (build_chipless)
+    # What --dry-run says beside the ranks: facts about the choice (notes), the chips the choice
+    # left out and why ([{chips, why}]), and the checks a launch runs before its start
+    # ([{check, result: passed | failed | skipped, detail}]).
+    notes: list[str] = field(default_factory=list)
+    passed_over: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def fabric_at_start(self) -> bool:
@@ -204,6 +211,9 @@ class LaunchPlan:
             "ready_timeout": self.ready_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "hosts": list(self.hosts),
+            "notes": list(self.notes),
+            "passed_over": [dict(p) for p in self.passed_over],
+            "checks": [dict(c) for c in self.checks],
             "ranks": [
                 {
                     "rank": r.rank,

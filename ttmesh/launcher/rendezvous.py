@@ -75,6 +75,7 @@ class Node:
     chips: list[str] = field(default_factory=list)  # PCI addresses, in local rank order
     root: str = ""
     pid: int = 0
+    tp_size: int = 0  # the job's --tp-size this host was given (0: none)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -68,6 +68,9 @@ class Profile:
     extra: dict[str, Any] = field(default_factory=dict)
     flags: str = ""  # the flag table's path
     budget: dict[str, str | None] = field(default_factory=lambda: dict(BUDGET_FLAGS))
+    # The server's own host flags (SGLang's --nnodes and --node-rank), checked against the job.
+    nnodes_flag: str | None = None
+    node_rank_flag: str | None = None
 
     def matches(self, args: ServerArgs, environ: dict[str, str]) -> bool:
         """Every ``recognise`` entry holds (``any``: at least one of its entries)."""
@@ -119,6 +122,10 @@ class Profile:
         out = [(f"rule {rid}", flag, numeric) for rid, flag, numeric in _rules_read(self)]
         if self.tp_flag:
             out.append(("tp_flag", self.tp_flag, True))
+        if self.nnodes_flag:
+            out.append(("nnodes_flag", self.nnodes_flag, True))
+        if self.node_rank_flag:
+            out.append(("node_rank_flag", self.node_rank_flag, True))
         out += [("the server's address", flag, flag == "--port") for flag in SERVER_FLAGS]
         out += [("recognise", flag, False) for flag in _recognise_flags(self.recognise)]
         if self.chips != CHIPS_NONE:
@@ -255,6 +262,8 @@ def _load(path: Path) -> Profile:
             extra={k: v for k, v in data.items() if k in ("mesh_device", "failures")},
             flags=_table_path(path, data.get("flags")),
             budget=_budget(data.get("budget")),
+            nnodes_flag=data.get("nnodes_flag"),
+            node_rank_flag=data.get("node_rank_flag"),
         )
     except TTMeshError as exc:  # a bad value: named by its key, with the range to give
         raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile")

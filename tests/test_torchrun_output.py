@@ -289,3 +289,50 @@ def test_help_lists_torchruns_log_flags() -> None:
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
     ):
         assert flag in res.out, flag
+
+
+def test_mpi_ranks_are_unbuffered_too(qb2: Path) -> None:
+    """One MPMD mpirun: each rank's section exports PYTHONUNBUFFERED=1, unless the user's."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun here")
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher import launch as launching
+    from ttmesh.launcher import mpi
+    from ttmesh.launcher.plan import LaunchRequest
+
+    req = LaunchRequest(
+        command=[sys.executable, "-c", "pass"], tp_size=2, layout="mesh", launcher="mpi",
+        no_python=True,
+    )  # fmt: skip
+    plan = launching.prepare(req, open_host(qb2)).plan
+    argv, _ = mpi.mpirun_argv("/usr/bin/mpirun", plan, {"PATH": "/bin"}, 0)
+    sections = " ".join(argv).split(" : ")
+    assert len(sections) == 2
+    assert all("-x PYTHONUNBUFFERED=1 " in s for s in sections), sections
+    argv, env = mpi.mpirun_argv(
+        "/usr/bin/mpirun", plan, {"PATH": "/bin", "PYTHONUNBUFFERED": ""}, 0
+    )
+    assert "PYTHONUNBUFFERED=1" not in " ".join(argv) and env["PYTHONUNBUFFERED"] == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root meeting another user's link")
+def test_a_log_dir_link_another_user_planted_is_refused(qb2: Path, tmp_path: Path) -> None:
+    """As root, --log-dir through a link nobody planted (to a directory root can write) is
+    refused in one line, and nothing is made where it points."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    shared = tmp_path / "shared"
+    target = tmp_path / "target"
+    shared.mkdir()
+    target.mkdir()
+    os.chown(shared, nobody.pw_uid, nobody.pw_gid)
+    link = shared / "logs"
+    link.symlink_to(target)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    res = launch(qb2, "--tp-size", "1", "--log-dir", str(link), "--", "true", env=env_without())
+    assert res.returncode == 2, res.stderr
+    assert f"--log-dir {link} is a symbolic link owned by nobody" in res.stderr
+    assert list(target.iterdir()) == []

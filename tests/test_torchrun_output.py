@@ -336,3 +336,25 @@ def test_a_log_dir_link_another_user_planted_is_refused(qb2: Path, tmp_path: Pat
     assert res.returncode == 2, res.stderr
     assert f"--log-dir {link} is a symbolic link owned by nobody" in res.stderr
     assert list(target.iterdir()) == []
+
+
+def test_a_ranks_error_file_is_kept_in_torchruns_layout(qb2: Path, tmp_path: Path) -> None:
+    """torch's @record writes TORCHELASTIC_ERROR_FILE; torchrun keeps it as
+    attempt_N/<local rank>/error.json in the log directory: so does ttmesh."""
+    logs = tmp_path / "logs"
+    record = json.dumps({"message": {"message": "ValueError: bad batch 17", "extraInfo": {}}})
+    worker = script(
+        tmp_path,
+        "record.py",
+        "import os, sys\n"
+        "if os.environ['RANK'] == '0':\n"
+        f"    open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write({record!r})\n"
+        "    sys.exit(1)\n",
+    )
+    res = launch(qb2, "--tp-size", "2", "--job-id", "e", "--log-dir", str(logs), worker,
+                 env=env_without())  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "rank 0 raised ValueError: bad batch 17" in res.stderr
+    base = run_dir(logs, "e") / "attempt_0"
+    assert (base / "0" / "error.json").read_text() == record
+    assert not (base / "1" / "error.json").exists()

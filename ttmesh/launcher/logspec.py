@@ -93,7 +93,7 @@ class LogSpec:
             role_name=role, rank=rank, local_rank=local_rank
         )
 
-    def open_log(self, attempt: int, owner: str, name: str) -> int | None:
+    def open_log(self, attempt: int, owner: str, name: str, suffix: str = ".log") -> int | None:
         """A new file ``attempt_N/<owner>/<name>.log`` under the run directory, opened for
         appending (None when the job has no log directory)."""
         if self.dir_fd is None:
@@ -109,10 +109,29 @@ class LogSpec:
                 fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 opened.append(fd)
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(f"{name}.log", flags, 0o644, dir_fd=fd)
+            return os.open(f"{name}{suffix}", flags, 0o644, dir_fd=fd)
         finally:
             for d in opened:
                 os.close(d)
+
+    def keep_error(self, attempt: int, owner: str, source: str) -> None:
+        """A copy of the rank's ``TORCHELASTIC_ERROR_FILE`` as ``attempt_N/<owner>/error.json``,
+        torchrun's place for it. The rank writes it in the job's private run directory (a
+        rank writing by path into a shared log directory could be sent elsewhere by a link);
+        the copy is made here, through the run directory's descriptor. Nothing when the rank
+        wrote none."""
+        if self.dir_fd is None:
+            return
+        from ttmesh import fileread
+
+        try:  # bounded and never a FIFO or device: a rank may leave anything there
+            data = fileread.read_bytes(source, fileread.MiB, "error file")
+        except (OSError, ValueError):  # none written (fileread.Refused is a ValueError)
+            return
+        fd = self.open_log(attempt, owner, "error", suffix=".json")
+        if fd is not None:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
 
 
 def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:

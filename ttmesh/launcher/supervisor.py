@@ -578,10 +578,22 @@ class Guardian:
                 self._step()
         finally:
             self.console.shutdown()
+            self._keep_errors()
             if self.server is not None:
                 self.server.close()
             self._report()
         return self._result()
+
+    def _keep_errors(self) -> None:
+        """Each rank's recorded exception into torchrun's log layout (logspec.keep_error)."""
+        spec = self.options.logs
+        if spec is None or spec.dir_fd is None:
+            return
+        for i, rank in enumerate(self.plan.ranks):
+            source = rank.env.get("TORCHELASTIC_ERROR_FILE")
+            if source:
+                with contextlib.suppress(OSError):  # a full disk loses the copy, not the job
+                    spec.keep_error(self.attempt, str(i), source)
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""

@@ -172,9 +172,7 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "-t",
     "--tee",
     metavar="0-3|R:S,...",
-    help="torchrun's: these streams go to the console and the log files (values as "
-    "--redirects). TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (e.g. '[rank${rank}]: ', with "
-    "${rank}, ${local_rank}, ${role_name}) replaces the [rN] prefix.",
+    help="torchrun's: these streams go to the console and the log files (values as --redirects).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
@@ -431,6 +429,12 @@ def launch_cmd(
     (TT_MESH_GRAPH_DESC_PATH) and LIBTT_SYMMETRIC_DRAM_MB. The first rank to fail stops the
     job: every worker's process tree is stopped (SIGTERM, SIGKILL after --grace) and ttmesh
     exits with that rank's code.
+
+    \b
+    Output as torchrun's: each line of a rank is prefixed [rN] (or as
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says, e.g. '[rank${rank}]: ', with ${rank},
+    ${local_rank} and ${role_name}); Python runs unbuffered, as torchrun's python -u
+    (PYTHONUNBUFFERED=1 unless you set it), so prints arrive as they are made.
 
     \b
     A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)

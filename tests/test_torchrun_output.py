@@ -358,3 +358,22 @@ def test_a_ranks_error_file_is_kept_in_torchruns_layout(qb2: Path, tmp_path: Pat
     base = run_dir(logs, "e") / "attempt_0"
     assert (base / "0" / "error.json").read_text() == record
     assert not (base / "1" / "error.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_an_error_file_that_is_no_file_is_not_copied(qb2: Path, tmp_path: Path, kind: str) -> None:
+    """A rank that leaves a link (to a secret) or a FIFO as its error file: nothing copied,
+    no hang."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"message": "the secret"}')
+    make = (
+        f"os.symlink({str(secret)!r}, os.environ['TORCHELASTIC_ERROR_FILE'])"
+        if kind == "link"
+        else "os.mkfifo(os.environ['TORCHELASTIC_ERROR_FILE'])"
+    )
+    logs = tmp_path / "logs"
+    res = launch(qb2, "--tp-size", "1", "--job-id", "x", "--log-dir", str(logs), "--",
+                 sys.executable, "-c", f"import os, sys; {make}; sys.exit(1)",
+                 env=env_without())  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert not (run_dir(logs, "x") / "attempt_0" / "0" / "error.json").exists()

@@ -124,7 +124,9 @@ class LogSpec:
             return
         from ttmesh import fileread
 
-        try:  # bounded and never a FIFO or device: a rank may leave anything there
+        try:  # bounded, never a link, FIFO or device: a rank may leave anything there
+            if not stat.S_ISREG(os.lstat(source).st_mode):
+                return
             data = fileread.read_bytes(source, fileread.MiB, "error file")
         except (OSError, ValueError):  # none written (fileread.Refused is a ValueError)
             return
@@ -149,7 +151,7 @@ def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:
         base = base or tempfile.mkdtemp(prefix="torchelastic_")
         base_fd, _ = paths.walk(base, what="--log-dir", create=True)
         try:
-            name, fd = _new_dir(base_fd, run_id)
+            name, fd = _new_dir(base_fd, run_id, base)
         finally:
             os.close(base_fd)
     except OSError as exc:
@@ -164,8 +166,9 @@ def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:
     return spec.run_dir
 
 
-def _new_dir(base_fd: int, prefix: str) -> tuple[str, int]:
-    """``mkdtemp`` relative to a directory descriptor: (the name, the new directory open)."""
+def _new_dir(base_fd: int, prefix: str, base: str) -> tuple[str, int]:
+    """``mkdtemp`` relative to a directory descriptor: (the name, the new directory open).
+    An error names the whole path (``base``/name)."""
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_"
     for _ in range(100):
         name = f"{prefix}_" + "".join(secrets.choice(alphabet) for _ in range(8))
@@ -173,6 +176,9 @@ def _new_dir(base_fd: int, prefix: str) -> tuple[str, int]:
             os.mkdir(name, 0o700, dir_fd=base_fd)
         except FileExistsError:
             continue
+        except OSError as exc:
+            exc.filename = os.path.join(base, name)
+            raise
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         return name, os.open(name, flags, dir_fd=base_fd)
     raise FileExistsError(f"no free name for {prefix}_* after 100 tries")

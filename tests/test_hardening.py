@@ -187,7 +187,6 @@ def test_env_of_the_users_own_is_passed(qb2: Path) -> None:
         (["--rdzv-conf", "join_timeout=9"], "--rdzv-conf is torchrun's option"),
         (["--max-nodes", "2"], "--max-nodes is torchrun's option"),
         (["--master-addr=10.0.0.1"], "--master-addr is torchrun's option"),
-        (["--tee", "3"], "--log-dir"),
     ],
 )
 def test_option_looking_words_before_the_command(qb2: Path, args: list[str], needle: str) -> None:

@@ -20,10 +20,6 @@ TORCHRUN = {
     "--rdzv_conf": _RDZV_CONF,
     "--master-addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
     "--master_addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
-    "--redirects": "each rank's output is prefixed on the console; --log-dir DIR also writes it "
-    "to per-rank files",
-    "--tee": "each rank's output is prefixed on the console; --log-dir DIR also writes it to "
-    "per-rank files",
     "--logs-specs": "use --log-dir DIR",
     "--logs_specs": "use --log-dir DIR",
     "--role": "drop it: every rank's ROLE_NAME is 'default'",

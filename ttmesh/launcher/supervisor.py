@@ -39,6 +39,7 @@ from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
+from ttmesh.launcher.logspec import LogSpec
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.patterns import compile_pattern
@@ -131,6 +132,8 @@ class Options:
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
+    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.logspec).
+    logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
 
@@ -550,6 +553,8 @@ class Guardian:
             launcher=self.starter.has_launcher,
             offset=self.plan.rank_offset,
             sink=self.observer.output if self.observer is not None else None,
+            spec=self.options.logs,
+            local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
         )
         self.starter.console = self.console
         if self.ready_re is not None or self.observer is not None:
@@ -573,10 +578,22 @@ class Guardian:
                 self._step()
         finally:
             self.console.shutdown()
+            self._keep_errors()
             if self.server is not None:
                 self.server.close()
             self._report()
         return self._result()
+
+    def _keep_errors(self) -> None:
+        """Each rank's recorded exception into torchrun's log layout (logspec.keep_error)."""
+        spec = self.options.logs
+        if spec is None or spec.dir_fd is None:
+            return
+        for i, rank in enumerate(self.plan.ranks):
+            source = rank.env.get("TORCHELASTIC_ERROR_FILE")
+            if source:
+                with contextlib.suppress(OSError):  # a full disk loses the copy, not the job
+                    spec.keep_error(self.attempt, str(i), source)
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""

@@ -101,7 +101,9 @@ def _private(path: str) -> tuple[int, int] | None:
         st = os.lstat(path)
     except OSError:
         return None
-    if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+    # One name only: a hard link another user made in a shared directory is never this file.
+    private = not st.st_mode & 0o077 and st.st_nlink == 1
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and private:
         return (st.st_dev, st.st_ino)
     return None
 

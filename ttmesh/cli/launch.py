@@ -463,7 +463,9 @@ def launch_cmd(
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest, parse_env
     from ttmesh.launcher.supervisor import Options
+    from ttmesh.runtime import jobs
 
+    jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
     tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
     if hosts is not None and tt_metal_world:
         from ttmesh.launcher import meshhosts

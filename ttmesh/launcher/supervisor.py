@@ -43,7 +43,8 @@ from ttmesh.launcher.logspec import LogSpec
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.patterns import compile_pattern
-from ttmesh.render import note, noun
+from ttmesh.render import note, noun, plural
+from ttmesh.runtime.leftovers import SEGMENT_PREFIX, Leftovers, segment_dir
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -500,6 +501,9 @@ class Guardian:
             from ttmesh.launcher.serving.server import Server
 
             self.server = Server(plan.serving)
+        # Taken before any rank starts: what appears in shared memory meanwhile is the job's
+        # (Open MPI's segments; the profile's named leftovers), removed once nothing uses it.
+        self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
         # What the observer was told: ranks started and ready, the phase; lines not yet sent.
         self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
         self.last_lines: dict[int, str] = {}
@@ -621,11 +625,25 @@ class Guardian:
             self.phase = Phase.DRAINING
         if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
             self._drain(None)
-            if self.server is not None:
-                for path in self.server.clean():
-                    self._emit(f"removed {path}, left behind by the server")
+            self._clean_leftovers()
             self.phase = Phase.DONE
         self._report()
+
+    def _clean_leftovers(self) -> None:
+        """Remove what the job's processes left in shared memory and nothing uses: a server's
+        named leftovers one line each, Open MPI's segments in one line."""
+        segments = 0
+        for path in self.leftovers.clean():
+            if os.path.basename(path).startswith(SEGMENT_PREFIX):
+                segments += 1
+            else:
+                self._emit(f"removed {path}, left behind by the server")
+        if segments:
+            where = segment_dir()
+            self._emit(
+                f"removed {plural(segments, 'Open MPI shared-memory segment')} the job's ranks "
+                f"left in {where} ({SEGMENT_PREFIX}*, no process used them)"
+            )
 
     def _timeout(self) -> float | None:
         now = time.monotonic()

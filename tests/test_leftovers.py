@@ -23,26 +23,17 @@ from tests.conftest import run_cli
 HOST = socket.gethostname()
 UID = os.getuid()
 
-# A rank as ttnn's Open MPI would be: creates its segment (mode 0600, the transport's name),
-# maps it, and exits without unlinking it. Rank 1 also makes a second one and waits until the
-# test has mapped it (a process outside the job still uses it when the job ends).
+# A rank as ttnn's Open MPI would be: creates its segment (mode 0600, the transport's name) in
+# the backing directory its environment names, maps it, and exits without unlinking it.
 RANK = r"""
-import mmap, os, sys, time
-d, flag = sys.argv[1], sys.argv[2]
-rank = int(os.environ["RANK"])
-def segment(name):
-    fd = os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, 4096)
-    m = mmap.mmap(fd, 4096)
-    os.close(fd)
-    m[0:1] = b"x"
-    return m
-keep = [segment(f"sm_segment.{os.uname().nodename}.{os.getuid()}.f62b0000.{rank}")]
-if rank == 1:
-    keep.append(segment(f"sm_segment.{os.uname().nodename}.{os.getuid()}.f62c0000.0"))
-    open(os.path.join(d, "made"), "w").close()
-    while not os.path.exists(flag):
-        time.sleep(0.02)
+import json, mmap, os, sys
+d = os.environ.get("OMPI_MCA_btl_sm_backing_directory") or "/dev/shm"
+name = f"sm_segment.{os.uname().nodename}.{os.getuid()}.f62b{os.getpid():04x}.0"
+fd = os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)
+m[0:1] = b"x"
+print("SEGMENT " + json.dumps({"dir": d, "name": name, "run": os.environ["TTMESH_READY_FILE"]}))
 """
 
 
@@ -56,50 +47,73 @@ def _make(path: Path, mode: int = 0o600) -> Path:
     return path
 
 
-def test_segments_the_ranks_left_are_removed_after_the_job(qb2: Path, tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    before = _make(shm / f"sm_segment.{HOST}.{UID}.aaaa0000.0")  # there before the job
-    flag = tmp_path / "mapped"
+def _segments_of(out: str) -> list[dict[str, str]]:
+    return [
+        json.loads(line.split("SEGMENT ", 1)[1]) for line in out.splitlines() if "SEGMENT " in line
+    ]
+
+
+def test_the_ranks_segments_go_with_the_job(qb2: Path, tmp_path: Path) -> None:
+    """Each rank's Open MPI keeps its segments in a directory of the job's (in memory, as the
+    run directory is), which goes when the job ends: nothing is left in /dev/shm, and nothing
+    of anyone else's there is looked at."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    # The test maps rank 1's second segment once it exists, then lets the rank end: that one is
-    # in use when the job ends.
-
-    argv = ["launch", "--root", str(qb2), "--tp-size", "2", "--", sys.executable, str(script)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", *argv, str(shm), str(flag)],
-        env={**os.environ, **_env(shm)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not (shm / "made").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "rank 1 never made its segments"
-        time.sleep(0.02)
-    # Another user's segment, and one of this user's that is not private, made meanwhile.
-    other = _make(shm / f"sm_segment.{HOST}.65534.bbbb0000.0")
-    shared = _make(shm / f"sm_segment.{HOST}.{UID}.cccc0000.0", 0o644)
-    in_use = shm / f"sm_segment.{HOST}.{UID}.f62c0000.0"
-    with open(in_use, "r+b") as f:
-        held = mmap.mmap(f.fileno(), 4096)
-    flag.touch()
-    _out, err = proc.communicate(timeout=60)
-    held.close()
-    assert proc.returncode == 0, err
-    left = sorted(p.name for p in shm.iterdir())
-    assert left == sorted(["made", before.name, other.name, shared.name, in_use.name]), left
-    assert f"removed 2 Open MPI shared-memory segments the job's ranks left in {shm}" in err
-
-
-def test_no_line_when_the_ranks_left_nothing(qb2: Path, tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    r = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--", "true", env=_env(shm))
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
+    r = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--", sys.executable, str(script),
+                env={"PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert r.code == 0, r.err
-    assert "Open MPI" not in r.err
+    made = _segments_of(r.out)
+    assert len(made) == 2, r.out
+    for seg in made:
+        run_dir = Path(seg["run"]).parent.parent
+        assert seg["dir"] == f"{run_dir}/shm", seg
+        assert not run_dir.exists()  # the segments went with the run directory
+    after = {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
+    assert not {s["name"] for s in made} & (after - before)
+
+
+def test_the_dry_run_shows_the_segment_directory(qb2: Path) -> None:
+    r = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--json", "--", "true")
+    assert r.code == 0, r.err
+    (rank,) = json.loads(r.out)["ranks"]
+    run_dir = Path(rank["env"]["TTMESH_READY_FILE"]).parent.parent
+    assert rank["env"]["OMPI_MCA_btl_sm_backing_directory"] == f"{run_dir}/shm"
+
+
+@pytest.mark.parametrize("how", ["shell", "--env"])
+def test_the_users_own_backing_directory_is_kept(qb2: Path, tmp_path: Path, how: str) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    args = ["launch", "--root", str(qb2), "--tp-size", "1"]
+    env = {"PYTHONUNBUFFERED": "1"}
+    if how == "shell":
+        env["OMPI_MCA_btl_sm_backing_directory"] = str(mine)
+    else:
+        args += ["--env", f"OMPI_MCA_btl_sm_backing_directory={mine}"]
+    r = run_cli(*args, "--", sys.executable, str(script), env=env)
+    assert r.code == 0, r.err
+    (seg,) = _segments_of(r.out)
+    assert seg["dir"] == str(mine)
+    assert (mine / seg["name"]).exists()  # the user's directory: theirs to clean
+
+
+def test_a_run_directory_on_disk_leaves_open_mpi_its_default(qb2: Path, tmp_path: Path) -> None:
+    """Segments on a disk would be written back to it: a run directory that is not in memory
+    (an $XDG_RUNTIME_DIR on disk) leaves Open MPI's own default, /dev/shm."""
+    from ttmesh.runtime import jobs
+
+    rt = tmp_path / "xdg"
+    rt.mkdir(mode=0o700)
+    if jobs._fstype(str(rt)) in jobs.MEMORY_FS:
+        pytest.skip("the test's temporary directory is in memory here")
+    r = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--json", "--", "true",
+                env={"XDG_RUNTIME_DIR": str(rt)})  # fmt: skip
+    assert r.code == 0, r.err
+    (rank,) = json.loads(r.out)["ranks"]
+    assert "OMPI_MCA_btl_sm_backing_directory" not in rank["env"]
 
 
 def test_check_counts_the_stale_segments(qb2: Path, tmp_path: Path) -> None:

@@ -459,6 +459,7 @@ def chipless(
     paths.safe_name(req.job, "--job-id")
     if not req.run_dir:
         req.run_dir = str(jobs.runs_dir() / req.job)
+        req.segment_dir = jobs.segment_dir(req.run_dir)
     if not req.cwd:
         req.cwd = os.getcwd()
     unused = f"; {host.flag} is not read" if host.flag else ""
@@ -756,6 +757,7 @@ def _plan(
     paths.safe_name(req.job, "--job-id")
     if not req.run_dir:
         req.run_dir = str(jobs.runs_dir() / req.job)
+        req.segment_dir = jobs.segment_dir(req.run_dir)
     if not req.cwd:
         req.cwd = os.getcwd()
     cluster = None if descriptor_only else host.mock_cluster()
@@ -823,7 +825,7 @@ def mock_clusters(
 def write_files(plan: LaunchPlan) -> None:
     """The plan's files, inside its run directory (which ``execute`` created) and nowhere else."""
     run_dir = Path(plan.run_dir).resolve()
-    for sub in ("mesh", "errors", "ready", "fabric", "mock", "mpi"):
+    for sub in ("mesh", "errors", "ready", "fabric", "mock", "mpi", "shm"):
         (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
     for path, text in plan.files.items():
         target = Path(path).resolve()
@@ -833,7 +835,7 @@ def write_files(plan: LaunchPlan) -> None:
 
 
 def _clear_attempt_files(plan: LaunchPlan) -> None:
-    for sub in ("errors", "ready", "fabric"):
+    for sub in ("errors", "ready", "fabric", "shm"):  # shm: the last attempt's MPI segments
         directory = Path(plan.run_dir, sub)
         for entry in directory.iterdir() if directory.is_dir() else ():
             with contextlib.suppress(OSError):

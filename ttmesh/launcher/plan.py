@@ -46,6 +46,10 @@ RANK_VARS = (
 RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_")
 
 
+# Open MPI 5's MCA parameter for btl/sm's backing directory (opal/mca/btl/sm); ttnn bundles it.
+SEGMENT_VAR = "OMPI_MCA_btl_sm_backing_directory"
+
+
 def scrubbed(key: str) -> bool:
     return key in RANK_VARS or key.startswith(RANK_PREFIXES)
 
@@ -68,6 +72,9 @@ class LaunchRequest:
     grace: float = 5.0
     job: str = ""
     run_dir: str = ""
+    # Where the ranks' Open MPI keeps its shared-memory segments: a directory of the job's, so
+    # they go with it (runtime.jobs.segment_dir; "" leaves Open MPI's default, /dev/shm).
+    segment_dir: str = ""
     strict_links: bool = False
     nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
     launcher: str = StartMode.DIRECT
@@ -521,6 +528,8 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             mock_path = f"{run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
             files[mock_path] = req.mocks[rank]
             env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = mock_path
+        if req.segment_dir and SEGMENT_VAR not in req.environ:
+            env[SEGMENT_VAR] = req.segment_dir
         workdir = req.workdir
         if workdir == "" and req.launcher == StartMode.MPI:
             # tt-metal writes generated/fabric/... under the working directory: a world of its

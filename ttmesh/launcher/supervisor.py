@@ -43,8 +43,8 @@ from ttmesh.launcher.logspec import LogSpec
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.patterns import compile_pattern
-from ttmesh.render import note, noun, plural
-from ttmesh.runtime.leftovers import SEGMENT_PREFIX, Leftovers, segment_dir
+from ttmesh.render import note, noun
+from ttmesh.runtime.leftovers import Leftovers
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -501,8 +501,9 @@ class Guardian:
             from ttmesh.launcher.serving.server import Server
 
             self.server = Server(plan.serving)
-        # Taken before any rank starts: what appears in shared memory meanwhile is the job's
-        # (Open MPI's segments; the profile's named leftovers), removed once nothing uses it.
+        # Taken before any rank starts: what a server's profile names that appears in shared
+        # memory meanwhile is the server's, removed once nothing uses it. (Open MPI's segments
+        # go to the job's run directory: plan.SEGMENT_VAR.)
         self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
         # What the observer was told: ranks started and ready, the phase; lines not yet sent.
         self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
@@ -630,20 +631,9 @@ class Guardian:
         self._report()
 
     def _clean_leftovers(self) -> None:
-        """Remove what the job's processes left in shared memory and nothing uses: a server's
-        named leftovers one line each, Open MPI's segments in one line."""
-        segments = 0
+        """Remove what the server left in shared memory and nothing uses, a line each."""
         for path in self.leftovers.clean():
-            if os.path.basename(path).startswith(SEGMENT_PREFIX):
-                segments += 1
-            else:
-                self._emit(f"removed {path}, left behind by the server")
-        if segments:
-            where = segment_dir()
-            self._emit(
-                f"removed {plural(segments, 'Open MPI shared-memory segment')} the job's ranks "
-                f"left in {where} ({SEGMENT_PREFIX}*, no process used them)"
-            )
+            self._emit(f"removed {path}, left behind by the server")
 
     def _timeout(self) -> float | None:
         now = time.monotonic()

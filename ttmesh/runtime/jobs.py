@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttmesh import numeric, paths
+from ttmesh import fileread, numeric, paths
 from ttmesh.errors import TTMeshError
 from ttmesh.procs import alive as proc_alive
 from ttmesh.procs import start_time as proc_start_time
@@ -67,6 +67,37 @@ def _exists(directory: Path) -> bool:
     False when it does not exist. Reading records or sweeping run directories through a
     path another user could change would read (or remove) what they chose."""
     return paths.private_dir(directory, HINT, create=False) is not None
+
+
+MEMORY_FS = {"tmpfs", "ramfs"}
+
+
+def _fstype(path: str) -> str | None:
+    """The type of the filesystem ``path`` lies on (the longest mount point above it in
+    /proc/self/mounts; octal escapes as the kernel writes them), None when unknown."""
+    try:
+        text = fileread.read_text("/proc/self/mounts", 16 * 1024 * 1024, "mount table")
+    except (OSError, ValueError):
+        return None
+    best, kind = "", None
+    target = os.path.abspath(path)
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].encode().decode("unicode_escape")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def segment_dir(run_dir: str) -> str:
+    """Where the job's ranks keep Open MPI's shared-memory segments: ``RUN_DIR/shm`` when the
+    run directory is in memory (tmpfs, as /dev/shm and $XDG_RUNTIME_DIR are), so the segments
+    every process loading ttnn's Open MPI leaves behind (``sm_segment.*``) go with the job's
+    run directory; "" (Open MPI's default, /dev/shm) when it is on a disk."""
+    return f"{run_dir}/shm" if _fstype(run_dir) in MEMORY_FS else ""
 
 
 def create_run_dir(job: str) -> paths.RunDir:

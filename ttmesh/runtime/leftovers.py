@@ -10,12 +10,13 @@ bundles Open MPI 5: a single ttnn process in mock mode, or each rank under mpiru
 that removes its session's files, leaves it there at exit: about 240 a day of checks on one host,
 16 MiB of address space each.
 
-The rule, for both: a file is removed only when it appeared while this job ran (it was not there
-when the attempt started), it is a plain file of this user's alone (mode 0600 or stricter), its
-name says it is this user's (segments carry the uid), and no live process of this user maps it or
-holds it open. So another job's segment in use, or another user's, is never touched; a stale one
-of another program of this user's that appeared during the job and is no longer used would be,
-and that is said in docs/architecture.md.
+ttmesh gives the ranks of a job on one host a backing directory of the job's own
+(``RUN_DIR/shm``, ``launcher.plan.SEGMENT_VAR``), so their segments go with its run directory and
+no segment of anyone else's is ever judged. A server's named leftovers cannot be moved: one is
+removed only when it appeared while the attempt ran (it was not there when it started), it is a
+plain file of this user's alone (mode 0600 or stricter, one name), and no live process of this
+user maps it or holds it open. ``check`` counts the segments in the machine's backing directory
+that no live process uses (:func:`stale_segments`).
 """
 
 from __future__ import annotations
@@ -37,21 +38,6 @@ def segment_dir() -> str:
     """Open MPI's shared-memory backing directory, as the ranks' own library chooses it (an MCA
     parameter in the environment; the default is ``/dev/shm``)."""
     return os.environ.get("OMPI_MCA_btl_sm_backing_directory") or "/dev/shm"  # noqa: SIM112
-
-
-def segment_pattern() -> str:
-    return os.path.join(glob.escape(segment_dir()), SEGMENT_PREFIX + "*")
-
-
-def segment_uid(name: str) -> int | None:
-    """The uid an Open MPI segment's name carries (``sm_segment.NODE.UID.JOBID.RANK``), or None
-    when the name is not one. The node name may hold dots; the last three fields are fixed."""
-    if not name.startswith(SEGMENT_PREFIX):
-        return None
-    fields = name[len(SEGMENT_PREFIX) :].rsplit(".", 3)
-    if len(fields) != 4 or not fields[0] or not fields[1].isdigit() or not fields[1].isascii():
-        return None
-    return int(fields[1])
 
 
 def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -131,24 +117,17 @@ def remove_unused(candidates: Iterable[str]) -> list[str]:
     return removed
 
 
-def _own_segment(path: str) -> bool:
-    return segment_uid(os.path.basename(path)) == os.getuid()
-
-
 class Leftovers:
-    """What appeared in shared memory during one attempt, to be removed once its processes are
-    gone: taken when the attempt starts (before any rank), cleaned after its sweep."""
+    """What a server's profile names (``leftovers`` globs) that appeared during one attempt, to
+    be removed once its processes are gone: taken when the attempt starts (before any rank),
+    cleaned after its sweep."""
 
-    def __init__(self, patterns: Iterable[str] = (), segments: bool = True) -> None:
+    def __init__(self, patterns: Iterable[str] = ()) -> None:
         self.patterns = tuple(patterns)
-        self.segments = segments
         self.before = self._now()
 
     def _now(self) -> set[str]:
-        found = {p for pattern in self.patterns for p in glob.glob(pattern)}
-        if self.segments:
-            found |= {p for p in glob.glob(segment_pattern()) if _own_segment(p)}
-        return found
+        return {p for pattern in self.patterns for p in glob.glob(pattern)}
 
     def clean(self) -> list[str]:
         """Remove what appeared since the start and no live process of this user uses."""

@@ -123,3 +123,15 @@ def test_real_hosts_read_the_interval_through_tt_umd(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(telemetry, "_umd", lambda: fake)
     got = RealHost("/").heartbeat_intervals([("a", 0), ("b", 1), ("c", None)])
     assert got == {"a": 0.1, "b": None, "c": None}
+
+
+def test_a_state_at_0hz_is_no_traceback(make_sim: Callable[..., Path]) -> None:
+    """A hand-edited state whose rate is 0 (the state's check allows it: no heartbeat at all)
+    reports no interval, so the watch assumes its second and calls every chip frozen."""
+    root = make_sim("quietbox2")
+    sim = core.SimRoot(str(root))
+    with sim.change() as state:
+        state["config"]["heartbeat_hz"] = 0
+    res = run_cli("check", "--root", str(root), "--json")
+    assert res.code == 1 and "Traceback" not in res.err, res.err
+    assert {c["heartbeat"] for c in json.loads(res.out)["chips"]} == {"frozen"}

@@ -34,8 +34,8 @@ ENV = "TTMESH_TTNN_PYTHON"
 NAME = "tt-metal control plane"
 PROBE = Path(__file__).resolve().parent.parent / "probes" / "ttnn_mesh_probe.py"
 HOW = (
-    f"set {ENV} to a Python with ttnn (ttnn has wheels for Python 3.10 and 3.12: "
-    "python3.12 -m venv ~/ttnn && ~/ttnn/bin/pip install ttnn)"
+    f"set {ENV} to a Python 3.10 or 3.12 with ttnn: python3.12 -m venv ~/ttnn && "
+    "~/ttnn/bin/pip install ttnn"
 )
 PARALLEL = max(2, os.cpu_count() or 2)  # probes running at once
 TIMEOUT = 180.0  # seconds for tt-metal to answer (importing ttnn takes a few)
@@ -51,7 +51,7 @@ def configured(environ: dict[str, str] | None = None) -> str | None:
         return None
     found = shutil.which(python) if os.sep not in python else python
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise bad_input(f"{ENV}={python}: no such interpreter", HOW)
+        raise bad_input(f"{ENV}={python}: no such interpreter", f"{HOW}, or unset it")
     _check_trusted(python, found)
     return found
 
@@ -168,10 +168,20 @@ class Pending:
                     self.spawn(*self.queued.pop(0))
             self.seconds = time.monotonic() - self.started
             for rank, code, report in reports:
+                if report is None and code == 0:  # it ran, but is no Python running the probe
+                    raise bad_input(
+                        f"{ENV}={self.python} gave no answer (it exited 0 without the probe's "
+                        "line): is it a Python with ttnn?",
+                        f"{HOW}, or unset it",
+                    )
                 if report is None or "error" in report:
-                    why = (report or {}).get("error") or f"the probe exited with code {code}"
+                    why = (report or {}).get("error") or (
+                        f"its control plane ended with code {code} without an answer"
+                    )
                     if code == 3 or "not importable" in why:
-                        raise bad_input(f"{ENV}={self.python} cannot import ttnn", HOW)
+                        raise bad_input(
+                            f"{ENV}={self.python} cannot import ttnn", f"{HOW}, or unset it"
+                        )
                     raise refused(
                         f"pre-flight: tt-metal refuses rank {rank}'s mesh: {_reason(why)}",
                         "its control plane would fail the same way when the job opens the mesh; "

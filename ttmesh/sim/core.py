@@ -547,8 +547,9 @@ class SimRoot:
             return None
         if self.chip_by_asic(asic).get("arch") not in REPORTS_INTERVAL:
             return None
-        ms = round(1000.0 / state["config"]["heartbeat_hz"])
-        return ms if ms > 0 else None
+        hz = state["config"]["heartbeat_hz"]
+        ms = round(1000.0 / hz) if hz > 0 else 0  # 0 Hz (a hand-edited state): no updates
+        return ms if 0 < ms <= 60_000 else None
 
     @staticmethod
     def link_key(a: str, ca: int, b: str, cb: int) -> str:

@@ -12,9 +12,15 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   --nproc-per-node N --no-python true``.
 * ``workers running``: time from starting the launcher until every one of 4 workers has
   started (each writes bash's ``$EPOCHREALTIME``), then sleeps 0.6 s.
-* ``pre-flight at 2 Hz``: the same two jobs on a QuietBox 2 whose heartbeats advance twice a
-  second (``ttmesh sim config --heartbeat-hz 2``): a liveness check that waits for a heartbeat
-  to move costs up to 0.5 s there. torchrun and bare have no pre-flight (their 4-rank numbers).
+* ``pre-flight at 10 Hz``: the same two jobs on a QuietBox 2 whose heartbeats advance at
+  Blackhole's firmware rate, 10 Hz (the simulator's default; its firmware reports the 100 ms
+  interval), against the same host at 100 Hz (``sim create --heartbeat-hz 100``, the note): a
+  liveness check that waits for a heartbeat to move costs up to 0.1 s at 10 Hz. torchrun and
+  bare have no pre-flight (their 4-rank numbers).
+* ``metal``: what asking tt-metal's mock control plane costs (``TTMESH_TTNN_PYTHON`` set to
+  the ttnn Python of ``$TTMESH_TTNN_PYTHON`` or the conformance cache; skipped without one):
+  launch 4 x true (4 one-chip ranks, each probed) and one rank driving the 4 chips
+  (``--mesh-layout single-process``, one probe); the note is the same ttmesh job without it.
 * ``down after a failure``: 4 ranks; rank 2 exits 3 after 1 s (writing the time just before).
   Measured: from that exit until the launcher has exited and every worker is gone. Then the same
   with workers that ignore SIGTERM, under the same grace for all (ttmesh ``--grace``, torchrun
@@ -53,7 +59,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-BENCHES = ("launch", "start", "preflight", "failure", "help", "rss", "fanin", "flags")
+BENCHES = ("launch", "start", "preflight", "metal", "failure", "help", "rss", "fanin", "flags")
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
@@ -211,7 +217,12 @@ class Bench:
         # As users run them: with Python's bytecode cache (torch's wheel ships .pyc files; an
         # editable ttmesh writes its own on the warm-up runs).
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
-        for name in ("TTMESH_ROOT", "TTMESH_RUNTIME_DIR", "TT_VISIBLE_DEVICES"):
+        for name in (
+            "TTMESH_ROOT",
+            "TTMESH_RUNTIME_DIR",
+            "TT_VISIBLE_DEVICES",
+            "TTMESH_TTNN_PYTHON",
+        ):
             self.env.pop(name, None)
         (work / "run").mkdir(mode=0o700)
         self.bare_py = work / "bare.py"
@@ -229,17 +240,13 @@ class Bench:
 
     def sim(self, key: str, system: str, hz: float | None = None) -> Path:
         root = self.work / "roots" / key
+        rate = [] if hz is None else ["--heartbeat-hz", str(hz)]
         proc = subprocess.run(
-            [*self.ttmesh_bin, "sim", "create", "--system", system, "--root", str(root)],
+            [*self.ttmesh_bin, "sim", "create", "--system", system, *rate, "--root", str(root)],
             env=self.env, capture_output=True, text=True,
         )  # fmt: skip
         if proc.returncode != 0:
             sys.exit(f"sim create {system}: {proc.stderr.strip()}")
-        if hz is not None:
-            subprocess.run(
-                [*self.ttmesh_bin, "sim", "config", "--root", str(root), "--heartbeat-hz", str(hz)],
-                env=self.env, check=True, capture_output=True,
-            )  # fmt: skip
         self.roots[key] = root
         return root
 
@@ -263,9 +270,11 @@ class Bench:
         command = [self.py, *cmd] if cmd[0].endswith(".py") else cmd
         return [self.py, str(self.bare_py), str(n), *command]
 
-    def timed(self, argv: list[str], stdout: int = subprocess.DEVNULL) -> tuple[float, int]:
+    def timed(
+        self, argv: list[str], stdout: int = subprocess.DEVNULL, env: dict | None = None
+    ) -> tuple[float, int]:
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, env=self.env, stdout=stdout, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(argv, env=env or self.env, stdout=stdout, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t0, proc.returncode
 
 
@@ -336,57 +345,70 @@ def bench_start(b: Bench) -> list[dict]:
 def bench_preflight(b: Bench) -> list[dict]:
     rows = []
     for launcher in LAUNCHERS:
-        b.timed(b.argv(launcher, 4, ["true"], "qb2hz2"))
+        b.timed(b.argv(launcher, 4, ["true"], "qb2"))
     jobs: dict[str, Callable[[], float]] = {
-        "ttmesh": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2hz2"))[0],
-        "ttmesh-100hz": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2"))[0],
+        "ttmesh": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2"))[0],
+        "ttmesh-100hz": lambda: b.timed(b.argv("ttmesh", 4, ["true"], "qb2hz100"))[0],
         "torchrun": lambda: b.timed(b.argv("torchrun", 4, ["true"]))[0],
         "bare": lambda: b.timed(b.argv("bare", 4, ["true"]))[0],
     }
     if "before" in LAUNCHERS:
-        jobs["before"] = lambda: b.timed(b.argv("before", 4, ["true"], "qb2hz2"))[0]
+        jobs["before"] = lambda: b.timed(b.argv("before", 4, ["true"], "qb2"))[0]
     med = interleaved(b.runs, jobs)
-    rows.append(
-        row(
-            "2 Hz: launch 4 x true", "s", med, lower=True, note=f"100 Hz: {med['ttmesh-100hz']:.3f}"
-        )
+    note = f"100 Hz: {med['ttmesh-100hz']:.3f}"
+    rows.append(row("10 Hz: launch 4 x true", "s", med, lower=True, note=note))
+    for i, name in ((0, "10 Hz: every worker running"), (1, "10 Hz: 4 x (start, sleep 0.6 s)")):
+        jobs = {
+            "ttmesh": lambda i=i: _start_latency(b, "ttmesh", "qb2")[i],
+            "ttmesh-100hz": lambda i=i: _start_latency(b, "ttmesh", "qb2hz100")[i],
+            "torchrun": lambda i=i: _start_latency(b, "torchrun", "qb2")[i],
+            "bare": lambda i=i: _start_latency(b, "bare", "qb2")[i],
+        }
+        if "before" in LAUNCHERS:
+            jobs["before"] = lambda i=i: _start_latency(b, "before", "qb2")[i]
+        med = interleaved(b.runs, jobs)
+        rows.append(row(name, "s", med, lower=True, note=f"100 Hz: {med['ttmesh-100hz']:.3f}"))
+    return rows
+
+
+def ttnn_python() -> str | None:
+    """A Python with ttnn: $TTMESH_TTNN_PYTHON, else the conformance cache's."""
+    cache = os.environ.get("TTMESH_CONFORMANCE_CACHE") or os.path.expanduser(
+        "~/.cache/ttmesh-conformance"
     )
-    jobs = {
-        "ttmesh": lambda: _start_latency(b, "ttmesh", "qb2hz2")[0],
-        "ttmesh-100hz": lambda: _start_latency(b, "ttmesh", "qb2")[0],
-        "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[0],
-        "bare": lambda: _start_latency(b, "bare", "qb2")[0],
-    }
-    if "before" in LAUNCHERS:
-        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[0]
-    med = interleaved(b.runs, jobs)
-    rows.append(
-        row(
-            "2 Hz: every worker running",
-            "s",
-            med,
-            lower=True,
-            note=f"100 Hz: {med['ttmesh-100hz']:.3f}",
-        )
-    )
-    jobs = {
-        "ttmesh": lambda: _start_latency(b, "ttmesh", "qb2hz2")[1],
-        "ttmesh-100hz": lambda: _start_latency(b, "ttmesh", "qb2")[1],
-        "torchrun": lambda: _start_latency(b, "torchrun", "qb2")[1],
-        "bare": lambda: _start_latency(b, "bare", "qb2")[1],
-    }
-    if "before" in LAUNCHERS:
-        jobs["before"] = lambda: _start_latency(b, "before", "qb2hz2")[1]
-    med = interleaved(b.runs, jobs)
-    rows.append(
-        row(
-            "2 Hz: 4 x (start, sleep 0.6 s)",
-            "s",
-            med,
-            lower=True,
-            note=f"100 Hz: {med['ttmesh-100hz']:.3f}",
-        )
-    )
+    for python in (os.environ.get("TTMESH_TTNN_PYTHON", ""), f"{cache}/ttnn/bin/python"):
+        if python and os.access(python, os.X_OK):
+            return python
+    return None
+
+
+def bench_metal(b: Bench) -> list[dict]:
+    python = ttnn_python()
+    if python is None:
+        print("metal: skipped (no ttnn Python: set TTMESH_TTNN_PYTHON)", flush=True)
+        return []
+    env = {**b.env, "TTMESH_TTNN_PYTHON": python}
+    one = ["--mesh-layout", "single-process"]
+    rows = []
+    for extra, name in (((), "tt-metal check: launch 4 x true (4 probes)"),
+                        (one, "tt-metal check: launch 1 x true on 4 chips")):  # fmt: skip
+        argv = b.argv("ttmesh", 4, ["true"], "qb2", extra)
+        b.timed(argv, env=env)
+
+        def checked(argv: list[str] = argv) -> float:
+            seconds, code = b.timed(argv, env=env)
+            if code != 0:
+                sys.exit(f"ttmesh with the tt-metal check failed (exit {code})")
+            return seconds
+
+        jobs: dict[str, Callable[[], float]] = {
+            "ttmesh": checked,
+            "unchecked": lambda argv=argv: b.timed(argv)[0],
+            "torchrun": lambda: b.timed(b.argv("torchrun", 4, ["true"]))[0],
+            "bare": lambda: b.timed(b.argv("bare", 4, ["true"]))[0],
+        }
+        med = interleaved(b.runs, jobs)
+        rows.append(row(name, "s", med, lower=True, note=f"unchecked: {med['unchecked']:.3f}"))
     return rows
 
 
@@ -716,7 +738,7 @@ def main() -> int:
         b.sim("qb2", "quietbox2")
         b.sim("galaxy", "galaxy-wh")
         b.sim("grid128", str(grid))
-        b.sim("qb2hz2", "quietbox2", hz=2)
+        b.sim("qb2hz100", "quietbox2", hz=100)
         load = os.getloadavg()
         started = time.time()
         rows: list[dict] = []

@@ -39,7 +39,7 @@ def take(root: Path, dest: Path) -> Path:
 
 def view(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(ls, check) documents of ``root``, heartbeat counters and the root path left out.
-    (Heartbeats advance at 100 Hz: a 0.3 s poll tells alive from frozen.)"""
+    (Heartbeats advance at 10 Hz: a 0.3 s poll tells alive from frozen.)"""
     inv = discover(open_host(root))
     ls = listing.build(inv, timeout=0.3)
     doc = health.check(inv, timeout=0.3).to_json()

@@ -89,6 +89,7 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("sim fault reset-fails", ["sim", "fault", "--root", "{ROOT}", "reset-fails", "--times", "{V}"], "--times", WHOLE),
     ("sim fault link-down", ["sim", "fault", "--root", "{ROOT}", "link-down", C01, "0000:03:00.0", "--channel", "{V}"], "--channel", WHOLE),
     ("sim create", ["sim", "create", "--system", "quietbox2", "--root", "{NEW}", "--host", "{V}"], "--host", WHOLE),
+    ("sim create", ["sim", "create", "--system", "quietbox2", "--root", "{NEW}", "--heartbeat-hz", "{V}"], "--heartbeat-hz", POSITIVE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--timeout", "{V}"], "--timeout", POSITIVE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--retries", "{V}"], "--retries", WHOLE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--grace", "{V}"], "--grace", SECONDS),

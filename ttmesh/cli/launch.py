@@ -447,6 +447,13 @@ def launch_cmd(
     is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
+    Pre-flight checks the chips (driver nodes, leases, holders, heartbeats, links) and, with
+    TTMESH_TTNN_PYTHON set to a Python with ttnn, asks tt-metal's own control plane (mock mode)
+    whether it maps the ranks' exact mesh graph descriptor and cluster descriptor, while the
+    rest of pre-flight runs; a refusal stops the launch before any rank starts (exit 3).
+    Without it that check is skipped, and --dry-run says so.
+
+    \b
     On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
     stays under their scrolling output, with the job's phases and their times (checking
     fabric, resetting, starting, ready or running, stopping, recovering). --no-live, a pipe

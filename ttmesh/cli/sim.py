@@ -55,8 +55,19 @@ def sim_systems() -> None:
     help="Of a system of several hosts (dual-t3k, quad-galaxy, ...): build host N (0, 1, ...).",
 )
 @click.option("--force", is_flag=True, help="Recreate DIR if it already is a simulated host.")
+@click.option(
+    "--heartbeat-hz",
+    type=Number(low=0, low_open=True, high=1e6, unit="a rate in Hz", example="10"),
+    help="How fast live chips' heartbeats advance (default: the firmware's, 10 Hz; "
+    "Blackhole reports it, Wormhole's is not published).",
+)
 def sim_create(
-    system: str | None, capture: str | None, root: str, host_index: int | None, force: bool
+    system: str | None,
+    capture: str | None,
+    root: str,
+    host_index: int | None,
+    force: bool,
+    heartbeat_hz: float | None,
 ) -> None:
     """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in.
 
@@ -75,6 +86,7 @@ def sim_create(
     Examples:
       ttmesh sim create --system t3k --root /tmp/t3k
       ttmesh sim create --system dual-t3k --host 1 --root /tmp/t3k-b
+      ttmesh sim create --system t3k --heartbeat-hz 2 --root /tmp/t3k-slow
       ttmesh sim create --from-capture host.tar.gz --root /tmp/field
     """
     from pathlib import Path
@@ -89,6 +101,11 @@ def sim_create(
     if capture is not None:
         if host_index is not None:
             raise bad_input("--host goes with --system", "a capture is one host: drop --host")
+        if heartbeat_hz is not None:
+            raise bad_input(
+                "--heartbeat-hz goes with --system",
+                "set it after: ttmesh sim config --root DIR --heartbeat-hz N",
+            )
         from ttmesh.sim.from_capture import recreate
 
         rec, path = recreate(Path(capture), Path(root), force=force)
@@ -106,7 +123,8 @@ def sim_create(
 
     assert system is not None
     model = load_host(system, host_index)
-    path = create(model, Path(root), force=force)
+    config = None if heartbeat_hz is None else {"heartbeat_hz": float(heartbeat_hz)}
+    path = create(model, Path(root), force=force, config=config)
     which = "" if model.host is None else f" host {model.host} of {model.hosts}"
     click.echo(f"simulated {model.name}{which} ({plural(len(model.chips), 'chip')}) at {path}")
 

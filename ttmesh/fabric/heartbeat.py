@@ -1,6 +1,10 @@
 """Is a chip's firmware alive? Its heartbeat counter advances while it lives.
 
-A single read says nothing, so chips are polled together until each counter has moved, up to
+A single read says nothing, so chips are polled together until each counter has moved. How long
+to wait before calling a chip frozen comes from its firmware where it says: Blackhole's updates
+its telemetry, heartbeat included, every 100 ms and reports that interval
+(``Host.heartbeat_intervals``), so the watch waits :data:`TICKS` of them (200 ms); where nothing
+is reported (Wormhole, whose ``ARC0_HEALTH`` rate is not published; no tt-umd) it assumes
 ``timeout`` (about 1 s by the conventions). Chips with a driver node are read from sysfs; remote
 chips from firmware telemetry (tt_umd on hardware, the simulator's state on a simulated host).
 """
@@ -13,6 +17,19 @@ from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.vocab import Heartbeat
 
 ALIVE, FROZEN, UNKNOWN = Heartbeat.ALIVE, Heartbeat.FROZEN, Heartbeat.UNKNOWN
+TICKS = 2  # updates a live chip's counter is given to move (firmware jitter: one more than needed)
+MIN_WAIT = 0.05  # never less, whatever the reported interval (a read itself takes time)
+MAX_WAIT = 30.0  # never more: a reported interval beyond 15 s is not believed further
+
+
+def frozen_after(inv: Inventory, chips: list[Chip], assumed: float) -> float:
+    """Seconds without a move after which these chips are frozen: TICKS of the slowest
+    interval their firmware reports, or ``assumed`` when any of them reports none."""
+    reported = inv.host.heartbeat_intervals([(c.asic_id, c.dev_index) for c in chips])
+    if not chips or any(reported.get(c.asic_id) is None for c in chips):
+        return assumed
+    slowest = max(v for v in reported.values() if v is not None)
+    return min(max(TICKS * slowest, MIN_WAIT), MAX_WAIT)
 
 
 def read(inv: Inventory, chips: list[Chip]) -> dict[str, int | None]:
@@ -44,7 +61,8 @@ class Watch:
     apart), until every counter has moved (alive) or ``timeout`` has passed since the first
     reading (frozen). :func:`poll` waits for the verdict; a launcher can take the first reading,
     start its workers and ask the watch between other work (a chip whose heartbeat ticks twice
-    a second takes up to half a second to show it is alive)."""
+    a second takes up to half a second to show it is alive). ``timeout`` is the wait assumed
+    when the firmware reports no update interval (:func:`frozen_after`)."""
 
     def __init__(self, inv: Inventory, chips: list[Chip] | None = None, timeout: float = 1.0):
         self.inv = inv
@@ -55,7 +73,8 @@ class Watch:
         }
         self.pending = [c for c in chips if self.first.get(c.asic_id) is not None]
         now = time.monotonic()
-        self.deadline = now + timeout
+        self.timeout = frozen_after(inv, self.pending, timeout) if self.pending else timeout
+        self.deadline = now + self.timeout
         self.delay = 0.002
         self.due = now + self.delay
 

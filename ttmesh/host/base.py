@@ -172,6 +172,13 @@ class Host:
         """Heartbeats of chips without a driver node of their own (remote chips)."""
         return {a: None for a in asics}
 
+    def heartbeat_intervals(self, chips: list[tuple[str, int | None]]) -> dict[str, float | None]:
+        """The seconds between heartbeat updates each chip's firmware reports, per asic id, for
+        ``(asic id, /dev/tenstorrent number or None)`` pairs; None where it reports none
+        (Wormhole has no such telemetry tag) or cannot be asked. The heartbeat watch waits
+        about two of these before it calls a chip frozen, instead of assuming a rate."""
+        return {a: None for a, _ in chips}
+
     def topology(self) -> tuple[ClusterDescriptor | None, str, list[str]]:
         """(remote chips and Ethernet links as a cluster descriptor, its source, notes)."""
         return None, "none", []

@@ -36,6 +36,11 @@ class RealHost(Host):
 
         return telemetry.remote_heartbeats(self, asics)
 
+    def heartbeat_intervals(self, chips: list[tuple[str, int | None]]) -> dict[str, float | None]:
+        from ttmesh.host import telemetry
+
+        return telemetry.update_intervals(self, chips)
+
     def topology(self) -> tuple[ClusterDescriptor | None, str, list[str]]:
         from ttmesh.host import telemetry
 

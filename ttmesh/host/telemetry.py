@@ -123,6 +123,33 @@ def remote_heartbeats(host: Host, asics: list[str]) -> dict[str, int | None]:
     return _per_chip(host, asics, lambda provider: provider.get_heartbeat())
 
 
+def update_intervals(host: Host, chips: list[tuple[str, int | None]]) -> dict[str, float | None]:
+    """Seconds between telemetry updates (the heartbeat advances once per update), as each PCI
+    chip's firmware reports them: Blackhole's ``UPDATE_TELEM_SPEED`` tag, in ms
+    (tt-zephyr-platforms ``telemetry.c``; 100 ms). Read through tt-umd's ARC telemetry reader on
+    the PCI device directly (no topology discovery); None where tt-umd is missing, the chip is
+    remote, or its firmware has no such tag (Wormhole)."""
+    out: dict[str, float | None] = {a: None for a, _ in chips}
+    umd = _umd()
+    if umd is None or str(host.root) != "/":
+        return out
+    tag = getattr(getattr(umd, "TelemetryTag", None), "UPDATE_TELEM_SPEED", None)
+    if tag is None:
+        return out
+    for asic, dev in chips:
+        if dev is None:
+            continue
+        with contextlib.suppress(Exception):
+            device = umd.TTDevice.create(dev)
+            with contextlib.suppress(AttributeError):
+                device.init_tt_device()
+            reader = device.get_arc_telemetry_reader()
+            if reader.is_entry_available(tag):
+                ms = int(reader.read_entry(tag))
+                out[asic] = ms / 1000.0 if 0 < ms <= 60_000 else None
+    return out
+
+
 # --------------------------------------------------------------------------- chip telemetry
 # Temperature, power, clock and voltage, for ``ttmesh top``. Two sources, read the same way on
 # every host: the host's tt-smi snapshot (``tt-smi -s``; on a simulated host its tt-smi

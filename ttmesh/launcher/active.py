@@ -114,7 +114,7 @@ def run(
         grace=2.0,
     )
     with tempfile.TemporaryDirectory(prefix="ttmesh-active-") as logs:
-        prepared = launch.prepare(req, host, ",".join(chips))
+        prepared = launch.prepare(req, host, ",".join(chips), ask_metal=False)
         code = launch.execute(
             prepared, Options(quiet=True, log_dir=logs), recovery=launch.Recovery(preflight=True)
         )

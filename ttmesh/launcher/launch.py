@@ -54,6 +54,10 @@ class Prepared:
     # No healthy mesh of the size on this host: the chips are the mesh a reset makes healthy,
     # and pre-flight refuses them with this (the reset that gives one), unless --auto-reset.
     unhealthy: TTMeshError | None = None
+    # tt-metal's mock control plane asked about the ranks' own files (launcher.metalcheck),
+    # under way while the launch goes on; or why it is not asked.
+    metal: Any = None
+    metal_skipped: str = ""
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -265,10 +269,13 @@ def prepare(
     repairable: bool = False,
     defer_liveness: bool = False,
     dry_run: bool = False,
+    ask_metal: bool = True,
 ) -> Prepared:
     """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
     descriptors without a command, a port or availability checks (``ttmesh descriptor``).
     ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them).
+    ``ask_metal``: start tt-metal's verdict on the plan (``launcher.metalcheck``) when a ttnn
+    Python is configured (``check --active`` asks tt-metal itself).
     ``defer_liveness``: when the heartbeats cannot change the choice of chips, do not wait for
     them: ``Prepared.liveness`` reads them while the workers start (:class:`Liveness`).
     ``dry_run``: a server's port taken now is a note of the plan, not a refusal. A server
@@ -413,6 +420,13 @@ def prepare(
     if liveness is not None:
         inv.beats = liveness.known()
     prepared.liveness = liveness
+    if ask_metal and not descriptor_only:  # (check --active asks tt-metal itself)
+        from ttmesh.launcher import metalcheck
+
+        try:
+            prepared.metal, prepared.metal_skipped = metalcheck.check(prepared.plan)
+        except TTMeshError as exc:
+            raise (liveness.first(exc) if liveness is not None else exc) from None
     return prepared
 
 
@@ -955,6 +969,14 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
             checks.append(_check("pre-flight", "passed", f"{plural(len(chips), 'chip')}: driver "
                                  "nodes, leases, holders, heartbeats and the links between "
                                  f"them{warned}"))  # fmt: skip
+    from ttmesh.launcher import metalcheck
+
+    if prepared.metal is not None:
+        pending, prepared.metal = prepared.metal, None
+        checks.append(_check(metalcheck.NAME, "passed", pending.wait()))
+    else:
+        checks.append(_check(metalcheck.NAME, "skipped", prepared.metal_skipped
+                             or metalcheck.skip_reason(plan) or "not asked"))  # fmt: skip
     if rendezvous:
         checks.append(_check("rendezvous", "skipped", "a dry run meets no other host: the "
                              "hosts' plans, their pre-flight and one --tp-size are checked "
@@ -1147,6 +1169,20 @@ class JobRun:
         self.unrecorded = False
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.prepared.metal is not None:  # refused or stopped before it answered
+                self.prepared.metal.close()
+                self.prepared.metal = None
+
+    def _metal(self) -> None:
+        """tt-metal's verdict on the ranks' files, before any rank starts (a refusal: exit 3)."""
+        pending, self.prepared.metal = self.prepared.metal, None
+        if pending is not None:
+            pending.wait()  # passed: quietly, as pre-flight is
+
+    def _run(self) -> int:
         plan = self.plan
         if plan.chipless:
             # A server that drives no Tenstorrent chip: nothing to lease or check before the
@@ -1196,6 +1232,7 @@ class JobRun:
                             )
                         else:
                             self._agree("start", lambda: None)
+                        self._metal()
                     except TTMeshError as exc:
                         raise self._refuse(self._frozen_first(exc, summary=False)) from None
                 if plan.hosts:

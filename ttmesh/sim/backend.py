@@ -88,6 +88,16 @@ class SimHost(Host):
         state = self.sim.state_now()
         return {a: (self.sim.heartbeat(state, a) if a in state["chips"] else None) for a in asics}
 
+    def heartbeat_intervals(self, chips: list[tuple[str, int | None]]) -> dict[str, float | None]:
+        # The simulated firmware's telemetry: Blackhole's UPDATE_TELEM_SPEED (ms), as the
+        # tt-smi stand-in reports it too; Wormhole's firmware has no such tag.
+        state = self.sim.state_now()
+        out: dict[str, float | None] = {}
+        for asic, _dev in chips:
+            ms = self.sim.update_interval_ms(state, asic) if asic in state["chips"] else None
+            out[asic] = None if ms is None else ms / 1000.0
+        return out
+
     # -- topology
 
     def descriptor(self) -> clusterdesc.ClusterDescriptor:

@@ -53,7 +53,15 @@ STATE_SCHEMA = "ttmesh.simstate/1"
 VENDOR_ID = 0x1E52
 PCI_DEVICE = {"blackhole": 0xB140, "wormhole_b0": 0x401E}
 LINK_SPEED = {"blackhole": "32.0 GT/s PCIe", "wormhole_b0": "16.0 GT/s PCIe"}
-DEFAULT_CONFIG = {"heartbeat_hz": 100.0, "reset_seconds": 0.05}
+DEFAULT_CONFIG = {"heartbeat_hz": 10.0, "reset_seconds": 0.05}
+# How fast each architecture's firmware advances its heartbeat. Blackhole's updates its telemetry,
+# the heartbeat included, every 100 ms (tt-zephyr-platforms lib/tenstorrent/bh_arc/telemetry.c,
+# telem_update_interval; tt-umd's firmware-info test waits 150 ms because "heartbeat increments
+# every 100ms") and reports that interval (TAG_UPDATE_TELEM_SPEED, in ms). Wormhole's ARC0_HEALTH
+# rate is not published, nor reported: 10 Hz is an assumption, set yours with
+# ``ttmesh sim create --heartbeat-hz`` or ``ttmesh sim config --heartbeat-hz``.
+HEARTBEAT_HZ = {"blackhole": 10.0, "wormhole_b0": 10.0}
+REPORTS_INTERVAL = {"blackhole"}  # firmware with a telemetry update interval tag
 _tmp_names = itertools.count()
 FAULT_KINDS = (
     "link-down",
@@ -483,6 +491,13 @@ class SimRoot:
         finally:
             os.close(directory)
 
+    def default_hz(self) -> float:
+        """The heartbeat rate of this host's firmware (its chips' architecture; the slowest
+        when it has several)."""
+        fallback = DEFAULT_CONFIG["heartbeat_hz"]
+        rates = [HEARTBEAT_HZ.get(c.get("arch", ""), fallback) for c in self.chips()]
+        return min(rates, default=fallback)
+
     def initial_state(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
         now = time.time()
         chips = {}
@@ -496,7 +511,7 @@ class SimRoot:
             }
         return {
             "schema": STATE_SCHEMA,
-            "config": {**DEFAULT_CONFIG, **(config or {})},
+            "config": {**DEFAULT_CONFIG, "heartbeat_hz": self.default_hz(), **(config or {})},
             "chips": chips,
             "links_down": [],
             "faults": {
@@ -521,6 +536,20 @@ class SimRoot:
         return int(
             chip["hb_base"] + max(0.0, now - chip["hb_t0"]) * state["config"]["heartbeat_hz"]
         )
+
+    def update_interval_ms(self, state: dict[str, Any], asic: str) -> int | None:
+        """The telemetry update interval a chip's firmware reports, in ms (Blackhole's
+        ``UPDATE_TELEM_SPEED``: the heartbeat advances once per update); None where the
+        firmware reports none (Wormhole) or the chip is gone. A hung chip's telemetry table
+        still holds the interval its firmware wrote at boot, as on hardware."""
+        chip = state["chips"].get(asic)
+        if chip is None or not chip["present"]:
+            return None
+        if self.chip_by_asic(asic).get("arch") not in REPORTS_INTERVAL:
+            return None
+        hz = state["config"]["heartbeat_hz"]
+        ms = round(1000.0 / hz) if hz > 0 else 0  # 0 Hz (a hand-edited state): no updates
+        return ms if 0 < ms <= 60_000 else None
 
     @staticmethod
     def link_key(a: str, ca: int, b: str, cb: int) -> str:

@@ -524,6 +524,9 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
             }
         )
     else:
+        interval = sim.update_interval_ms(state, asic)
+        if interval is not None:
+            values["UPDATE_TELEM_SPEED"] = interval
         values.update(
             {
                 "TIMER_HEARTBEAT": raw_hb,

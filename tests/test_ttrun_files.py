@@ -165,11 +165,14 @@ def test_the_older_key_reaches_the_ranks(qb2: Path, tmp_path: Path) -> None:
     _write(repo / "b.yaml", TWO_BY_TWO)
     out = tmp_path / "env"
     out.mkdir()
+    # Under a tt-run (or a ttmesh) of sub-contexts: a job without them does not inherit them.
     res = run_cli("launch", "--root", str(qb2), "--rank-binding", "b.yaml",
-                  *worker(f"env={out}", "exit=0"), cwd=repo)  # fmt: skip
+                  *worker(f"env={out}", "exit=0"), cwd=repo,
+                  env={"TT_RUN_SUBCONTEXT_ID": "1", "TT_METAL_VISIBLE_DEVICES": "3"})  # fmt: skip
     assert res.code == 0, res.err
     e0, e1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (e0["TT_METAL_VISIBLE_DEVICES"], e1["TT_METAL_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+    assert "TT_RUN_SUBCONTEXT_ID" not in e0 and "TT_RUN_SUBCONTEXT_ID" not in e1
     index = _index_bdfs(qb2)
     assert e1["TT_VISIBLE_DEVICES"] == f"{index['2']},{index['3']}"
 
@@ -419,6 +422,18 @@ def test_a_bad_mapping_is_one_line(
     line = _one_line(run_cli("launch", "--root", str(qb2), "--rank-bindings-mapping", str(path),
                              "--dry-run", "--", "true", cwd=tmp_path))  # fmt: skip
     assert needle in line, line
+
+
+@pytest.mark.parametrize("where", ["--env", "global_env"])
+def test_the_sub_context_variables_are_the_mappings(qb2: Path, tmp_path: Path, where: str) -> None:
+    """A rank told another sub-context than the mapping's splits tt-metal's world wrongly."""
+    path = _subcontexts(
+        tmp_path, decode_env='\n  TT_RUN_SUBCONTEXT_ID: "0"' * (where == "global_env")
+    )
+    extra = ["--env", "TT_RUN_SUBCONTEXT_SIZES=4"] if where == "--env" else []
+    line = _one_line(run_cli("launch", "--root", str(qb2), "--rank-bindings-mapping", str(path),
+                             *extra, "--dry-run", "--", "true", cwd=tmp_path))  # fmt: skip
+    assert "TT_RUN_SUBCONTEXT_" in line and "--rank-bindings-mapping" in line, line
 
 
 def test_a_mapping_and_a_binding_together_are_refused(qb2: Path, tmp_path: Path) -> None:

@@ -44,7 +44,9 @@ RANK_VARS = (
     "LIBTT_SYMMETRIC_DRAM_MB",
     "TT_METAL_MOCK_CLUSTER_DESC_PATH",
 )
-RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_")
+# TT_RUN_SUBCONTEXT_*: tt-metal splits its world by them (--rank-bindings-mapping); tt-run
+# never passes them on from its own environment either.
+RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_", "TT_RUN_SUBCONTEXT_")
 
 
 def scrubbed(key: str) -> bool:
@@ -362,6 +364,7 @@ OWNED = {
 }
 OWNED_PREFIXES = {
     "TT_MESH_": "--mesh-layout",
+    "TT_RUN_SUBCONTEXT_": "--rank-bindings-mapping",
     "TORCHELASTIC_": "ttmesh keeps torchrun's contract",
     "TTMESH_": "TTMESH_ variables are ttmesh's own",
 }

@@ -140,6 +140,16 @@ def test_the_two_keys_must_name_the_same_chips(qb2: Path, tmp_path: Path) -> Non
                              "--dry-run", "--", "true", cwd=repo))  # fmt: skip
     assert "rank 1" in line and "TT_VISIBLE_DEVICES" in line and "TT_METAL_VISIBLE_DEVICES" in line
     assert str(bind.name) in line
+    # The same chips, one key by PCI index and the other by address: one rank's chips.
+    index = _index_bdfs(qb2)
+    _write(
+        bind,
+        text.replace(
+            'TT_VISIBLE_DEVICES: "0,1"', f'TT_VISIBLE_DEVICES: "{index["2"]},{index["3"]}"'
+        ),
+    )
+    plan = _plan(qb2, "--rank-binding", "b.yaml", cwd=repo)
+    assert plan["ranks"][1]["bdfs"] == [index["2"], index["3"]]
 
 
 @pytest.mark.parametrize("where", ["--env", "global_env"])
@@ -510,12 +520,18 @@ def test_the_dry_run_says_where_ranks_run(qb2: Path, tmp_path: Path) -> None:
     assert all("PYTHONPATH" not in r["env"] for r in json.loads(kept.stdout)["ranks"])
 
 
+@pytest.mark.parametrize("whose", ["everyone's", "another user's"])
 def test_a_launch_directory_others_can_write_is_not_put_on_pythonpath(
-    qb2: Path, tmp_path: Path
+    qb2: Path, tmp_path: Path, whose: str
 ) -> None:
     """Root's ranks would import what another user planted there: the dry run says so."""
     repo = _checkout(tmp_path)
-    repo.chmod(0o1777)
+    if whose == "everyone's":
+        repo.chmod(0o1777)
+    elif os.geteuid() == 0:
+        os.chown(repo, 65534, 65534)  # nobody's
+    else:
+        pytest.skip("chown to another user needs root")
     res = subprocess.run(
         [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--rank-binding", "b.yaml",
          "--dry-run", "--json", "--", "true"],
@@ -524,4 +540,5 @@ def test_a_launch_directory_others_can_write_is_not_put_on_pythonpath(
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     assert all("PYTHONPATH" not in r["env"] for r in plan["ranks"])
-    assert any("writable by other users" in n for n in plan["notes"]), plan["notes"]
+    why = "writable by other users" if whose == "everyone's" else "is another user's"
+    assert any(why in n for n in plan["notes"]), plan["notes"]

@@ -226,22 +226,6 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
     )
 
 
-def chips_named(bf: BindingFile, b: Binding) -> str | None:
-    """The chips a rank names, under either key; both must name the same."""
-    given = {k: b.env_overrides[k] for k in CHIP_KEYS if b.env_overrides.get(k, "").strip()}
-    if len(given) == 2 and _items(given[CHIP_KEYS[0]]) != _items(given[CHIP_KEYS[1]]):
-        raise bad_input(
-            f"{bf.who(b)}: TT_VISIBLE_DEVICES {given[CHIP_KEYS[0]]!r} and "
-            f"TT_METAL_VISIBLE_DEVICES {given[CHIP_KEYS[1]]!r} name different chips",
-            "keep one of them",
-        )
-    return next(iter(given.values()), None)
-
-
-def _items(text: str) -> list[str]:
-    return [v.strip().lower() for v in text.split(",") if v.strip()]
-
-
 def rank_units(
     bf: BindingFile, inv: Inventory, units: list[Unit], host: str = ""
 ) -> list[tuple[Unit, ...]]:
@@ -252,30 +236,45 @@ def rank_units(
     hosts), never two ranks on the same chips."""
     by_bdf = {u.bdf: u for u in units}
     by_index = {c.pci_index: c.bdf for c in inv.chips if c.bdf}
-    named = [chips_named(bf, b) for b in bf.bindings]
+
+    def chips(b: Binding, key: str) -> list[Unit]:
+        """The units ``key`` of the rank's env_overrides names, by PCI address or index."""
+        chosen: list[Unit] = []
+        items = [v.strip() for v in b.env_overrides[key].split(",") if v.strip()]
+        if not items:
+            raise bad_input(f"{bf.who(b)}: {key} is empty", "name the rank's chips, or drop it")
+        for item in items:
+            bdf = by_index.get(int(item)) if item.isascii() and item.isdigit() else item.lower()
+            if bdf not in by_bdf:
+                raise bad_input(
+                    f"{bf.who(b)}: {key} entry {item!r} is no chip here",
+                    "chips here: " + ", ".join(sorted(by_bdf)),
+                )
+            if by_bdf[bdf] not in chosen:
+                chosen.append(by_bdf[bdf])
+        return chosen
+
+    named: list[list[Unit] | None] = []
+    for b in bf.bindings:
+        given = {key: chips(b, key) for key in CHIP_KEYS if key in b.env_overrides}
+        if len(given) == 2 and given[CHIP_KEYS[0]] != given[CHIP_KEYS[1]]:
+            raise bad_input(
+                f"{bf.who(b)}: TT_VISIBLE_DEVICES {b.env_overrides[CHIP_KEYS[0]]!r} and "
+                f"TT_METAL_VISIBLE_DEVICES {b.env_overrides[CHIP_KEYS[1]]!r} name different chips (or the same in another order)",
+                "keep one of them",
+            )
+        named.append(next(iter(given.values()), None))
     bare = [b.rank for b, v in zip(bf.bindings, named, strict=True) if v is None]
     if bare and len(bf.bindings) > 1:
         raise bad_input(*_shared_host(bf, bare, host))
     taken: dict[str, int] = {}
     out = []
-    for b, visible in zip(bf.bindings, named, strict=True):
-        if visible is None:
-            out.append(tuple(units))
-            continue
-        chosen: list[Unit] = []
-        for item in (v.strip() for v in visible.split(",") if v.strip()):
-            bdf = by_index.get(int(item)) if item.isascii() and item.isdigit() else item.lower()
-            if bdf not in by_bdf:
-                raise bad_input(
-                    f"{bf.who(b)}: TT_VISIBLE_DEVICES entry {item!r} is no chip here",
-                    "chips here: " + ", ".join(sorted(by_bdf)),
-                )
-            if bdf in taken and taken[bdf] != b.rank:
-                raise bad_input(f"{bf.path}: {bdf} is given to ranks {taken[bdf]} and {b.rank}")
-            taken[bdf] = b.rank
-            if by_bdf[bdf] not in chosen:
-                chosen.append(by_bdf[bdf])
-        out.append(tuple(chosen))
+    for b, chosen in zip(bf.bindings, named, strict=True):
+        for u in chosen or []:
+            if u.bdf in taken and taken[u.bdf] != b.rank:
+                raise bad_input(f"{bf.path}: {u.bdf} is given to ranks {taken[u.bdf]} and {b.rank}")
+            taken[u.bdf] = b.rank
+        out.append(tuple(units) if chosen is None else tuple(chosen))
     return out
 
 
@@ -301,15 +300,14 @@ def _shared_host(bf: BindingFile, bare: list[int], host: str) -> tuple[str, str]
             f"env_overrides): such a file is one rank per host{shape}, each driving every chip "
             "of its host, and on one host they would all drive the same chips"
         )
-    else:
-        what = (
-            f"{bf.path}: rank {bare[0]} names no chips (no TT_VISIBLE_DEVICES in env_overrides): "
-            "it would drive every chip of this host, the other ranks' too"
+        return what, (
+            f"run it over {count} hosts with --hosts HOST,... , or give each rank its "
+            "TT_VISIBLE_DEVICES"
         )
-    return what, (
-        f"run it over {count} hosts with --hosts HOST,... , or give each rank its "
-        "TT_VISIBLE_DEVICES"
-    )
+    return (
+        f"{bf.path}: rank {bare[0]} names no chips (no TT_VISIBLE_DEVICES in env_overrides): "
+        "it would drive every chip of this host, the other ranks' too"
+    ), f"give rank {bare[0]} its TT_VISIBLE_DEVICES"
 
 
 def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) -> dict[str, str]:

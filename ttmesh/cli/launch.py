@@ -348,7 +348,8 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "--workdir",
     metavar="DIR",
     help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
-    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set; '.' keeps yours.",
+    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set, except for a "
+    "rank-binding job (yours, as tt-run); '.' keeps yours.",
 )
 @click.option(
     "--job-id",

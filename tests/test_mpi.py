@@ -399,7 +399,8 @@ def test_rank_binding_env(qb2: Path, tmp_path: Path) -> None:
             ],
             "is not set",
         ),
-        ([{"rank": 0, "mesh_id": 0}], "no TT_VISIBLE_DEVICES"),
+        # One rank naming no chips drives every chip (tests/test_ttrun_files.py); two share them.
+        ([{"rank": 0, "mesh_id": 0}, {"rank": 1, "mesh_id": 0}], "no TT_VISIBLE_DEVICES"),
     ],
 )
 def test_bad_rank_bindings(qb2: Path, tmp_path: Path, ranks: list, needle: str) -> None:

@@ -334,13 +334,22 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     metavar="FILE.yaml",
     help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
     "descriptor, under mpirun, with ttmesh's environment and supervision added. Its global_env "
-    "and env_overrides may not set what --env may not (RANK, MASTER_PORT, TTMESH_*, ...).",
+    "and env_overrides may not set what --env may not (RANK, MASTER_PORT, TTMESH_*, ...). "
+    "Ranks run in this directory, PYTHONPATH defaulting to it, as tt-run runs them.",
+)
+@click.option(
+    "--rank-bindings-mapping",
+    metavar="FILE.yaml",
+    help="tt-run's sub-contexts: a map (subcontext_id_to_rank_bindings) of sub-context id to "
+    "rank-binding file, merged into one job in id order, each rank with its file's descriptor "
+    "and TT_RUN_SUBCONTEXT_ID (and _SIZE, _COUNT, _SIZES).",
 )
 @click.option(
     "--workdir",
     metavar="DIR",
     help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
-    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set; '.' keeps yours.",
+    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set, except for a "
+    "rank-binding job (yours, as tt-run); '.' keeps yours.",
 )
 @click.option(
     "--job-id",
@@ -400,6 +409,7 @@ def launch_cmd(
     launcher: str | None,
     workdir: str | None,
     rank_binding: str | None,
+    rank_bindings_mapping: str | None,
     auto_reset: bool,
     reset_on_failure: bool,
     ready_timeout: float | None,
@@ -467,12 +477,14 @@ def launch_cmd(
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
     """
     from ttmesh import paths
+    from ttmesh.cli import ttrun_files
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest, parse_env
     from ttmesh.launcher.supervisor import Options
     from ttmesh.runtime import jobs
 
     jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
+    rank_binding = ttrun_files.binding_flag(rank_binding, rank_bindings_mapping)
     tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
     if hosts is not None and tt_metal_world:
         from ttmesh.launcher import meshhosts
@@ -526,9 +538,7 @@ def launch_cmd(
     env = parse_env(list(env_items))
     binding = None
     if rank_binding is not None:
-        from ttmesh.launcher.adapters import ttrun
-
-        binding = ttrun.load(rank_binding, dict(os.environ), os.getcwd())
+        binding = ttrun_files.load(rank_binding, rank_bindings_mapping)
     server = _server(command, module, profile_name, tp_size, rank_binding, mesh_layout, nproc)
     if server is not None and server[0].chipless and multi is not None:
         raise bad_input(

@@ -292,34 +292,44 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
             )
         per = count // len(names)
         placed = [names[r // per] for r in range(count)]
-    units = []
-    for b, name in zip(bf.bindings, placed, strict=True):
+    # Each host's ranks together: no two of them on the same chips (a rank that names none
+    # drives every chip of its host, so it must be the host's only rank).
+    of_rank: dict[int, Any] = {}
+    for name in names:
+        here = [b for b, at in zip(bf.bindings, placed, strict=True) if at == name]
+        if not here:
+            continue
         view = cluster.hosts[names.index(name)]
-        one = ttrun.BindingFile(bf.path, [b], bf.global_env, bf.mesh_graph_desc_path)
-        units.append(ttrun.rank_units(one, view.inv, meshselect.units_of(view.inv))[0])
+        part = ttrun.BindingFile(
+            bf.path, here, bf.global_env, bf.mesh_graph_desc_path, bf.subcontext_sizes
+        )
+        got = ttrun.rank_units(part, view.inv, meshselect.units_of(view.inv), host=name)
+        of_rank.update({b.rank: us for b, us in zip(here, got, strict=True)})
+    units = [of_rank[b.rank] for b in bf.bindings]
     req.binding_units = units
     chips = [a for us in units for u in us for a in u.chips]
     req.tp_size = len(chips)
-    try:
-        text = paths.read_text(bf.mesh_graph_desc_path, "mesh graph descriptor", ttrun.MAX_BYTES)
-        graph = mgd.parse(text)
-        host_dims = graph.meshes[0].host_dims
-    except (OSError, mgd.DescriptorError, IndexError) as exc:
-        raise bad_input(
-            f"{bf.mesh_graph_desc_path}: not a mesh graph descriptor ttmesh reads ({exc})"
-        )
-    ranks = [
-        (b.rank, b.mesh_host_rank or 0, [a for u in us for a in u.chips])
-        for b, us in zip(bf.bindings, units, strict=True)
-        if b.mesh_id == 0
-    ]
-    problem = meshcluster.check_host_ranks(cluster, tuple(host_dims), ranks)  # type: ignore[arg-type]
-    if problem:
-        raise refused(
-            f"pre-flight: {bf.path}: {problem}",
-            "give each rank the host rank of its place in the wiring (ttmesh descriptor --hosts "
-            "... --export-rank-binding writes one)",
-        )
+    # Each descriptor's mesh 0 (one per sub-context with --rank-bindings-mapping) against the
+    # wiring: its ranks' host ranks must be their places.
+    for desc in dict.fromkeys(bf.descriptor_of(b) for b in bf.bindings):
+        try:
+            text = paths.read_text(desc, "mesh graph descriptor", ttrun.MAX_BYTES)
+            graph = mgd.parse(text)
+            host_dims = graph.meshes[0].host_dims
+        except (OSError, mgd.DescriptorError, IndexError) as exc:
+            raise bad_input(f"{desc}: not a mesh graph descriptor ttmesh reads ({exc})")
+        ranks = [
+            (b.rank, b.mesh_host_rank or 0, [a for u in us for a in u.chips])
+            for b, us in zip(bf.bindings, units, strict=True)
+            if b.mesh_id == 0 and bf.descriptor_of(b) == desc
+        ]
+        problem = meshcluster.check_host_ranks(cluster, tuple(host_dims), ranks)  # type: ignore[arg-type]
+        if problem:
+            raise refused(
+                f"pre-flight: {bf.path}: {problem}",
+                "give each rank the host rank of its place in the wiring (ttmesh descriptor "
+                "--hosts ... --export-rank-binding writes one)",
+            )
     return meshselect.as_given(cluster.inv, chips), placed
 
 

@@ -40,10 +40,13 @@ RANK_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "TT_VISIBLE_DEVICES",
+    "TT_METAL_VISIBLE_DEVICES",
     "LIBTT_SYMMETRIC_DRAM_MB",
     "TT_METAL_MOCK_CLUSTER_DESC_PATH",
 )
-RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_")
+# TT_RUN_SUBCONTEXT_*: tt-metal splits its world by them (--rank-bindings-mapping); tt-run
+# never passes them on from its own environment either.
+RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_", "TT_RUN_SUBCONTEXT_")
 
 
 # Open MPI 5's MCA parameter for btl/sm's backing directory (opal/mca/btl/sm); ttnn bundles it.
@@ -236,6 +239,7 @@ class LaunchPlan:
                     "mesh_id": r.mesh_id,
                     **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
+                    "workdir": r.workdir or self.cwd,
                     "env": shown({**r.env, **self.defaults(dict(os.environ), given=r.env)}),
                 }
                 for r in self.ranks
@@ -354,6 +358,7 @@ OWNED = {
     "MASTER_ADDR": "ranks on one host meet at 127.0.0.1",
     "MASTER_PORT": "--master-port",
     "TT_VISIBLE_DEVICES": "--chips (and --exclude)",
+    "TT_METAL_VISIBLE_DEVICES": "--chips (and --exclude)",
     "TT_MESH_GRAPH_DESC_PATH": "--mesh-layout and --mesh-shape, or --rank-binding",
     "TT_MESH_ID": "--mesh-layout, or --rank-binding",
     "TT_MESH_HOST_RANK": "--mesh-layout, or --rank-binding",
@@ -366,6 +371,7 @@ OWNED = {
 }
 OWNED_PREFIXES = {
     "TT_MESH_": "--mesh-layout",
+    "TT_RUN_SUBCONTEXT_": "--rank-bindings-mapping",
     "TORCHELASTIC_": "ttmesh keeps torchrun's contract",
     "TTMESH_": "TTMESH_ variables are ttmesh's own",
 }
@@ -454,7 +460,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         sp = _binding_split(req, sel)
         files: dict[str, str] = {}
         of_rank = {b.rank: "" for b in sp.blocks}
-        descriptors = {"mesh": req.binding.mesh_graph_desc_path}
+        descriptors = req.binding.descriptors()
     else:
         host_of = req.cluster.host_of if req.cluster is not None else None
         sp = layout.split(sel, req.layout, req.nproc, host_of)
@@ -487,7 +493,9 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             host_env = view.inv.host.rank_env([a for a in sel.chips if a in mine])
         mesh_id, host_rank = layout.mesh_ids(sp, block)
         desc_path = (
-            descriptors["mesh"] if req.binding is not None else f"{run_dir}/mesh/{of_rank[rank]}"
+            req.binding.descriptor_of(req.binding.bindings[rank])
+            if req.binding is not None
+            else f"{run_dir}/mesh/{of_rank[rank]}"
         )
         env = {
             "RANK": str(rank),
@@ -531,7 +539,11 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         if req.segment_dir and SEGMENT_VAR not in req.environ:
             env[SEGMENT_VAR] = req.segment_dir
         workdir = req.workdir
-        if workdir == "" and req.launcher == StartMode.MPI:
+        if workdir == "" and req.binding is not None:
+            # tt-run runs a rank-binding job in the launch directory (`python tests/x.py` from a
+            # checkout finds its script and files there): ttmesh too, for its files.
+            workdir = req.cwd
+        elif workdir == "" and req.launcher == StartMode.MPI:
             # tt-metal writes generated/fabric/... under the working directory: a world of its
             # own gets a directory of its own, so concurrent jobs don't overwrite each other.
             workdir = f"{run_dir}/work"
@@ -591,7 +603,7 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         )
     if req.cluster is not None:
         grouping += f" on {len(req.cluster.hosts)} hosts ({per_node} per host)"
-    return LaunchPlan(
+    plan = LaunchPlan(
         job=req.job,
         layout=sp.layout,
         mesh_shape=sel.shape,
@@ -619,6 +631,11 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
         mpi_args=list(req.mpi_args),
     )
+    if req.binding is not None:
+        from ttmesh.launcher.adapters import ttrun
+
+        plan.notes.append(ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ))
+    return plan
 
 
 def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:

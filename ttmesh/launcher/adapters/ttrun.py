@@ -8,8 +8,9 @@ handed to tt-run (or to ``ttmesh launch --rank-binding``) unchanged.
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.plan import ENV_KEY, LaunchPlan, owner_flag
 from ttmesh.mesh.select import Unit
+from ttmesh.render import plural
 from ttmesh.vocab import Layout
 
 
@@ -58,7 +60,12 @@ MAX_BYTES = 1024 * 1024  # a rank binding is KiB: a Galaxy of 32 ranks' is about
 # rank's chips (read as its chips, then passed on by PCI address), a rank's own mesh graph
 # descriptor (the isolated layout) and the symmetric DRAM every rank gets.
 BINDING_SETS = {
-    "env_overrides": {"TT_VISIBLE_DEVICES", "TT_MESH_GRAPH_DESC_PATH", "LIBTT_SYMMETRIC_DRAM_MB"},
+    "env_overrides": {
+        "TT_VISIBLE_DEVICES",
+        "TT_METAL_VISIBLE_DEVICES",  # the older key, still in tt-metal's own files
+        "TT_MESH_GRAPH_DESC_PATH",
+        "LIBTT_SYMMETRIC_DRAM_MB",
+    },
     "global_env": {"TT_MESH_GRAPH_DESC_PATH", "LIBTT_SYMMETRIC_DRAM_MB"},
 }
 # tt-run takes these from the binding's own fields.
@@ -66,7 +73,10 @@ _FROM_FIELDS = {
     "TT_MESH_ID": "set the rank's mesh_id instead",
     "TT_MESH_HOST_RANK": "set the rank's mesh_host_rank instead",
     "TT_VISIBLE_DEVICES": "give each rank its chips in its own env_overrides",
+    "TT_METAL_VISIBLE_DEVICES": "give each rank its chips in its own env_overrides",
 }
+# A rank's chips, by either name tt-metal reads (tt-run passes both through as written).
+CHIP_KEYS = ("TT_VISIBLE_DEVICES", "TT_METAL_VISIBLE_DEVICES")
 
 
 def _env(path: str, where: str, kind: str, raw: Any, environ: dict[str, str]) -> dict[str, str]:
@@ -105,6 +115,11 @@ class Binding:
     mesh_id: int
     mesh_host_rank: int | None
     env_overrides: dict[str, str]
+    # Set by --rank-bindings-mapping (adapters.subcontexts): the rank's sub-context, the
+    # descriptor of its overlay, and where it came from (for the lines that name it).
+    subcontext: int | None = None
+    mesh_graph_desc_path: str | None = None
+    origin: str = ""
 
 
 @dataclass
@@ -113,6 +128,19 @@ class BindingFile:
     bindings: list[Binding]
     global_env: dict[str, str]
     mesh_graph_desc_path: str
+    subcontext_sizes: list[int] = field(default_factory=list)  # [] without a mapping
+
+    def descriptor_of(self, b: Binding) -> str:
+        return b.mesh_graph_desc_path or self.mesh_graph_desc_path
+
+    def descriptors(self) -> dict[str, str]:
+        """The plan's named descriptors: one, or one per sub-context."""
+        if not self.subcontext_sizes:
+            return {"mesh": self.mesh_graph_desc_path}
+        return {f"subcontext{b.subcontext}": self.descriptor_of(b) for b in self.bindings}
+
+    def who(self, b: Binding) -> str:
+        return f"{self.path}: rank {b.rank}" + (f" ({b.origin})" if b.origin else "")
 
 
 def _expand(value: str, environ: dict[str, str], where: str) -> str:
@@ -198,34 +226,88 @@ def load(path: str, environ: dict[str, str], cwd: str) -> BindingFile:
     )
 
 
-def rank_units(bf: BindingFile, inv: Inventory, units: list[Unit]) -> list[tuple[Unit, ...]]:
-    """Each rank's chips, from the TT_VISIBLE_DEVICES of its env_overrides."""
+def rank_units(
+    bf: BindingFile, inv: Inventory, units: list[Unit], host: str = ""
+) -> list[tuple[Unit, ...]]:
+    """Each rank's chips, from the TT_VISIBLE_DEVICES (or the older TT_METAL_VISIBLE_DEVICES)
+    of its env_overrides, for the ranks of one host (``host``: its name, over several). A rank
+    that names none drives every chip of its host, as tt-metal opens every chip it sees: only
+    when it is the host's one rank (tt-metal's bh_qb_4x4 file is one rank on each of four
+    hosts), never two ranks on the same chips."""
     by_bdf = {u.bdf: u for u in units}
     by_index = {c.pci_index: c.bdf for c in inv.chips if c.bdf}
-    taken: dict[str, int] = {}
-    out = []
-    for b in bf.bindings:
-        visible = b.env_overrides.get("TT_VISIBLE_DEVICES")
-        if not visible:
-            raise bad_input(
-                f"{bf.path}: rank {b.rank} has no TT_VISIBLE_DEVICES in env_overrides",
-                "ttmesh gives each rank its chips: name them by PCI address",
-            )
+
+    def chips(b: Binding, key: str) -> list[Unit]:
+        """The units ``key`` of the rank's env_overrides names, by PCI address or index."""
         chosen: list[Unit] = []
-        for item in (v.strip() for v in visible.split(",") if v.strip()):
+        items = [v.strip() for v in b.env_overrides[key].split(",") if v.strip()]
+        if not items:
+            raise bad_input(f"{bf.who(b)}: {key} is empty", "name the rank's chips, or drop it")
+        for item in items:
             bdf = by_index.get(int(item)) if item.isascii() and item.isdigit() else item.lower()
             if bdf not in by_bdf:
                 raise bad_input(
-                    f"{bf.path}: rank {b.rank}: TT_VISIBLE_DEVICES entry {item!r} is no chip here",
+                    f"{bf.who(b)}: {key} entry {item!r} is no chip here",
                     "chips here: " + ", ".join(sorted(by_bdf)),
                 )
-            if bdf in taken and taken[bdf] != b.rank:
-                raise bad_input(f"{bf.path}: {bdf} is given to ranks {taken[bdf]} and {b.rank}")
-            taken[bdf] = b.rank
             if by_bdf[bdf] not in chosen:
                 chosen.append(by_bdf[bdf])
-        out.append(tuple(chosen))
+        return chosen
+
+    named: list[list[Unit] | None] = []
+    for b in bf.bindings:
+        given = {key: chips(b, key) for key in CHIP_KEYS if key in b.env_overrides}
+        if len(given) == 2 and given[CHIP_KEYS[0]] != given[CHIP_KEYS[1]]:
+            raise bad_input(
+                f"{bf.who(b)}: TT_VISIBLE_DEVICES {b.env_overrides[CHIP_KEYS[0]]!r} and "
+                f"TT_METAL_VISIBLE_DEVICES {b.env_overrides[CHIP_KEYS[1]]!r} name different chips (or the same in another order)",
+                "keep one of them",
+            )
+        named.append(next(iter(given.values()), None))
+    bare = [b.rank for b, v in zip(bf.bindings, named, strict=True) if v is None]
+    if bare and len(bf.bindings) > 1:
+        raise bad_input(*_shared_host(bf, bare, host))
+    taken: dict[str, int] = {}
+    out = []
+    for b, chosen in zip(bf.bindings, named, strict=True):
+        for u in chosen or []:
+            if u.bdf in taken and taken[u.bdf] != b.rank:
+                raise bad_input(f"{bf.path}: {u.bdf} is given to ranks {taken[u.bdf]} and {b.rank}")
+            taken[u.bdf] = b.rank
+        out.append(tuple(units) if chosen is None else tuple(chosen))
     return out
+
+
+def _shared_host(bf: BindingFile, bare: list[int], host: str) -> tuple[str, str]:
+    """Why ranks that name no chips cannot share a host, and what to do: (what, fix)."""
+    count = len(bf.bindings)
+    if host:  # over several hosts: the rankfile put them together
+        ranks = " and ".join(map(str, [b.rank for b in bf.bindings][:2]))
+        return (
+            f"{bf.path}: ranks {ranks} are both on host {host}, and rank {bare[0]} names no chips "
+            "(no TT_VISIBLE_DEVICES: it drives every chip of its host, the other's too)",
+            "put each rank that names no chips on a host of its own (the rankfile), or give "
+            "each rank its TT_VISIBLE_DEVICES",
+        )
+    meshes = sorted({b.mesh_id for b in bf.bindings})
+    host_ranks = sorted(b.mesh_host_rank for b in bf.bindings if b.mesh_host_rank is not None)
+    shape = ""
+    if len(meshes) == 1 and host_ranks == list(range(count)):
+        shape = f" (mesh {meshes[0]}, mesh_host_rank 0-{count - 1})"
+    if len(bare) == count:
+        what = (
+            f"{bf.path}: {plural(count, 'rank')} name no chips (no TT_VISIBLE_DEVICES in "
+            f"env_overrides): such a file is one rank per host{shape}, each driving every chip "
+            "of its host, and on one host they would all drive the same chips"
+        )
+        return what, (
+            f"run it over {count} hosts with --hosts HOST,... , or give each rank its "
+            "TT_VISIBLE_DEVICES"
+        )
+    return (
+        f"{bf.path}: rank {bare[0]} names no chips (no TT_VISIBLE_DEVICES in env_overrides): "
+        "it would drive every chip of this host, the other ranks' too"
+    ), f"give rank {bare[0]} its TT_VISIBLE_DEVICES"
 
 
 def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) -> dict[str, str]:
@@ -233,11 +315,15 @@ def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) 
     home = environ.get("TT_METAL_HOME", cwd)
     env = {
         "TT_MESH_ID": str(b.mesh_id),
-        "TT_MESH_GRAPH_DESC_PATH": bf.mesh_graph_desc_path,
+        "TT_MESH_GRAPH_DESC_PATH": bf.descriptor_of(b),
         "TT_METAL_HOME": home,
         "TT_RUN_ORIGINAL_CWD": cwd,
         "TT_RUN_RANK": str(b.rank),
     }
+    # tt-run defaults PYTHONPATH to the launch directory (`python tests/x.py` from a checkout
+    # imports the checkout's package); a PYTHONPATH of yours is kept as it is, as tt-run does.
+    if "PYTHONPATH" not in environ and pythonpath_refusal(cwd) is None:
+        env["PYTHONPATH"] = cwd
     # tt-run defaults TT_METAL_RUNTIME_ROOT to the launch directory, where an installed ttnn
     # wheel then looks for its SoC descriptors and fails ("SoC descriptor file does not
     # exist"); ttmesh passes it only when you set it.
@@ -245,6 +331,46 @@ def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) 
         env["TT_METAL_RUNTIME_ROOT"] = environ["TT_METAL_RUNTIME_ROOT"]
     if b.mesh_host_rank is not None:
         env["TT_MESH_HOST_RANK"] = str(b.mesh_host_rank)
+    if b.subcontext is not None:  # tt-metal splits its world by these (--rank-bindings-mapping)
+        sizes = bf.subcontext_sizes
+        env["TT_RUN_SUBCONTEXT_ID"] = str(b.subcontext)
+        env["TT_RUN_SUBCONTEXT_SIZE"] = str(sizes[b.subcontext])
+        env["TT_RUN_SUBCONTEXT_COUNT"] = str(len(sizes))
+        env["TT_RUN_SUBCONTEXT_SIZES"] = ",".join(map(str, sizes))
     env.update(bf.global_env)
     env.update(b.env_overrides)
     return env
+
+
+def pythonpath_refusal(cwd: str) -> str | None:
+    """Why the launch directory is not put on the ranks' PYTHONPATH, or None. ttmesh runs as
+    root on shared hosts: a directory another user can write (or owns) could hold a module
+    they planted, which every rank would import."""
+    try:
+        st = os.stat(cwd)
+    except OSError as exc:
+        return f"{cwd} cannot be read ({exc.strerror})"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{cwd} is another user's"
+    if st.st_mode & 0o002:
+        return f"{cwd} is writable by other users"
+    return None
+
+
+def where_note(workdir: str, cwd: str, env: dict[str, str], environ: dict[str, str]) -> str:
+    """What --dry-run says about where a rank-binding job's ranks run and what they import."""
+    where = (
+        f"ranks run in {workdir} (--workdir)"
+        if workdir
+        else f"ranks run in {cwd}, the launch directory, as tt-run runs them (--workdir DIR for "
+        "another)"
+    )
+    if "PYTHONPATH" in environ:
+        path = "PYTHONPATH kept as you set it (tt-run adds the launch directory only when unset)"
+    elif env.get("PYTHONPATH") == cwd:
+        path = f"PYTHONPATH={cwd} added (unset here; tt-run's default)"
+    elif "PYTHONPATH" in env:
+        path = "PYTHONPATH as the rank binding sets it"
+    else:
+        path = f"PYTHONPATH not set to the launch directory: {pythonpath_refusal(cwd)}"
+    return f"{where}; {path}"

@@ -260,6 +260,9 @@ def test_a_capture_carries_the_system_files_and_the_replica_says_the_same(
     res = run_cli("doctor", "--root", str(root), "--capture", str(archive))
     assert res.code == 0, res.err
     assert "system files" in res.out
+    assert "  system: error: the tenstorrent driver is 1.33.0, older than the 2.0.0" in res.out
+    assert "  system: warning: the chips run different firmware bundles" in res.out
+    assert "  system: error: no 1 GiB hugepages on NUMA node 1" in res.out, res.out
     import tarfile
 
     with tarfile.open(archive) as tar:

@@ -413,6 +413,13 @@ def launch_cmd(
     is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
+    Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
+    leased, frozen or whose links are down, and a host tt-umd cannot run on: a driver older
+    than 2.0.0, no 1 GiB hugepages on a chip's NUMA node (unless an IOMMU translates for it),
+    or what the server's profile asks under system: (minimum firmware, hugepages per chip).
+    Chips that run different firmware bundles are a warning, said once.
+
+    \b
     On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
     stays under their scrolling output, with the job's phases and their times (checking
     fabric, resetting, starting, ready or running, stopping, recovering). --no-live, a pipe

@@ -560,7 +560,11 @@ def _views(host: Host, cap: Capture) -> tuple[dict[str, Any], dict[str, Any], li
     report = health.check(inv)
     cap.files[CHECK] = _json(report.to_json())
     bdfs = [c.bdf for c in inv.chips if c.bdf]
-    return {"ok": True, "chips": len(inv.chips)}, {"ok": True, "healthy": report.healthy}, bdfs
+    from ttmesh.fabric import syscheck
+
+    system = [p.to_json() for p in report.problems if p.kind in syscheck.KINDS]
+    checked = {"ok": True, "healthy": report.healthy, "system": system}
+    return {"ok": True, "chips": len(inv.chips)}, checked, bdfs
 
 
 def _section(cap: Capture, name: str, fn: Callable[[], dict[str, Any]]) -> None:

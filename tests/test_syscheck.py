@@ -7,6 +7,7 @@ a capture that carries them; and hostile files in their place.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -32,8 +33,8 @@ def build(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     with scratch(tmp_path / "roots") as base:
 
         def make(name: str = "qb2", **machine: object) -> Path:
-            model = stock_model("quietbox2")
-            model.machine = dict(machine)
+            # a copy: the stock model is cached and shared by every test of the session
+            model = dataclasses.replace(stock_model("quietbox2"), machine=dict(machine))
             return create(model, base / name, config={"reset_seconds": 0.0})
 
         yield make
@@ -77,6 +78,12 @@ def test_firmware_that_differs_is_a_warning_and_the_versions_are_shown(build) ->
     assert "different firmware bundles" in warning["what"]
     assert f"18.6.0.0 on {C05}" in warning["what"], warning
     assert "tt-flash" in warning["fix"] and f"ttmesh reset --root {root}" in warning["fix"]
+    res = run_cli("check", "--root", str(root))
+    (line,) = [ln for ln in res.out.splitlines() if ln.startswith("System:")]
+    assert line == (
+        "System: driver 2.10.0, firmware 19.10.0.0 (3 devices), 18.6.0.0 (1 device), "
+        "1 GiB hugepages 16, IOMMU identity"
+    ), line
     res = run_cli("check", "--root", str(root), "--strict")  # warnings are errors
     assert res.code == 1
     # firmware survives a reset, as flashed firmware does

@@ -35,7 +35,7 @@ C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00
 QB2 = [C01, C03, C05, C07]
 WORKER_TAG = "ttmesh-test-worker"
 
-CHECK_KEYS = ["schema", "healthy", "chips", "links", "problems", "notes"]
+CHECK_KEYS = ["schema", "healthy", "chips", "links", "problems", "notes", "system"]
 CHIP_KEYS = [
     "asic_id",
     "bdf",

@@ -419,6 +419,9 @@ def test_clear_removes_every_fault(sim: Sim, holders: list[int]) -> None:
     sim.fault("reset-fails", "--times", "2")
     sim.fault("reset-renumbers")
     sim.fault("reset-hangs", "5")
+    sim.fault("no-hugepages")
+    sim.fault("fw-mismatch", C05, "--version", "18.6.0.0")
+    sim.fault("old-kmd")
     pid = int(re.search(r"pid (\d+)", sim.fault("hold", C01).out).group(1))
     holders.append(pid)
     view = sim.show()
@@ -427,6 +430,9 @@ def test_clear_removes_every_fault(sim: Sim, holders: list[int]) -> None:
         "reset_renumbers": True,
         "reset_hangs": 5.0,
         "permanent": [sim.asic(C03)],
+        "no_hugepages": True,
+        "fw_mismatch": {sim.asic(C05): "18.6.0.0"},
+        "old_kmd": "1.34.0",
     }
     assert {c["bdf"]: c["holders"] for c in view["chips"]}[C01] == [pid]
     assert sim.clear() == "cleared (1 holder process(es) stopped)\n"
@@ -436,7 +442,13 @@ def test_clear_removes_every_fault(sim: Sim, holders: list[int]) -> None:
         "reset_renumbers": False,
         "reset_hangs": 0.0,
         "permanent": [],
+        "no_hugepages": False,
+        "fw_mismatch": {},
+        "old_kmd": None,
     }
+    assert (sim.root / "sys/module/tenstorrent/version").read_text() == "2.10.0\n"
+    pages = "sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"
+    assert (sim.root / pages).read_text() == "16\n"
     assert view["links_down"] == []
     assert all(c["alive"] and c["present"] and c["holders"] == [] for c in view["chips"])
     t0 = time.monotonic()

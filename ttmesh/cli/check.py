@@ -22,6 +22,13 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout
     metavar="BDF,...",
     help="Check only these chips (PCI addresses; a remote chip by its unique id) and their links.",
 )
+@click.option(
+    "--profile",
+    "profile_name",
+    metavar="NAME",
+    help="Also check what this serving profile needs of the host's system software (its "
+    "system: minimum driver and firmware, hugepages per chip; see ttmesh profiles).",
+)
 @click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
 @click.option(
@@ -45,6 +52,7 @@ def check_cmd(
     active: bool,
     ttnn_python: str | None,
     mesh_layout: str | None,
+    profile_name: str | None = None,
 ) -> int:
     """Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.
 
@@ -54,6 +62,13 @@ def check_cmd(
     the host lost is an error. Per Ethernet link: up, down (an error) or unknown (a warning,
     an error with --strict); a chip pair with fewer links than its peers is a warning.
     Every problem comes with a fix, e.g. `ttmesh reset --chips ...` or `kill 1234 ...`.
+
+    \b
+    System software, from the driver's and kernel's files: the driver at least the 2.0.0
+    tt-umd needs (an error below); one firmware bundle on every chip (a warning when they
+    differ); 1 GiB hugepages on each chip's NUMA node unless an IOMMU translates for it (none:
+    an error; fewer than the 4 per chip hugepages-setup.sh sets up: a warning). --profile
+    NAME checks what that profile's system: asks (minimums there are errors).
 
     \b
     On a real host the expected links are what discovery sees merged with the last
@@ -74,6 +89,11 @@ def check_cmd(
         if value is not None and not active:
             raise bad_input(f"{flag} goes with --active", f"add --active, or drop {flag}")
     mesh_layout = mesh_layout or Layout.SINGLE_PROCESS
+    requires = None
+    if profile_name is not None:
+        from ttmesh.launcher.serving import profiles
+
+        requires = profiles.named(profile_name).system
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)
@@ -82,7 +102,7 @@ def check_cmd(
         from ttmesh.launcher import active as activemod
 
         python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
-    report = health.check(inv, selected, strict=strict)
+    report = health.check(inv, selected, strict=strict, requires=requires)
     shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
     if (shm_note := shm.note()) is not None:
         report.notes.append(shm_note)

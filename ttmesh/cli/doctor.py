@@ -30,6 +30,11 @@ def doctor_cmd(host: Any, capture: str, force: bool, tt_smi: str | None) -> int:
     `tt-smi -s`, kernel messages about the chips, and `ttmesh ls` / `check` as JSON.
 
     \b
+    The kernel's system files go in too (hugepages in all and per NUMA node, each device's
+    numa_node and IOMMU group, /proc/meminfo). What system pre-flight finds there (the
+    driver, the chips' firmware, hugepages) is printed after the archive's line.
+
+    \b
     A part that cannot be captured (no tt-smi, kernel messages not readable) is recorded in
     the archive's manifest.json with the reason; the rest is still written. Nothing on the
     host changes. Rebuild the host anywhere as a simulated one:
@@ -63,4 +68,8 @@ def doctor_cmd(host: Any, capture: str, force: bool, tt_smi: str | None) -> int:
     click.echo(f"wrote {path} ({size // 1024 or 1} KiB): {', '.join(parts)}")
     for miss in found.missed:
         click.echo(f"  not captured: {miss['what']}: {miss['why']}")
+    # System pre-flight's findings (driver, firmware, hugepages), as ttmesh check says them.
+    for p in found.sections.get("ttmesh check", {}).get("system") or []:
+        click.echo(f"  system: {p['severity']}: {p['what']}")
+        click.echo(f"    fix: {p['fix']}")
     return 0

@@ -457,11 +457,15 @@ def launch_cmd(
     is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
-    Pre-flight checks the chips (driver nodes, leases, holders, heartbeats, links) and, with
-    TTMESH_TTNN_PYTHON set to a Python with ttnn, asks tt-metal's own control plane (mock mode)
-    whether it maps the ranks' exact mesh graph descriptor and cluster descriptor, while the
-    rest of pre-flight runs; a refusal stops the launch before any rank starts (exit 3).
-    Without it that check is skipped, and --dry-run says so.
+    Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
+    leased, frozen or whose links are down, and a host tt-umd cannot run on: a driver older
+    than 2.0.0, no 1 GiB hugepages on a chip's NUMA node (unless an IOMMU translates for it),
+    or what the server's profile asks under system: (minimum firmware, hugepages per chip).
+    Chips that run different firmware bundles are a warning, said once. With
+    TTMESH_TTNN_PYTHON set to a Python with ttnn, it also asks tt-metal's own control plane
+    (mock mode) whether it maps the ranks' exact mesh graph descriptor and cluster descriptor,
+    while the rest of pre-flight runs; a refusal stops the launch before any rank starts (exit
+    3). Without it that check is skipped, and --dry-run says so.
 
     \b
     On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)

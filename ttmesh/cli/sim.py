@@ -140,6 +140,8 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --sim quietbox2 link-down 0000:01:00.0 0000:05:00.0
       ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
+      ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
+      ttmesh sim fault --root /tmp/qb2 no-hugepages
     """
     ctx.obj = host  # each KIND refuses a root that is not simulated (so --help works anywhere)
 
@@ -224,6 +226,53 @@ def fault_hold(host: Any, chip: str) -> None:
     click.echo(f"hold: pid {pid} holds {chip}")
 
 
+@sim_fault.command("no-hugepages", context_settings=CONTEXT)
+@click.pass_obj
+def fault_no_hugepages(host: Any) -> None:
+    """The kernel sets no 1 GiB hugepages aside: nr_hugepages is 0 in all and on every NUMA
+    node (as before hugepages-setup.sh ran). tt-umd then cannot map a chip's host memory
+    unless an IOMMU translates for it."""
+    from ttmesh.sim import faults
+
+    faults.no_hugepages(host)
+    click.echo("no 1 GiB hugepages on any NUMA node")
+
+
+@sim_fault.command("fw-mismatch", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.option(
+    "--version",
+    "version",
+    default="18.6.0.0",
+    show_default=True,
+    help="The firmware bundle the chip reports (tt_fw_bundle_ver).",
+)
+@click.pass_obj
+def fault_fw_mismatch(host: Any, chip: str, version: str) -> None:
+    """One chip runs another firmware bundle than the others (a board flashed apart)."""
+    from ttmesh.sim import faults
+
+    faults.fw_mismatch(host, chip, version)
+    click.echo(f"{chip} reports firmware bundle {version}")
+
+
+@sim_fault.command("old-kmd", context_settings=CONTEXT)
+@click.option(
+    "--version",
+    "version",
+    default="1.34.0",
+    show_default=True,
+    help="The driver version sys/module/tenstorrent/version shows.",
+)
+@click.pass_obj
+def fault_old_kmd(host: Any, version: str) -> None:
+    """The tenstorrent driver (tt-kmd) is an old one: tt-umd needs 2.0.0 or later."""
+    from ttmesh.sim import faults
+
+    faults.old_kmd(host, version)
+    click.echo(f"tenstorrent driver {version}")
+
+
 @sim_group.command("clear", context_settings=CONTEXT)
 @host_options
 def sim_clear(host: Any) -> None:
@@ -274,6 +323,12 @@ def sim_show(host: Any, as_json: bool) -> None:
         armed.append("reset-renumbers")
     if f["reset_hangs"]:
         armed.append(f"reset-hangs {f['reset_hangs']:g}s")
+    if f.get("no_hugepages"):
+        armed.append("no-hugepages")
+    for asic, version in sorted((f.get("fw_mismatch") or {}).items()):
+        armed.append(f"fw-mismatch {asic} ({version})")
+    if f.get("old_kmd"):
+        armed.append(f"old-kmd ({f['old_kmd']})")
     if f["permanent"]:
         armed.append("permanently dead: " + ", ".join(f["permanent"]))
     click.echo("armed: " + (", ".join(armed) or "none"))

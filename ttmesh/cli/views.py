@@ -169,6 +169,27 @@ def serving_lines(serving: dict[str, Any]) -> list[str]:
     return out
 
 
+def system_line(system: dict[str, Any] | None) -> str | None:
+    """``System: driver 2.10.0, firmware 19.10.0.0 (4 devices), 1 GiB hugepages 16 (node 0:
+    16), IOMMU identity``: what system pre-flight read (``ttmesh.check/1``'s ``system``)."""
+    if not system or not system.get("devices"):
+        return None
+    bundles: dict[str, int] = {}
+    for d in system["devices"]:
+        v = d["firmware"].get("fw_bundle") or "unknown"
+        bundles[v] = bundles.get(v, 0) + 1
+    fw = ", ".join(f"{v} ({plural(n, 'device')})" for v, n in bundles.items())
+    pages = system["hugepages"]
+    count = "not known" if pages["total"] is None else str(pages["total"])
+    if len(pages["nodes"]) > 1:
+        count += " (" + ", ".join(f"node {k}: {v}" for k, v in pages["nodes"].items()) + ")"
+    iommu = sorted({d["iommu"] or "none" for d in system["devices"]})
+    return (
+        f"System: driver {system['driver'] or 'unknown'}, firmware {fw}, 1 GiB hugepages "
+        f"{count}, IOMMU {'/'.join(iommu)}"
+    )
+
+
 def check_text(report: Any) -> str:
     rows = []
     for c in report.chips:
@@ -192,6 +213,8 @@ def check_text(report: Any) -> str:
         counts[link.state] = counts.get(link.state, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none expected"
     out.append(f"Ethernet links: {summary}")
+    system = system_line(report.system)
+    out += [system] if system else []
     out += [f"note: {n}" for n in report.notes]
     errors = len(report.errors)
     warnings = len(report.problems) - errors

@@ -97,6 +97,7 @@ class HealthReport:
     topology: str = ""
     recorded: Path | None = None  # the known-good record written by this check, if any
     notes: list[str] = field(default_factory=list)  # facts worth knowing, not problems
+    system: dict[str, Any] | None = None  # what system pre-flight read (fabric.syscheck)
 
     @property
     def healthy(self) -> bool:
@@ -114,6 +115,7 @@ class HealthReport:
             "links": [ls.to_json() for ls in self.links],
             "problems": [p.to_json() for p in self.problems],
             "notes": self.notes,
+            "system": self.system,
         }
 
 
@@ -561,6 +563,7 @@ def check(
     timeout: float = 1.0,
     *,
     known_good_dir: Path | bool | None = None,
+    requires: Any = None,
 ) -> HealthReport:
     """Health of ``inv``'s host (or of ``chips``, asic ids, and the links touching them).
 
@@ -653,8 +656,20 @@ def check(
                 "no-topology",
             )
         )
+    from ttmesh.fabric import syscheck
+
+    sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
+    for p in sys_found:
+        problems.append(replace(p, severity=_escalate(p.severity, strict)))
     problems.sort(key=lambda p: p.severity != ERROR)
-    report = HealthReport(report_chips, states, problems, inv.topology, notes=device_notes(inv))
+    report = HealthReport(
+        report_chips,
+        states,
+        problems,
+        inv.topology,
+        notes=device_notes(inv) + sys_notes,
+        system=sys_read.to_json(),
+    )
     if (
         exp.store is not None
         and selected is None
@@ -695,6 +710,8 @@ def preflight(
     timeout: float = 1.0,
     beats: dict[str, str] | None = None,
     heartbeats: bool = True,
+    requires: Any = None,
+    system: bool = True,
 ) -> list[Problem]:
     """What stands between ``asics`` and a launch on them; errors mean "refuse".
 
@@ -705,6 +722,9 @@ def preflight(
     heartbeat states just polled by the caller; chips already seen alive are not polled again.
     ``heartbeats`` False: chips without a state in ``beats`` are not polled at all (the caller
     watches them while the job starts: :class:`ttmesh.fabric.heartbeat.Watch`).
+    ``system``: also the system software's problems (:mod:`ttmesh.fabric.syscheck`, against
+    ``requires``, a profile's; None: the defaults); False after a crash, where only what a
+    reset can fix is asked.
     """
     allowed = {int(p) for p in allow_holders_pids} | {os.getpid()}
     wanted = list(dict.fromkeys(asics))
@@ -742,5 +762,9 @@ def preflight(
         for p in _link_problems(inv, states, exp, strict=False):
             if p.kind in ("link-down", "link-unknown"):
                 problems.append(p)
+    if system:
+        from ttmesh.fabric import syscheck
+
+        problems.extend(syscheck.problems(inv, wanted, requires or syscheck.DEFAULT)[0])
     problems.sort(key=lambda p: p.severity != ERROR)
     return problems

@@ -58,6 +58,10 @@ class Prepared:
     # under way while the launch goes on; or why it is not asked.
     metal: Any = None
     metal_skipped: str = ""
+    # What the job needs of the host's system software (a server's profile: ``system:``);
+    # None: ttmesh's defaults (fabric.syscheck). Its warnings are said once per launch.
+    requires: Any = None
+    warned: bool = False
 
 
 def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -778,7 +782,8 @@ def _plan(
     if cluster is not None:
         req.mocks = mock_clusters(cluster, sel, req)
     plan = build(req, inv, sel, argv)
-    return Prepared(plan, inv, sel)
+    requires = req.profile.system if req.profile is not None else None
+    return Prepared(plan, inv, sel, requires=requires)
 
 
 def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
@@ -875,20 +880,26 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
 
     if observer is not None:
         observer.phase(JobPhase.CHECKING)
+    from ttmesh.fabric import syscheck
+
     plan = prepared.plan
     inv = prepared.inv
-    problems = [
-        p
-        for p in health.preflight(
-            inv,
-            plan.all_chips(),
-            recovery.own_pids,
-            beats=inv.beats,
-            heartbeats=prepared.liveness is None,  # else read while the workers start
-        )
-        if p.severity == "error"
-    ]
-    if problems and recovery.auto_reset and all(p.kind not in ("lease", "lock") for p in problems):
+    found = health.preflight(
+        inv,
+        plan.all_chips(),
+        recovery.own_pids,
+        beats=inv.beats,
+        heartbeats=prepared.liveness is None,  # else read while the workers start
+        requires=prepared.requires,
+    )
+    problems = [p for p in found if p.severity == "error"]
+    if not prepared.warned:  # a restart's pre-flight says them no more
+        prepared.warned = True
+        for p in found:
+            if p.severity != "error" and p.kind in syscheck.KINDS:
+                note(f"pre-flight: warning: {p.what} (fix: {p.fix})")
+    fixed_by_reset = ("lease", "lock", *syscheck.KINDS)
+    if problems and recovery.auto_reset and all(p.kind not in fixed_by_reset for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = _reset(prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING)
         if outcome is not None and outcome.recovered:
@@ -896,7 +907,9 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
             prepared.inv = fresh
             problems = [
                 p
-                for p in health.preflight(fresh, plan.all_chips(), recovery.own_pids)
+                for p in health.preflight(
+                    fresh, plan.all_chips(), recovery.own_pids, requires=prepared.requires
+                )
                 if p.severity == "error"
             ]
     if problems and prepared.liveness is not None:
@@ -953,7 +966,7 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
             checks.append(_check("host", "failed", f"{exc}: a launch by this user refuses "
                                  f"before anything starts (exit {exc.code})"))  # fmt: skip
         chips = plan.all_chips()
-        found = health.preflight(inv, chips, beats=inv.beats)
+        found = health.preflight(inv, chips, beats=inv.beats, requires=prepared.requires)
         errors = [p for p in found if p.severity == "error"]
         if errors and not auto_reset:
             raise prepared.unhealthy or _preflight_refusal(errors, auto_reset)
@@ -1070,7 +1083,7 @@ def _after_crash(
     prepared.inv = inv
     down = [
         p
-        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids)
+        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids, system=False)
         if p.severity == "error"
     ]
     if not down and not recovery.reset_on_failure:

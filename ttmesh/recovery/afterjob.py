@@ -134,7 +134,8 @@ def check_and_reset(
     mine = [a for a in asics if a in here]
     if not mine:
         return HostRecovery(NONE_HERE)
-    problems = [p for p in health.preflight(inv, mine) if p.severity == "error"]
+    # What a reset can fix: not the system software (no reset makes hugepages or a driver).
+    problems = [p for p in health.preflight(inv, mine, system=False) if p.severity == "error"]
     found = problems[0].what if problems else None
     if not problems and not always:
         return HostRecovery(HEALTHY, len(mine), seconds=time.monotonic() - start)

@@ -9,7 +9,10 @@ A capture is a ``.tar.gz`` with one top directory, ``ttmesh-capture-<host>-<time
                                sys/module/tenstorrent/*, sys/class/tenstorrent/* (links, as the
                                driver makes them), the device directories they point to (tt_*
                                attributes), the PCI device attributes of those devices,
-                               sys/bus/pci/devices/<BDF> links, proc/driver/tenstorrent/*/pids
+                               sys/bus/pci/devices/<BDF> links, proc/driver/tenstorrent/*/pids;
+                               the kernel's files system pre-flight reads: each device's
+                               iommu_group link and its group's type, sys/kernel/mm/hugepages,
+                               sys/devices/system/node/{online,nodeN/hugepages}, proc/meminfo
     dev-tenstorrent.json       the listing of dev/tenstorrent (device nodes are not archived)
     cluster_descriptor.yaml    the topology (tt-umd's discovery; a simulated host's own file)
     tt-smi-snapshot.json       tt-smi -s (tt-smi-output.txt when it printed no JSON)
@@ -93,6 +96,7 @@ PCI_ATTRS = (
 )
 SECTIONS = (
     "driver files",
+    "system files",
     "cluster descriptor",
     "tt-smi -s",
     "kernel messages",
@@ -309,6 +313,12 @@ def _driver_files(host: Host, cap: Capture) -> dict[str, Any]:
         for attr in PCI_ATTRS:
             if rd.lstat(f"{pci}/{attr}") is not None:
                 rd.read_file(f"{pci}/{attr}")
+        group = f"{pci}/iommu_group"
+        gst = rd.lstat(group)
+        if gst is not None and stat.S_ISLNK(gst.st_mode):
+            inside = rd.link(group)
+            if inside is not None and rd.lstat(f"{inside}/type") is not None:
+                rd.read_file(f"{inside}/type")
         bus_link = f"sys/bus/pci/devices/{bdf}"
         bst = rd.lstat(bus_link)
         if bst is not None and stat.S_ISLNK(bst.st_mode):
@@ -328,6 +338,34 @@ def _driver_files(host: Host, cap: Capture) -> dict[str, Any]:
     summary["files"] = sum(1 for k in cap.files if k.startswith(f"{HOST_DIR}/"))
     summary["links"] = len(cap.links)
     return summary
+
+
+HUGEPAGES_DIR = "sys/kernel/mm/hugepages"
+NODES_DIR = "sys/devices/system/node"
+
+
+def _system_files(host: Host, cap: Capture) -> dict[str, Any]:
+    """The kernel's files system pre-flight reads (``fabric.syscheck``): hugepages of every
+    size, in all and per NUMA node, the nodes online, /proc/meminfo. Read as files (no link
+    followed); each device's IOMMU group is stored with its driver files."""
+    rd = _Reader(host, cap)
+    stored = 0
+    for size in rd.entries(HUGEPAGES_DIR):
+        if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+            stored += rd.directory(f"{HUGEPAGES_DIR}/{size}")
+    for node in rd.entries(NODES_DIR):
+        if re.fullmatch(r"node\d{1,4}", node):
+            base = f"{NODES_DIR}/{node}/hugepages"
+            for size in rd.entries(base):
+                if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+                    stored += rd.directory(f"{base}/{size}")
+    for rel in (f"{NODES_DIR}/online", "proc/meminfo"):
+        if rd.lstat(rel) is not None:
+            rd.read_file(rel)
+            stored += 1
+    if not stored:
+        cap.miss("system files", f"the host has no {HUGEPAGES_DIR}, {NODES_DIR} or proc/meminfo")
+    return {"ok": bool(stored), "files": stored}
 
 
 def _dev_listing(rd: _Reader) -> dict[str, Any]:
@@ -522,7 +560,11 @@ def _views(host: Host, cap: Capture) -> tuple[dict[str, Any], dict[str, Any], li
     report = health.check(inv)
     cap.files[CHECK] = _json(report.to_json())
     bdfs = [c.bdf for c in inv.chips if c.bdf]
-    return {"ok": True, "chips": len(inv.chips)}, {"ok": True, "healthy": report.healthy}, bdfs
+    from ttmesh.fabric import syscheck
+
+    system = [p.to_json() for p in report.problems if p.kind in syscheck.KINDS]
+    checked = {"ok": True, "healthy": report.healthy, "system": system}
+    return {"ok": True, "chips": len(inv.chips)}, checked, bdfs
 
 
 def _section(cap: Capture, name: str, fn: Callable[[], dict[str, Any]]) -> None:
@@ -542,6 +584,7 @@ def collect(host: Host, tt_smi: str | None = None) -> Capture:
     started = time.time()
     bdfs: list[str] = []
     _section(cap, "driver files", lambda: _driver_files(host, cap))
+    _section(cap, "system files", lambda: _system_files(host, cap))
 
     def views() -> dict[str, Any]:
         ls, check, found = _views(host, cap)

@@ -51,6 +51,8 @@ STATE_FILE = "sim/state.json"
 LOCK_FILE = "sim/state.lock"
 STATE_SCHEMA = "ttmesh.simstate/1"
 VENDOR_ID = 0x1E52
+IOMMU_TYPES = ("identity", "DMA", "DMA-FQ", "blocked", "unmanaged")  # sysfs-kernel-iommu_groups
+_FW = re.compile(r"\d{1,9}(\.\d{1,9}){2,3}")
 PCI_DEVICE = {"blackhole": 0xB140, "wormhole_b0": 0x401E}
 LINK_SPEED = {"blackhole": "32.0 GT/s PCIe", "wormhole_b0": "16.0 GT/s PCIe"}
 DEFAULT_CONFIG = {"heartbeat_hz": 10.0, "reset_seconds": 0.05}
@@ -216,6 +218,32 @@ def check_system(data: Any) -> str | None:
     for key in ("name", "driver_version", "fw_bundle_version"):
         if key in data and not isinstance(data[key], str):
             return f"{key} is not a string"
+    return _check_machine(data.get("machine", {}))
+
+
+def _check_machine(m: Any) -> str | None:
+    """What is wrong with a system's ``machine`` (NUMA, hugepages, IOMMU, firmware per chip)."""
+    if not isinstance(m, dict):
+        return "machine is not an object"
+    if "numa_nodes" in m and not (_int(m["numa_nodes"]) and 1 <= m["numa_nodes"] <= 1024):
+        return "machine.numa_nodes is not a count of NUMA nodes"
+    pages = m.get("hugepages", {})
+    if not isinstance(pages, dict) or not all(
+        isinstance(k, str) and k.isdigit() and _int(v) and 0 <= v < 1 << 20
+        for k, v in pages.items()
+    ):
+        return "machine.hugepages is not NUMA node -> count of pages"
+    numa = m.get("numa", {})
+    if not isinstance(numa, dict) or not all(_int(v) and -1 <= v < 1024 for v in numa.values()):
+        return "machine.numa is not PCI address -> NUMA node"
+    if m.get("iommu", "identity") not in (*IOMMU_TYPES, "none"):
+        return "machine.iommu is not an IOMMU group type"
+    fw = m.get("firmware", {})
+    if not isinstance(fw, dict) or not all(
+        isinstance(v, dict) and all(isinstance(x, str) and _FW.fullmatch(x) for x in v.values())
+        for v in fw.values()
+    ):
+        return "machine.firmware is not PCI address -> firmware versions"
     return None
 
 
@@ -253,6 +281,15 @@ def check_state(state: Any, asics: list[str]) -> str | None:
         and isinstance(faults.get("permanent", []), list)
         and (faults.get("reset_fails") is None or isinstance(faults["reset_fails"], dict))
         and (faults.get("reset_hangs") is None or _num(faults["reset_hangs"]))
+    ):
+        return "faults is not the faults this module writes"
+    mismatch = faults.get("fw_mismatch", {})
+    if not (
+        isinstance(mismatch, dict)
+        and all(isinstance(v, str) and _FW.fullmatch(v) for v in mismatch.values())
+    ) or not (
+        faults.get("old_kmd") is None
+        or (isinstance(faults["old_kmd"], str) and _FW.fullmatch(faults["old_kmd"]))
     ):
         return "faults is not the faults this module writes"
     for key, needs in (("fabric_marks", ("pid", "chips")), ("holders", ("pid", "asic"))):
@@ -519,6 +556,9 @@ class SimRoot:
                 "reset_renumbers": False,
                 "reset_hangs": 0.0,
                 "permanent": [],
+                "no_hugepages": False,
+                "fw_mismatch": {},
+                "old_kmd": None,
             },
             "fabric_marks": [],
             "holders": [],
@@ -831,7 +871,7 @@ class SimRoot:
                 "tt_serial": format(chip["board_id"], "016x"),
                 "tt_asic_id": asic,
                 "tt_heartbeat": str(self.heartbeat(state, asic)),
-                "tt_fw_bundle_ver": self.system.get("fw_bundle_version", "19.10.0.0"),
+                **self.firmware(state, chip),
                 "tt_aiclk": "1350" if chip["arch"] == "blackhole" else "1000",
                 "tt_therm_trip_count": "0",
                 "dev": f"240:{n}",
@@ -851,6 +891,109 @@ class SimRoot:
             os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
             _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
         self._rewrite_mmio(state)
+        self.render_system(state)
+
+    # -- the machine around the chips (docs/simulator.md, "System files")
+
+    def machine(self) -> dict[str, Any]:
+        m = self.system.get("machine")
+        return m if isinstance(m, dict) else {}
+
+    def firmware(self, state: dict[str, Any], chip: dict[str, Any]) -> dict[str, str]:
+        """tt-kmd's firmware attributes of one chip (docs/sysfs-attributes.md): the bundle on
+        every chip, ARC and Ethernet firmware on Wormhole only; ``A.B.C.D`` each (Ethernet:
+        ``A.B.C``, its own packing in tt_sysfs_show_u32_ver)."""
+        asic = asic_hex(chip["unique_id"])
+        per = self.machine().get("firmware", {}).get(chip.get("bdf") or "", {})
+        bundle = per.get("tt_fw_bundle_ver") or self.system.get("fw_bundle_version", "19.10.0.0")
+        out = {"tt_fw_bundle_ver": bundle}
+        if chip["arch"] == "wormhole_b0":
+            out["tt_arc_fw_ver"] = per.get("tt_arc_fw_ver", "2.33.0.0")
+            out["tt_eth_fw_ver"] = per.get("tt_eth_fw_ver", "7.0.0")
+        for name, value in per.items():
+            if name not in out and name.startswith("tt_"):
+                out[name] = value
+        mismatch = state.get("faults", {}).get("fw_mismatch")
+        if isinstance(mismatch, dict) and asic in mismatch:
+            out["tt_fw_bundle_ver"] = str(mismatch[asic])
+        return out
+
+    def render_system(self, state: dict[str, Any]) -> None:
+        """The driver's version, NUMA nodes, 1 GiB hugepages (in all, per node, and in
+        /proc/meminfo as hugetlbpage.rst shows them), each PCI device's numa_node and IOMMU
+        group, as the kernel shows them; the faults no-hugepages and old-kmd change them."""
+        faults = state.get("faults", {})
+        machine = self.machine()
+        version = faults.get("old_kmd") or self.system.get("driver_version", "2.10.0")
+        _write(self.path("sys/module/tenstorrent/version"), f"{version}\n")
+        pci = [c for c in self.chips() if c.get("bdf")]
+        nodes = int(machine.get("numa_nodes", 1))
+        numa = machine.get("numa", {})
+        node_of = {c["bdf"]: int(numa.get(c["bdf"], 0 if nodes > 1 else -1)) for c in pci}
+        pages = machine.get("hugepages")
+        if pages is None:  # hugepages-setup.sh: 4 per device, on the device's node
+            per: dict[int, int] = {}
+            for bdf in node_of:
+                n = max(node_of[bdf], 0)
+                per[n] = per.get(n, 0) + 4
+        else:
+            per = {int(k): int(v) for k, v in pages.items()}
+        if faults.get("no_hugepages"):
+            per = dict.fromkeys(per, 0)
+        total = sum(per.values())
+        for size in ("hugepages-1048576kB", "hugepages-2048kB"):
+            count = total if size.startswith("hugepages-1048576") else 0
+            base = f"sys/kernel/mm/hugepages/{size}"
+            for name, value in (
+                ("nr_hugepages", count),
+                ("free_hugepages", count),
+                ("resv_hugepages", 0),
+                ("surplus_hugepages", 0),
+                ("nr_overcommit_hugepages", 0),
+            ):
+                _write(self.path(f"{base}/{name}"), f"{value}\n")
+        shutil.rmtree(self.path("sys/devices/system/node"), ignore_errors=True)
+        for n in range(max(nodes, 1)):
+            for size in ("hugepages-1048576kB", "hugepages-2048kB"):
+                count = per.get(n, 0) if size.startswith("hugepages-1048576") else 0
+                base = f"sys/devices/system/node/node{n}/hugepages/{size}"
+                for name in ("nr_hugepages", "free_hugepages", "surplus_hugepages"):
+                    _write(self.path(f"{base}/{name}"), f"{0 if 'surplus' in name else count}\n")
+        _write(
+            self.path("sys/devices/system/node/online"),
+            ("0" if nodes <= 1 else f"0-{nodes - 1}") + "\n",
+        )
+        mem_kb = 128 * 1024 * 1024
+        meminfo = [
+            ("MemTotal", mem_kb),
+            ("MemFree", mem_kb - total * 1048576),
+            ("MemAvailable", mem_kb - total * 1048576),
+            ("HugePages_Total", 0),  # the default size's (2 MiB): hugetlbpage.rst
+            ("HugePages_Free", 0),
+            ("HugePages_Rsvd", 0),
+            ("HugePages_Surp", 0),
+            ("Hugepagesize", 2048),
+            ("Hugetlb", total * 1048576),  # every size's, in kB
+        ]
+        _write(
+            self.path("proc/meminfo"),
+            "".join(
+                f"{k + ':':<16}{v:>8}" + ("" if k.startswith("HugePages_") else " kB") + "\n"
+                for k, v in meminfo
+            ),
+        )
+        iommu = str(machine.get("iommu", "identity"))
+        shutil.rmtree(self.path("sys/kernel/iommu_groups"), ignore_errors=True)
+        for i, chip in enumerate(pci):
+            pci_dir = self.path(f"sys/devices/pci0000:00/{chip['bdf']}")
+            os.makedirs(pci_dir, exist_ok=True)
+            _write(os.path.join(pci_dir, "numa_node"), f"{node_of[chip['bdf']]}\n")
+            link = os.path.join(pci_dir, "iommu_group")
+            if os.path.islink(link):
+                os.unlink(link)
+            if iommu != "none":
+                _write(self.path(f"sys/kernel/iommu_groups/{i}/type"), f"{iommu}\n")
+                os.symlink(f"../../../kernel/iommu_groups/{i}", link)
 
     def _rewrite_mmio(self, state: dict[str, Any]) -> None:
         """Keep chips_with_mmio of the cluster descriptor in step with device numbers."""

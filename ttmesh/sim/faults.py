@@ -9,7 +9,10 @@ was. Faults model what goes wrong on real machines:
 * ``reset-fails [--times N]`` - tt-smi -r changes nothing yet still exits 0;
 * ``reset-renumbers`` - the next reset brings chips back under other /dev/tenstorrent numbers;
 * ``reset-hangs SECONDS`` - a reset takes that long;
-* ``hold X`` - a detached process holds the chip until killed or cleared.
+* ``hold X`` - a detached process holds the chip until killed or cleared;
+* ``no-hugepages`` - the kernel has no 1 GiB hugepages set aside (nr_hugepages 0 everywhere);
+* ``fw-mismatch X [--version V]`` - one chip runs another firmware bundle than the others;
+* ``old-kmd [--version V]`` - the tenstorrent driver is an old one (default 1.34.0).
 """
 
 from __future__ import annotations
@@ -133,6 +136,46 @@ def hold(host: Host, ref: str) -> int:
     return proc.pid
 
 
+def no_hugepages(host: Host) -> None:
+    with (sim := sim_of(host)).change() as state:
+        state["faults"]["no_hugepages"] = True
+        sim.render_system(state)
+
+
+def _version(value: str, flag: str, example: str) -> str:
+    from ttmesh.host.system import _VERSION
+
+    if not _VERSION.fullmatch(value):
+        raise bad_input(
+            f"{flag} {value!r}: not a version", f"give dotted numbers, e.g. {flag} {example}"
+        )
+    return value
+
+
+def fw_mismatch(host: Host, ref: str, version: str = "18.6.0.0") -> str:
+    """Chip ``ref`` reports firmware bundle ``version`` (the others keep theirs)."""
+    version = _version(version, "--version", "18.6.0.0")
+    sim = sim_of(host)
+    chip = _chip(sim, ref)
+    if not chip.get("bdf"):
+        raise bad_input(
+            f"chip {ref} is a remote chip: its firmware is its board's",
+            "name the PCI device it is reached through",
+        )
+    asic = core.asic_hex(chip["unique_id"])
+    with sim.change() as state:
+        state["faults"].setdefault("fw_mismatch", {})[asic] = version
+        sim.render(state)
+    return asic
+
+
+def old_kmd(host: Host, version: str = "1.34.0") -> None:
+    version = _version(version, "--version", "1.34.0")
+    with (sim := sim_of(host)).change() as state:
+        state["faults"]["old_kmd"] = version
+        sim.render_system(state)
+
+
 def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | None) -> dict:
     # nan or inf would break every reader of the state; 0 Hz is no heartbeat.
     if heartbeat_hz is not None:
@@ -188,6 +231,9 @@ def clear(host: Host) -> dict[str, int]:
             "reset_renumbers": False,
             "reset_hangs": 0.0,
             "permanent": [],
+            "no_hugepages": False,
+            "fw_mismatch": {},
+            "old_kmd": None,
         }
         sim.prune(state)
         sim.render(state)

@@ -36,6 +36,7 @@ CAPTURE_DIR = "sim/capture"  # the archive's members, under the recreated root
 CAPTURE_INFO = core.CAPTURE_INFO
 INFO_SCHEMA = "ttmesh.sim-capture/1"
 CLASS = f"{cap.HOST_DIR}/sys/class/tenstorrent"
+IOMMU_TYPES = ("identity", "DMA", "DMA-FQ", "blocked", "unmanaged")
 DEFAULT_HARVESTING = {
     "noc_translation": True,
     "harvest_mask": 0,
@@ -242,7 +243,7 @@ def plan(ar: cap.Archive) -> Recreation:
     host: dict[str, Any] = manifest["host"] if isinstance(manifest.get("host"), dict) else {}
     fws = Counter(n.fw for n in nodes.values() if n.fw)
     driver = (ar.text(f"{cap.HOST_DIR}/sys/module/tenstorrent/version") or "").strip()
-    data = {
+    data: dict[str, Any] = {
         "name": "capture",
         "title": f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
         f"at {manifest.get('time', '?')}",
@@ -255,17 +256,101 @@ def plan(ar: cap.Archive) -> Recreation:
         "links": links,
         "remote_links": remote,
     }
+    said: list[str] = []
+    machine = _machine(ar, nodes, said, notes)
+    if machine:
+        data["machine"] = machine
     model = from_dict(data, where)
-    if len(fws) > 1:
-        notes.append(
-            "firmware bundles differ between chips ("
-            + ", ".join(f"{v} x{n}" for v, n in fws.most_common())
-            + f"): every chip reports {data['fw_bundle_version']}"
-        )
-    rec = Recreation(model, not_reproduced=notes)
+    rec = Recreation(model, reproduced=said, not_reproduced=notes)
     _state(rec, nodes, ls, check)
     rec.not_reproduced.extend(ALWAYS_NOTED)
     return rec
+
+
+FW_ATTRS = ("tt_fw_bundle_ver", "tt_arc_fw_ver", "tt_eth_fw_ver", "tt_m3app_fw_ver")
+_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){2,3}")
+PAGES = "hugepages/hugepages-1048576kB/nr_hugepages"
+
+
+def _machine(
+    ar: cap.Archive, nodes: dict[str, Node], said: list[str], notes: list[str]
+) -> dict[str, Any]:
+    """The machine around the chips as the capture's system files show it (the simulator's
+    ``machine``: each device's firmware and NUMA node, the NUMA nodes and their 1 GiB
+    hugepages, the IOMMU mode). Values that are not what the kernel or driver writes are left
+    out, and said."""
+    machine: dict[str, Any] = {}
+    firmware: dict[str, dict[str, str]] = {}
+    numa: dict[str, int] = {}
+    types: Counter[str] = Counter()
+    for n in nodes.values():
+        if not n.bdf:
+            continue
+        per = {}
+        for attr in FW_ATTRS:
+            value = (ar.text(f"{CLASS}/tenstorrent!{n.dev}/{attr}") or "").strip()
+            if _VERSION.fullmatch(value):
+                per[attr] = value
+        if per:
+            firmware[n.bdf] = per
+        pci = f"{cap.HOST_DIR}/sys/bus/pci/devices/{n.bdf}"
+        node = (ar.text(f"{pci}/numa_node") or "").strip()
+        if re.fullmatch(r"-1|\d{1,4}", node):
+            numa[n.bdf] = int(node)
+        kind = (ar.text(f"{pci}/iommu_group/type") or "").strip()
+        types[kind if kind in IOMMU_TYPES else "none"] += 1
+    if firmware:
+        machine["firmware"] = firmware
+        bundles = Counter(p.get("tt_fw_bundle_ver") for p in firmware.values())
+        if len(bundles) > 1:  # one bundle everywhere is what any simulated host has
+            said.append(
+                "firmware per chip ("
+                + ", ".join(f"{v} x{c}" for v, c in bundles.most_common() if v)
+                + ")"
+            )
+    base = f"{cap.HOST_DIR}/sys/devices/system/node"
+    node_ids = sorted(int(x[4:]) for x in ar.listdir(base) if re.fullmatch(r"node\d{1,4}", x))
+    pages: dict[str, int] = {}
+    for i in node_ids:
+        value = (ar.text(f"{base}/node{i}/{PAGES}") or "").strip()
+        if value.isdigit() and len(value) < 7:
+            pages[str(i)] = int(value)
+    total = (ar.text(f"{cap.HOST_DIR}/sys/kernel/mm/{PAGES}") or "").strip()
+    if not pages and total.isdigit() and len(total) < 7:
+        pages["0"] = int(total)
+    if node_ids:
+        machine["numa_nodes"] = max(node_ids) + 1
+    if pages:
+        machine["hugepages"] = pages
+    if pages and sum(pages.values()) != 4 * sum(1 for n in nodes.values() if n.bdf):
+        said.append(
+            "1 GiB hugepages: " + ", ".join(f"{c} on node {n}" for n, c in sorted(pages.items()))
+        )
+    if numa:
+        machine["numa"] = numa
+        if len(node_ids) > 1:
+            said.append(
+                f"{len(node_ids)} NUMA nodes ("
+                + ", ".join(f"{b} on node {n}" for b, n in sorted(numa.items()))
+                + ")"
+            )
+    if types:
+        kind, _ = types.most_common(1)[0]
+        machine["iommu"] = kind
+        if kind != "identity":  # a simulated host's default: IOMMU in passthrough
+            said.append(f"IOMMU group type {kind}")
+        if len(types) > 1:
+            notes.append(
+                "IOMMU group types differ between devices ("
+                + ", ".join(f"{k} x{c}" for k, c in types.most_common())
+                + f"): every device is in a group of type {kind}"
+            )
+    if not pages and not node_ids:
+        notes.append(
+            "no hugepage files in the capture (made before ttmesh captured them): the "
+            "simulator's default hugepages (4 per device) and NUMA layout"
+        )
+    return machine
 
 
 def _dram(ls_chip: dict[str, Any] | None) -> int | None:

@@ -59,6 +59,9 @@ class SystemModel:
     fw_bundle_version: str = "19.10.0.0"
     host: int | None = None  # this host's index in a system of several hosts
     hosts: int = 1  # how many hosts that system has
+    # The machine around the chips (NUMA nodes, 1 GiB hugepages, IOMMU, per-device firmware and
+    # NUMA node), as ``sim.core.SimRoot.render_system`` writes it; {}: its defaults.
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def arch(self) -> str:
@@ -104,6 +107,7 @@ class SystemModel:
             "driver_version": self.driver_version,
             "fw_bundle_version": self.fw_bundle_version,
             **where,
+            **({"machine": self.machine} if self.machine else {}),
             "chips": [
                 {k: v for k, v in asdict(c).items() if v is not None or k in ("bdf", "dev_index")}
                 for c in sorted(self.chips, key=lambda c: c.id)
@@ -228,6 +232,7 @@ def from_dict(data: Any, where: str) -> SystemModel:
         notes=[str(n) for n in data.get("notes") or []],
         driver_version=str(data.get("driver_version") or "2.10.0"),
         fw_bundle_version=str(data.get("fw_bundle_version") or "19.10.0.0"),
+        machine=dict(data.get("machine") or {}),
     )
     if data.get("host") is not None:
         model.host, model.hosts = _index(data, "host", where), _index(data, "hosts", where)

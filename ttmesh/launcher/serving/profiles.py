@@ -71,6 +71,9 @@ class Profile:
     # The server's own host flags (SGLang's --nnodes and --node-rank), checked against the job.
     nnodes_flag: str | None = None
     node_rank_flag: str | None = None
+    # What it needs of the host's system software (``system:``: min_kmd, min_fw_bundle,
+    # hugepages_per_chip), checked by `ttmesh check --profile` and launch pre-flight.
+    system: Any = None
 
     def matches(self, args: ServerArgs, environ: dict[str, str]) -> bool:
         """Every ``recognise`` entry holds (``any``: at least one of its entries)."""
@@ -224,6 +227,7 @@ def profiles_dir() -> Path:
 
 def _load(path: Path) -> Profile:
     from ttmesh import yamlio
+    from ttmesh.fabric import syscheck
 
     try:
         data = yamlio.load_cached(path, "profile", MAX_BYTES)  # every launch recognises servers
@@ -264,6 +268,7 @@ def _load(path: Path) -> Profile:
             budget=_budget(data.get("budget")),
             nnodes_flag=data.get("nnodes_flag"),
             node_rank_flag=data.get("node_rank_flag"),
+            system=syscheck.requirements(data.get("system"), where, f"profile {data['name']}"),
         )
     except TTMeshError as exc:  # a bad value: named by its key, with the range to give
         raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile")

@@ -169,45 +169,54 @@ def options(fn: Callable[..., Any]) -> Callable[..., Any]:
         metavar="SIG,...",
         help="torchrun's: ttmesh handles " + ", ".join(HANDLED) + " always.",
     )
+    # Accepted for torchrun's command lines with nothing to do here: out of --help, said once
+    # when given (docs/torchrun.md lists every flag).
     @_opt(
         "--monitor-interval",
         "tr_monitor_interval",
+        hidden=True,
         metavar="S",
         help="torchrun's: accepted, not needed (exits are seen at once).",
     )
     @_opt(
         "--start-method",
         "tr_start_method",
+        hidden=True,
         metavar="METHOD",
         help="torchrun's: accepted (each rank is a new process).",
     )
     @_opt(
         "--run-path",
         "tr_run_path",
+        hidden=True,
         is_flag=True,
         help="torchrun's: accepted (a script runs with this Python).",
     )
     @_opt(
         "--event-log-handler",
         "tr_event_log_handler",
+        hidden=True,
         metavar="NAME",
         help="torchrun's: accepted, not used.",
     )
     @_opt(
         "--logs-specs",
         "tr_logs_specs",
+        hidden=True,
         metavar="NAME",
         help="torchrun's: accepted, not used (--log-dir).",
     )
     @_opt(
         "--duplicate-stdout-filters",
         "tr_dup_out",
+        hidden=True,
         metavar="F,...",
         help="torchrun's: accepted, not used.",
     )
     @_opt(
         "--duplicate-stderr-filters",
         "tr_dup_err",
+        hidden=True,
         metavar="F,...",
         help="torchrun's: accepted, not used.",
     )
@@ -274,7 +283,7 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
     if standalone:
         if hosts is not None and hosts > 1:
             raise bad_input(
-                f"--standalone with --nnodes {kwargs['nnodes']}: --standalone is one host",
+                f"--standalone with --nnodes {shown(kwargs['nnodes'])}: --standalone is one host",
                 "drop --standalone for a job over several hosts",
             )
         for key, flag in (("rdzv_endpoint", "--rdzv-endpoint"), ("rdzv_backend", "--rdzv-backend")):
@@ -293,7 +302,7 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
             _endpoint(endpoint)  # a malformed one is still refused
             kwargs["rdzv_endpoint"] = None
             note(
-                f"note: --rdzv-endpoint {endpoint} on one host: ranks meet at 127.0.0.1 on a "
+                f"note: --rdzv-endpoint {shown(endpoint)} on one host: ranks meet at 127.0.0.1 on a "
                 "free port, as under torchrun (ttmesh needs no rendezvous store here)"
             )
         if master_addr is not None and kwargs["master_port"] == 0:
@@ -332,14 +341,17 @@ def _hosts(nnodes: str | None) -> int | None:
         return None  # the launch command says what is wrong with it
 
 
-def _endpoint(value: str) -> tuple[str, int | None]:
+def _endpoint(value: str) -> None:
+    """A malformed endpoint is refused as over several hosts (rendezvous.parse_endpoint)."""
     from ttmesh.launcher import rendezvous
 
-    text = value.strip()
-    if ":" not in text.rsplit("]", 1)[-1]:
-        return text.strip("[]"), None
-    point = rendezvous.parse_endpoint(text)
-    return point.host, point.port
+    rendezvous.parse_endpoint(value.strip())
+
+
+def shown(value: str) -> str:
+    """A value the user gave, as a line may show it: quoted when it holds what a terminal must
+    not be sent (an escape sequence, a newline)."""
+    return value if value.isprintable() else repr(value)
 
 
 def _local_addr(addr: str) -> str:
@@ -347,13 +359,16 @@ def _local_addr(addr: str) -> str:
     import socket
 
     host = addr.strip().strip("[]")
-    if host in ("localhost", ""):
+    if not host:
+        raise bad_input("--master-addr '': no address named", "give an address of this host")
+    if host == "localhost":
         return "127.0.0.1"
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         raise bad_input(
-            f"--master-addr {addr}: no such address", "give an address of this host, or drop it"
+            f"--master-addr {shown(addr)}: no such address",
+            "give an address of this host, or drop it",
         ) from None
     for family, _, _, _, sockaddr in infos:
         with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -363,7 +378,7 @@ def _local_addr(addr: str) -> str:
                 continue
             return str(sockaddr[0])
     raise bad_input(
-        f"--master-addr {addr}: not an address of this host (rank 0 listens there)",
+        f"--master-addr {shown(addr)}: not an address of this host (rank 0 listens there)",
         "give an address of this host, or drop it (ranks meet at 127.0.0.1)",
     )
 
@@ -375,7 +390,7 @@ def _signals(value: str) -> None:
         if full not in HANDLED:
             known = hasattr(signal, full)
             raise bad_input(
-                f"--signals-to-handle {name}: "
+                f"--signals-to-handle {shown(name)}: "
                 + ("ttmesh does not pass it on" if known else "no such signal"),
                 "ttmesh handles " + ", ".join(HANDLED) + ": drop it",
             )
@@ -397,7 +412,7 @@ def _rdzv_conf(value: str, current: float, ctx: click.Context) -> float:
             out = numeric.number(val, "--rdzv-conf join_timeout", low=0, low_open=True,
                                  unit="seconds")  # fmt: skip
         else:
-            note(f"note: --rdzv-conf {key}: not used by ttmesh's rendezvous (--rdzv-timeout, "
+            note(f"note: --rdzv-conf {shown(key)}: not used by ttmesh's rendezvous (--rdzv-timeout, "
                  "--heartbeat-timeout)")  # fmt: skip
     return out
 
@@ -417,7 +432,7 @@ class Nproc(click.ParamType):
             return "auto"
         if text in ("gpu", "cpu", "xpu", "cuda"):
             raise bad_input(
-                f"--nproc-per-node {value}: ttmesh starts workers for chips, not {text}s",
+                f"--nproc-per-node {shown(str(value))}: ttmesh starts workers for chips, not {text}s",
                 "use --nproc-per-node auto (one per chip) or a number",
             )
         return self.number.convert(value, param, ctx)

@@ -768,12 +768,13 @@ class Guardian:
             )
             # SIGCONT right after: a rank stopped (SIGSTOP) gets to handle its SIGTERM within
             # the grace, rather than sit on it until SIGKILL (systemd.kill(5) does the same).
-            first = self.stop.sends if self.stop is not None else signal.SIGTERM
-            if self.server is not None:  # its own drain first: to the main process only
+            if self.server is not None:  # its own drain first: SIGTERM to the main process only
+                # (a server drains on SIGTERM, as its makers intend, whatever stopped it)
                 main = list(self.starter.pids.values())
-                procs.signal_pids(main, first)
+                procs.signal_pids(main, signal.SIGTERM)
                 procs.signal_pids(main, signal.SIGCONT)
             else:
+                first = self.stop.sends if self.stop is not None else signal.SIGTERM
                 procs.signal_groups(self.starter.groups(), first)
                 procs.signal_groups(self.starter.groups(), signal.SIGCONT)
 

@@ -19,6 +19,11 @@ from typing import Any
 
 import pytest
 from conftest import TAG, alive, run_cli, start_launch, wait_for
+from users import (
+    User,
+    users_fixture,  # noqa: F401
+    world_dir,
+)
 
 RECORD = """
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -127,3 +132,31 @@ def test_a_signal_to_ttmesh_is_recorded_as_torchruns_signal_exception(
     assert not alive(rank)
     with contextlib.suppress(OSError):
         os.kill(rank, signal.SIGKILL)
+
+
+def test_an_error_file_another_user_planted_as_a_link_is_not_written_through(
+    users: dict[str, User], tmp_path: Path
+) -> None:
+    """Root's ttmesh with TORCHELASTIC_ERROR_FILE in a shared directory (/tmp-like, sticky)
+    where nobody put a link to root's file: nothing is written through it, the line says so,
+    and the job keeps its code."""
+    if "nobody" not in users:
+        pytest.skip("needs the nobody user (setpriv)")
+    root, nobody = users["root"], users["nobody"]
+    target = tmp_path / "roots-file"
+    target.write_text("root's\n")
+    sticky = world_dir("ttmesh-errfile-", 0o1777)
+    try:
+        link = sticky / "error.json"
+        made = nobody.py("import os, sys; os.symlink(sys.argv[2], sys.argv[1])",
+                         str(link), str(target))  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        res = root.run("launch", "--root", str(root.sim), "--tp-size", "1", "--", "sh", "-c",
+                       "exit 5", env={"TORCHELASTIC_ERROR_FILE": str(link)})  # fmt: skip
+        assert res.returncode == 5, res.stderr
+        assert f"TORCHELASTIC_ERROR_FILE {link} is a symbolic link of nobody's" in res.stderr
+        assert target.read_text() == "root's\n"
+    finally:
+        import shutil
+
+        shutil.rmtree(sticky)

@@ -281,6 +281,8 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         kwargs["nproc"] = None  # ttmesh's default: one worker per chip
     hosts = _hosts(kwargs.get("nnodes"))
     if standalone:
+        if kwargs.get("hosts") is not None:
+            raise bad_input("--standalone with --hosts: --standalone is one host", "drop one")
         if hosts is not None and hosts > 1:
             raise bad_input(
                 f"--standalone with --nnodes {shown(kwargs['nnodes'])}: --standalone is one host",

@@ -99,6 +99,14 @@ def test_pet_environment_defaults_as_torchrun_reads_them(qb2: Path, tmp_path: Pa
     assert {r["env"]["ROLE_NAME"] for r in data["ranks"]} == {"trainer"}
     data = _plan(qb2, "--nproc-per-node", "1", str(script), env=env)  # the flag wins
     assert len(data["ranks"]) == 1
+    # --shutdown-timeout's default, as torchrun reads it (torch.distributed.launcher.api).
+    data = _plan(qb2, str(script), env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"})
+    assert data["grace"] == 12
+    data = _plan(qb2, str(script), env={"PET_SHUTDOWN_TIMEOUT": "7"})
+    assert data["grace"] == 7
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", str(script),
+                  env={"PET_NNODES": "1:2"})  # fmt: skip
+    assert res.code == 2 and "--nnodes 1:2: ttmesh runs a fixed number of hosts" in res.err
 
 
 def test_master_addr_and_port_as_torchrun_gives_them(qb2: Path, tmp_path: Path) -> None:

@@ -60,6 +60,8 @@ FLAGS: dict[str, str] = {
     "--shutdown-timeout": "shutdown_timeout",
     "--virtual-local-rank": "virtual_local_rank",
 }
+# Read after PET_<DEST> when the flag is not given, as torchrun reads them.
+ALSO_ENV: dict[str, tuple[str, ...]] = {"shutdown_timeout": ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT",)}
 # torch 2.13's --numa-binding choices (torch/numa/binding.py AffinityMode).
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -116,7 +118,7 @@ def adopt(command: click.Command) -> click.Command:
             if name in FLAGS and underscore(name) not in param.opts:
                 param.opts.append(underscore(name))
         if not param.envvar:
-            param.envvar = f"PET_{dest.upper()}"
+            param.envvar = [f"PET_{dest.upper()}", *ALSO_ENV.get(dest, ())]
     return command
 
 
@@ -232,6 +234,16 @@ def _said(dest: str, flag: str) -> None:
     note(f"note: {flag} is torchrun's: {INSTEAD[dest]}")
 
 
+def _named(ctx: click.Context, dest: str) -> str:
+    """How the user gave the option ``dest``: its spelling, or its PET_* variable."""
+    from ttmesh.cli.options import spelling
+
+    for param in ctx.command.params:
+        if param.name == dest:
+            return spelling(param, ctx)
+    return dest
+
+
 def resolve(kwargs: dict[str, Any]) -> Flags:
     """Pop torchrun's values from ``kwargs`` and turn them into the launch command's own."""
     ctx = click.get_current_context()
@@ -253,24 +265,25 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         "duplicate_stderr_filters": kwargs.pop("tr_dup_err"),
     }
     if unused["monitor_interval"] is not None:
-        numeric.number(unused["monitor_interval"], "--monitor-interval", low=0, unit="seconds")
+        where = _named(ctx, "tr_monitor_interval")
+        numeric.number(unused["monitor_interval"], where, low=0, unit="seconds")
     if start_method is not None and start_method not in START_METHODS:
         raise bad_input(
-            f"--start-method {start_method!r}: torchrun takes {', '.join(START_METHODS)}",
+            f"{_named(ctx, 'tr_start_method')} {start_method!r}: torchrun takes {', '.join(START_METHODS)}",
             "drop it: each rank is a new process",
         )
     if numa is not None and numa not in NUMA_MODES:
         raise bad_input(
-            f"--numa-binding {numa!r}: torchrun takes {', '.join(NUMA_MODES)}",
+            f"{_named(ctx, 'tr_numa_binding')} {numa!r}: torchrun takes {', '.join(NUMA_MODES)}",
             "--numa-binding node binds each rank to its chip's NUMA node",
         )
     if numa is not None and numa != "node":
         raise bad_input(
-            f"--numa-binding {numa}: ttmesh binds ranks by NUMA node only",
+            f"{_named(ctx, 'tr_numa_binding')} {numa}: ttmesh binds ranks by NUMA node only",
             "use --numa-binding node (each rank on the CPUs of its chip's NUMA node)",
         )
     if signals is not None:
-        _signals(signals)
+        _signals(signals, _named(ctx, "tr_signals"))
         unused["signals_to_handle"] = signals
     for dest, value in unused.items():
         if value is not None:
@@ -385,14 +398,14 @@ def _local_addr(addr: str) -> str:
     )
 
 
-def _signals(value: str) -> None:
+def _signals(value: str, where: str) -> None:
     names = [n.strip() for n in value.split(",") if n.strip()]
     for name in names:
         full = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
         if full not in HANDLED:
             known = hasattr(signal, full)
             raise bad_input(
-                f"--signals-to-handle {shown(name)}: "
+                f"{where} {shown(name)}: "
                 + ("ttmesh does not pass it on" if known else "no such signal"),
                 "ttmesh handles " + ", ".join(HANDLED) + ": drop it",
             )

@@ -235,3 +235,14 @@ def test_numa_binding_without_numa_node_files_is_one_line(qb2: Path, tmp_path: P
                   "--numa-binding", "node", str(script))  # fmt: skip
     assert res.code == 2
     assert "numa_node does not exist" in res.err.splitlines()[-1]
+
+
+def test_the_docs_flag_table_covers_every_torchrun_flag() -> None:
+    """docs/torchrun.md's table has a row for every torch 2.13 flag (the Output flags: theirs)."""
+    from conftest import REPO
+
+    text = (REPO / "docs" / "torchrun.md").read_text()
+    table = text[text.index("| torchrun | ttmesh | notes |") :].split("\n\n", 1)[0]
+    firsts = [row.split("|")[1] for row in table.splitlines()[2:]]
+    missing = [f for f in torchrun.FLAGS if not any(f"`{f}" in cell for cell in firsts)]
+    assert not missing

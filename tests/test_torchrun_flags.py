@@ -246,3 +246,26 @@ def test_the_docs_flag_table_covers_every_torchrun_flag() -> None:
     firsts = [row.split("|")[1] for row in table.splitlines()[2:]]
     missing = [f for f in torchrun.FLAGS if not any(f"`{f}" in cell for cell in firsts)]
     assert not missing
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--nnodes=1 --nproc_per_node=2 --rdzv_id=101 --rdzv_endpoint=localhost:5666 "
+        "--master_port {port}",
+        "--standalone --nnodes 1 --node-rank 0 --nproc-per-node 2",
+        "--node_rank 0 --nproc_per_node 2",
+        "--nnodes 1:1 --nproc-per-node=2 --max_restarts=0 --rdzv_backend=static",
+    ],
+)
+def test_command_lines_torchrun_users_type_plan_two_ranks(
+    qb2: Path, tmp_path: Path, line: str
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    port = _free_port()
+    data = _plan(qb2, *line.format(port=port).split(), str(script), "--lr", "1")
+    assert len(data["ranks"]) == 2
+    assert data["ranks"][0]["argv"][-3:] == [str(script), "--lr", "1"]
+    if "master_port" in line:
+        assert data["master"]["port"] == port

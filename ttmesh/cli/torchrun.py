@@ -307,9 +307,9 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
                     f"note: --standalone: {flag} ignored, as torchrun does (one host, a free port)"
                 )
                 kwargs[key] = None
-        kwargs["nnodes"] = None
-        hosts = None
     if _one_host(hosts) and kwargs.get("hosts") is None:
+        if kwargs.get("nnodes") is None and kwargs.get("node_rank") == 0:
+            kwargs["node_rank"] = None  # torchrun's --nnodes defaults to 1: node 0 is this host
         endpoint = kwargs.get("rdzv_endpoint")
         if endpoint is not None:
             # torchrun on one host serves its agents' c10d store there; its ranks still get a

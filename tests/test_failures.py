@@ -48,6 +48,7 @@ SAMPLES = {
         "stderr",
         "RuntimeError: TT_FATAL @ tt_metal/fabric/topology_mapper.cpp:1202: mapping_result.success",
     ),
+    "gloo-teardown": ("stderr", "terminate called without an active exception"),
 }
 
 # Prints argv[3] on argv[2] between other lines, then a C++ backtrace of argv[4] frames (the

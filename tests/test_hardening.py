@@ -184,7 +184,6 @@ def test_env_of_the_users_own_is_passed(qb2: Path) -> None:
         (["--foo"], "no such option: --foo"),
         (["--tp-sise", "4"], "no such option: --tp-sise (did you mean --tp-size?"),
         (["--max-nodes", "2"], "--max-nodes is torchrun's option"),
-        (["--tee", "3"], "--log-dir"),
     ],
 )
 def test_option_looking_words_before_the_command(qb2: Path, args: list[str], needle: str) -> None:

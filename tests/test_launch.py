@@ -462,7 +462,8 @@ def test_ranks_filter_and_log_dir(qb2: Path, tmp_path: Path) -> None:
     )
     assert res.code == 0, res.err
     assert {line.split()[0] for line in res.out.splitlines()} == {"[r1]"}
-    assert len((logs / "attempt0" / "rank0.stdout.log").read_text().splitlines()) == 3
+    (base,) = logs.iterdir()  # torchrun's layout: <run id>_<random>/attempt_N/<local rank>/
+    assert len((base / "attempt_0" / "0" / "stdout.log").read_text().splitlines()) == 3
 
 
 # --------------------------------------------------------------------------- dry run and bad input

@@ -21,8 +21,8 @@ from ttmesh.cli import torchrun
 from ttmesh.cli.launch import launch_cmd
 from ttmesh.cli.launch_args import command_start
 
-# The Output helper's flags (issue 23, "Output"): not these tests'.
-OUTPUT = {"--redirects", "--tee"}
+# Every flag is taken now (the Output change brought -r/--redirects and -t/--tee).
+OUTPUT: set[str] = set()  # -r/--redirects, -t/--tee: the Output change, taken too
 # torch 2.13's store_true / check_env flags: they take no value.
 NO_VALUE = {"--standalone", "--module", "--no-python", "--run-path", "--virtual-local-rank"}
 VALUE = {
@@ -34,7 +34,7 @@ VALUE = {
     "--duplicate-stderr-filters": "b", "--node-rank": "0", "--master-addr": "127.0.0.1",
     "--master-port": "29500", "--local-addr": "127.0.0.1", "--logs-specs": "default",
     "--numa-binding": "node", "--signals-to-handle": "SIGTERM,SIGINT",
-    "--shutdown-timeout": "5",
+    "--shutdown-timeout": "5", "--redirects": "3", "--tee": "1",
 }  # fmt: skip
 
 

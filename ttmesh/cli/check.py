@@ -68,6 +68,7 @@ def check_cmd(
     """
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
+    from ttmesh.runtime import leftovers
 
     for flag, value in (("--mesh-layout", mesh_layout), ("--ttnn-python", ttnn_python)):
         if value is not None and not active:
@@ -82,6 +83,9 @@ def check_cmd(
 
         python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
     report = health.check(inv, selected, strict=strict)
+    shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
+    if (shm_note := shm.note()) is not None:
+        report.notes.append(shm_note)
     probe = None
     if active and report.healthy:
         bdfs = None
@@ -93,6 +97,7 @@ def check_cmd(
         from ttmesh.render import emit_json
 
         data = report.to_json()
+        data["shm"] = shm.to_json()
         if active:
             data["active"] = (
                 probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}

@@ -50,15 +50,25 @@ def _workdir(value: str | None) -> str:
     return path
 
 
-def _log_dir(value: str | None, create: bool) -> str | None:
-    """--log-dir: created if missing (as torchrun does); a file or an unwritable place is bad
-    input. With ``create`` False (a dry run) only checked."""
+def _log_dir(value: str | None) -> str | None:
+    """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
+    makes it, and the job's directory in it (launcher.logspec.make_run_dir)."""
     if value is None:
         return None
     from ttmesh import paths
 
-    path = paths.writable_dir(value, "--log-dir", "the rank logs")
-    return str(paths.make_dirs(path, "the log directory") if create else path)
+    return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
+
+
+def _log_spec(redirects: str | None, tee: str | None) -> Any:
+    """torchrun's --redirects, --tee and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, checked."""
+    from ttmesh.launcher import logspec
+
+    return logspec.LogSpec(
+        redirects=logspec.parse_std(redirects, "--redirects"),
+        tee=logspec.parse_std(tee, "--tee"),
+        template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or None,  # as torchrun
+    )
 
 
 @click.command("launch", cls=LaunchCommand, context_settings=LAUNCH_CONTEXT)
@@ -148,7 +158,23 @@ def _log_dir(value: str | None, create: bool) -> str | None:
     "--log-dir",
     "--log_dir",
     metavar="DIR",
-    help="Write each rank's stdout and stderr to files in DIR.",
+    help="Write each rank's stdout and stderr to files, as torchrun lays them out: "
+    "DIR/<job>_<random>/attempt_N/<local rank>/stdout.log and stderr.log (ttmesh names the "
+    "directory when the job starts).",
+)
+@click.option(
+    "-r",
+    "--redirects",
+    metavar="0-3|R:S,...",
+    help="torchrun's: these streams go to the log files only, not the console: 1 stdout, 2 "
+    "stderr, 3 both, 0 none; or per local rank (0:1,1:2). Without --log-dir the files go to a "
+    "new torchelastic_* directory under $TMPDIR.",
+)
+@click.option(
+    "-t",
+    "--tee",
+    metavar="0-3|R:S,...",
+    help="torchrun's: these streams go to the console and the log files (values as --redirects).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
@@ -362,6 +388,8 @@ def launch_cmd(
     grace: float,
     ranks_filter: str | None,
     log_dir: str | None,
+    redirects: str | None,
+    tee: str | None,
     quiet: bool,
     no_live: bool,
     module: bool,
@@ -407,6 +435,12 @@ def launch_cmd(
     exits with that rank's code.
 
     \b
+    Output as torchrun's: each line of a rank is prefixed [rN] (or as
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says, e.g. '[rank${rank}]: ', with ${rank},
+    ${local_rank} and ${role_name}); Python runs unbuffered, as torchrun's python -u
+    (PYTHONUNBUFFERED=1 unless you set it), so prints arrive as they are made.
+
+    \b
     A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)
     runs as its makers intend: one server process for every chip, its flag rules checked before
     anything starts, its port checked free, ready when its /health answers from the server's
@@ -433,7 +467,9 @@ def launch_cmd(
     from ttmesh.launcher import launch
     from ttmesh.launcher.plan import LaunchRequest, parse_env
     from ttmesh.launcher.supervisor import Options
+    from ttmesh.runtime import jobs
 
+    jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
     tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
     if hosts is not None and tt_metal_world:
         from ttmesh.launcher import meshhosts
@@ -474,7 +510,8 @@ def launch_cmd(
         )
     mesh_layout = mesh_layout or Layout.ISOLATED
     workdir = _workdir(workdir)
-    log_dir = _log_dir(log_dir, create=not dry_run)
+    log_dir = _log_dir(log_dir)
+    logs = _log_spec(redirects, tee)
     if summary_json is not None:
         from ttmesh import paths
 
@@ -548,7 +585,7 @@ def launch_cmd(
             quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
             raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint)
     shown_ranks = _ranks(ranks_filter)
-    options = Options(ranks_filter=shown_ranks, log_dir=log_dir, quiet=quiet)
+    options = Options(ranks_filter=shown_ranks, quiet=quiet, logs=logs)
     try:
         if mesh_hosts is not None:
             from ttmesh.launcher import meshhosts
@@ -625,6 +662,12 @@ def launch_cmd(
         except BaseException:
             peers.coord.close()
             raise
+    if log_dir is not None or logs.files_wanted:
+        from ttmesh.launcher import logspec
+        from ttmesh.render import note
+
+        where = logspec.make_run_dir(logs, log_dir, prepared.plan.job)
+        note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
     from ttmesh.cli import streams
     from ttmesh.cli.live import JobView, enabled
 

@@ -15,10 +15,6 @@ from ttmesh.errors import bad_input
 # torchrun's flags that ttmesh does not take (yet), and what to do instead. Every other flag of
 # torchrun 2.13 is taken: ttmesh.cli.torchrun.
 TORCHRUN = {
-    "--redirects": "each rank's output is prefixed on the console; --log-dir DIR also writes it "
-    "to per-rank files",
-    "--tee": "each rank's output is prefixed on the console; --log-dir DIR also writes it to "
-    "per-rank files",
     "--max-nodes": "ttmesh runs a fixed number of hosts (--nnodes N): drop it",
 }
 

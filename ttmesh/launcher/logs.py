@@ -2,9 +2,10 @@
 
 The supervisor is the only writer to ttmesh's stdout and stderr while a job runs: it reads each
 worker's pipes, cuts complete lines and writes each one with a single ``write`` call, prefixed
-``[r0]`` (coloured on a terminal). ``--ranks-filter`` limits what reaches the console; per-rank
-log files (``--log-dir``) always get everything, without prefixes. The last lines of each stream
-are kept for the failure summary.
+``[r0]`` (coloured on a terminal; ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` gives torchrun's
+own). ``--ranks-filter`` and ``--redirects`` limit what reaches the console; per-rank log files
+(``--log-dir``, laid out as torchrun's: :mod:`ttmesh.launcher.logspec`) always get everything,
+without prefixes. The last lines of each stream are kept for the failure summary.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
+
+from ttmesh.launcher.logspec import LogSpec
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 MAX_PARTIAL = 64 * 1024
@@ -50,8 +53,14 @@ class Console:
         launcher: bool = False,
         offset: int = 0,
         sink: Callable[[int, bytes], None] | None = None,
+        spec: LogSpec | None = None,
+        local_ranks: dict[int, int] | None = None,
     ) -> None:
+        """``log_dir``: a directory of ``attemptN/rankR.NAME.log`` files (ttmesh's own probe);
+        ``spec`` with a run directory: torchrun's layout instead. ``local_ranks``: each rank's
+        local rank, for a prefix template (default: its index)."""
         self.filter = ranks_filter
+        self.spec = spec
         # Where console bytes go: fd 1 or 2 (a live view takes them to draw above its table).
         self.sink: Callable[[int, bytes], None] = sink or _write_all
         self.quiet = quiet
@@ -61,13 +70,22 @@ class Console:
         }
         self.offset = offset  # ranks are shown by their global number (a job over several hosts)
         self.width = len(str(max(offset + world - 1, 0)))
+        self.prefixes: dict[int, bytes] = {}
+        if spec is not None and spec.template is not None:
+            for rank in range(world):
+                local = (local_ranks or {}).get(rank, rank)
+                self.prefixes[rank] = (spec.prefix(rank + offset, local) or "").encode()
         self.on_line: Callable[[int, str], None] | None = None
         self.lost: set[int] = set()  # console fds that could not be written (see _lose)
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
                 stream = Stream(rank, name)
-                if log_dir:
+                owner = "mpirun" if rank == LAUNCHER else str(rank)
+                fd = spec.open_log(attempt, owner, name) if spec is not None else None
+                if fd is not None:
+                    stream.log = os.fdopen(fd, "ab")
+                elif log_dir:
                     directory = os.path.join(log_dir, f"attempt{attempt}")
                     os.makedirs(directory, exist_ok=True)
                     base = "mpirun" if rank == LAUNCHER else f"rank{rank}"
@@ -77,6 +95,11 @@ class Console:
     def _prefix(self, rank: int, name: str) -> bytes:
         if rank == LAUNCHER:
             return b"[mpirun] "
+        if rank in self.prefixes:  # the user's template, as written: torchrun adds nothing
+            text = self.prefixes[rank]
+            if self.colour[name] and text:
+                return f"\x1b[{COLOURS[rank % len(COLOURS)]}m".encode() + text + b"\x1b[0m"
+            return text
         tag = f"[r{rank + self.offset}]".ljust(self.width + 3)
         if self.colour[name]:
             tag = f"\x1b[{COLOURS[rank % len(COLOURS)]}m{tag}\x1b[0m"
@@ -101,6 +124,10 @@ class Console:
             stream.log.flush()
         hidden = (
             self.filter is not None and stream.rank not in self.filter and stream.rank != LAUNCHER
+        ) or (
+            self.spec is not None
+            and stream.rank != LAUNCHER
+            and not self.spec.on_console(stream.rank, stream.name)
         )
         if self.quiet or hidden:
             return

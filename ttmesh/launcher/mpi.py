@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ttmesh import procs
 from ttmesh.errors import bad_input
 from ttmesh.launcher.logs import LAUNCHER
-from ttmesh.launcher.plan import LaunchPlan, scrubbed
+from ttmesh.launcher.plan import LaunchPlan, scrubbed, unbuffered
 
 # --tag-output: Open MPI 4 writes ``[1,0]<stdout>:text``, Open MPI 5 ``[1,0]<stdout>: text``.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
@@ -116,7 +116,11 @@ def mpirun_argv(
         argv += ["-np", "1"]
         if rank.workdir and not plan.hosts:
             argv += ["--wdir", rank.workdir]
-        rank_env = {**rank.env, "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+        rank_env = {
+            **rank.env,
+            **unbuffered(base_env, rank.env),
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        }
         command = list(rank.argv)
         if plan.hosts:
             # On its host, the rank's own ttmesh writes its files, leases its chips and checks

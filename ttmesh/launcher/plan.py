@@ -171,15 +171,19 @@ class LaunchPlan:
         """The full environment of one rank: ``base`` minus rank variables, plus the plan's."""
         env = {k: v for k, v in base.items() if not scrubbed(k)}
         env.update(rank.env)
-        env.update(self.defaults(base, restart))
+        env.update(self.defaults(base, restart, rank.env))
         return env
 
-    def defaults(self, base: dict[str, str], restart: int = 0) -> dict[str, str]:
-        """What every rank gets besides its plan: torchrun's restart count and, as torchrun
-        does, one OpenMP thread unless set (not for a server, which sizes its own threads)."""
+    def defaults(
+        self, base: dict[str, str], restart: int = 0, given: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """What every rank gets besides its plan: Python's output unbuffered (:func:`unbuffered`),
+        torchrun's restart count and, as torchrun does, one OpenMP thread unless set (not for
+        a server, which sizes its own threads). ``given``: the rank's own (``--env``)."""
+        out = unbuffered(base, given or {})
         if self.serving is not None:
-            return {}
-        out = {"TORCHELASTIC_RESTART_COUNT": str(restart)}
+            return out
+        out["TORCHELASTIC_RESTART_COUNT"] = str(restart)
         if "OMP_NUM_THREADS" not in base:
             out["OMP_NUM_THREADS"] = "1"
         return out
@@ -225,7 +229,7 @@ class LaunchPlan:
                     "mesh_id": r.mesh_id,
                     **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
-                    "env": shown({**r.env, **self.defaults(dict(os.environ))}),
+                    "env": shown({**r.env, **self.defaults(dict(os.environ), given=r.env)}),
                 }
                 for r in self.ranks
             ],
@@ -263,11 +267,22 @@ class LaunchPlan:
                     "host_rank": None,
                     "mesh_id": None,
                     "argv": list(r.argv),
-                    "env": shown(dict(r.env)),
+                    "env": shown({**r.env, **self.defaults(dict(os.environ), given=r.env)}),
                 }
                 for r in self.ranks
             ],
         }
+
+
+def unbuffered(*envs: dict[str, str]) -> dict[str, str]:
+    """``PYTHONUNBUFFERED=1`` unless one of ``envs`` (the user's shell, ``--env``) sets it, even
+    empty. torchrun runs a script as ``python -u``: a rank's prints reach the console as they
+    are made, and a rank killed by SIGKILL keeps its last lines. The variable does the same for
+    every Python process of the rank (``python x.py`` after ``--``, a shell script's python),
+    and nothing to a program that is not Python."""
+    if any("PYTHONUNBUFFERED" in env for env in envs):
+        return {}
+    return {"PYTHONUNBUFFERED": "1"}
 
 
 # --------------------------------------------------------------------------- the command

@@ -39,10 +39,12 @@ from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
 from ttmesh.launcher.logs import LAUNCHER, Console
+from ttmesh.launcher.logspec import LogSpec
 from ttmesh.launcher.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.starters import RankExit, Starter, starter_for
 from ttmesh.patterns import compile_pattern
-from ttmesh.render import note, noun
+from ttmesh.render import note, noun, plural
+from ttmesh.runtime.leftovers import SEGMENT_PREFIX, Leftovers, segment_dir
 from ttmesh.vocab import Layout, Source
 
 if TYPE_CHECKING:
@@ -137,6 +139,8 @@ class Options:
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
+    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.logspec).
+    logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
 
@@ -506,6 +510,9 @@ class Guardian:
             from ttmesh.launcher.serving.server import Server
 
             self.server = Server(plan.serving)
+        # Taken before any rank starts: what appears in shared memory meanwhile is the job's
+        # (Open MPI's segments; the profile's named leftovers), removed once nothing uses it.
+        self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
         # What the observer was told: ranks started and ready, the phase; lines not yet sent.
         self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
         self.last_lines: dict[int, str] = {}
@@ -559,6 +566,8 @@ class Guardian:
             launcher=self.starter.has_launcher,
             offset=self.plan.rank_offset,
             sink=self.observer.output if self.observer is not None else None,
+            spec=self.options.logs,
+            local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
         )
         self.starter.console = self.console
         if self.ready_re is not None or self.observer is not None:
@@ -582,10 +591,22 @@ class Guardian:
                 self._step()
         finally:
             self.console.shutdown()
+            self._keep_errors()
             if self.server is not None:
                 self.server.close()
             self._report()
         return self._result()
+
+    def _keep_errors(self) -> None:
+        """Each rank's recorded exception into torchrun's log layout (logspec.keep_error)."""
+        spec = self.options.logs
+        if spec is None or spec.dir_fd is None:
+            return
+        for i, rank in enumerate(self.plan.ranks):
+            source = rank.env.get("TORCHELASTIC_ERROR_FILE")
+            if source:
+                with contextlib.suppress(OSError):  # a full disk loses the copy, not the job
+                    spec.keep_error(self.attempt, str(i), source)
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
@@ -613,11 +634,25 @@ class Guardian:
             self.phase = Phase.DRAINING
         if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
             self._drain(None)
-            if self.server is not None:
-                for path in self.server.clean():
-                    self._emit(f"removed {path}, left behind by the server")
+            self._clean_leftovers()
             self.phase = Phase.DONE
         self._report()
+
+    def _clean_leftovers(self) -> None:
+        """Remove what the job's processes left in shared memory and nothing uses: a server's
+        named leftovers one line each, Open MPI's segments in one line."""
+        segments = 0
+        for path in self.leftovers.clean():
+            if os.path.basename(path).startswith(SEGMENT_PREFIX):
+                segments += 1
+            else:
+                self._emit(f"removed {path}, left behind by the server")
+        if segments:
+            where = segment_dir()
+            self._emit(
+                f"removed {plural(segments, 'Open MPI shared-memory segment')} the job's ranks "
+                f"left in {where} ({SEGMENT_PREFIX}*, no process used them)"
+            )
 
     def _timeout(self) -> float | None:
         now = time.monotonic()

@@ -2,7 +2,8 @@
 
 A record names the launcher's and the guardian's PIDs and start times. While either lives the job
 is running; when the job ends its record is closed with how it ended (``ttmesh ps --all`` shows
-the last :data:`HISTORY` ended jobs). A record whose processes are gone without closing it ended
+the ended jobs kept: the last :data:`HISTORY`, none older than :data:`HISTORY_DAYS`, both
+settings of the user's environment). A record whose processes are gone without closing it ended
 abnormally (both ttmesh processes were killed). Run directories live beside the records and are
 locked by their job (:mod:`ttmesh.paths`): one whose lock is free is stale and is removed by the
 next command that looks.
@@ -15,15 +16,19 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttmesh import paths
+from ttmesh import numeric, paths
+from ttmesh.errors import TTMeshError
 from ttmesh.procs import alive as proc_alive
 from ttmesh.procs import start_time as proc_start_time
 
-HISTORY = 50  # ended jobs ``ps --all`` shows
-PRUNE_AT = HISTORY + 50  # records on disk before the oldest ended ones are removed
+HISTORY = 50  # ended jobs kept (``ps --all`` shows them); TTMESH_JOB_HISTORY changes it
+HISTORY_DAYS = 7.0  # ended jobs older than this are removed; TTMESH_JOB_HISTORY_DAYS changes it
+SLACK = 50  # records beyond the count kept before the oldest are removed (reads them all)
 _tmp_names = itertools.count()
 HINT = "set XDG_RUNTIME_DIR to a directory of your own"
 KILLED = "ttmesh killed (its processes are gone)"
@@ -179,26 +184,71 @@ def running(root: str | None = None) -> list[dict[str, Any]]:
 
 
 def every(root: str | None = None) -> list[dict[str, Any]]:
-    """Running jobs and the last :data:`HISTORY` ended ones, oldest first."""
+    """Running jobs and the ended ones the history keeps, oldest first."""
     records = _records()
     ended = sorted((r for r in records if r.get("ended")), key=lambda r: r["ended"])
-    old = {id(r) for r in ended[:-HISTORY]}
+    kept = {id(r) for r in _kept(ended, history(), time.time())}
+    old = {id(r) for r in ended if id(r) not in kept}
     out = [r for r in records if id(r) not in old and (root is None or r.get("root") == root)]
     return sorted(out, key=lambda r: r.get("started", 0))
 
 
-def _prune() -> None:
-    """Remove the oldest ended records beyond :data:`HISTORY`, once there are :data:`PRUNE_AT`
-    records: a directory listing on every job's end, reading them all only now and then."""
+@dataclass(frozen=True)
+class History:
+    """How many ended jobs to keep, and for how long."""
+
+    count: int
+    seconds: float
+
+
+def history(environ: Mapping[str, str] | None = None) -> History:
+    """The history this user asked for (``TTMESH_JOB_HISTORY``: ended jobs kept, 0 keeps none;
+    ``TTMESH_JOB_HISTORY_DAYS``: their age at most); a bad value is bad input (exit 2)."""
+    env = os.environ if environ is None else environ
+    count = numeric.whole(
+        env.get("TTMESH_JOB_HISTORY", HISTORY), "TTMESH_JOB_HISTORY", high=100_000, example="50"
+    )
+    days = numeric.number(
+        env.get("TTMESH_JOB_HISTORY_DAYS", HISTORY_DAYS),
+        "TTMESH_JOB_HISTORY_DAYS",
+        low=0,
+        high=3650,
+        unit="days",
+        example="7",
+    )
+    return History(count, days * 86400.0)
+
+
+def _kept(ended: list[dict[str, Any]], keep: History, now: float) -> list[dict[str, Any]]:
+    """The ended records ``keep`` keeps, of ``ended`` sorted oldest first."""
+    recent = [r for r in ended if now - r["ended"] <= keep.seconds]
+    return recent[len(recent) - keep.count :] if keep.count else []
+
+
+def _prune(keep: History | None = None) -> None:
+    """Remove ended records beyond the history kept: a directory listing (names and times, no
+    reading) on every job's end, and reading them all only when there are :data:`SLACK` records
+    too many or one is older than the age kept."""
     try:
-        count = sum(name.endswith(".json") for name in os.listdir(jobs_dir()))
+        keep = keep or history()
+    except TTMeshError:
+        keep = History(HISTORY, HISTORY_DAYS * 86400.0)  # checked when the launch started
+    now = time.time()
+    try:
+        with os.scandir(jobs_dir()) as entries:
+            times = [
+                e.stat(follow_symlinks=False).st_mtime for e in entries if e.name.endswith(".json")
+            ]
     except OSError:
         return
-    if count < PRUNE_AT:
+    # A record is written last when its job ends: its time is at least that.
+    if len(times) < keep.count + SLACK and all(now - t <= keep.seconds for t in times):
         return
     ended = sorted((r for r in _records() if r.get("ended")), key=lambda r: r["ended"])
-    for r in ended[:-HISTORY]:
-        remove(r["job"])
+    kept = {r["job"] for r in _kept(ended, keep, now)}
+    for r in ended:
+        if r["job"] not in kept:
+            remove(r["job"])
 
 
 def new_job_id() -> str:

@@ -17,9 +17,7 @@ Once the tree is gone nothing can use them (their names were its own), so ttmesh
 
 from __future__ import annotations
 
-import glob
 import os
-import stat
 import sys
 import time
 
@@ -39,7 +37,6 @@ class Server:
         self.listening = False
         self.started = time.monotonic()
         self.next_progress = self.started + self._every()
-        self.before = self._leftovers()
 
     def start(self, pid: int) -> int:
         """Start watching the server ``pid``; the fd to select on for its events."""
@@ -103,77 +100,3 @@ class Server:
                 except OSError:
                     pass
         self.wake_r = self.wake_w = -1
-
-    def _leftovers(self) -> set[str]:
-        return {p for pattern in self.spec.profile.leftovers for p in glob.glob(pattern)}
-
-    def clean(self) -> list[str]:
-        """Remove this user's private plain files the profile names that appeared during the
-        attempt and that no live process of this user uses (called once the tree is gone)."""
-        found: dict[tuple[int, int], str] = {}
-        for path in sorted(self._leftovers() - self.before):
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
-                found[(st.st_dev, st.st_ino)] = path
-        if not found:
-            return []
-        removed = []
-        used = in_use(set(found))
-        for key, path in found.items():
-            try:
-                st = os.lstat(path)
-                if key in used or (st.st_dev, st.st_ino) != key:
-                    continue  # in use, or replaced meanwhile: not the file looked at
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                continue
-        return removed
-
-
-MAX_MAPS = 64 * 1024 * 1024  # /proc/PID/maps: ~100 bytes a mapping
-
-
-def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Which of ``files`` ((device, inode)) a live process of this user maps (a semaphore or
-    shared memory segment in use) or holds open. Only this user's processes can open a file of
-    this user's that no one else may read or write (root's: root's)."""
-    from ttmesh import fileread
-
-    me = os.getuid()
-    used: set[tuple[int, int]] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or used == files:
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != me:
-                continue
-            maps = fileread.read_text(f"/proc/{name}/maps", MAX_MAPS, "memory map")
-        except (OSError, ValueError):  # gone, or not readable: nothing to learn from it
-            continue
-        for line in maps.splitlines():
-            fields = line.split(None, 5)  # address perms offset MAJ:MIN inode [path]
-            if len(fields) < 6 or fields[4] == "0":
-                continue
-            major, _, minor = fields[3].partition(":")
-            try:
-                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-            except ValueError:
-                continue
-            if key in files:
-                used.add(key)
-        try:
-            fds = os.listdir(f"/proc/{name}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{name}/fd/{fd}")
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in files:
-                used.add((st.st_dev, st.st_ino))
-    return used

@@ -233,7 +233,11 @@ def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     assert "ttmesh: interrupted: stopping every worker" in text
     final = last_frame(text)
     assert re.search(r"› stopping \d+\.\ds › done \(exit 130\)$", phase_line(final).strip())
-    assert all(cells[3] == "stopped: killed by SIGTERM" for cells in rows(final).values())
+    # Each rank got the SIGINT itself (as under torchrun): its KeyboardInterrupt ended it (by
+    # the signal, or with code 1 when it came while Python could only report it).
+    states = [cells[3] for cells in rows(final).values()]
+    assert set(states) <= {"stopped: killed by SIGINT", "stopped: exited with code 1"}, states
+    assert len(states) == 4
 
 
 def test_the_live_view_says_what_a_drain_does(

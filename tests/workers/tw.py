@@ -5,8 +5,10 @@ Usage: python tw.py ttmesh-test-worker ACTION [ACTION ...]
   env=DIR           dump the environment to DIR/rank<R>.json
   child=DIR         start a grandchild (same group) that sleeps; its pid -> DIR/rank<R>.child
   setsid=DIR        start a grandchild in its own session; pid -> DIR/rank<R>.setsid
-  ignore-term       ignore SIGTERM
-  on-term=CODE      exit CODE on SIGTERM (after writing DIR/rank<R>.term if pids= was given)
+  ignore-term       ignore a stop: SIGTERM, and SIGINT, SIGHUP, SIGQUIT (ttmesh passes on the
+                    user's own stop signal, as torchrun does)
+  on-term=CODE      exit CODE on a stop (SIGTERM, SIGINT, SIGHUP, SIGQUIT), after writing the
+                    signal's name to DIR/rank<R>.term if pids= was given
   usr1=DIR          on SIGUSR1 write DIR/rank<R>.usr1
   lines=N           print N long lines, each written in several pieces
   say=TEXT          print "TEXT from rank R" on stdout
@@ -49,9 +51,12 @@ def sleeper(new_session):
     )
 
 
-def on_term(*_):
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def on_term(sig, _frame):
     if pid_dir:
-        write(os.path.join(pid_dir, f"rank{rank}.term"), "1")
+        write(os.path.join(pid_dir, f"rank{rank}.term"), signal.Signals(sig).name)
     os._exit(term_code)
 
 
@@ -70,10 +75,12 @@ def main(args):
         elif key == "setsid":
             write(os.path.join(value, f"rank{rank}.setsid"), str(sleeper(True).pid))
         elif key == "ignore-term":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for sig in STOPS:
+                signal.signal(sig, signal.SIG_IGN)
         elif key == "on-term":
             term_code = int(value)
-            signal.signal(signal.SIGTERM, on_term)
+            for sig in STOPS:
+                signal.signal(sig, on_term)
         elif key == "usr1":
             usr1_path = os.path.join(value, f"rank{rank}.usr1")
             signal.signal(signal.SIGUSR1, lambda *_, p=usr1_path: write(p, "1"))

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ttmesh import __version__, numeric
+from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
 from ttmesh.cli.options import CONTEXT, host_options, seconds, shape, whole
 from ttmesh.errors import TTMeshError, bad_input
@@ -73,6 +74,7 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
 @click.command("launch", cls=LaunchCommand, context_settings=LAUNCH_CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="ttmesh")
 @host_options
+@torchrun.options
 @click.option(
     "--tp-size",
     type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
@@ -84,8 +86,8 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
-    type=whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2"),
-    metavar="N",
+    type=torchrun.Nproc(whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2")),
+    metavar="N|auto",
     help="Workers on this host (torchrun's flag; each host's, over several). Default: one per "
     "chip (per board on n300 "
     "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
@@ -214,8 +216,9 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "--rdzv-backend",
     "--rdzv_backend",
     "rdzv_backend",
-    type=click.Choice(["c10d"]),
-    help="The rendezvous engine: torch's c10d (the only one).",
+    type=click.Choice(["c10d", "static"]),
+    help="The rendezvous engine: ttmesh's own over torch's c10d store (torchrun's static, with "
+    "--master-addr, is taken as the same).",
 )
 @click.option(
     "--rdzv-token",
@@ -430,6 +433,7 @@ def launch_cmd(
     hosts: str | None,
     launch_agent: str | None,
     tcp_interface: str | None,
+    torchrun_flags: torchrun.Flags,
 ) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
@@ -579,6 +583,7 @@ def launch_cmd(
         workdir=workdir,
         binding=binding,
         environ=dict(os.environ),
+        master_addr=torchrun_flags.master_addr or "127.0.0.1",
         ready_timeout=ready_timeout,
         ready_pattern=ready_pattern,
         profile=server[0] if server else None,
@@ -638,6 +643,7 @@ def launch_cmd(
                 raise prepared.liveness.first(err) if prepared.liveness else err
         if dry_run:  # every check the launch runs before its start, or why it is skipped
             launch.dry_run_checks(prepared, auto_reset, rendezvous=multi is not None)
+        torchrun.apply_plan(prepared.plan, torchrun_flags, host)
     except TTMeshError as exc:
         if summary_json and not dry_run:
             launch.write_refusal(summary_json, exc)
@@ -673,6 +679,7 @@ def launch_cmd(
         peers = Peers(multi[0], rdzv_job)
         try:
             prepared.plan = peers.join(prepared.plan)
+            torchrun.apply_plan(prepared.plan, torchrun_flags, host)
         except BaseException:
             peers.coord.close()
             raise
@@ -691,6 +698,9 @@ def launch_cmd(
     with JobView(prepared.plan) as view:
         options.observer = view
         return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+
+
+torchrun.adopt(launch_cmd)
 
 
 def _tp_over_hosts(

@@ -12,30 +12,10 @@ import click
 
 from ttmesh.errors import bad_input
 
-# torchrun's flags that ttmesh does not take, and what to do instead.
-_RDZV_CONF = "use --rdzv-timeout (joining) and --heartbeat-timeout (a host gone) instead"
+# torchrun's flags that ttmesh does not take (yet), and what to do instead. Every other flag of
+# torchrun 2.13 is taken: ttmesh.cli.torchrun.
 TORCHRUN = {
-    "--standalone": "ttmesh always runs one host's job with its own free port and store: drop it",
-    "--rdzv-conf": _RDZV_CONF,
-    "--rdzv_conf": _RDZV_CONF,
-    "--master-addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
-    "--master_addr": "ranks on one host meet at 127.0.0.1: drop it (--master-port picks the port)",
-    "--logs-specs": "use --log-dir DIR",
-    "--logs_specs": "use --log-dir DIR",
-    "--role": "drop it: every rank's ROLE_NAME is 'default'",
-    "--monitor-interval": "ttmesh sees a rank's exit the moment it happens: drop it",
-    "--monitor_interval": "ttmesh sees a rank's exit the moment it happens: drop it",
-    "--start-method": "each rank is a new process: drop it",
-    "--start_method": "each rank is a new process: drop it",
     "--max-nodes": "ttmesh runs a fixed number of hosts (--nnodes N): drop it",
-    "--signals-to-handle": "ttmesh stops the job on SIGINT, SIGTERM and SIGHUP and passes "
-    "SIGUSR1/SIGUSR2 to the ranks: drop it",
-    "--signals_to_handle": "ttmesh stops the job on SIGINT, SIGTERM and SIGHUP and passes "
-    "SIGUSR1/SIGUSR2 to the ranks: drop it",
-    "--run-path": "give the script as the command: a .py runs with this Python",
-    "--run_path": "give the script as the command: a .py runs with this Python",
-    "--numa-binding": "drop it: ttmesh does not bind ranks to NUMA nodes",
-    "--numa_binding": "drop it: ttmesh does not bind ranks to NUMA nodes",
 }
 
 

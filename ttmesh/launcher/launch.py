@@ -25,6 +25,7 @@ from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
+from ttmesh.launcher import errorfile
 from ttmesh.launcher.events import JobPhase, Observer
 from ttmesh.launcher.plan import LaunchPlan, LaunchRequest, build, build_chipless, resolve_command
 from ttmesh.launcher.supervisor import STOPPING, AttemptResult, Options, run_attempt, stop_reason
@@ -1479,6 +1480,7 @@ class JobRun:
                 self.peers.coord.close()
         if status is None:
             status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
+        unwritten_error = errorfile.write(final, self.plan)  # the ranks' files go next
         self._release(status, final.code)
         if self.observer is not None:  # the final frame, above the summary
             self.observer.phase(JobPhase.DONE, f"exit {final.code}")
@@ -1491,6 +1493,8 @@ class JobRun:
                 # matters), one that succeeded ends 2: a script must not take 0 for a summary.
                 note(unwritten)
                 code = code or BAD_INPUT
+        if unwritten_error is not None:
+            note(unwritten_error)
         _summarize(self.prepared, self.results, diagnosis, final)  # its exit line comes last
         return code
 

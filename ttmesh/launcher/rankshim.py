@@ -19,7 +19,7 @@ does that host's duties for the rank before the command runs, and stays its pare
    them down on a simulated host as on hardware (the launching ttmesh then recovers them on
    every host: ttmesh.launcher.hostrecovery).
 6. The command runs as a child with the rank's environment (MPI's included: the child is the MPI
-   process); SIGTERM, SIGINT and SIGHUP are passed on, and the child gets SIGTERM should this
+   process); SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on, and the child gets SIGTERM should this
    process die; the exit code is the command's (128 + signal when a signal ended it).
 """
 
@@ -38,7 +38,10 @@ from ttmesh import procs
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.host.base import Host
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# As the guardian sends them: a stop as the user sent it (torchrun passes it on), SIGUSR1/2.
+FORWARDED = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+)  # fmt: skip
 # Every way a rank's ttmesh ends before its command runs (the wrong host, pre-flight, a lease,
 # its files, the command missing) is one last stderr line ``ttmesh: not started on HOST: ...``:
 # the launching ttmesh tells it from a crash by that (nothing ran: nothing to restart).

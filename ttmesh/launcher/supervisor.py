@@ -50,10 +50,16 @@ from ttmesh.vocab import Layout, Source
 if TYPE_CHECKING:
     from ttmesh.launcher.serving.server import Server
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-# Signals sent to ttmesh that stop the job gracefully (exit 128 + signal); SIGUSR1/2 are passed
-# on to the workers, SIGINT is Ctrl-C (a second one kills at once).
-STOPPING: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
+FORWARDED = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+)  # fmt: skip
+# Signals sent to ttmesh that stop the job gracefully (exit 128 + signal): as torchrun's agent
+# does, the ranks get the signal that was sent (a rank's KeyboardInterrupt handler runs on
+# Ctrl-C), then SIGKILL when the grace ends. SIGUSR1/2 are passed on to the workers; SIGINT is
+# Ctrl-C (a second one kills at once).
+STOPPING: dict[int, str] = {
+    signal.SIGTERM: "terminated", signal.SIGHUP: "hangup", signal.SIGQUIT: "quit",
+}  # fmt: skip
 
 
 def stop_reason(sig: int) -> str:
@@ -447,6 +453,9 @@ class Stop:
     )
     user: bool = False  # the user stopped the job (a signal to ttmesh)
     quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
+    # What the ranks are sent first: the user's own signal (torchrun's agent passes it on), or
+    # SIGTERM when ttmesh stops them (a failure, a hang, another host).
+    sends: int = signal.SIGTERM
 
 
 class Guardian:
@@ -685,11 +694,11 @@ class Guardian:
                     self._kill()
                 else:
                     self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop(stop_reason(sig), 130, user=True))
+                    self._begin_stop(Stop(stop_reason(sig), 130, user=True, sends=sig))
             elif sig in STOPPING and self.stop is None:
                 why = stop_reason(sig)
                 self._emit(f"{why}: stopping every worker")
-                self._begin_stop(Stop(why, 128 + sig, user=True))
+                self._begin_stop(Stop(why, 128 + sig, user=True, sends=sig))
             elif sig == PEER_STOP and self.stop is None and self.first_failure is None:
                 self._begin_stop(
                     Stop("stopped: another host of the job failed", 128 + signal.SIGTERM)
@@ -771,7 +780,8 @@ class Guardian:
     # -- stopping
 
     def _begin_stop(self, stop: Stop | None) -> None:
-        """RUNNING -> STOPPING: SIGTERM to every rank's process group, SIGKILL after the grace."""
+        """RUNNING -> STOPPING: SIGTERM (or the user's own signal, as torchrun passes it on) to
+        every rank's process group, SIGKILL after the grace."""
         if stop is not None and self.stop is None:
             self.stop = stop
         if self.phase is Phase.RUNNING:
@@ -784,11 +794,13 @@ class Guardian:
             # SIGCONT right after: a rank stopped (SIGSTOP) gets to handle its SIGTERM within
             # the grace, rather than sit on it until SIGKILL (systemd.kill(5) does the same).
             if self.server is not None:  # its own drain first: SIGTERM to the main process only
+                # (a server drains on SIGTERM, as its makers intend, whatever stopped it)
                 main = list(self.starter.pids.values())
                 procs.signal_pids(main, signal.SIGTERM)
                 procs.signal_pids(main, signal.SIGCONT)
             else:
-                procs.signal_groups(self.starter.groups(), signal.SIGTERM)
+                first = self.stop.sends if self.stop is not None else signal.SIGTERM
+                procs.signal_groups(self.starter.groups(), first)
                 procs.signal_groups(self.starter.groups(), signal.SIGCONT)
 
     def _on_server(self) -> None:

@@ -1044,12 +1044,22 @@ class SimRoot:
                 "max_link_speed": LINK_SPEED[chip["arch"]],
                 "current_link_width": "16",
                 "max_link_width": "16",
+                # Its NUMA node, as the kernel gives it (-1 without NUMA): what torchrun's
+                # --numa-binding node binds a rank to (one node, below, unless a system says).
+                "numa_node": str(chip.get("numa_node", 0)),
             }
             for name, value in attrs.items():
                 _write(os.path.join(pci_dir, name), value + "\n")
             link = self.path(f"sys/bus/pci/devices/{bdf}")
             if not os.path.islink(link):
                 os.symlink(f"../../../devices/pci0000:00/{bdf}", link)
+        # The NUMA nodes' CPUs are this machine's (a rank bound to them must be able to run).
+        nodes = {int(c.get("numa_node", 0)) for c in self.chips() if c.get("bdf")} - {-1}
+        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+        for node in sorted(nodes):
+            node_dir = self.path(f"sys/devices/system/node/node{node}")
+            os.makedirs(node_dir, exist_ok=True)
+            _write(os.path.join(node_dir, "cpulist"), cpus + "\n")
 
 
 def _create(path: str, mode: int, dir_fd: int | None = None) -> int:

@@ -342,8 +342,10 @@ def prepare(
         blocked = blocked_chips(inv)
         watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
     # Healthy first: the links down between the host's chips, read once (cheap: link telemetry),
-    # only when the choice is ttmesh's to make (chips named are the user's choice).
-    broken = [] if descriptor_only or chosen else broken_pairs(inv)
+    # only when the choice is ttmesh's to make (chips named are the user's choice). A descriptor
+    # reads them too: tt-metal is given the host as discovery finds it, links down left out,
+    # and refuses a mesh over them (``ttmesh descriptor`` then refuses as the launch would).
+    broken = [] if chosen else broken_pairs(inv)
     choose = functools.partial(_choose, broken=broken, repairable=repairable)
 
     def availability(

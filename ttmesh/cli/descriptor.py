@@ -93,6 +93,11 @@ def descriptor_cmd(
 ) -> None:
     """Write tt-metal mesh graph descriptors for a set of chips, as ttmesh launch would.
 
+    Healthy chips first, as a launch chooses them: with no healthy mesh of the size (links
+    down), it refuses as the launch would (exit 3, naming the reset), since tt-metal refuses a
+    mesh over links that are down. A shape tt-metal's placement refuses is refused (exit 2),
+    with the shapes that fit.
+
     \b
     Examples:
       ttmesh descriptor --sim quietbox2                       # the whole 2x2 mesh, one process

@@ -143,10 +143,7 @@ def descriptor_cmd(
     prepared = launch.prepare(
         request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True
     )
-    if prepared.unhealthy is not None:
-        # No healthy mesh of the size: tt-metal, given the host as it is (links down left out,
-        # as discovery finds it), refuses this one. The launch's refusal, with the reset.
-        raise prepared.unhealthy
+    launch.descriptor_checks(prepared)  # links down under the mesh: refused as a launch would
     plan = prepared.plan
     files = {Path(p).name: text for p, text in plan.files.items()}
     mocks: dict[str, str] = {}

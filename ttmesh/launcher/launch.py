@@ -895,6 +895,9 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
         raise _preflight_refusal(problems, recovery.auto_reset)
 
 
+AUTO_RESET_HINT = ", or add --auto-reset to recover the chips first"
+
+
 def _preflight_refusal(problems: list[Any], auto_reset: bool) -> TTMeshError:
     """Pre-flight's errors as the launch refuses them: the others said first, the first as
     the one line (exit 3), its fix, and --auto-reset when a reset would fix it."""
@@ -905,8 +908,25 @@ def _preflight_refusal(problems: list[Any], auto_reset: bool) -> TTMeshError:
     first = problems[0]
     fix = first.fix or "see ttmesh check"
     if first.kind in health.RESETTABLE and not auto_reset:
-        fix += ", or add --auto-reset to recover the chips first"
+        fix += AUTO_RESET_HINT
     return refused(f"pre-flight: {first.what}", fix)
+
+
+def descriptor_checks(prepared: Prepared) -> None:
+    """What ``ttmesh descriptor`` refuses as the launch would (exit 3): a mesh over links that
+    are down. tt-metal is given the host as discovery finds it (a mock cluster leaves them
+    out) and refuses such a mesh; the chips named with --chips included."""
+    from ttmesh.fabric import health
+
+    unhealthy = prepared.unhealthy  # no healthy mesh of the size: the reset that gives one
+    if unhealthy is not None:  # (the descriptor command has no --auto-reset to offer)
+        raise refused(unhealthy.message, (unhealthy.hint or "").replace(AUTO_RESET_HINT, ""))
+    if prepared.plan.hosts:
+        return  # each host's links are read in its own ranks
+    chips = set(prepared.plan.all_chips())
+    down = [p for p in health.links_down(prepared.inv) if p.chips and set(p.chips) <= chips]
+    if down:
+        raise _preflight_refusal(down, auto_reset=True)
 
 
 def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: bool = False) -> None:

@@ -60,7 +60,7 @@ def test_a_whole_galaxy_2x16_needs_its_torus(tmp_path: Path) -> None:
     assert select(inv, 32, shape=(1, 32)).shape == (1, 32)
     res = run_cli("descriptor", "--root", str(cut), "--tp-size", "32", "--mesh-shape", "2x16")
     (line,) = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host")]
-    assert res.code == 2 and "whole 4x8 torus" in line, res.err
+    assert res.code == 2 and "only on the Galaxy's whole torus" in line, res.err
     assert "(possible shapes: " in line and ", 4x8)" in line and "2x16" not in line.split("(")[-1]
 
 

@@ -45,7 +45,8 @@ from ttmesh.vocab import LAYOUTS, Layout
 @click.option(
     "--strict-links",
     is_flag=True,
-    help="STRICT channel policy: every neighbour pair needs the links of the mesh's weakest pair.",
+    help="STRICT channel policy: every neighbour pair needs the links of the weakest pair any "
+    "placement by tt-metal may use (the mesh's chips' pairs, and a host pair missing a link).",
 )
 @click.option(
     "--per-rank",

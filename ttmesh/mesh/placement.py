@@ -93,7 +93,7 @@ def grouping_refusal(
     if embed.fits(graph, torus):
         return None
     return (
-        f"tt-metal places a mesh of a whole Galaxy other than 1x{GALAXY_CHIPS} or "
-        f"{GALAXY_GRID[0]}x{GALAXY_GRID[1]} only on its whole {GALAXY_GRID[0]}x{GALAXY_GRID[1]} "
-        "torus, and this one lacks a pair of it"
+        f"tt-metal places a whole Galaxy's mesh, unless a line or its own "
+        f"{GALAXY_GRID[1]}x{GALAXY_GRID[0]} grid, only on the Galaxy's whole torus, and this "
+        "one lacks a pair of it"
     )

@@ -327,18 +327,33 @@ def _mesh_mpi_check(out: Path, bindings: list[dict]) -> tuple[int, dict[int, dic
 def test_link_down_refused_by_tt_metal(
     link_down: bool, ttnn_py: str, make_sim: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """tt-metal's own refusal of the same fault: the per-rank mock clusters ``ttmesh descriptor``
-    writes while the link is down leave it out, and the STRICT 2x2 mesh over 4 processes no longer
-    fits (with every link up the same files are accepted)."""
+    """tt-metal's own refusal of the same fault: the per-rank mock clusters of the host with the
+    link down leave it out, and the STRICT 2x2 mesh over 4 processes no longer fits (with every
+    link up the same files are accepted). ``ttmesh descriptor`` itself, once the link is down,
+    refuses that mesh as the launch does (exit 3, naming the link: issue 22), so the files are
+    written with the links up and each rank's mock cluster rewritten from the damaged host."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric.devices import discover
+    from ttmesh.mesh import mock
+
     root = make_sim("quietbox2")
+    out = tmp_path / "desc"
+    bindings = _per_rank_files(root, out)
+    assert [b["mesh_host_rank"] for b in bindings] == [0, 1, 3, 2]
     if link_down:
         res = run_cli(
             "sim", "fault", "--root", str(root), "link-down", QB2[0], QB2[2], "--channel", "3"
         )  # fmt: skip
         assert res.code == 0, res.err
-    out = tmp_path / "desc"
-    bindings = _per_rank_files(root, out)
-    assert [b["mesh_host_rank"] for b in bindings] == [0, 1, 3, 2]
+        again = run_cli("descriptor", "--root", str(root), "--mesh-layout", "mesh",
+                        "--strict-links", "-o", str(tmp_path / "again"))  # fmt: skip
+        assert again.code == 3 and f"between {QB2[0]} and {QB2[2]} is down" in again.err, again
+        host = open_host(str(root))
+        asic = {c.bdf: c.asic_id for c in discover(host).chips}
+        for b in bindings:
+            chips = [asic[bdf] for bdf in b["env_overrides"]["TT_VISIBLE_DEVICES"].split(",")]
+            view = mock.for_chips(host, chips, f"rank {b['rank']}, link down")
+            (out / f"rank{b['rank']}_cluster_descriptor.yaml").write_text(view)
     mgd = out / "mesh.textproto"
     assert "count: 2" in mgd.read_text() and "policy: STRICT" in mgd.read_text()
     rank0 = yaml.safe_load((out / "rank0_cluster_descriptor.yaml").read_text())

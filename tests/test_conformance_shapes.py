@@ -17,13 +17,9 @@ links than the others: what STRICT channels mean is pinned by
 ``test_strict_channels_are_a_minimum``), and ``pair-gone``, every link of one chip pair missing
 (the QuietBox 2's cross-card pair, ...), which removes shapes.
 
-One kind of disagreement is allowed, and reported as a warning: on a damaged Galaxy, a mesh
-ttmesh finds in the link graph that tt-metal's placement does not place (ttnn 0.81.1: a 1x14
-ring on a Wormhole Galaxy with one link down, where tt-metal gives up after ~125 candidate
-chip sets although it maps the same descriptor on a host holding only ttmesh's ring; a whole-host
-2x16 on a Blackhole Galaxy with a link or pair missing, which tt-metal refuses even on a host
-that is exactly that 2x16). It passes only when the host's own cluster descriptor, read here
-without ttmesh, shows every neighbour pair of ttmesh's mesh with the channels it asks for.
+No disagreement is allowed, on damaged hosts either (issue 22): where tt-metal's placement
+refuses a mesh the link graph holds (STRICT channels checked on the placement it finds, a whole
+Galaxy's mesh placed in its 4x8 grouping), ttmesh models it (``ttmesh.mesh.placement``).
 
 On damaged Galaxies each shape is checked in one orientation (R <= C) to keep the file within
 its time budget; test_transposed_shapes_get_the_same_verdicts shows orientation does not matter
@@ -38,7 +34,6 @@ import dataclasses
 import functools
 import json
 import subprocess
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,11 +44,9 @@ from conftest import CAPTURES, CONFORMANCE, STOCK, run_cli, scratch
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
 from ttmesh.host import boards as boardfacts
-from ttmesh.host import clusterdesc
 from ttmesh.launcher.launch import prepare
 from ttmesh.launcher.plan import LaunchRequest
 from ttmesh.mesh import descriptor as mgd
-from ttmesh.mesh import embed
 from ttmesh.mesh.select import Selection
 from ttmesh.sim.system import SystemModel, load
 
@@ -186,7 +179,6 @@ class Row:
     check: Path  # the descriptor given to tt-metal
     cluster: Path
     verdict: dict = dataclasses.field(default_factory=dict)  # mgd-check-many's answer
-    alone: dict | None = None  # tt-metal on a host with only the mesh's links (_ask_again_alone)
 
     @property
     def accepted(self) -> bool:
@@ -235,69 +227,10 @@ def table(ttnn_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         pairs = [{"cluster": str(r.cluster), "mgd": str(r.check)} for r in every]
         for row, verdict in zip(every, mgd_check_many(pairs), strict=True):
             row.verdict = verdict
-        _ask_again_alone([r for r in every if _placement_limit(r)], out)
         yield rows
 
 
 # --------------------------------------------------------------------------- the table
-
-
-def _placement_limit(row: Row) -> bool:
-    """ttmesh maps it, tt-metal's placement does not, on a damaged host: the one kind of
-    disagreement met (damaged Galaxies), checked further by _limit_evidence."""
-    error = row.verdict.get("error", "")
-    placement = "topology_mapper" in error or "mesh_groupings" in error
-    return row.accepted and not row.verdict["ok"] and row.variant != "whole" and placement
-
-
-def _mesh_links(row: Row) -> set[frozenset[str]]:
-    """ttmesh's grid neighbour pairs (a RING's wrap-around pairs too), by asic id."""
-    sel = row.selection
-    assert sel is not None
-    edges = embed.grid_edges(sel.shape, sel.dim_types)
-    return {frozenset((sel.grid[a], sel.grid[b])) for a, b in edges}
-
-
-def _ask_again_alone(rows: list[Row], out: Path) -> None:
-    """tt-metal once more, on a host that has only the links of ttmesh's mesh."""
-    pairs = []
-    for row in rows:
-        model = _model(row.system, row.variant)
-        assert model is not None
-        asic = {c.id: c.asic_id for c in model.chips}
-        wanted = _mesh_links(row)
-        links = [
-            lk for lk in model.links if frozenset((asic[lk.chip_a], asic[lk.chip_b])) in wanted
-        ]
-        alone = out / f"{row.system}-{row.variant}-{row.shape[0]}x{row.shape[1]}-alone.yaml"
-        alone.write_text(
-            clusterdesc.dump(dataclasses.replace(model, links=links).to_cluster_descriptor(), [])
-        )
-        pairs.append({"cluster": str(alone), "mgd": str(row.check)})
-    for row, verdict in zip(rows, mgd_check_many(pairs) if pairs else [], strict=True):
-        row.alone = verdict
-
-
-def _limit_evidence(row: Row) -> str | None:
-    """Why a placement refusal is tt-metal's limit and not ttmesh's mistake, or None: the host's
-    own cluster descriptor (read here, not through ttmesh) has every neighbour pair of ttmesh's
-    mesh with at least the channels its STRICT descriptor asks; and what tt-metal says about a
-    host holding only those links."""
-    cluster = yaml.safe_load(row.cluster.read_text())
-    uid = {int(k): int(v) for k, v in cluster["chip_unique_ids"].items()}
-    counts: dict[frozenset[int], int] = {}
-    for a, b in cluster["ethernet_connections"]:
-        pair = frozenset((uid[a["chip"]], uid[b["chip"]]))
-        counts[pair] = counts.get(pair, 0) + 1
-    (mesh,) = mgd.parse(row.descriptor or "").meshes
-    for pair in _mesh_links(row):
-        if counts.get(frozenset(int(a, 16) for a in pair), 0) < mesh.channels:
-            return None
-    if row.alone is None:
-        return None
-    if row.alone["ok"]:
-        return "tt-metal maps it on a host holding only those links: its search gave up"
-    return "tt-metal refuses it even on a host that is exactly this mesh"
 
 
 def _disagreement(row: Row) -> str | None:
@@ -325,22 +258,11 @@ def _disagreement(row: Row) -> str | None:
 
 @pytest.mark.parametrize(("name", "variant"), CASES)
 def test_ttmesh_and_tt_metal_agree_on_every_shape(name: str, variant: str, table: dict) -> None:
-    """Equal verdicts on every shape. The one exception, met on damaged Galaxies only: a mesh
-    ttmesh finds in the link graph and tt-metal's placement does not, allowed when the host's
-    cluster descriptor proves ttmesh's mesh is there (reported as a warning)."""
+    """Equal verdicts on every shape, whole and damaged hosts alike: no exception."""
     rows = table[(name, variant)]
     assert [row.shape for row in rows] == _shapes_of(name, variant)
-    problems, limits = [], []
-    for row in rows:
-        problem = _disagreement(row)
-        evidence = _limit_evidence(row) if problem and _placement_limit(row) else None
-        if evidence:
-            limits.append(f"{row.shape[0]}x{row.shape[1]}: {problem}; {evidence}")
-        elif problem:
-            problems.append(problem)
+    problems = [p for p in map(_disagreement, rows) if p]
     assert not problems, f"{name} {variant}:\n" + "\n".join(problems)
-    for limit in limits:
-        warnings.warn(f"tt-metal placement limit, {name} {variant}, {limit}", stacklevel=1)
 
 
 def test_transposed_shapes_get_the_same_verdicts(table: dict) -> None:
@@ -500,3 +422,31 @@ def test_library_call_is_the_descriptor_command(name: str, shape: Shape, make_si
         assert (res.code, res.out) == (0, text), res.err
     else:
         assert res.code == 2 and res.err.strip().splitlines()[-1] == f"ttmesh: {refusal}"
+
+
+def test_descriptor_on_a_t3k_with_a_pair_down_is_one_tt_metal_maps(
+    ttnn_python: str, tmp_path: Path
+) -> None:
+    """A T3K with both links of one pair down (a killed job's leftovers): ``ttmesh descriptor
+    --tp-size 8`` once wrote a 2x4 that tt-metal refuses on the job's own mock cluster (the
+    host as discovery finds it, links down left out), exit 0. Now it writes a mesh tt-metal
+    maps there, or refuses as the launch would: one line naming the reset, exit 3."""
+    from ttmesh.mesh import mock
+
+    root = tmp_path / "t3k"
+    root.mkdir()
+    assert run_cli("sim", "create", "--system", "t3k", "--root", str(root)).code == 0
+    res = run_cli("sim", "fault", "--root", str(root), "link-down", "0000:01:00.0", "0000:02:00.0")
+    assert res.code == 0, res.err
+    out = tmp_path / "out"
+    res = run_cli("descriptor", "--root", str(root), "--tp-size", "8", "-o", str(out))
+    if res.code != 0:
+        lines = [ln for ln in res.err.strip().splitlines() if not ln.startswith("simulated host")]
+        assert res.code == 3 and len(lines) == 1, res.err
+        assert lines[0].startswith("ttmesh: ") and "ttmesh reset" in lines[0], lines
+        assert not (out / "mesh.textproto").exists()
+        return
+    cluster = tmp_path / "mock.yaml"
+    cluster.write_text(mock.whole_host(Host(root)))
+    (verdict,) = mgd_check_many([{"cluster": str(cluster), "mgd": str(out / "mesh.textproto")}])
+    assert verdict["ok"], (verdict, res.out)

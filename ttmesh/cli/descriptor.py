@@ -45,7 +45,8 @@ from ttmesh.vocab import LAYOUTS, Layout
 @click.option(
     "--strict-links",
     is_flag=True,
-    help="STRICT channel policy: every neighbour pair needs the links of the mesh's weakest pair.",
+    help="STRICT channel policy: every neighbour pair needs the links of the weakest pair any "
+    "placement by tt-metal may use (the mesh's chips' pairs, and a host pair missing a link).",
 )
 @click.option(
     "--per-rank",
@@ -93,6 +94,11 @@ def descriptor_cmd(
 ) -> None:
     """Write tt-metal mesh graph descriptors for a set of chips, as ttmesh launch would.
 
+    Healthy chips first, as a launch chooses them: with no healthy mesh of the size (links
+    down), it refuses as the launch would (exit 3, naming the reset), since tt-metal refuses a
+    mesh over links that are down. A shape tt-metal's placement refuses is refused (exit 2),
+    with the shapes that fit.
+
     \b
     Examples:
       ttmesh descriptor --sim quietbox2                       # the whole 2x2 mesh, one process
@@ -138,6 +144,7 @@ def descriptor_cmd(
     prepared = launch.prepare(
         request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True
     )
+    launch.descriptor_checks(prepared)  # links down under the mesh: refused as a launch would
     plan = prepared.plan
     files = {Path(p).name: text for p, text in plan.files.items()}
     mocks: dict[str, str] = {}

@@ -354,8 +354,10 @@ def prepare(
         blocked = blocked_chips(inv)
         watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
     # Healthy first: the links down between the host's chips, read once (cheap: link telemetry),
-    # only when the choice is ttmesh's to make (chips named are the user's choice).
-    broken = [] if descriptor_only or chosen else broken_pairs(inv)
+    # only when the choice is ttmesh's to make (chips named are the user's choice). A descriptor
+    # reads them too: tt-metal is given the host as discovery finds it, links down left out,
+    # and refuses a mesh over them (``ttmesh descriptor`` then refuses as the launch would).
+    broken = [] if chosen else broken_pairs(inv)
     choose = functools.partial(_choose, broken=broken, repairable=repairable)
 
     def availability(
@@ -923,6 +925,9 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
         raise _preflight_refusal(problems, recovery.auto_reset)
 
 
+AUTO_RESET_HINT = ", or add --auto-reset to recover the chips first"
+
+
 def _preflight_refusal(problems: list[Any], auto_reset: bool) -> TTMeshError:
     """Pre-flight's errors as the launch refuses them: the others said first, the first as
     the one line (exit 3), its fix, and --auto-reset when a reset would fix it."""
@@ -933,8 +938,25 @@ def _preflight_refusal(problems: list[Any], auto_reset: bool) -> TTMeshError:
     first = problems[0]
     fix = first.fix or "see ttmesh check"
     if first.kind in health.RESETTABLE and not auto_reset:
-        fix += ", or add --auto-reset to recover the chips first"
+        fix += AUTO_RESET_HINT
     return refused(f"pre-flight: {first.what}", fix)
+
+
+def descriptor_checks(prepared: Prepared) -> None:
+    """What ``ttmesh descriptor`` refuses as the launch would (exit 3): a mesh over links that
+    are down. tt-metal is given the host as discovery finds it (a mock cluster leaves them
+    out) and refuses such a mesh; the chips named with --chips included."""
+    from ttmesh.fabric import health
+
+    unhealthy = prepared.unhealthy  # no healthy mesh of the size: the reset that gives one
+    if unhealthy is not None:  # (the descriptor command has no --auto-reset to offer)
+        raise refused(unhealthy.message, (unhealthy.hint or "").replace(AUTO_RESET_HINT, ""))
+    if prepared.plan.hosts:
+        return  # each host's links are read in its own ranks
+    chips = set(prepared.plan.all_chips())
+    down = [p for p in health.links_down(prepared.inv) if p.chips and set(p.chips) <= chips]
+    if down:
+        raise _preflight_refusal(down, auto_reset=True)
 
 
 def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: bool = False) -> None:

@@ -194,9 +194,10 @@ def _links_between(sel: Selection, a: Block, b: Block) -> int:
 
 
 def _block_channels(sel: Selection, block: Block) -> int:
-    inside = [
-        count for (x, y), count in sel.pair_links.items() if x in block.chips and y in block.chips
-    ]
+    """STRICT channels of a block's mesh: the fewest links of any linked pair among its chips,
+    as tt-metal checks them on whatever placement it finds (``ttmesh.mesh.placement``)."""
+    links = sel.chip_links or sel.pair_links
+    inside = [count for (x, y), count in links.items() if x in block.chips and y in block.chips]
     return min(inside) if inside else 1
 
 

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
-from ttmesh.mesh import embed
+from ttmesh.mesh import embed, placement
 from ttmesh.mesh.embed import Coord, DimTypes, Shape
 from ttmesh.render import plural
 
@@ -55,8 +55,9 @@ class Selection:
     order: list[Coord]  # rank order over coordinates (ring or snake)
     units: list[Unit]  # the units, in rank order of their first chip
     dim_types: tuple[str, str]
-    channels: int  # fewest links between grid neighbours
-    pair_links: dict[tuple[str, str], int] = field(default_factory=dict)
+    channels: int  # the STRICT count every placement on its chips holds (placement.py)
+    pair_links: dict[tuple[str, str], int] = field(default_factory=dict)  # grid neighbour pairs
+    chip_links: dict[tuple[str, str], int] = field(default_factory=dict)  # every linked pair
 
     @property
     def chips(self) -> list[str]:
@@ -125,6 +126,21 @@ class _Host:
     def arch(self) -> str:
         return self.inv.chips[0].arch if self.inv.chips else ""
 
+    @property
+    def chips(self) -> list[str]:
+        return [c.asic_id for c in self.inv.chips]
+
+    @property
+    def galaxy(self) -> bool:
+        return any(c.board_type.startswith("galaxy") for c in self.inv.chips)
+
+    def refusal(self, shape: Shape, allowed: list[str]) -> str | None:
+        """tt-metal's reason to refuse ``shape`` on ``allowed`` that the link graph does not
+        show (its shape rules, its grouping of a whole Galaxy), or None."""
+        return embed.tt_metal_refuses(shape, self.arch) or placement.grouping_refusal(
+            self.links, allowed, shape, self.galaxy
+        )
+
     def graph(self, allowed: list[str], min_links: int = 1) -> embed.Graph:
         return embed.graph_of(self.links, allowed, min_links)
 
@@ -176,7 +192,7 @@ def _memo(key: tuple, compute: Callable[[], T]) -> T:
 
 def _full_shape(host: _Host) -> Shape | None:
     chips = [c.asic_id for c in host.inv.chips]
-    galaxy = any(c.board_type.startswith("galaxy") for c in host.inv.chips)
+    galaxy = host.galaxy
     key = ("full", galaxy, host.wiring(chips))
     return _memo(key, lambda: _find_full_shape(host, galaxy))
 
@@ -253,6 +269,8 @@ def _best_embedding(host: _Host, shape: Shape, allowed: list[str]) -> Selection 
     pair (what a STRICT descriptor may demand), then the fewest idle chips on its boards, the
     most rings, the fewest boards, the earliest chips in PCI order."""
     if not _shape_fits(host, host.graph(allowed), shape):
+        return None
+    if placement.grouping_refusal(host.links, allowed, shape, host.galaxy):
         return None
     for min_links in host.link_levels(allowed) or [1]:
         graph = host.graph(allowed, min_links)
@@ -344,14 +362,22 @@ def _selection(host: _Host, shape: Shape, dim_types: DimTypes, grid: dict[Coord,
     for a, b in embed.grid_edges(shape, dim_types):  # a RING's wrap-around pairs count too
         key = tuple(sorted((grid[a], grid[b])))
         pair_links[key] = host.links[grid[a]][grid[b]]
+    chips = list(grid.values())
+    inside = set(chips)
+    chip_links = {
+        (a, b): n for a in chips for b, n in host.links[a].items() if b in inside and a < b
+    }
     return Selection(
         shape=shape,
         grid=grid,
         order=order,
         units=units,
         dim_types=dim_types,
-        channels=min(pair_links.values(), default=0),
+        # tt-metal checks STRICT channels on the placement it finds, which may use any linked
+        # pair of the chips (placement.strict_channels), not only the grid's neighbour pairs.
+        channels=placement.strict_channels(host.links, chips, host.chips) if pair_links else 0,
         pair_links=pair_links,  # type: ignore[arg-type]
+        chip_links=chip_links,
     )
 
 
@@ -378,7 +404,7 @@ def _find_shapes(host: _Host, allowed: list[str]) -> list[Shape]:
             cols += 1
         if cols == rows:
             break  # no rows x rows grid: no grid with more rows either
-    out = [s for s in out if not embed.tt_metal_refuses(s, host.arch)]
+    out = [s for s in out if not host.refusal(s, allowed)]
     return sorted(out, key=lambda s: (s[0] * s[1], s[0]))
 
 
@@ -398,7 +424,7 @@ def _no_mesh(
     where = f"on this {full[0]}x{full[1]} host" if full else "on this host"
     what = f"mesh shape {shape[0]}x{shape[1]}" if shape else f"connected {n}-chip mesh"
     candidates = [shape] if shape else candidate_shapes(n)
-    rules = {embed.tt_metal_refuses(s, host.arch) for s in candidates}
+    rules = {host.refusal(s, allowed) for s in candidates}
     why = f": {rules.pop()}" if len(rules) == 1 and None not in rules else ""
     return bad_input(
         f"tp-size {n}: no {what} {where} ({plural(len(allowed), 'chip')} available){why}",

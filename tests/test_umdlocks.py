@@ -9,6 +9,7 @@ link, a huge file) are one note each, read without blocking. The simulator's fau
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import sys
@@ -128,6 +129,27 @@ def test_a_free_lock_and_another_kind_are_no_problem(root: Path) -> None:
     assert procs.alive(pid)
 
 
+def test_the_layout_before_owner_fields_names_the_holder_from_the_lock_word(root: Path) -> None:
+    """tt-umd before #1539 wrote 48-byte files (the mutex and the flag, tt-umd#736's listing):
+    the holder is the thread in the robust futex word, as long as it maps the file (this
+    test's own process, holding it as tt-umd would)."""
+    path = lock_path(root, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<I", os.getpid()) + bytes(36) + struct.pack("<Q", FLAG))
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 48) as held:
+        code, report, err = check(root)
+        assert code == 1, err
+        (lock,) = report["umd_locks"]
+        assert (lock["state"], lock["owner_pid"], lock["owner_tid"]) == (
+            "held",
+            os.getpid(),
+            os.getpid(),
+        ), lock
+        assert held[:4] == struct.pack("<I", os.getpid())
+    code, report, err = check(root)  # mapped by no one now: its owner is no holder
+    assert code == 0 and report["umd_locks"][0]["state"] == "dead-owner", report["umd_locks"]
+
+
 def test_hostile_lock_files_are_one_note_each_without_hanging(root: Path, tmp_path: Path) -> None:
     shm = root / "dev/shm"
     shm.mkdir(parents=True, exist_ok=True)
@@ -143,7 +165,7 @@ def test_hostile_lock_files_are_one_note_each_without_hanging(root: Path, tmp_pa
     joined = "\n".join(notes)
     assert "CHIP_IN_USE_0_PCIe is not a plain file" in joined
     assert "CHIP_IN_USE_1_PCIe is a symbolic link, not tt-umd's file (not followed)" in joined
-    assert f"CHIP_IN_USE_3_PCIe is {64 << 30} bytes, not tt-umd's 56 or 64" in joined
+    assert f"CHIP_IN_USE_3_PCIe is {64 << 30} bytes, not tt-umd's 48, 56 or 64" in joined
     assert "CHIP_IN_USE_2_PCIe is not initialised by tt-umd" in joined
     assert {lk["state"] for lk in report["umd_locks"]} == {"unreadable"}
     res = run_cli("launch", "--root", str(root), "--", *OK)

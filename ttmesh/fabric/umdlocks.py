@@ -51,6 +51,7 @@ from ttmesh.host.base import Host
 PREFIX = "TT_UMD_LOCK."
 INITIALIZED = 0x5454554D444D5458  # "TTUMDMTX", tt-umd's INITIALIZED_FLAG
 SIZES = (56, 64)  # pthread_mutex_t (40 x86-64, 48 aarch64) + u64 + 2 x pid_t
+OLD_SIZES = (48, 56)  # before tt-umd #1539 (2025-11): the mutex and the flag only
 KINDS = ("ARC_MSG", "REMOTE_ARC_MSG", "NON_MMIO", "MEM_BARRIER", "CHIP_IN_USE", "PCIE_DMA")
 BLOCKING = "CHIP_IN_USE"  # held for a chip's whole open: a launch would wait on it
 MAX_FILES = 4096  # names read from the directory (7 kinds x 64 chips is ~450)
@@ -119,16 +120,25 @@ def _read_one(path: str) -> tuple[tuple[int, int] | None, bytes | None, str]:
         if not stat.S_ISREG(st.st_mode):
             return None, None, "not a plain file (tt-umd makes plain files)"
         key = (st.st_dev, st.st_ino)
-        if st.st_size not in SIZES:
-            return key, None, f"{st.st_size} bytes, not tt-umd's {' or '.join(map(str, SIZES))}"
+        if st.st_size not in (*OLD_SIZES, *SIZES):
+            return key, None, f"{st.st_size} bytes, not tt-umd's 48, 56 or 64"
         data = os.pread(fd, st.st_size, 0)
     except OSError as e:
         return None, None, f"cannot be read: {e.strerror}"
     finally:
         os.close(fd)
-    if len(data) not in SIZES:
+    if len(data) != st.st_size:
         return key, None, "changed while read"
     return key, data, ""
+
+
+def _thread_group(tid: int, mappers: list[int]) -> int:
+    """The process whose thread ``tid`` is: a mapper of the file with that task, else the TID
+    itself (a process's first thread has its PID as TID)."""
+    for pid in mappers:
+        if os.path.exists(f"/proc/{pid}/task/{tid}"):
+            return pid
+    return tid
 
 
 def _mappers(keys: set[tuple[int, int]]) -> dict[tuple[int, int], set[int]] | None:
@@ -190,9 +200,13 @@ def read(host: Host) -> list[Lock]:
             continue
         lock.mappers = sorted(maps.get(key, set())) if maps else []
         (word,) = struct.unpack_from("<I", data, 0)  # glibc's __lock: the robust futex word
-        (flag,) = struct.unpack_from("<Q", data, len(data) - 16)
-        tid, pid = struct.unpack_from("<ii", data, len(data) - 8)
-        if flag != INITIALIZED:
+        if struct.unpack_from("<Q", data, len(data) - 16)[0] == INITIALIZED:
+            tid, pid = struct.unpack_from("<ii", data, len(data) - 8)
+        elif struct.unpack_from("<Q", data, len(data) - 8)[0] == INITIALIZED:
+            # tt-umd before its owner fields (#1539, 2025-11): the futex word names the TID
+            tid = word & TID_MASK
+            pid = _thread_group(tid, lock.mappers) if tid else 0
+        else:
             lock.why = "not initialised by tt-umd (its flag is missing)"
             continue
         lock.owner_pid, lock.owner_tid = (pid if pid > 0 else None), (tid if tid > 0 else None)
@@ -204,7 +218,8 @@ def read(host: Host) -> list[Lock]:
             continue
         # A recycled PID is no owner: the live owner maps the file (root sees every mapping;
         # another user's process is believed as it is, its mappings are hidden from a user).
-        hidden = not root and pid > 0 and procs.uid_of(pid) not in (None, os.getuid())
+        # (PID 1 is another PID namespace's: a container's tt-umd, tt-umd#2097.)
+        hidden = not root and pid > 1 and procs.uid_of(pid) not in (None, os.getuid())
         if pid > 0 and procs.alive(pid) and (pid in lock.mappers or hidden):
             user, cmd, _ = procs.identity(pid)
             lock.state, lock.holder = HELD, (user, cmd)

@@ -54,7 +54,9 @@ SIZES = (56, 64)  # pthread_mutex_t (40 x86-64, 48 aarch64) + u64 + 2 x pid_t
 OLD_SIZES = (48, 56)  # before tt-umd #1539 (2025-11): the mutex and the flag only
 KINDS = ("ARC_MSG", "REMOTE_ARC_MSG", "NON_MMIO", "MEM_BARRIER", "CHIP_IN_USE", "PCIE_DMA")
 BLOCKING = "CHIP_IN_USE"  # held for a chip's whole open: a launch would wait on it
-MAX_FILES = 4096  # names read from the directory (7 kinds x 64 chips is ~450)
+MAX_FILES = 1024  # lock files judged (7 kinds x 64 chips is ~450)
+MAX_SCAN = 1 << 20  # directory entries looked at, at most
+MAX_ODD = 4  # notes about files that are not tt-umd's, at most
 MAX_MAPS = 64 * 1024 * 1024
 NAME_RE = re.compile(r"(?P<kind>[A-Z_]+?)_(?P<dev>\d{1,4})_(?P<type>PCIe|JTAG|Undefined)")
 
@@ -81,8 +83,8 @@ class Lock:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "path": self.path,
+            "name": procs.one_line(self.name),
+            "path": procs.one_line(self.path),
             "kind": self.kind or None,
             "dev_index": self.dev,
             "asic_ids": self.chips,
@@ -169,21 +171,33 @@ def _mappers(keys: set[tuple[int, int]]) -> dict[tuple[int, int], set[int]] | No
     return out
 
 
+def _known(name: str) -> bool:
+    """A name tt-umd gives its locks (a chip's, or a system-wide one)."""
+    m = NAME_RE.fullmatch(name)
+    return bool(m and m["kind"] in KINDS) or name in ("ARC_MSG", "CREATE_ETH_MAP")
+
+
 def read(host: Host) -> list[Lock]:
     """Every tt-umd lock file in the host's ``/dev/shm``, each judged (see the module)."""
     base = lock_dir(host)
+    names: list[str] = []  # tt-umd's names first: junk never crowds a real lock out
+    junk: list[str] = []
     try:
         with os.scandir(base) as it:
-            names = []
-            for entry in it:
-                if entry.name.startswith(PREFIX):
+            for n, entry in enumerate(it):
+                if n >= MAX_SCAN:
+                    break
+                if not entry.name.startswith(PREFIX):
+                    continue
+                if _known(entry.name[len(PREFIX) :]) and len(names) < MAX_FILES:
                     names.append(entry.name)
-                    if len(names) >= MAX_FILES:
-                        break
+                elif len(junk) < MAX_FILES:
+                    junk.append(entry.name)
     except OSError:
         return []
+    names += sorted(junk)[: MAX_FILES - len(names)]
     found: list[tuple[Lock, tuple[int, int] | None, bytes | None]] = []
-    for fname in sorted(names):
+    for fname in names:
         name = fname[len(PREFIX) :]
         m = NAME_RE.fullmatch(name)
         kind = m["kind"] if m and m["kind"] in KINDS else ""
@@ -266,6 +280,7 @@ def problems(
             by_dev.setdefault(lead.dev_index, []).append(c.asic_id)
     found: list[Any] = []
     notes: list[str] = []
+    odd: list[str] = []
     for lock in locks:
         chips = by_dev.get(lock.dev, []) if lock.dev is not None else []
         lock.chips = chips
@@ -273,12 +288,18 @@ def problems(
             continue  # another chip's (not selected), or a device this host does not list
         where = f" ({chip_name(inv, chips[0])})" if chips else ""
         if lock.state == UNREADABLE:
-            notes.append(f"tt-umd lock {lock.path} is {lock.why}: not judged")
+            odd.append(f"{procs.one_line(lock.path)} is {lock.why}")
         elif lock.state == DEAD:
+            pid = lock.owner_pid
+            if pid is None:
+                by = "a process that is gone"
+            elif procs.alive(pid):
+                by = f"pid {pid}, which no longer maps it (another PID namespace's, or reused)"
+            else:
+                by = f"pid {pid}, which is gone"
             notes.append(
-                f"tt-umd lock {lock.name}{where} was left locked by pid {lock.owner_pid}, which "
-                "is gone: harmless, tt-umd recovers it when the chip is next opened (do not "
-                "delete it)"
+                f"tt-umd lock {procs.one_line(lock.name)}{where} was left locked by {by}: "
+                "harmless, tt-umd recovers it when the chip is next opened (do not delete it)"
             )
         elif lock.state == HELD and lock.kind == BLOCKING and chips:
             pid = lock.owner_pid or -1
@@ -295,4 +316,7 @@ def problems(
                     tuple(chips),
                 )
             )
+    notes += [f"tt-umd lock {o}: not judged" for o in odd[:MAX_ODD]]
+    if len(odd) > MAX_ODD:  # a directory full of junk is a few notes, not thousands
+        notes.append(f"{len(odd) - MAX_ODD} more {PREFIX}* files are not tt-umd's: not judged")
     return found, notes, locks

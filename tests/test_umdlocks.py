@@ -170,6 +170,25 @@ def test_hostile_lock_files_are_one_note_each_without_hanging(root: Path, tmp_pa
     assert {lk["state"] for lk in report["umd_locks"]} == {"unreadable"}
     res = run_cli("launch", "--root", str(root), "--", *OK)
     assert res.code == 0, res.err
+    # the fault never writes through what is there: a FIFO, a link, a hard link, a huge file
+    other = root / "other"  # the same file system: a hard link can be made
+    other.write_bytes(b"keep")
+    os.link(other, shm / "TT_UMD_LOCK.MEM_BARRIER_0_PCIe")
+    for kind, said in (
+        ("CHIP_IN_USE", "is not a plain file of yours alone"),  # the FIFO
+        ("MEM_BARRIER", "is not a plain file of yours alone"),  # a second name of another file
+        ("NON_MMIO", "cannot be opened"),  # replaced by a link below
+    ):
+        if kind == "NON_MMIO":
+            os.symlink(other, lock_path(root, 0, kind))
+        res = run_cli("sim", "fault", "--root", str(root), "umd-lock", C01, "--kind", kind)
+        assert res.code == 2 and "Traceback" not in res.err, res.err
+        (line,) = ttmesh_lines(res.err)
+        assert line.startswith(f"ttmesh: {lock_path(root, 0, kind)} "), line
+        assert said in line, line
+    assert other.read_bytes() == b"keep"
+    res = run_cli("sim", "fault", "--root", str(root), "umd-lock", C05)  # device 3
+    assert res.code == 2 and f"is {64 << 30} bytes, not tt-umd's 56" in res.err, res.err
     # the fault refuses to write through a dev/shm that leads out of the root
     for p in list(shm.iterdir()):
         p.unlink()

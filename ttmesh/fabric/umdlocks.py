@@ -116,7 +116,7 @@ def _read_one(path: str) -> tuple[tuple[int, int] | None, bytes | None, str]:
     except OSError as e:
         if e.errno == errno.ELOOP:
             return None, None, "a symbolic link, not tt-umd's file (not followed)"
-        return None, None, f"cannot be read: {e.strerror}"
+        return None, None, f"unreadable ({e.strerror})"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -126,7 +126,7 @@ def _read_one(path: str) -> tuple[tuple[int, int] | None, bytes | None, str]:
             return key, None, f"{st.st_size} bytes, not tt-umd's 48, 56 or 64"
         data = os.pread(fd, st.st_size, 0)
     except OSError as e:
-        return None, None, f"cannot be read: {e.strerror}"
+        return None, None, f"unreadable ({e.strerror})"
     finally:
         os.close(fd)
     if len(data) != st.st_size:

@@ -178,7 +178,12 @@ def umd_lock(host: Host, ref: str, kind: str = "CHIP_IN_USE", dead: bool = False
     proc.stdout.close()
     if dead:
         proc.wait()
+    if said.startswith(b"refused: "):
+        proc.wait()
+        why = said[len(b"refused: ") :].decode(errors="replace").strip()
+        raise bad_input(why, f"remove it (the simulator writes its own lock files in {base})")
     if said.strip() != b"ok":
+        proc.wait()
         raise bad_input(f"could not write {path}", f"check that {base} is writable")
     return proc.pid
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 import sys
 import time
@@ -20,10 +21,30 @@ import time
 from ttmesh.fabric.umdlocks import INITIALIZED, SIZES
 
 
+def _refuse(why: str) -> int:
+    sys.stdout.write(f"refused: {why}\n")
+    sys.stdout.flush()
+    return 1
+
+
 def main(argv: list[str]) -> int:
     path, how = argv[0], argv[1]
     size = SIZES[0]
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            return _refuse(f"{path} cannot be opened ({e.strerror})")
+        st = os.fstat(fd)
+        # Never write a file another user could have put there (a hard link to theirs or
+        # to a system file): only a plain one of this user's, one name, tt-umd's size or empty.
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            return _refuse(f"{path} exists and is not a plain file of yours alone")
+        if st.st_size not in (0, size):
+            return _refuse(f"{path} exists and is {st.st_size} bytes, not tt-umd's {size}")
     os.fchmod(fd, 0o666)
     os.ftruncate(fd, size)
     mem = mmap.mmap(fd, size)

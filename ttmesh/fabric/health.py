@@ -453,11 +453,22 @@ HW_FIX = "install the hardware extra to read firmware telemetry: pip install 'tt
 
 
 def node_problem(inv: Inventory, chip: Chip, lead: Chip | None) -> Problem:
+    """A chip the driver lists whose /dev/tenstorrent node is absent: in a container, most
+    likely one a reset re-created on the host after the container started."""
+    from ttmesh.fabric import containercheck
+
     node = f"{inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'}"
+    box = containercheck.detect(inv)
+    fix = (
+        f"{NODE_FIX} or check /dev permissions"
+        if box is None
+        else containercheck.node_fix(inv, lead, box)
+    )
+    where = "" if box is None else " in this container"
     return Problem(
         ERROR,
-        f"{chip_name(inv, chip.asic_id)} has no driver node ({node} is missing)",
-        f"{NODE_FIX} or check /dev permissions",
+        f"{chip_name(inv, chip.asic_id)} has no driver node{where} ({node} is missing)",
+        fix,
         "driver-node",
         (chip.asic_id,),
     )
@@ -666,13 +677,17 @@ def check(
     sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
     for p in sys_found:
         problems.append(replace(p, severity=_escalate(p.severity, strict)))
+    from ttmesh.fabric import containercheck
+
+    box_found, box_notes = containercheck.problems(inv, selected)
+    problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in box_found)
     problems.sort(key=lambda p: p.severity != ERROR)
     report = HealthReport(
         report_chips,
         states,
         problems,
         inv.topology,
-        notes=device_notes(inv) + sys_notes,
+        notes=device_notes(inv) + sys_notes + box_notes,
         system=sys_read.to_json(),
     )
     if (

@@ -85,3 +85,20 @@ def test_a_link_out_of_the_root_is_refused(qb2: Path, cli: Callable) -> None:
         lines = r.err.strip().splitlines()
         assert len(lines) == 1 or lines[-1].startswith("ttmesh: "), r.err
         assert "leads out of" in lines[-1] and "Traceback" not in r.err
+
+
+def test_a_by_id_directory_out_of_the_root_is_refused(
+    qb2: Path, cli: Callable, tmp_path: Path
+) -> None:
+    """A by-id directory planted as a link to one outside the root (whose links point at
+    ``../0`` there) is refused too: the links are judged by where they lead in this root."""
+    elsewhere = tmp_path / "elsewhere" / "by-id"
+    elsewhere.mkdir(parents=True)
+    os.symlink("../0", elsewhere / "blackhole-0000000000000000")
+    folder = qb2 / "dev/tenstorrent/by-id"
+    for name in os.listdir(folder):
+        os.unlink(folder / name)
+    folder.rmdir()
+    folder.symlink_to(elsewhere)
+    r = cli("ls", "--root", str(qb2))
+    assert r.code == 2 and "by-id leads out of" in r.err.splitlines()[-1], r.err

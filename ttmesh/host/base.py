@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 CLASS_DIR = "sys/class/tenstorrent"
 BY_ID = "dev/tenstorrent/by-id"  # tt-kmd's udev rules (udev-50-tenstorrent.rules): by-id links
+BY_ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")  # never a control character
 DRIVER_VERSION = "sys/module/tenstorrent/version"
 LEASES = "run/lock/ttmesh"
 RUN_LOCK = "/run/lock"
@@ -162,12 +163,18 @@ class Host:
             return {}
         except OSError as exc:
             raise from_os_error(exc, f"list {folder}") from None
-        nodes = os.path.realpath(self._join("dev/tenstorrent"))
+        nodes = self._join("dev/tenstorrent")  # the root is resolved: never a link followed
+        if os.path.realpath(folder) != os.path.join(nodes, "by-id"):
+            raise self.corrupt(
+                folder,
+                f"leads out of {nodes} (to {os.path.realpath(folder)[:200]}): udev makes a "
+                "directory there",
+            )
         out: dict[int, str] = {}
         for name in names:
             link = os.path.join(folder, name)
-            if not os.path.islink(link):
-                continue  # udev makes links only; anything else is not the driver's
+            if not BY_ID_NAME.fullmatch(name) or not os.path.islink(link):
+                continue  # udev makes links of printable names only; the rest is not the driver's
             real = os.path.realpath(link)  # resolves names only: nothing is opened
             if os.path.dirname(real) != nodes:
                 raise self.corrupt(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, start_launch, wait_for, worker
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.conftest import run_cli, start_launch, wait_for, worker
+from users import NEEDS_NOBODY, User, can_switch, users_fixture, world_dir  # noqa: F401
 
 HANG = 60.0  # seconds before a test gives up on an event
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -114,6 +115,20 @@ def test_a_quietbox2s_chips(qb2: Path) -> None:
     assert per_chip(got, "ttmesh_chip_links_up") == expected
     assert got["ttmesh_chip_lease_info"] == []
     assert got["ttmesh_job_rank_state"] == []
+
+
+def test_it_never_runs_tt_smi(qb2: Path, tmp_path: Path) -> None:
+    """tt-smi opens every chip; the host's tt-smi here only leaves a trace that it ran."""
+    trace = tmp_path / "tt-smi-ran"
+    tool = qb2 / "bin" / "tt-smi"
+    tool.unlink()
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {trace}\nexit 1\n')
+    tool.chmod(0o755)
+    with serving(qb2) as url:
+        got = scrape(url)
+        scrape(url)
+    assert got["ttmesh_chips"] == [({}, 4.0)]
+    assert not trace.exists()
 
 
 def test_a_frozen_chip_is_not_alive(qb2: Path) -> None:
@@ -218,6 +233,51 @@ def test_the_mark_is_shared_by_concurrent_resets_and_goes_with_them(qb2: Path) -
     assert not resetmark.running(host)
 
 
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+def test_another_users_locked_mark_pauses_metrics_but_never_stalls_a_reset(
+    users: dict[str, User],
+) -> None:
+    """nobody plants ``resetting.lock`` in the shared lease directory and holds it exclusively:
+    root's reset must still run (its mark never waits), and the pause is all it buys."""
+    root, nobody = users["root"], users["nobody"]
+    shared = world_dir("ttmesh-metrics-leases-", 0o1777)
+    env = {"TTMESH_RUNTIME_DIR": str(shared)}
+    hold = (
+        "import fcntl, os, sys; "
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        nobody.argv(nobody.python, "-c", hold, str(shared / "resetting.lock")),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert (shared / "resetting.lock").stat().st_uid == nobody.uid
+        mark = (
+            "import sys; from ttmesh.cli.hosts import open_host; "
+            "from ttmesh.runtime import resetmark; "
+            "print(resetmark.running(open_host(sys.argv[1])))"
+        )
+        seen = subprocess.run(
+            [sys.executable, "-c", mark, str(root.sim)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=HANG,
+        )
+        assert seen.stdout.strip() == "True", seen.stderr
+        done = root.run("reset", "--root", str(root.sim), env=env)
+        assert done.returncode == 0, done.stderr
+        assert "recovered and verified" in done.stdout
+    finally:
+        holder.kill()
+        holder.communicate()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 @pytest.mark.parametrize(
     ("listen", "says"),
     [
@@ -231,6 +291,8 @@ def test_the_mark_is_shared_by_concurrent_resets_and_goes_with_them(qb2: Path) -
         ("[nope]:9464", "is not an IPv6 address"),
         ("no such host.invalid:9464", "is not a host name"),
         ("nosuchhost.invalid:9464", "cannot resolve"),
+        ("x" * 5000 + ":9464", "is not a host name"),
+        ("a" * 64 + ".invalid:9464", "is not a host name"),
         ("192.0.2.1:9464", "is not an address of this machine"),
     ],
 )

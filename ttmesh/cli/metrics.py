@@ -34,7 +34,11 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise bad_input(f"--listen {shown!r}: {host[:60]!r} is not an IPv6 address", LISTEN_FIX)
     elif ":" in host:
         raise bad_input(f"--listen {shown!r}: write an IPv6 address in brackets", LISTEN_FIX)
-    if not host.strip() or any(ch.isspace() or not ch.isprintable() for ch in host):
+    if (
+        not host.strip()
+        or len(host) > 253  # the longest DNS name
+        or any(ch.isspace() or not ch.isprintable() for ch in host)
+    ):
         raise bad_input(f"--listen {shown!r}: {host[:60]!a} is not a host name", LISTEN_FIX)
     if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
         raise bad_input(f"--listen {shown!r}: port {port[:20]!a} is not 0-65535", LISTEN_FIX)
@@ -91,6 +95,8 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
         server, thread = start_http_server(port, addr, registry)
     except socket.gaierror as exc:
         raise bad_input(f"--listen {shown}: cannot resolve {addr!r} ({exc.strerror})", LISTEN_FIX)
+    except UnicodeError:  # a label the IDNA codec refuses (longer than 63 characters)
+        raise bad_input(f"--listen {shown[:80]}: {addr[:60]!a} is not a host name", LISTEN_FIX)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise bad_input(

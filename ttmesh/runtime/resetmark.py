@@ -49,8 +49,10 @@ def marked(host: LeaseHost) -> Iterator[None]:
                 fd = None
     try:
         if fd is not None:
+            # Never waits: a lock someone else holds exclusively (another user's file, locked
+            # to stall resets) marks the host already, and a reset must not hang on it.
             with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         yield
     finally:
         if fd is not None:

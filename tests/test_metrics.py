@@ -131,6 +131,32 @@ def test_it_never_runs_tt_smi(qb2: Path, tmp_path: Path) -> None:
     assert not trace.exists()
 
 
+def test_on_a_real_host_nothing_that_opens_a_chip_is_asked(
+    qb2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On hardware the topology, Ethernet status and remote heartbeats come through tt-umd,
+    which opens every chip: a real host's collector never asks for them, and serves no link
+    metrics rather than made-up ones."""
+    from ttmesh.host.real import RealHost
+    from ttmesh.recovery.metrics import HostCollector
+
+    root = tmp_path / "plain"
+    shutil.copytree(qb2, root, symlinks=True)
+    (root / ".ttmesh-sim").unlink()
+
+    def opens_a_chip(*_args: object) -> None:
+        raise AssertionError("asked for what opens a chip")
+
+    for name in ("topology", "eth_live_status", "remote_heartbeats", "default_tt_smi"):
+        monkeypatch.setattr(RealHost, name, opens_a_chip)
+    collector = HostCollector(RealHost(root), heartbeat_wait=0.05)
+    got = {f.name: [(dict(s.labels), s.value) for s in f.samples] for f in collector.collect()}
+    assert got["ttmesh_host_read_ok"] == [({}, 1.0)]
+    assert got["ttmesh_chips"] == [({}, 4.0)]
+    assert len(got["ttmesh_chip_temperature_celsius"]) == 4
+    assert not [name for name in got if name.startswith("ttmesh_chip_links")]
+
+
 def test_a_frozen_chip_is_not_alive(qb2: Path) -> None:
     chips = chips_of(qb2)
     dead = chips[2]

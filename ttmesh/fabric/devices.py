@@ -23,6 +23,10 @@ from ttmesh.host.base import CLASS_DIR, Host
 ASIC_ID = re.compile(r"[0-9a-f]{1,16}")  # the driver writes 16 hex digits
 BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 PCI_ID = re.compile(r"0x[0-9a-f]{1,4}")
+NO_TOPOLOGY = (
+    "remote chips and Ethernet links left out: on this host they are read through tt-umd, "
+    "which opens the chips"
+)
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,10 @@ def require_driver(host: Host) -> str:
     return version
 
 
-def discover(host: Host) -> Inventory:
+def discover(host: Host, *, topology: bool = True) -> Inventory:
+    """The host's chips. ``topology=False``: the driver's PCI devices only, without asking
+    for the topology (on hardware tt-umd's discovery opens every chip; ``ttmesh metrics``
+    must not): no remote chips and no expected links, said in ``notes``."""
     driver = require_driver(host)
     devs = host.dev_indexes()
     pci = []
@@ -146,7 +153,10 @@ def discover(host: Host) -> Inventory:
     pci_index = {bdf: i for i, (bdf, _, _) in enumerate(pci)}
 
     by_id = host.by_id_links()
-    topo, topo_name, notes = host.topology()
+    if topology:
+        topo, topo_name, notes = host.topology()
+    else:
+        topo, topo_name, notes = None, "none", [NO_TOPOLOGY]
     by_uid = topo.by_unique_id() if topo else {}
     chips: list[Chip] = []
     seen: set[str] = set()

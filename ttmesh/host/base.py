@@ -50,6 +50,9 @@ class Host:
     simulated = False
     records_known_good = False  # ``check`` records a last known-good topology (real hosts)
     reset_settle = 0.0  # seconds chips may take to look healthy after ``tt-smi -r`` returns
+    # Reading the topology, Ethernet status or remote heartbeats opens chips (tt-umd on
+    # hardware); a poller that must never open one (``ttmesh metrics``) leaves them out.
+    firmware_opens_chips = False
 
     def __init__(self, root: str | os.PathLike[str] = "/", flag: str | None = None) -> None:
         path = Path(root)

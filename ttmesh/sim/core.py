@@ -861,9 +861,22 @@ class SimRoot:
             asic = asic_hex(chip["unique_id"])
             pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
             shutil.rmtree(os.path.join(pci_dir, "tenstorrent"), ignore_errors=True)
+            shutil.rmtree(os.path.join(pci_dir, "hwmon"), ignore_errors=True)
             n = self.dev_of(state, asic)
             if n is None:
                 continue
+            # The hwmon node tt-kmd registers on the PCI device, in the kernel's units
+            # (Documentation/hwmon/sysfs-interface.rst: m°C, µW, mV); the values the
+            # simulated tt-smi reports (45 °C, TDP 35 W, VCORE 750 mV).
+            hwmon = os.path.join(pci_dir, "hwmon", f"hwmon{n}")
+            os.makedirs(hwmon)
+            for name, value in (
+                ("name", chip["arch"].split("_")[0]),
+                ("temp1_input", "45000"),
+                ("power1_input", "35000000"),
+                ("in0_input", "750"),
+            ):
+                _write(os.path.join(hwmon, name), value + "\n")
             node = os.path.join(pci_dir, "tenstorrent", f"tenstorrent!{n}")
             os.makedirs(node)
             attrs = {

@@ -900,7 +900,11 @@ class SimRoot:
             # tt-kmd's udev rule (udev-50-tenstorrent.rules: KERNEL=="tenstorrent*",
             # MODE="0666"): every local user may open every chip (../shared/reference).
             os.chmod(self.path(f"dev/tenstorrent/{n}"), 0o666)
-            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{chip['arch']}-{asic}"))
+            # tt-kmd's udev rules (udev-50-tenstorrent.rules): SYMLINK+="tenstorrent/by-id/
+            # <wormhole|blackhole>-%s{tt_asic_id}", a link relative to the node; the driver
+            # prints tt_asic_id as %08X%08X (telemetry.c, tt_sysfs_show_u64_hex).
+            prefix = "blackhole" if chip["arch"] == "blackhole" else "wormhole"
+            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{prefix}-{asic.upper()}"))
             os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
             _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
         self._rewrite_mmio(state)

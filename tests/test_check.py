@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,6 +87,15 @@ def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def asic(root: Path, bdf: str) -> str:
     return core.asic_hex(core.SimRoot(str(root)).chip_by_bdf(bdf)["unique_id"])
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check counts the machine's stale Open MPI segments (a note): other tests' ttnn runs leave
+    them in /dev/shm, so these tests look at an empty backing directory of their own."""
+    shm = tmp_path / "mpi-shm"
+    shm.mkdir()
+    monkeypatch.setenv("OMPI_MCA_btl_sm_backing_directory", str(shm))
 
 
 def check(cli: Callable, root: Path, *args: str) -> tuple[int, dict, str]:
@@ -404,17 +412,12 @@ def test_preflight(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
     host = Host(qb2)
     inv = discover(host)
     every = [c.asic_id for c in inv.chips]
-    health.preflight(inv, every)  # warm up (imports)
-    t0 = time.monotonic()
+    # (How long pre-flight takes is scripts/bench.py's, beside torchrun: not a timed test.)
     assert health.preflight(inv, every) == []
-    took = time.monotonic() - t0
-    assert took < 0.1, f"preflight took {took * 1000:.0f} ms"
 
     fault(cli, qb2, "chip-dead", C05)
     a01, a03, a05 = asic(qb2, C01), asic(qb2, C03), asic(qb2, C05)
-    t0 = time.monotonic()
     assert health.preflight(inv, [a01, a03]) == []  # 05 is not polled, 01-03 links are up
-    assert time.monotonic() - t0 < 0.1
     problems = health.preflight(inv, [a01, a05])
     assert {p.kind for p in problems} == {"heartbeat", "link-down"}
     assert all(p.severity == "error" and p.fix for p in problems)

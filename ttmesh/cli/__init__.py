@@ -1,7 +1,7 @@
 """The ``ttmesh`` command line: parse, call one function, render its result.
 
 A package with one module per command (``ls``, ``launch``, ``ps``, ``check``, ``reset``,
-``top``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
+``top``, ``metrics``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
 that opens a host (:mod:`~ttmesh.cli.hosts`, the only importer of the simulator) and the text
 views (:mod:`~ttmesh.cli.views`). Kept light: importing it pulls in click and nothing heavy
 (no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant; a command's module (its
@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ls": (
         "ttmesh.cli.ls", "ls_cmd",
         "List the host's chips, who holds or leases them, and their Ethernet links.",
+    ),
+    "metrics": (
+        "ttmesh.cli.metrics", "metrics_cmd",
+        "Serve the host's chips, their leases and the jobs' ranks as Prometheus metrics.",
     ),
     "profiles": (
         "ttmesh.cli.serving", "profiles_cmd",

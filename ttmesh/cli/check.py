@@ -20,7 +20,7 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout
 @click.option(
     "--chips",
     metavar="BDF,...",
-    help="Check only these chips (PCI addresses; a remote chip by its unique id) and their links.",
+    help="Check only these chips (PCI addresses or /dev/tenstorrent/by-id names; a remote chip by its unique id) and their links.",
 )
 @click.option(
     "--profile",

@@ -93,7 +93,11 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
     "(alone, it splits the host's whole mesh).",
 )
-@click.option("--chips", metavar="BDF,...", help="Use exactly these chips (PCI addresses).")
+@click.option(
+    "--chips",
+    metavar="BDF,...",
+    help="Use exactly these chips (PCI addresses or /dev/tenstorrent/by-id names).",
+)
 @click.option("--exclude", metavar="BDF,...", help="Never use these chips.")
 @click.option(
     "--mesh-shape",

@@ -20,7 +20,7 @@ from ttmesh.render import plural
 @click.option(
     "--chips",
     metavar="BDF,...",
-    help="Chips to reset (PCI addresses; a remote chip by its unique id). Default: every chip.",
+    help="Chips to reset (PCI addresses or /dev/tenstorrent/by-id names; a remote chip by its unique id). Default: every chip.",
 )
 @click.option(
     "--no-expand",

@@ -143,6 +143,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
       ttmesh sim fault --root /tmp/qb2 no-hugepages
       ttmesh sim fault --root /tmp/qb2 umd-lock 0000:01:00.0 --dead
+      ttmesh sim fault --root /tmp/qb2 container 0000:03:00.0
     """
     ctx.obj = host  # each KIND refuses a root that is not simulated (so --help works anywhere)
 
@@ -263,6 +264,29 @@ def fault_no_hugepages(host: Any) -> None:
     click.echo("no 1 GiB hugepages on any NUMA node")
 
 
+@sim_fault.command("container", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF", required=False)
+@click.option(
+    "--shm-size",
+    "shm_mib",
+    type=whole(low=1, high=1024 * 1024),
+    default=64,
+    show_default=True,
+    metavar="MIB",
+    help="The container's private /dev/shm (Docker's default: 64).",
+)
+@click.pass_obj
+def fault_container(host: Any, chip: str | None, shm_mib: int) -> None:
+    """ttmesh runs in a Docker container started before a reset re-created the chips' nodes:
+    /.dockerenv, an overlay root and a private /dev/shm of --shm-size MiB in
+    proc/self/mountinfo, and chip BDF's /dev/tenstorrent node gone (default: the first PCI
+    chip). ttmesh sim clear ends it (docs/containers.md)."""
+    from ttmesh.sim import faults
+
+    node = faults.container(host, chip, shm_mib)
+    click.echo(f"in a container: {node} is gone, /dev/shm is a private {shm_mib} MiB")
+
+
 @sim_fault.command("fw-mismatch", context_settings=CONTEXT)
 @click.argument("chip", metavar="BDF")
 @click.option(
@@ -354,6 +378,8 @@ def sim_show(host: Any, as_json: bool) -> None:
         armed.append(f"fw-mismatch {asic} ({version})")
     if f.get("old_kmd"):
         armed.append(f"old-kmd ({f['old_kmd']})")
+    if view.get("container"):
+        armed.append("container")
     if f["permanent"]:
         armed.append("permanently dead: " + ", ".join(f["permanent"]))
     click.echo("armed: " + (", ".join(armed) or "none"))

@@ -52,6 +52,10 @@ def ls_text(data: dict) -> str:
     states: dict[str, int] = {}
     for link in data["links"]:
         states[link["state"]] = states.get(link["state"], 0) + 1
+    named = [c for c in data["chips"] if c.get("by_id")]
+    if named:
+        out.append("\n/dev/tenstorrent/by-id (the driver's stable names, for --chips):")
+        out.extend(f"  {c['by_id']}  {c['bdf']}" for c in named)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "none known"
     out.append(f"\nEthernet links: {summary}")
     for link in data["links"]:

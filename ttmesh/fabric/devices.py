@@ -23,6 +23,10 @@ from ttmesh.host.base import CLASS_DIR, Host
 ASIC_ID = re.compile(r"[0-9a-f]{1,16}")  # the driver writes 16 hex digits
 BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 PCI_ID = re.compile(r"0x[0-9a-f]{1,4}")
+NO_TOPOLOGY = (
+    "remote chips and Ethernet links left out: on this host they are read through tt-umd, "
+    "which opens the chips"
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Chip:
     umd_id: int | None = None  # chip id in the host's cluster descriptor
     via: str | None = None  # a remote chip's PCI partner (asic id)
     asic_location: int | None = None
+    by_id: str | None = None  # its /dev/tenstorrent/by-id name (tt-kmd's udev rules), if any
 
     @property
     def mmio(self) -> bool:
@@ -101,6 +106,20 @@ class Inventory:
         return [c for c in self.chips if c.asic_id == lead or c.via == lead]
 
 
+BY_ID_DIR = "/dev/tenstorrent/by-id/"
+
+
+def by_id_chip(inv: Inventory, item: str) -> Chip | None:
+    """The chip a ``/dev/tenstorrent/by-id`` name names (any case): the bare name, its path
+    on the host (``/dev/tenstorrent/by-id/NAME``) or under a simulated root; None otherwise."""
+    name = item.strip().lower()
+    for prefix in (BY_ID_DIR, str(inv.host.path(BY_ID_DIR)).lower() + "/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    return next((c for c in inv.chips if c.by_id and c.by_id.lower() == name), None)
+
+
 def require_driver(host: Host) -> str:
     version = host.driver_version()
     if version is None:
@@ -111,7 +130,10 @@ def require_driver(host: Host) -> str:
     return version
 
 
-def discover(host: Host) -> Inventory:
+def discover(host: Host, *, topology: bool = True) -> Inventory:
+    """The host's chips. ``topology=False``: the driver's PCI devices only, without asking
+    for the topology (on hardware tt-umd's discovery opens every chip; ``ttmesh metrics``
+    must not): no remote chips and no expected links, said in ``notes``."""
     driver = require_driver(host)
     devs = host.dev_indexes()
     pci = []
@@ -130,7 +152,11 @@ def discover(host: Host) -> Inventory:
     pci.sort()
     pci_index = {bdf: i for i, (bdf, _, _) in enumerate(pci)}
 
-    topo, topo_name, notes = host.topology()
+    by_id = host.by_id_links()
+    if topology:
+        topo, topo_name, notes = host.topology()
+    else:
+        topo, topo_name, notes = None, "none", [NO_TOPOLOGY]
     by_uid = topo.by_unique_id() if topo else {}
     chips: list[Chip] = []
     seen: set[str] = set()
@@ -157,6 +183,7 @@ def discover(host: Host) -> Inventory:
                 dram_mb=dram,
                 umd_id=cd_chip.id if cd_chip else None,
                 asic_location=cd_chip.asic_location if cd_chip else None,
+                by_id=by_id.get(n),
             )
         )
         seen.add(asic)

@@ -26,7 +26,7 @@ from typing import Any
 from ttmesh import procs
 from ttmesh.errors import bad_input
 from ttmesh.fabric import heartbeat, holders, known_good, links
-from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
+from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
@@ -260,7 +260,8 @@ def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpe
 def parse_chips(
     inv: Inventory, text: str | None, flag: str = "--chips", extra: dict[str, str] | None = None
 ) -> list[str] | None:
-    """``--chips``: PCI addresses (any case) or unique ids of remote chips -> asic ids.
+    """``--chips``: PCI addresses (any case), unique ids or ``/dev/tenstorrent/by-id`` names
+    (bare or as paths) -> asic ids.
 
     ``extra`` maps more names to asic ids (e.g. PCI addresses of chips the host lost).
     None when ``text`` is None; bad input (exit 2) for a malformed or unknown chip.
@@ -279,11 +280,15 @@ def parse_chips(
     if not items:
         raise bad_input(f"{flag} {text!r}: no chip named", "e.g. --chips 0000:01:00.0")
     for item in items:
+        named = by_id_chip(inv, item)
+        if named is not None:
+            item = named.asic_id
         is_asic = len(item) == ASIC_HEX and all(ch in "0123456789abcdef" for ch in item)
         if not BDF_RE.match(item) and not is_asic:
             raise bad_input(
                 f"{flag} {item!r}: not a PCI address",
-                "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0 (or a remote chip's 16-digit unique id)",
+                "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0 (or a chip's 16-digit unique id, or "
+                "its /dev/tenstorrent/by-id name: see ttmesh ls)",
             )
         if item not in by_name:
             known = ", ".join(sorted(c.bdf for c in inv.chips if c.bdf)) or "none"
@@ -450,11 +455,22 @@ HW_FIX = "install the hardware extra to read firmware telemetry: pip install 'tt
 
 
 def node_problem(inv: Inventory, chip: Chip, lead: Chip | None) -> Problem:
+    """A chip the driver lists whose /dev/tenstorrent node is absent: in a container, most
+    likely one a reset re-created on the host after the container started."""
+    from ttmesh.fabric import containercheck
+
     node = f"{inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'}"
+    box = containercheck.detect(inv)
+    fix = (
+        f"{NODE_FIX} or check /dev permissions"
+        if box is None
+        else containercheck.node_fix(inv, lead, box)
+    )
+    where = "" if box is None else " in this container"
     return Problem(
         ERROR,
-        f"{chip_name(inv, chip.asic_id)} has no driver node ({node} is missing)",
-        f"{NODE_FIX} or check /dev permissions",
+        f"{chip_name(inv, chip.asic_id)} has no driver node{where} ({node} is missing)",
+        fix,
         "driver-node",
         (chip.asic_id,),
     )
@@ -663,6 +679,10 @@ def check(
     sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
     for p in sys_found:
         problems.append(replace(p, severity=_escalate(p.severity, strict)))
+    from ttmesh.fabric import containercheck
+
+    box_found, box_notes = containercheck.problems(inv, selected)
+    problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in box_found)
     from ttmesh.fabric import umdlocks
 
     def leasing_job(pid: int, asics: list[str]) -> bool:  # a worker of the job leasing them
@@ -684,7 +704,7 @@ def check(
         states,
         problems,
         inv.topology,
-        notes=device_notes(inv) + sys_notes + lock_notes,
+        notes=device_notes(inv) + sys_notes + box_notes + lock_notes,
         system=sys_read.to_json(),
         umd_locks=[lk.to_json() for lk in locks],
     )

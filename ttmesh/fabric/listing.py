@@ -42,6 +42,7 @@ def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
             {
                 "asic_id": c.asic_id,
                 "bdf": c.bdf,
+                "by_id": c.by_id,
                 "dev_index": c.dev_index,
                 "pci_index": c.pci_index,
                 "arch": c.arch,

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ttmesh.host.clusterdesc import ClusterDescriptor
 
 CLASS_DIR = "sys/class/tenstorrent"
+BY_ID = "dev/tenstorrent/by-id"  # tt-kmd's udev rules (udev-50-tenstorrent.rules): by-id links
+BY_ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")  # never a control character
 DRIVER_VERSION = "sys/module/tenstorrent/version"
 LEASES = "run/lock/ttmesh"
 RUN_LOCK = "/run/lock"
@@ -48,6 +50,9 @@ class Host:
     simulated = False
     records_known_good = False  # ``check`` records a last known-good topology (real hosts)
     reset_settle = 0.0  # seconds chips may take to look healthy after ``tt-smi -r`` returns
+    # Reading the topology, Ethernet status or remote heartbeats opens chips (tt-umd on
+    # hardware); a poller that must never open one (``ttmesh metrics``) leaves them out.
+    firmware_opens_chips = False
 
     def __init__(self, root: str | os.PathLike[str] = "/", flag: str | None = None) -> None:
         path = Path(root)
@@ -147,6 +152,42 @@ class Host:
     def pci_attr(self, bdf: str, name: str) -> str | None:
         text = self.read_text(f"sys/bus/pci/devices/{bdf}/{name}")
         return None if text is None else text.strip()
+
+    def by_id_links(self) -> dict[int, str]:
+        """N of /dev/tenstorrent/N -> the name of its ``/dev/tenstorrent/by-id`` link, where
+        the driver's udev rules made one (tt-kmd's udev-50-tenstorrent.rules since 2.1:
+        ``<wormhole|blackhole>-<tt_asic_id>``, a relative link ``../N``). Links are read, never
+        opened: one that resolves out of this host's ``dev/tenstorrent`` is a planted link and
+        refused (:meth:`corrupt`), as any driver file leading out of the root is."""
+        folder = self._join(BY_ID)
+        try:
+            names = sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except OSError as exc:
+            raise from_os_error(exc, f"list {folder}") from None
+        nodes = self._join("dev/tenstorrent")  # the root is resolved: never a link followed
+        if os.path.realpath(folder) != os.path.join(nodes, "by-id"):
+            raise self.corrupt(
+                folder,
+                f"leads out of {nodes} (to {os.path.realpath(folder)[:200]}): udev makes a "
+                "directory there",
+            )
+        out: dict[int, str] = {}
+        for name in names:
+            link = os.path.join(folder, name)
+            if not BY_ID_NAME.fullmatch(name) or not os.path.islink(link):
+                continue  # udev makes links of printable names only; the rest is not the driver's
+            real = os.path.realpath(link)  # resolves names only: nothing is opened
+            if os.path.dirname(real) != nodes:
+                raise self.corrupt(
+                    link,
+                    f"leads out of {nodes} (to {real[:200]}): not a link tt-kmd's udev rules make",
+                )
+            base = os.path.basename(real)
+            if base.isdigit() and int(base) not in out:
+                out[int(base)] = name
+        return out
 
     def dev_node(self, dev: int) -> Path:
         return self.path(f"dev/tenstorrent/{dev}")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ttmesh import paths
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
-from ttmesh.fabric.devices import Chip, Inventory, discover
+from ttmesh.fabric.devices import Chip, Inventory, by_id_chip, discover
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.host.clusterdesc import ClusterDescriptor
@@ -76,9 +76,14 @@ def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
     for item in items:
         if items.count(item) > 1:
             raise bad_input(f"{flag}: duplicate chip {item}", "name each chip once")
+        named = by_id_chip(inv, item)
+        if named is not None and named.bdf:
+            item = named.bdf
         if not BDF_RE.match(item):
             raise bad_input(
-                f"{flag} {item!r}: not a PCI address", "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0"
+                f"{flag} {item!r}: not a PCI address",
+                "write it as DDDD:BB:DD.F, e.g. 0000:01:00.0, or give the chip's "
+                "/dev/tenstorrent/by-id name (see ttmesh ls)",
             )
         if item not in by_bdf:
             raise bad_input(
@@ -86,6 +91,8 @@ def _parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
                 "chips here: " + ", ".join(sorted(by_bdf)),
             )
         chip = by_bdf[item]
+        if chip in out:
+            raise bad_input(f"{flag}: duplicate chip {item}", "name each chip once")
         out.extend(inv.board_peers(chip) if chip.bdf else [chip])
     return out
 

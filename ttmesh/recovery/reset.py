@@ -38,6 +38,7 @@ from ttmesh.fabric.health import ERROR, WARNING, Problem, expand
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
+from ttmesh.runtime import resetmark
 from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.reset/1"
@@ -712,73 +713,80 @@ def execute(
     attempts: list[Attempt] = []
     after = before
     notes: list[str] = []
-    for number in range(1, retries + 2):
-        present = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
-        targets = [b for b in pci_targets(current, p.chips) if b in present]
-        try:
-            argv = smi_argv(tool, targets, present, galaxy=p.galaxy)
-        except ValueError as exc:
-            attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
-            break
-        say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
-        track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
-        track.tell()
-
-        leads = {a: next(iter(pci_targets(current, [a])), None) for a in p.chips}
-
-        def waiting(number: int = number, leads: dict[str, str | None] = leads) -> None:
-            """While tt-smi runs: which chips' PCI devices are off the bus."""
-            if progress is None:
-                return
-            listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
-            for a in p.chips:
-                lead = leads[a]
-                stage = RESETTING if lead is None or lead in listed else WAIT_PCI
-                if track.chips[a].stage != stage:
-                    track.set([a], stage, number, track.chips[a].detail)
-                    track.told = 0.0
-            track.tick()
-
-        run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
-        if run.timed_out:
-            say(f"tt-smi timed out after {timeout:g} s; killed it")
-        deadline = time.monotonic() + (0.0 if run.timed_out else settle)
-        while True:
-            current, after, wrong, notes = observe(
-                host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
-            )
-            track.observed(after, number)
-            track.tell()
-            if not wrong or time.monotonic() >= deadline:
+    # While tt-smi resets, pollers pause (ttmesh metrics: tt-smi#172).
+    with resetmark.marked(host):
+        for number in range(1, retries + 2):
+            present = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
+            targets = [b for b in pci_targets(current, p.chips) if b in present]
+            try:
+                argv = smi_argv(tool, targets, present, galaxy=p.galaxy)
+            except ValueError as exc:
+                attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
                 break
-            if progress is None:
-                say("waiting for: " + "; ".join(wrong))
-            track.sleep(0.25)
-        if run.timed_out:
-            wrong = [f"tt-smi timed out after {timeout:g} s (killed)", *wrong]
-        elif run.code is None:
-            wrong = [run.output.strip() or "tt-smi did not run", *wrong]
-        attempts.append(
-            Attempt(
-                number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong, run.output
-            )
-        )
-        if not wrong:
-            say(f"verified after attempt {number}")
-            break
-        if number <= retries:
-            wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
-            say(
-                f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s"
-            )
-            track.set(
-                [a for a, c in track.chips.items() if c.stage != DONE],
-                RETRYING,
-                number,
-                f"in {wait:g} s",
-            )
+            say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
+            track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
             track.tell()
-            track.sleep(wait)
+
+            leads = {a: next(iter(pci_targets(current, [a])), None) for a in p.chips}
+
+            def waiting(number: int = number, leads: dict[str, str | None] = leads) -> None:
+                """While tt-smi runs: which chips' PCI devices are off the bus."""
+                if progress is None:
+                    return
+                listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
+                for a in p.chips:
+                    lead = leads[a]
+                    stage = RESETTING if lead is None or lead in listed else WAIT_PCI
+                    if track.chips[a].stage != stage:
+                        track.set([a], stage, number, track.chips[a].detail)
+                        track.told = 0.0
+                track.tick()
+
+            run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
+            if run.timed_out:
+                say(f"tt-smi timed out after {timeout:g} s; killed it")
+            deadline = time.monotonic() + (0.0 if run.timed_out else settle)
+            while True:
+                current, after, wrong, notes = observe(
+                    host,
+                    p.chips,
+                    p.links,
+                    bdfs=bdf_before,
+                    timeout=heartbeat_timeout,
+                    names=p.names,
+                )
+                track.observed(after, number)
+                track.tell()
+                if not wrong or time.monotonic() >= deadline:
+                    break
+                if progress is None:
+                    say("waiting for: " + "; ".join(wrong))
+                track.sleep(0.25)
+            if run.timed_out:
+                wrong = [f"tt-smi timed out after {timeout:g} s (killed)", *wrong]
+            elif run.code is None:
+                wrong = [run.output.strip() or "tt-smi did not run", *wrong]
+            attempts.append(
+                Attempt(
+                    number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong, run.output
+                )
+            )
+            if not wrong:
+                say(f"verified after attempt {number}")
+                break
+            if number <= retries:
+                wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
+                say(
+                    f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s"
+                )
+                track.set(
+                    [a for a, c in track.chips.items() if c.stage != DONE],
+                    RETRYING,
+                    number,
+                    f"in {wait:g} s",
+                )
+                track.tell()
+                track.sleep(wait)
     recovered = bool(attempts) and attempts[-1].verified
     # A chip that looks fine after a reset that never ran to its end was not reset at all:
     # say so instead of "ok" beside "not recovered".

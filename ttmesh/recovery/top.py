@@ -35,16 +35,34 @@ class Sampler:
     """Samples a host again and again; the heartbeat of each sample is judged against the
     previous one (the first waits up to ``first_wait`` for the counters to move)."""
 
-    def __init__(self, host: Host, tt_smi: str | None = None, *, first_wait: float = 1.0) -> None:
+    def __init__(
+        self,
+        host: Host,
+        tt_smi: str | None = None,
+        *,
+        first_wait: float = 1.0,
+        driver_only: bool = False,
+    ) -> None:
+        """``driver_only``: never run tt-smi and never open a chip (``ttmesh metrics``: a
+        poller that opens chips breaks resets, tt-smi#172). Telemetry and heartbeats come from
+        the driver's files only; on a host where the topology, Ethernet status and remote
+        heartbeats need a chip opened (tt-umd on hardware) those are left out (``links`` is
+        None) and a note says so. A sample less than ``first_wait`` after the previous one
+        watches the heartbeats again (a counter may not tick in a shorter gap)."""
         from ttmesh.recovery.reset import find_tt_smi
 
         self.host = host
         self.first_wait = first_wait
+        self.driver_only = driver_only
+        self.firmware = not (driver_only and host.firmware_opens_chips)
         self.counters: dict[str, int | None] | None = None
+        self.counted_at = 0.0
         self.inv: Inventory | None = None
         self.devices: list[tuple[int, str | None]] = []
         self.notes: list[str] = []
         self.tool: str | None = None
+        if driver_only:
+            return
         try:
             self.tool = find_tt_smi(host, tt_smi)
         except TTMeshError as exc:
@@ -57,7 +75,7 @@ class Sampler:
         renumber them), not every sample (on hardware discovery asks tt-umd for the topology)."""
         devices = [(n, self.host.bdf_of(n)) for n in self.host.dev_indexes()]
         if self.inv is None or devices != self.devices:
-            self.inv = discover(self.host)
+            self.inv = discover(self.host, topology=self.firmware)
             self.devices = devices
         return self.inv
 
@@ -66,12 +84,13 @@ class Sampler:
         smi, note = self._snapshot()
         notes = [*self.notes, *([note] if note else [])]
         counts = heartbeat.read(inv, inv.chips)
-        if self.counters is None:
+        now = time.monotonic()
+        if self.counters is None or (self.driver_only and now - self.counted_at < self.first_wait):
             beats = heartbeat.poll(inv, timeout=self.first_wait)
         else:
             beats = {a: _moved(self.counters.get(a), v) for a, v in counts.items()}
-        self.counters = counts
-        per_chip = _links(inv)
+        self.counters, self.counted_at = counts, now
+        per_chip: dict[str, dict[str, int]] | None = _links(inv) if self.firmware else None
         leased, owners = health.lease_owners(self.host, [c.asic_id for c in inv.chips])
         jobs = health.lease_jobs(leased)
         chips = []
@@ -93,7 +112,7 @@ class Sampler:
                         "state": beats.get(c.asic_id, Heartbeat.UNKNOWN),
                         "count": counts.get(c.asic_id),
                     },
-                    "links": per_chip.get(c.asic_id, _no_links()),
+                    "links": None if per_chip is None else per_chip.get(c.asic_id, _no_links()),
                     "lease": None if lease is None else lease.lease_json(),
                     "holders": None if held is None else [h.to_json(with_job=True) for h in held],
                 }

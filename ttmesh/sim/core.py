@@ -861,9 +861,22 @@ class SimRoot:
             asic = asic_hex(chip["unique_id"])
             pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
             shutil.rmtree(os.path.join(pci_dir, "tenstorrent"), ignore_errors=True)
+            shutil.rmtree(os.path.join(pci_dir, "hwmon"), ignore_errors=True)
             n = self.dev_of(state, asic)
             if n is None:
                 continue
+            # The hwmon node tt-kmd registers on the PCI device, in the kernel's units
+            # (Documentation/hwmon/sysfs-interface.rst: m°C, µW, mV); the values the
+            # simulated tt-smi reports (45 °C, TDP 35 W, VCORE 750 mV).
+            hwmon = os.path.join(pci_dir, "hwmon", f"hwmon{n}")
+            os.makedirs(hwmon)
+            for name, value in (
+                ("name", chip["arch"].split("_")[0]),
+                ("temp1_input", "45000"),
+                ("power1_input", "35000000"),
+                ("in0_input", "750"),
+            ):
+                _write(os.path.join(hwmon, name), value + "\n")
             node = os.path.join(pci_dir, "tenstorrent", f"tenstorrent!{n}")
             os.makedirs(node)
             attrs = {
@@ -887,7 +900,11 @@ class SimRoot:
             # tt-kmd's udev rule (udev-50-tenstorrent.rules: KERNEL=="tenstorrent*",
             # MODE="0666"): every local user may open every chip (../shared/reference).
             os.chmod(self.path(f"dev/tenstorrent/{n}"), 0o666)
-            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{chip['arch']}-{asic}"))
+            # tt-kmd's udev rules (udev-50-tenstorrent.rules): SYMLINK+="tenstorrent/by-id/
+            # <wormhole|blackhole>-%s{tt_asic_id}", a link relative to the node; the driver
+            # prints tt_asic_id as %08X%08X (telemetry.c, tt_sysfs_show_u64_hex).
+            prefix = "blackhole" if chip["arch"] == "blackhole" else "wormhole"
+            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{prefix}-{asic.upper()}"))
             os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
             _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
         self._rewrite_mmio(state)

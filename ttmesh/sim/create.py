@@ -30,6 +30,7 @@ MANAGED = (
     "bin",
     "sim",
     "cluster_descriptor.yaml",
+    ".dockerenv",  # sim fault container
     core.MARKER,
 )
 

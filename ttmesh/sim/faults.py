@@ -15,7 +15,12 @@ was. Faults model what goes wrong on real machines:
 * ``old-kmd [--version V]`` - the tenstorrent driver is an old one (default 1.34.0);
 * ``umd-lock X [--kind K] [--dead]`` - tt-umd's lock file for the chip, as tt-umd writes it
   (:mod:`ttmesh.fabric.umdlocks`), held by a detached process that maps it, or left locked by
-  one that died.
+  one that died;
+* ``container [X] [--shm-size MIB]`` - ttmesh runs in a Docker container started before a
+  reset re-created the chips' nodes: ``/.dockerenv``, an overlay root and Docker's private
+  64 MiB ``/dev/shm`` in ``proc/self/mountinfo``, and chip X's ``/dev/tenstorrent`` node gone
+  (the first PCI chip's by default). ``sim clear`` (or a reset, which re-renders /dev) brings
+  the node back; ``sim clear`` also ends the container.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ttmesh import numeric
@@ -194,6 +200,53 @@ def no_hugepages(host: Host) -> None:
         sim.render_system(state)
 
 
+CONTAINER_FILES = (".dockerenv", "proc/self/mountinfo", "proc/1/cgroup")
+# proc_pid_mountinfo(5) lines as Docker 24 sets a container up (its default /dev/shm:
+# "shm" tmpfs, size=65536k); no /tmp/tt_umd_listeners or /dev/hugepages-1G bind mounts.
+MOUNTINFO = (
+    "1200 1100 0:60 / / rw,relatime master:1 - overlay overlay rw,lowerdir=/var/lib/docker/"
+    "overlay2/l/SIM,upperdir=/var/lib/docker/overlay2/sim/diff,workdir=/var/lib/docker/overlay2/"
+    "sim/work\n"
+    "1201 1200 0:63 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "1202 1200 0:64 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755\n"
+    "1203 1200 0:65 / /sys ro,nosuid,nodev,noexec,relatime - sysfs sysfs ro\n"
+    "1204 1202 0:66 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size={shm}k\n"
+)
+
+
+def container(host: Host, ref: str | None = None, shm_mib: int = 64) -> str:
+    """Model a container (module docstring); the node removed, as the simulator names it."""
+    from ttmesh.sim.create import replace_file
+
+    sim = sim_of(host)
+    chip = _chip(sim, ref) if ref is not None else None
+    state = sim.read_state()
+    pci = [c for c in sim.chips() if c.get("bdf")]
+    chip = chip or (pci[0] if pci else None)
+    if chip is None or not chip.get("bdf"):
+        raise bad_input(
+            f"chip {ref} has no device node (a remote chip)", "name a PCI device: see ttmesh ls"
+        )
+    n = sim.dev_of(state, core.asic_hex(chip["unique_id"]))
+    root = sim.root
+    for rel in ("proc/self", "proc/1"):
+        os.makedirs(os.path.join(root, rel), exist_ok=True)
+    replace_file(Path(root, ".dockerenv"), b"")
+    replace_file(Path(root, "proc/self/mountinfo"), MOUNTINFO.format(shm=shm_mib * 1024).encode())
+    replace_file(Path(root, "proc/1/cgroup"), b"0::/\n")  # cgroup v2 in a cgroup namespace
+    node = os.path.join(root, "dev/tenstorrent", str(n))
+    if n is not None and os.path.lexists(node):
+        os.unlink(node)
+    return node
+
+
+def uncontainer(root: str) -> None:
+    """``sim clear``: the host is no container any more."""
+    for rel in CONTAINER_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, rel))
+
+
 def _version(value: str, flag: str, example: str) -> str:
     from ttmesh.host.system import _VERSION
 
@@ -290,6 +343,7 @@ def clear(host: Host) -> dict[str, int]:
         }
         sim.prune(state)
         sim.render(state)
+    uncontainer(sim.root)
     return {"holders_killed": killed, "cleared": cleared}
 
 
@@ -375,4 +429,5 @@ def show(host: Host) -> dict[str, Any]:
         "fabric_marks": [{**m, "alive": not sim.mark_dead(m)} for m in state["fabric_marks"]],
         "resets": len(state["resets"]),
         "capture": capture_info(sim.root),
+        "container": os.path.lexists(os.path.join(sim.root, ".dockerenv")),
     }

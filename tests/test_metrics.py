@@ -1,0 +1,377 @@
+"""``ttmesh metrics``: scraped over loopback and parsed with prometheus-client's own parser.
+
+Each test starts the real command on 127.0.0.1 (port 0: a free port, printed on stderr) against
+a simulated QuietBox 2 and reads what a Prometheus server would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, start_launch, wait_for, worker
+from prometheus_client.parser import text_string_to_metric_families
+from users import NEEDS_NOBODY, User, can_switch, users_fixture, world_dir  # noqa: F401
+
+HANG = 60.0  # seconds before a test gives up on an event
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime directory of the test's own (job records go under it)."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
+    return rt
+
+
+@contextlib.contextmanager
+def serving(root: Path) -> Iterator[str]:
+    """``ttmesh metrics --root ROOT --listen 127.0.0.1:0`` running; its URL. Stopped with
+    SIGTERM at the end, which must end it cleanly (exit 0)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "metrics", "--root", str(root), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+    )
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:  # the line is written (and flushed) once it listens
+            if line.startswith("serving metrics on "):
+                url = line.split()[3]
+                break
+        assert url is not None, f"ttmesh metrics ended: {proc.wait()}"
+        yield url
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=HANG) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=HANG) as response:
+        text = response.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        out.setdefault(family.name, [])
+        for s in family.samples:
+            out[family.name].append((dict(s.labels), s.value))
+    return out
+
+
+def chips_of(root: Path) -> list[dict]:
+    result = run_cli("ls", "--root", str(root), "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["chips"]
+
+
+def per_chip(samples: Samples, name: str) -> dict[str, float]:
+    return {labels["asic_id"]: value for labels, value in samples[name]}
+
+
+def test_a_quietbox2s_chips(qb2: Path) -> None:
+    chips = chips_of(qb2)
+    assert len(chips) == 4
+    labels = [
+        {"bdf": c["bdf"], "asic_id": c["asic_id"], "arch": "blackhole", "board": "p300a"}
+        for c in chips
+    ]
+    with serving(qb2) as url:
+        got = scrape(url)
+    assert got["ttmesh_reset_in_progress"] == [({}, 0.0)]
+    assert got["ttmesh_host_read_ok"] == [({}, 1.0)]
+    assert got["ttmesh_chips"] == [({}, 4.0)]
+    # The simulated driver's hwmon (45 °C, 35 W, 750 mV) and tt_aiclk (1350 MHz).
+    for name, value in (
+        ("ttmesh_chip_temperature_celsius", 45.0),
+        ("ttmesh_chip_power_watts", 35.0),
+        ("ttmesh_chip_voltage_volts", 0.75),
+        ("ttmesh_chip_aiclk_hertz", 1.35e9),
+        ("ttmesh_chip_heartbeat_alive", 1.0),
+        ("ttmesh_chip_links_down", 0.0),
+    ):
+        assert got[name] == [(lab, value) for lab in labels], name
+    assert [lab for lab, _ in got["ttmesh_chip_heartbeat"]] == labels
+    assert all(v > 0 for _, v in got["ttmesh_chip_heartbeat"])
+    # A QuietBox 2's four p300a: every chip has its expected links, all up.
+    expected = per_chip(got, "ttmesh_chip_links_expected")
+    assert set(expected) == {c["asic_id"] for c in chips} and all(v > 0 for v in expected.values())
+    assert per_chip(got, "ttmesh_chip_links_up") == expected
+    assert got["ttmesh_chip_lease_info"] == []
+    assert got["ttmesh_job_rank_state"] == []
+
+
+def test_it_never_runs_tt_smi(qb2: Path, tmp_path: Path) -> None:
+    """tt-smi opens every chip; the host's tt-smi here only leaves a trace that it ran."""
+    trace = tmp_path / "tt-smi-ran"
+    tool = qb2 / "bin" / "tt-smi"
+    tool.unlink()
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {trace}\nexit 1\n')
+    tool.chmod(0o755)
+    with serving(qb2) as url:
+        got = scrape(url)
+        scrape(url)
+    assert got["ttmesh_chips"] == [({}, 4.0)]
+    assert not trace.exists()
+
+
+def test_on_a_real_host_nothing_that_opens_a_chip_is_asked(
+    qb2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On hardware the topology, Ethernet status and remote heartbeats come through tt-umd,
+    which opens every chip: a real host's collector never asks for them, and serves no link
+    metrics rather than made-up ones."""
+    from ttmesh.host.real import RealHost
+    from ttmesh.recovery.metrics import HostCollector
+
+    root = tmp_path / "plain"
+    shutil.copytree(qb2, root, symlinks=True)
+    (root / ".ttmesh-sim").unlink()
+
+    def opens_a_chip(*_args: object) -> None:
+        raise AssertionError("asked for what opens a chip")
+
+    for name in ("topology", "eth_live_status", "remote_heartbeats", "default_tt_smi"):
+        monkeypatch.setattr(RealHost, name, opens_a_chip)
+    collector = HostCollector(RealHost(root), heartbeat_wait=0.05)
+    got = {f.name: [(dict(s.labels), s.value) for s in f.samples] for f in collector.collect()}
+    assert got["ttmesh_host_read_ok"] == [({}, 1.0)]
+    assert got["ttmesh_chips"] == [({}, 4.0)]
+    assert len(got["ttmesh_chip_temperature_celsius"]) == 4
+    assert not [name for name in got if name.startswith("ttmesh_chip_links")]
+
+
+def test_a_frozen_chip_is_not_alive(qb2: Path) -> None:
+    chips = chips_of(qb2)
+    dead = chips[2]
+    assert run_cli("sim", "fault", "--root", str(qb2), "chip-dead", dead["bdf"]).code == 0
+    with serving(qb2) as url:
+        first, second = scrape(url), scrape(url)  # watched, then judged against the previous
+    for got in (first, second):
+        alive = per_chip(got, "ttmesh_chip_heartbeat_alive")
+        assert alive == {c["asic_id"]: (0.0 if c is dead else 1.0) for c in chips}
+        assert got["ttmesh_host_read_ok"] == [({}, 1.0)]
+
+
+def test_a_link_down_shows_fewer_links_up(qb2: Path) -> None:
+    chips = chips_of(qb2)
+    a, b = chips[0], chips[1]
+    assert run_cli("sim", "fault", "--root", str(qb2), "link-down", a["bdf"], b["bdf"]).code == 0
+    links = [
+        lk for lk in json.loads(run_cli("ls", "--root", str(qb2), "--json").out)["links"]
+        if {lk["a"]["asic_id"], lk["b"]["asic_id"]} == {a["asic_id"], b["asic_id"]}
+    ]  # fmt: skip
+    assert links
+    with serving(qb2) as url:
+        got = scrape(url)
+    up, down = per_chip(got, "ttmesh_chip_links_up"), per_chip(got, "ttmesh_chip_links_down")
+    expected = per_chip(got, "ttmesh_chip_links_expected")
+    for c in chips:
+        lost = len(links) if c in (a, b) else 0
+        assert (up[c["asic_id"]], down[c["asic_id"]]) == (expected[c["asic_id"]] - lost, lost)
+
+
+def test_a_running_jobs_lease_and_ranks(qb2: Path, runtime: Path, tmp_path: Path) -> None:
+    job = f"metrics-{os.getpid()}"
+    chip = chips_of(qb2)[0]
+    proc = start_launch(
+        qb2, "--chips", chip["bdf"], "--tp-size", "1", "--job-id", job,
+        *worker(f"pids={tmp_path}"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (tmp_path / "rank0.pid").exists(), timeout=HANG, what="the worker")
+        with serving(qb2) as url:
+            got = scrape(url)
+        user = json.loads(run_cli("ls", "--root", str(qb2), "--json").out)["chips"][0]["lease"]
+        assert got["ttmesh_chip_lease_info"] == [
+            (
+                {
+                    "bdf": chip["bdf"],
+                    "asic_id": chip["asic_id"],
+                    "job": job,
+                    "user": user["user"],
+                    "verified": "true",
+                },
+                1.0,
+            )
+        ]
+        assert got["ttmesh_job_rank_state"] == [
+            ({"job": job, "rank": "0", "state": "running"}, 1.0)
+        ]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=HANG)
+
+
+def test_a_reset_in_progress_pauses_chip_reads(qb2: Path) -> None:
+    """While ``ttmesh reset`` runs tt-smi (the simulated reset hangs), no chip is read."""
+    assert run_cli("sim", "fault", "--root", str(qb2), "reset-hangs", "120").code == 0
+    with serving(qb2) as url:
+        assert scrape(url)["ttmesh_reset_in_progress"] == [({}, 0.0)]
+        reset = subprocess.Popen(
+            [sys.executable, "-m", "ttmesh", "reset", "--root", str(qb2), "--force"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            got: Samples = {}
+
+            def paused() -> bool:
+                got.clear()
+                got.update(scrape(url))
+                return got["ttmesh_reset_in_progress"] == [({}, 1.0)]
+
+            wait_for(paused, timeout=HANG, what="the reset's mark")
+            assert got["ttmesh_host_read_ok"] == [({}, 0.0)]
+            assert not [name for name in got if name.startswith("ttmesh_chip")]
+        finally:
+            reset.send_signal(signal.SIGINT)
+            reset.wait(timeout=HANG)
+        after = scrape(url)  # the reset is gone: its mark went with it
+        assert after["ttmesh_reset_in_progress"] == [({}, 0.0)]
+        assert after["ttmesh_chips"] == [({}, 4.0)]
+
+
+def test_the_mark_is_shared_by_concurrent_resets_and_goes_with_them(qb2: Path) -> None:
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.runtime import resetmark
+
+    host = open_host(str(qb2))
+    assert not resetmark.running(host)
+    with resetmark.marked(host), resetmark.marked(host):
+        assert resetmark.running(host)
+    assert not resetmark.running(host)
+
+
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+def test_another_users_locked_mark_pauses_metrics_but_never_stalls_a_reset(
+    users: dict[str, User],
+) -> None:
+    """nobody plants ``resetting.lock`` in the shared lease directory and holds it exclusively:
+    root's reset must still run (its mark never waits), and the pause is all it buys."""
+    root, nobody = users["root"], users["nobody"]
+    shared = world_dir("ttmesh-metrics-leases-", 0o1777)
+    env = {"TTMESH_RUNTIME_DIR": str(shared)}
+    hold = (
+        "import fcntl, os, sys; "
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        nobody.argv(nobody.python, "-c", hold, str(shared / "resetting.lock")),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert (shared / "resetting.lock").stat().st_uid == nobody.uid
+        mark = (
+            "import sys; from ttmesh.cli.hosts import open_host; "
+            "from ttmesh.runtime import resetmark; "
+            "print(resetmark.running(open_host(sys.argv[1])))"
+        )
+        seen = subprocess.run(
+            [sys.executable, "-c", mark, str(root.sim)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=HANG,
+        )
+        assert seen.stdout.strip() == "True", seen.stderr
+        done = root.run("reset", "--root", str(root.sim), env=env)
+        assert done.returncode == 0, done.stderr
+        assert "recovered and verified" in done.stdout
+    finally:
+        holder.kill()
+        holder.communicate()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("listen", "says"),
+    [
+        ("9464", "is not HOST:PORT"),
+        (":9464", "is not HOST:PORT"),
+        ("127.0.0.1:", "port '' is not 0-65535"),
+        ("127.0.0.1:65536", "port '65536' is not 0-65535"),
+        ("127.0.0.1:-1", "port '-1' is not 0-65535"),
+        ("127.0.0.1:９４６４", "is not 0-65535"),
+        ("::1:9464", "write an IPv6 address in brackets"),
+        ("[nope]:9464", "is not an IPv6 address"),
+        ("no such host.invalid:9464", "is not a host name"),
+        ("nosuchhost.invalid:9464", "cannot resolve"),
+        ("x" * 5000 + ":9464", "is not a host name"),
+        ("a" * 64 + ".invalid:9464", "is not a host name"),
+        ("192.0.2.1:9464", "is not an address of this machine"),
+    ],
+)
+def test_bad_listen_is_one_line(qb2: Path, listen: str, says: str) -> None:
+    result = run_cli("metrics", "--root", str(qb2), "--listen", listen)
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert lines[-1].startswith("ttmesh: --listen ") and says in lines[-1], result.err
+    assert "Traceback" not in result.err and len(lines) <= 2  # and "simulated host: ..."
+
+
+def test_a_port_in_use_is_named(qb2: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("metrics", "--root", str(qb2), "--listen", f"127.0.0.1:{port}")
+    assert result.code == 2
+    assert result.err.strip().splitlines()[-1] == (
+        f"ttmesh: --listen 127.0.0.1:{port}: the port is already in use "
+        "(stop what listens there, or choose another port)"
+    )
+
+
+def test_without_prometheus_client_one_line_says_what_to_install(qb2: Path) -> None:
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None; "
+        "from ttmesh.cli import run; sys.exit(run(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "metrics", "--root", str(qb2), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ttmesh: ttmesh metrics needs prometheus-client (pip install 'ttmesh[metrics]' "
+        "(or: pip install 'prometheus-client>=0.20'))"
+    )
+
+
+def test_ctrl_c_stops_it_with_exit_0(qb2: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "metrics", "--root", str(qb2), "--listen", "127.0.0.1:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("serving metrics on "):
+            break
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err

@@ -1,0 +1,137 @@
+"""``ttmesh metrics``: serve the host's chips, leases and jobs to Prometheus."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+import click
+
+from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.errors import bad_input, from_os_error
+
+LISTEN_FIX = "give --listen HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464 (port 0: any free one)"
+MISSING = "ttmesh metrics needs prometheus-client"
+MISSING_FIX = "pip install 'ttmesh[metrics]' (or: pip install 'prometheus-client>=0.20')"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 address in brackets) as (host, port); bad input otherwise."""
+    shown = text[:80]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise bad_input(f"--listen {shown!r} is not HOST:PORT", LISTEN_FIX)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad_input(f"--listen {shown!r}: {host[:60]!r} is not an IPv6 address", LISTEN_FIX)
+    elif ":" in host:
+        raise bad_input(f"--listen {shown!r}: write an IPv6 address in brackets", LISTEN_FIX)
+    if (
+        not host.strip()
+        or len(host) > 253  # the longest DNS name
+        or any(ch.isspace() or not ch.isprintable() for ch in host)
+    ):
+        raise bad_input(f"--listen {shown!r}: {host[:60]!a} is not a host name", LISTEN_FIX)
+    if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
+        raise bad_input(f"--listen {shown!r}: port {port[:20]!a} is not 0-65535", LISTEN_FIX)
+    return host, int(port)
+
+
+def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    return parse_listen(value)
+
+
+@click.command("metrics", context_settings=CONTEXT)
+@host_options
+@click.option(
+    "--listen",
+    required=True,
+    metavar="HOST:PORT",
+    callback=_listen,
+    help="Where to serve /metrics, e.g. 127.0.0.1:9464 (0.0.0.0:9464: every interface; "
+    "port 0: any free one, printed).",
+)
+def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
+    """Serve the host's chips, their leases and the jobs' ranks as Prometheus metrics.
+
+    \b
+    Every scrape of http://HOST:PORT/metrics reads the host then: each chip's temperature,
+    power, voltage, AI clock, heartbeat (counter, alive or frozen) and Ethernet links up,
+    down and expected (labels bdf, asic_id, arch, board); which job leases which chip; and
+    the rank states of your running jobs on the host. Only the driver's files are read
+    (hwmon, tt_aiclk, tt_heartbeat): tt-smi is never run and no chip is opened, since a
+    poller that opens chips breaks resets. On a real host, link states (and n300s' remote
+    chips) are left out: only tt-umd can read them, and it opens the chips. While a ttmesh
+    reset runs no chip is read and ttmesh_reset_in_progress is 1.
+    Ctrl-C or SIGTERM stops it (exit 0). Needs the metrics extra:
+    pip install 'ttmesh[metrics]'. Metric names: docs/metrics.md.
+
+    \b
+    Examples:
+      ttmesh metrics --listen 127.0.0.1:9464
+      ttmesh metrics --sim quietbox2 --listen 127.0.0.1:0
+    """
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise bad_input(MISSING, MISSING_FIX) from None
+    from ttmesh.fabric.devices import require_driver
+    from ttmesh.recovery.metrics import HostCollector
+
+    require_driver(host)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HostCollector(host))
+    addr, port = listen
+    shown = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+    try:
+        server, thread = start_http_server(port, addr, registry)
+    except socket.gaierror as exc:
+        raise bad_input(f"--listen {shown}: cannot resolve {addr!r} ({exc.strerror})", LISTEN_FIX)
+    except UnicodeError:  # a label the IDNA codec refuses (longer than 63 characters)
+        raise bad_input(f"--listen {shown[:80]}: {addr[:60]!a} is not a host name", LISTEN_FIX)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise bad_input(
+                f"--listen {shown}: the port is already in use",
+                "stop what listens there, or choose another port",
+            )
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise bad_input(
+                f"--listen {shown}: {addr} is not an address of this machine", LISTEN_FIX
+            )
+        if exc.errno == errno.EACCES:
+            raise bad_input(
+                f"--listen {shown}: not allowed to listen on port {port}",
+                "choose a port above 1023, or run as root",
+            )
+        raise from_os_error(exc, f"listen on {shown}") from None
+    bound = server.server_address[1]
+    where = f"[{addr}]:{bound}" if ":" in addr else f"{addr}:{bound}"
+    sys.stderr.write(f"serving metrics on http://{where}/metrics (Ctrl-C or SIGTERM to stop)\n")
+    if host.firmware_opens_chips:
+        sys.stderr.write(
+            "note: Ethernet link states and remote chips are left out: on this host only "
+            "tt-umd reads them, and it opens the chips\n"
+        )
+    sys.stderr.flush()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
+    try:
+        while not stop.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        pass  # the way to stop it
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    return 0

@@ -1,0 +1,187 @@
+"""``ttmesh metrics``: the chips, their leases and the jobs' ranks as Prometheus metrics.
+
+A custom collector (:class:`HostCollector`): every scrape reads the host then, nothing runs on a
+timer. Chip telemetry comes from a :class:`~ttmesh.recovery.top.Sampler` in driver-only mode:
+the driver's files only (hwmon, ``tt_aiclk``, ``tt_heartbeat``), never tt-smi and never a chip
+opened (a poller that opens chips breaks resets: tt-smi#172). While a ttmesh reset runs
+(:mod:`ttmesh.runtime.resetmark`) no chip file is read at all and
+``ttmesh_reset_in_progress`` is 1. Leases come from the lease directory, rank states from this
+user's job records (:mod:`ttmesh.runtime.jobs`).
+
+Needs ``prometheus-client`` (the ``metrics`` extra); the command line checks it is there
+before importing this module.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ttmesh import procs
+from ttmesh.errors import TTMeshError
+from ttmesh.host.base import Host
+from ttmesh.recovery.top import Sampler
+from ttmesh.runtime import jobs, resetmark
+from ttmesh.vocab import Heartbeat
+
+CHIP_LABELS = ["bdf", "asic_id", "arch", "board"]
+NO_LINKS = (
+    "Left out where reading link state would open a chip (on a real host tt-umd reads it from "
+    "the firmware; the driver's files do not carry it)."
+)
+
+# name -> help; docs/architecture.md ("Metrics") lists the same names.
+HELP = {
+    "ttmesh_reset_in_progress": "1 while a ttmesh reset runs on the host: no chip is read then.",
+    "ttmesh_host_read_ok": "1 when this scrape read the chips; 0 when paused by a reset or "
+    "the host's files could not be read (the reason is on ttmesh's stderr).",
+    "ttmesh_chips": "Chips the driver shows (and, on a simulated host, their remote chips).",
+    "ttmesh_chip_temperature_celsius": "ASIC temperature from the driver's hwmon node.",
+    "ttmesh_chip_power_watts": "Power from the driver's hwmon node.",
+    "ttmesh_chip_voltage_volts": "Core voltage from the driver's hwmon node.",
+    "ttmesh_chip_aiclk_hertz": "AI clock from the driver's tt_aiclk.",
+    "ttmesh_chip_heartbeat": "The firmware heartbeat counter the driver shows (tt_heartbeat).",
+    "ttmesh_chip_heartbeat_alive": "1 when the heartbeat counter moved since the previous "
+    "scrape (or within 1 s), 0 when it did not (frozen firmware); left out when unknown.",
+    "ttmesh_chip_links_up": "Expected Ethernet links of the chip that are up. " + NO_LINKS,
+    "ttmesh_chip_links_down": "Expected Ethernet links of the chip that are down. " + NO_LINKS,
+    "ttmesh_chip_links_expected": "Ethernet links the chip should have. " + NO_LINKS,
+    "ttmesh_chip_lease_info": "1 per leased chip: the ttmesh job leasing it and its user "
+    "(verified=false: a lock on the lease file that is no verified ttmesh lease).",
+    "ttmesh_job_rank_state": "1 per rank of each of this user's running jobs on the host, "
+    "labelled with its state: starting (no process yet), running or ended.",
+}
+
+
+def gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, HELP[name], labels=labels)
+
+
+class HostCollector(Collector):
+    """Reads the host at every scrape (one scrape at a time: the heartbeat verdict is judged
+    against the previous scrape's counters)."""
+
+    def __init__(self, host: Host, *, heartbeat_wait: float = 1.0) -> None:
+        self.host = host
+        self.sampler = Sampler(host, first_wait=heartbeat_wait, driver_only=True)
+        self.lock = threading.Lock()
+
+    def describe(self) -> list[Any]:
+        return []  # nothing to read at registration: the first scrape reads the host
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.lock:
+            yield from self._collect()
+
+    def _collect(self) -> Iterator[GaugeMetricFamily]:
+        resetting = resetmark.running(self.host)
+        flag = gauge("ttmesh_reset_in_progress")
+        flag.add_metric([], 1 if resetting else 0)
+        yield flag
+        sample = None
+        if not resetting:
+            try:
+                sample = self.sampler.sample()
+            except TTMeshError as exc:
+                _say(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+            except Exception as exc:  # a scrape answers: what went wrong goes to stderr
+                first = (str(exc).splitlines() or [""])[0]
+                _say(f"cannot read the host: {type(exc).__name__}: {first}")
+        ok = gauge("ttmesh_host_read_ok")
+        ok.add_metric([], 0 if sample is None else 1)
+        yield ok
+        if sample is not None:
+            yield from chip_families(sample)
+        yield from job_families(str(self.host.root))
+
+
+def chip_families(sample: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """The chip metrics of one ``ttmesh.top/1`` sample."""
+    chips = sample["chips"]
+    count = gauge("ttmesh_chips")
+    count.add_metric([], len(chips))
+    yield count
+    values = {
+        "ttmesh_chip_temperature_celsius": ("temperature_c", 1.0),
+        "ttmesh_chip_power_watts": ("power_w", 1.0),
+        "ttmesh_chip_voltage_volts": ("voltage_v", 1.0),
+        "ttmesh_chip_aiclk_hertz": ("aiclk_mhz", 1e6),
+    }
+    for name, (key, scale) in values.items():
+        family = gauge(name, CHIP_LABELS)
+        for c in chips:
+            if c.get(key) is not None:
+                family.add_metric(chip_labels(c), c[key] * scale)
+        yield family
+    beat = gauge("ttmesh_chip_heartbeat", CHIP_LABELS)
+    alive = gauge("ttmesh_chip_heartbeat_alive", CHIP_LABELS)
+    for c in chips:
+        hb = c["heartbeat"]
+        if hb["count"] is not None:
+            beat.add_metric(chip_labels(c), hb["count"])
+        if hb["state"] in (Heartbeat.ALIVE, Heartbeat.FROZEN):
+            alive.add_metric(chip_labels(c), 1 if hb["state"] == Heartbeat.ALIVE else 0)
+    yield beat
+    yield alive
+    if any(c["links"] is not None for c in chips):
+        for state in ("up", "down", "expected"):
+            family = gauge(f"ttmesh_chip_links_{state}", CHIP_LABELS)
+            for c in chips:
+                if c["links"] is not None:
+                    family.add_metric(chip_labels(c), c["links"][state])
+            yield family
+    leases = gauge("ttmesh_chip_lease_info", ["bdf", "asic_id", "job", "user", "verified"])
+    for c in chips:
+        lease = c["lease"]
+        if lease is not None:
+            leases.add_metric(
+                [
+                    c["bdf"] or "",
+                    c["asic_id"],
+                    lease["job"] or "",
+                    lease["user"] or "",
+                    "true" if lease["verified"] else "false",
+                ],
+                1,
+            )
+    yield leases
+
+
+def job_families(root: str) -> Iterator[GaugeMetricFamily]:
+    """Each of this user's running jobs on host ``root``: its ranks' states."""
+    family = gauge("ttmesh_job_rank_state", ["job", "rank", "state"])
+    try:
+        records = jobs.running(root)
+    except (OSError, TTMeshError) as exc:
+        _say(f"cannot read the job records: {getattr(exc, 'message', exc)}")
+        records = []
+    for record in records:
+        for rank in record.get("ranks") or []:
+            if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int):
+                continue
+            family.add_metric([str(record["job"]), str(rank["rank"]), rank_state(rank)], 1)
+    yield family
+
+
+def rank_state(rank: dict[str, Any]) -> str:
+    pid = rank.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return "starting"
+    return "running" if procs.alive(pid) else "ended"
+
+
+def chip_labels(chip: dict[str, Any]) -> list[str]:
+    return [chip["bdf"] or "", chip["asic_id"], chip["arch"], chip["board_type"]]
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(f"ttmesh: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass

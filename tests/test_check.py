@@ -34,7 +34,17 @@ C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00
 QB2 = [C01, C03, C05, C07]
 WORKER_TAG = "ttmesh-test-worker"
 
-CHECK_KEYS = ["schema", "healthy", "chips", "links", "problems", "notes", "system", "shm"]
+CHECK_KEYS = [
+    "schema",
+    "healthy",
+    "chips",
+    "links",
+    "problems",
+    "notes",
+    "system",
+    "umd_locks",
+    "shm",
+]
 CHIP_KEYS = [
     "asic_id",
     "bdf",

@@ -71,6 +71,13 @@ def check_cmd(
     NAME checks what that profile's system: asks (minimums there are errors).
 
     \b
+    tt-umd's lock files (/dev/shm/TT_UMD_LOCK.*; ROOT/dev/shm on a simulated root): a live
+    process holding a chip's CHIP_IN_USE lock is an error (a job would wait on it without
+    end), named with pid, user and command; a lock whose owner died is a note, never deleted
+    (tt-umd recovers it; it relies on the files staying). As a user, only your own processes'
+    mappings can be seen; root sees every process.
+
+    \b
     On a real host the expected links are what discovery sees merged with the last
     known-good topology (recorded under ~/.local/state/ttmesh/topology by every check that
     finds all links up), so a link that vanished after a crash shows as down.

@@ -142,6 +142,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
       ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
       ttmesh sim fault --root /tmp/qb2 no-hugepages
+      ttmesh sim fault --root /tmp/qb2 umd-lock 0000:01:00.0 --dead
       ttmesh sim fault --root /tmp/qb2 container 0000:03:00.0
     """
     ctx.obj = host  # each KIND refuses a root that is not simulated (so --help works anywhere)
@@ -225,6 +226,30 @@ def fault_hold(host: Any, chip: str) -> None:
 
     pid = faults.hold(host, chip)
     click.echo(f"hold: pid {pid} holds {chip}")
+
+
+@sim_fault.command("umd-lock", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.option(
+    "--kind",
+    default="CHIP_IN_USE",
+    show_default=True,
+    metavar="KIND",
+    help="Which of tt-umd's chip locks: ARC_MSG, REMOTE_ARC_MSG, NON_MMIO, MEM_BARRIER, "
+    "CHIP_IN_USE, PCIE_DMA.",
+)
+@click.option("--dead", is_flag=True, help="The holder dies holding it (a stale, harmless lock).")
+@click.pass_obj
+def fault_umd_lock(host: Any, chip: str, kind: str, dead: bool) -> None:
+    """Write tt-umd's lock file for the chip (ROOT/dev/shm/TT_UMD_LOCK.KIND_N_PCIe, laid out
+    as tt-umd's RobustMutex lays it out), locked by a detached process that maps it until
+    killed or `sim clear`, or with --dead left by one that died. `ttmesh check` names a live
+    CHIP_IN_USE holder, and a launch refuses the chip; a dead owner's lock is a note."""
+    from ttmesh.sim import faults
+
+    pid = faults.umd_lock(host, chip, kind.strip().upper(), dead)
+    state = "was left locked by dead" if dead else "is held by"
+    click.echo(f"umd-lock: {kind.strip().upper()} of {chip} {state} pid {pid}")
 
 
 @sim_fault.command("no-hugepages", context_settings=CONTEXT)

@@ -98,6 +98,7 @@ class HealthReport:
     recorded: Path | None = None  # the known-good record written by this check, if any
     notes: list[str] = field(default_factory=list)  # facts worth knowing, not problems
     system: dict[str, Any] | None = None  # what system pre-flight read (fabric.syscheck)
+    umd_locks: list[dict[str, Any]] | None = None  # tt-umd's lock files (fabric.umdlocks)
 
     @property
     def healthy(self) -> bool:
@@ -116,6 +117,7 @@ class HealthReport:
             "problems": [p.to_json() for p in self.problems],
             "notes": self.notes,
             "system": self.system,
+            "umd_locks": self.umd_locks,
         }
 
 
@@ -681,14 +683,30 @@ def check(
 
     box_found, box_notes = containercheck.problems(inv, selected)
     problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in box_found)
+    from ttmesh.fabric import umdlocks
+
+    def leasing_job(pid: int, asics: list[str]) -> bool:  # a worker of the job leasing them
+        owner = procs.owning(pid, owners)
+        job = owners.get(owner) if owner else None
+        return job is not None and all(
+            (lease := leased.get(a)) is not None and lease.job == job for a in asics
+        )
+
+    lock_found, lock_notes, locks = umdlocks.problems(inv, selected, leasing_job)
+    problems.extend(lock_found)
+    for p in lock_found:
+        for ch in report_chips:
+            if ch.asic_id in p.chips:
+                ch.healthy = False
     problems.sort(key=lambda p: p.severity != ERROR)
     report = HealthReport(
         report_chips,
         states,
         problems,
         inv.topology,
-        notes=device_notes(inv) + sys_notes + box_notes,
+        notes=device_notes(inv) + sys_notes + box_notes + lock_notes,
         system=sys_read.to_json(),
+        umd_locks=[lk.to_json() for lk in locks],
     )
     if (
         exp.store is not None
@@ -782,6 +800,12 @@ def preflight(
         for p in _link_problems(inv, states, exp, strict=False):
             if p.kind in ("link-down", "link-unknown"):
                 problems.append(p)
+    from ttmesh.fabric import umdlocks
+
+    def job_own(pid: int, _asics: list[str]) -> bool:
+        return procs.owning(pid, allowed) is not None
+
+    problems.extend(umdlocks.problems(inv, wanted, job_own)[0])
     if system:
         from ttmesh.fabric import syscheck
 

@@ -908,7 +908,7 @@ def _preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None
         for p in found:
             if p.severity != "error" and p.kind in syscheck.KINDS:
                 note(f"pre-flight: warning: {p.what} (fix: {p.fix})")
-    fixed_by_reset = ("lease", "lock", *syscheck.KINDS)
+    fixed_by_reset = ("lease", "lock", "umd-lock", *syscheck.KINDS)  # no reset helps
     if problems and recovery.auto_reset and all(p.kind not in fixed_by_reset for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = _reset(prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING)

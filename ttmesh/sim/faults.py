@@ -13,6 +13,9 @@ was. Faults model what goes wrong on real machines:
 * ``no-hugepages`` - the kernel has no 1 GiB hugepages set aside (nr_hugepages 0 everywhere);
 * ``fw-mismatch X [--version V]`` - one chip runs another firmware bundle than the others;
 * ``old-kmd [--version V]`` - the tenstorrent driver is an old one (default 1.34.0);
+* ``umd-lock X [--kind K] [--dead]`` - tt-umd's lock file for the chip, as tt-umd writes it
+  (:mod:`ttmesh.fabric.umdlocks`), held by a detached process that maps it, or left locked by
+  one that died;
 * ``container [X] [--shm-size MIB]`` - ttmesh runs in a Docker container started before a
   reset re-created the chips' nodes: ``/.dockerenv``, an overlay root and Docker's private
   64 MiB ``/dev/shm`` in ``proc/self/mountinfo``, and chip X's ``/dev/tenstorrent`` node gone
@@ -38,6 +41,7 @@ from ttmesh.sim import core
 from ttmesh.sim.backend import sim_of
 
 HOLD_TAG = "ttmesh-sim-hold"
+UMD_LOCK_TAG = "ttmesh-sim-umd-lock"
 
 
 def _chip(sim: core.SimRoot, ref: str) -> dict[str, Any]:
@@ -140,6 +144,53 @@ def hold(host: Host, ref: str) -> int:
     while core.proc_start_time(proc.pid) is None and time.monotonic() < deadline:
         time.sleep(0.001)
     sim.add_holder([asic], proc.pid, kind="fault")
+    return proc.pid
+
+
+def umd_lock(host: Host, ref: str, kind: str = "CHIP_IN_USE", dead: bool = False) -> int:
+    """tt-umd's ``kind`` lock of the chip's PCI device, locked by a detached process that
+    holds it (or, ``dead``, that died holding it); its PID. The file is where ttmesh reads a
+    host's locks: ``ROOT/dev/shm`` (:func:`ttmesh.fabric.umdlocks.lock_dir`)."""
+    from ttmesh.fabric import umdlocks
+
+    sim = sim_of(host)
+    chip = _chip(sim, ref)
+    if kind not in umdlocks.KINDS:
+        raise bad_input(f"no tt-umd lock kind {kind!r}", f"one of {', '.join(umdlocks.KINDS)}")
+    asic = core.asic_hex(chip["unique_id"])
+    dev = sim.dev_of(sim.read_state(), asic)
+    if dev is None or not chip.get("bdf"):
+        raise bad_input(f"chip {ref} has no PCI device now", "give the PCI address of a chip")
+    base = _own_lock_dir(host)
+    if base is None:
+        where = umdlocks.lock_dir(host)
+        raise bad_input(
+            f"{where} leads out of the simulated root (a link)",
+            f"remove it: the simulator keeps its tt-umd locks in {where} itself",
+        )
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / f"{umdlocks.PREFIX}{kind}_{dev}_PCIe"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ttmesh.sim.lockholder", str(path), "dead" if dead else "held",
+         UMD_LOCK_TAG],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    said = proc.stdout.readline()  # the event: the lock is written (EOF: it failed)
+    proc.stdout.close()
+    if dead:
+        proc.wait()
+    if said.startswith(b"refused: "):
+        proc.wait()
+        why = said[len(b"refused: ") :].decode(errors="replace").strip()
+        raise bad_input(why, f"remove it (the simulator writes its own lock files in {base})")
+    if said.strip() != b"ok":
+        proc.wait()
+        raise bad_input(f"could not write {path}", f"check that {base} is writable")
     return proc.pid
 
 
@@ -277,6 +328,7 @@ def clear(host: Host) -> dict[str, int]:
             else:
                 keep.append(h)
         state["holders"] = keep
+        killed += _clear_umd_locks(host)
         cleared = len(state["links_down"]) + len(state["fabric_marks"])
         state["links_down"] = []
         state["fabric_marks"] = []
@@ -293,6 +345,44 @@ def clear(host: Host) -> dict[str, int]:
         sim.render(state)
     uncontainer(sim.root)
     return {"holders_killed": killed, "cleared": cleared}
+
+
+def _own_lock_dir(host: Host) -> Any:
+    """The simulated root's dev/shm, or None when it (or dev) is a link: the simulator never
+    writes, nor clears, the machine's /dev/shm through one."""
+    from pathlib import Path
+
+    from ttmesh.fabric import umdlocks
+
+    base = umdlocks.lock_dir(host)
+    return base if Path(os.path.realpath(base)) == base else None
+
+
+def _clear_umd_locks(host: Host) -> int:
+    """Kill the simulator's lock holders (their command line carries the tag) and remove the
+    lock files under the simulated root: the simulator's own directory, never /dev/shm."""
+    from ttmesh.fabric import umdlocks
+
+    killed = 0
+    if _own_lock_dir(host) is None:
+        return 0
+    for lock in umdlocks.read(host):
+        pid = lock.owner_pid
+        if lock.state == umdlocks.HELD and pid and UMD_LOCK_TAG in (core_cmd(pid) or ""):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        with contextlib.suppress(OSError):
+            os.unlink(lock.path)
+    return killed
+
+
+def core_cmd(pid: int) -> str | None:
+    from ttmesh import procs
+
+    return procs.command_line(pid)
 
 
 def show(host: Host) -> dict[str, Any]:

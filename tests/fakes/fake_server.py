@@ -126,6 +126,7 @@ def main(stack: str) -> None:
             )
         )
     state = {"ready": False, "draining": False}
+    answered = threading.Event()  # /health has said 200 once: the watcher has seen it ready
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -143,6 +144,8 @@ def main(stack: str) -> None:
             if self.path == "/health":
                 ok = state["ready"] and not state["draining"] and mode != "unhealthy-now"
                 self._send(200 if ok else 503, {})
+                if ok:
+                    answered.set()
             else:
                 self._send(404, {"error": "not found"})
 
@@ -208,6 +211,9 @@ def main(stack: str) -> None:
             time.sleep(float(os.environ.get("FAKE_CRASH_LINGER", "0")))
             os._exit(3)
         if mode == "unhealthy":
+            # Unhealthy once ttmesh has seen it ready (an event, not a time: under load its
+            # first probe may come later than FAKE_FAIL_AFTER).
+            answered.wait(120)
             mode = "unhealthy-now"
         if mode == "child-dies":
             children[0].kill()

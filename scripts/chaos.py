@@ -503,9 +503,13 @@ class Trial:
         # Exit codes, job records, tracebacks.
         for la in self.launches:
             text = la.err.read_text(errors="replace")
+            # ttmesh's own lines only: a rank's output is prefixed ([rN]), and a Python rank
+            # that gets the SIGINT sent to ttmesh (as under torchrun) prints its
+            # KeyboardInterrupt traceback there.
+            own = [ln for ln in text.splitlines() if not ln.startswith("[r")]
             for bad in ("Traceback", "supervisor error", "internal error"):
-                if bad in text:
-                    line = next(ln for ln in text.splitlines() if bad in ln)
+                line = next((ln for ln in own if bad in ln), None)
+                if line is not None:
                     self.violation(f"{la.job}: {line.strip()[:160]}")
             exp = la.expect
             if exp is None:

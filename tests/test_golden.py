@@ -188,7 +188,9 @@ def test_sysfs_agrees_with_model(name: str, make_sim: Callable[..., Path]) -> No
         assert _read(pci_dir / "vendor") == "0x1e52"
         assert _read(pci_dir / "device") == device_id[c.arch]
         assert (root / f"dev/tenstorrent/{c.dev_index}").is_file()
-        by_id = dev_dir / "by-id" / f"{c.arch}-{c.asic_id}"
+        # tt-kmd's udev rule: {wormhole,blackhole}-%s{tt_asic_id}, the id as %08X%08X
+        family = "wormhole" if c.arch.startswith("wormhole") else "blackhole"
+        by_id = dev_dir / "by-id" / f"{family}-{c.asic_id.upper()}"
         assert os.path.realpath(by_id) == os.path.realpath(dev_dir / str(c.dev_index))
         assert (root / f"proc/driver/tenstorrent/{c.dev_index}/pids").read_text() == ""
     assert sorted(p.name for p in (root / "proc/driver/tenstorrent").iterdir()) == sorted(

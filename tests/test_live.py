@@ -478,8 +478,9 @@ def test_top_once_and_json_with_the_job_holding_chips(
 def test_top_reads_the_driver_files_when_tt_smi_gives_nothing(
     make_sim: Callable[..., Path],
 ) -> None:
-    """The same path as on a real host without tt-smi: the clock from the driver's files,
-    a dead chip's heartbeat frozen, temperature and power unknown, said in a note."""
+    """The same path as on a real host without tt-smi: the clock and, from the chip's hwmon
+    node, temperature and power from the driver's files; a dead chip's heartbeat frozen; said
+    in a note."""
     root = make_sim("quietbox2")
     faults.chip_dead(open_host(root), "0000:05:00.0")
     res = run_cli("top", "--root", str(root), "--json", env={"TTMESH_TT_SMI": "/bin/false"})
@@ -489,7 +490,8 @@ def test_top_reads_the_driver_files_when_tt_smi_gives_nothing(
     assert any("tt-smi -s gave no telemetry (exit 1)" in n for n in doc["notes"])
     by_bdf = {c["bdf"]: c for c in doc["chips"]}
     assert all(c["aiclk_mhz"] == 1350.0 and c["telemetry"] == "driver" for c in doc["chips"])
-    assert all(c["temperature_c"] is None for c in doc["chips"])
+    # the simulated hwmon node's temp1_input / power1_input (kernel hwmon sysfs-interface units)
+    assert all((c["temperature_c"], c["power_w"]) == (45.0, 35.0) for c in doc["chips"])
     assert by_bdf["0000:05:00.0"]["heartbeat"]["state"] == "frozen"
     assert by_bdf["0000:01:00.0"]["heartbeat"]["state"] == "alive"
 

@@ -88,6 +88,7 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("sim fault reset-hangs", ["sim", "fault", "--root", "{ROOT}", "reset-hangs", "--", "{V}"], "reset-hangs", SECONDS),
     ("sim fault reset-fails", ["sim", "fault", "--root", "{ROOT}", "reset-fails", "--times", "{V}"], "--times", WHOLE),
     ("sim fault link-down", ["sim", "fault", "--root", "{ROOT}", "link-down", C01, "0000:03:00.0", "--channel", "{V}"], "--channel", WHOLE),
+    ("sim fault container", ["sim", "fault", "--root", "{ROOT}", "container", "--shm-size", "{V}"], "--shm-size", WHOLE),
     ("sim create", ["sim", "create", "--system", "quietbox2", "--root", "{NEW}", "--host", "{V}"], "--host", WHOLE),
     ("sim create", ["sim", "create", "--system", "quietbox2", "--root", "{NEW}", "--heartbeat-hz", "{V}"], "--heartbeat-hz", POSITIVE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--timeout", "{V}"], "--timeout", POSITIVE),

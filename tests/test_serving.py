@@ -19,7 +19,9 @@ from conftest import REPO, alive, run_cli, start_launch, wait_for
 from ttmesh import procs
 
 FAKES = str(REPO / "tests" / "fakes")
-ENV = {"PYTHONPATH": FAKES}
+# The user's shell sets PYTHONUNBUFFERED here, so the exact environments below are what
+# ttmesh adds for a server (without it ttmesh adds PYTHONUNBUFFERED=1: test_torchrun_output).
+ENV = {"PYTHONPATH": FAKES, "PYTHONUNBUFFERED": "1"}
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 SEED_1CHIP = [
     "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "31000",

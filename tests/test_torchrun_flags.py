@@ -204,6 +204,13 @@ def _numa(root: Path, nodes: dict[str, int]) -> None:
         d = root / f"sys/devices/system/node/node{node}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "cpulist").write_text(f"{cpus[node % len(cpus)]}\n")
+        # and its chips' 1 GiB hugepages there (system pre-flight asks per node), 4 a chip
+        pages = d / "hugepages" / "hugepages-1048576kB"
+        pages.mkdir(parents=True, exist_ok=True)
+        count = 4 * sum(n == node for n in nodes.values())
+        for name in ("nr_hugepages", "free_hugepages"):
+            (pages / name).write_text(f"{count}\n")
+    (root / "sys/devices/system/node/online").write_text(f"0-{max(nodes.values())}\n")
 
 
 def test_numa_binding_node_runs_each_rank_near_its_chip(qb2: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.render import note
+from ttmesh.render import note, noun
 
 _CPULIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
@@ -43,8 +43,8 @@ def bind(plan: Any, host: Any) -> None:
         plan.ranks[i] = dataclasses.replace(rank, argv=(taskset, "-c", cpus, *rank.argv))
     if unbound:
         note(
-            f"note: --numa-binding node: the chips of rank(s) {', '.join(map(str, unbound))} "
-            "have no NUMA node (numa_node -1): not bound"
+            f"note: --numa-binding node: the chips of {noun(len(unbound), 'rank')} "
+            f"{', '.join(map(str, unbound))} have no NUMA node (numa_node -1): not bound"
         )
 
 

@@ -57,7 +57,6 @@ BLOCKING = "CHIP_IN_USE"  # held for a chip's whole open: a launch would wait on
 MAX_FILES = 1024  # lock files judged (7 kinds x 64 chips is ~450)
 MAX_SCAN = 1 << 20  # directory entries looked at, at most
 MAX_ODD = 4  # notes about files that are not tt-umd's, at most
-MAX_MAPS = 64 * 1024 * 1024
 NAME_RE = re.compile(r"(?P<kind>[A-Z_]+?)_(?P<dev>\d{1,4})_(?P<type>PCIe|JTAG|Undefined)")
 
 OWNER_DIED = 0x40000000  # the kernel's mark on a dead owner's lock word (robust-futex-ABI.rst)
@@ -148,26 +147,17 @@ def _mappers(keys: set[tuple[int, int]]) -> dict[tuple[int, int], set[int]] | No
     out: dict[tuple[int, int], set[int]] = {k: set() for k in keys}
     if not keys:
         return out
-    from ttmesh import fileread
+    from ttmesh.runtime.leftovers import mapped
 
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            maps = fileread.read_text(f"/proc/{name}/maps", MAX_MAPS, "memory map")
+            keys_mapped = mapped(name) & keys
         except (OSError, ValueError):
             continue
-        for line in maps.splitlines():
-            fields = line.split(None, 5)
-            if len(fields) < 6 or fields[4] == "0":
-                continue
-            major, _, minor = fields[3].partition(":")
-            try:
-                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-            except ValueError:
-                continue
-            if key in out:
-                out[key].add(int(name))
+        for key in keys_mapped:
+            out[key].add(int(name))
     return out
 
 

@@ -40,6 +40,23 @@ def segment_dir() -> str:
     return os.environ.get("OMPI_MCA_btl_sm_backing_directory") or "/dev/shm"  # noqa: SIM112
 
 
+def mapped(pid: str) -> set[tuple[int, int]]:
+    """The files (device, inode) process ``pid`` maps, from ``/proc/PID/maps`` read bounded;
+    OSError or ValueError when it is gone or not readable."""
+    maps = fileread.read_text(f"/proc/{pid}/maps", MAX_MAPS, "memory map")
+    out: set[tuple[int, int]] = set()
+    for line in maps.splitlines():
+        fields = line.split(None, 5)  # address perms offset MAJ:MIN inode [path]
+        if len(fields) < 6 or fields[4] == "0":
+            continue
+        major, _, minor = fields[3].partition(":")
+        try:
+            out.add((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+        except ValueError:
+            continue
+    return out
+
+
 def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
     """Which of ``files`` ((device, inode)) a live process of this user maps (a semaphore or
     shared memory segment in use) or holds open. Only this user's processes can open a file of
@@ -53,20 +70,9 @@ def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
         try:
             if me != 0 and os.stat(f"/proc/{name}").st_uid != me:
                 continue
-            maps = fileread.read_text(f"/proc/{name}/maps", MAX_MAPS, "memory map")
+            used |= mapped(name) & files
         except (OSError, ValueError):  # gone, or not readable: nothing to learn from it
             continue
-        for line in maps.splitlines():
-            fields = line.split(None, 5)  # address perms offset MAJ:MIN inode [path]
-            if len(fields) < 6 or fields[4] == "0":
-                continue
-            major, _, minor = fields[3].partition(":")
-            try:
-                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-            except ValueError:
-                continue
-            if key in files:
-                used.add(key)
         try:
             fds = os.listdir(f"/proc/{name}/fd")
         except OSError:

@@ -44,8 +44,8 @@ from conftest import CAPTURES, CONFORMANCE, STOCK, run_cli, scratch
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
 from ttmesh.host import boards as boardfacts
-from ttmesh.launcher.launch import prepare
-from ttmesh.launcher.plan import LaunchRequest
+from ttmesh.launcher.planning.prepare import prepare
+from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh.select import Selection
 from ttmesh.sim.system import SystemModel, load

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, TAG, run_cli
 from test_serving import ENV, SGLANG, seed
 
-from ttmesh.launcher import failures
+from ttmesh.launcher.attempt import failures
 
 QB2_ALL = "0000:01:00.0,0000:03:00.0,0000:05:00.0,0000:07:00.0"  # linked: reset together
 
@@ -139,7 +139,7 @@ def test_the_table_is_read_only_on_failure() -> None:
     """Importing the launch path reads no YAML; the first failure reads the table, once."""
     code = (
         "import sys\n"
-        "from ttmesh.launcher import launch, supervisor, failures\n"
+        "from ttmesh.launcher.job import run\nfrom ttmesh.launcher.attempt import guardian, failures\n"
         "assert 'yaml' not in sys.modules\n"
         "assert failures.match([('rank 0', [])]) is None and 'yaml' not in sys.modules\n"
         "found = failures.match([('rank 0', ['\\x1b[31mFabric Router Sync Timeout\\x1b[0m'])])\n"

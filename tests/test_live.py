@@ -28,9 +28,9 @@ import pytest
 from conftest import TAG, TW, run_cli, wait_for, worker
 
 from ttmesh.cli.hosts import open_host
-from ttmesh.launcher import events
-from ttmesh.launcher.events import EventReader, EventWriter, JobPhase
-from ttmesh.launcher.logs import COLOURS
+from ttmesh.launcher.attempt import events
+from ttmesh.launcher.attempt.events import EventReader, EventWriter, JobPhase
+from ttmesh.launcher.attempt.logs import COLOURS
 from ttmesh.recovery import reset
 from ttmesh.sim import core, faults
 

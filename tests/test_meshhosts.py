@@ -22,8 +22,8 @@ from hosts import Network, can_emulate, can_network, launch_agent, make_hosts, m
 
 from ttmesh.errors import TTMeshError
 from ttmesh.host import clusterdesc
-from ttmesh.launcher import hostreport, meshhosts, mpi, rankshim
-from ttmesh.launcher.plan import LaunchRequest
+from ttmesh.launcher.hosts import hostreport, meshhosts, mpi, rankshim
+from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.sim import system
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import TAG, TW, alive, run_cli, start_launch, wait_for, worker
 
-from ttmesh.launcher.logs import LAUNCHER
-from ttmesh.launcher.mpi import Demux
+from ttmesh.launcher.attempt.logs import LAUNCHER
+from ttmesh.launcher.hosts.mpi import Demux
 
 needs_mpirun = pytest.mark.skipif(
     shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
@@ -135,13 +135,14 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
     assert plan["launcher"] == "mpi" and plan["layout"] == "mesh"
     from ttmesh.cli.hosts import open_host as Host
     from ttmesh.fabric.devices import discover
-    from ttmesh.launcher import launch, mpi
-    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
 
     req = LaunchRequest(
         command=[sys.executable, TW, TAG], tp_size=4, layout="mesh", launcher="mpi", no_python=True
     )
-    prepared = launch.prepare(req, Host(qb2))
+    prepared = prepare(req, Host(qb2))
     argv, env = mpi.mpirun_argv("/usr/bin/mpirun", prepared.plan, {"RANK": "9", "PATH": "/bin"}, 1)
     assert argv[:4] == ["/usr/bin/mpirun", "--tag-output", "--bind-to", "none"]
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)

@@ -27,7 +27,7 @@ from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
 from ttmesh.fabric.devices import Inventory, discover
 from ttmesh.host import clusterdesc
-from ttmesh.launcher.launch import unavailable_chips
+from ttmesh.launcher.planning.choose import unavailable_chips
 from ttmesh.mesh import descriptor as mgd
 from ttmesh.mesh import select as meshselect
 from ttmesh.mesh.select import Selection, select
@@ -515,8 +515,8 @@ def test_tp_size_beyond_the_host_names_its_chip_count(qb2: Path) -> None:
 def test_one_chip_of_an_n300_takes_the_whole_board(make_sim: Callable[..., Path]) -> None:
     """tt-metal maps a 1x1 mesh onto an n300 (one chip idle); the process opens both chips,
     so the job leases both."""
-    from ttmesh.launcher.launch import prepare
-    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
 
     root = make_sim("n300")
     inv = inventory(root)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from ttmesh.launcher import failures
+from ttmesh.launcher.attempt import failures
 
 
 def env_without(*keys: str, **extra: str) -> dict[str, str]:
@@ -300,15 +300,15 @@ def test_mpi_ranks_are_unbuffered_too(qb2: Path) -> None:
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun here")
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher import launch as launching
-    from ttmesh.launcher import mpi
-    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
 
     req = LaunchRequest(
         command=[sys.executable, "-c", "pass"], tp_size=2, layout="mesh", launcher="mpi",
         no_python=True,
     )  # fmt: skip
-    plan = launching.prepare(req, open_host(qb2)).plan
+    plan = prepare(req, open_host(qb2)).plan
     argv, _ = mpi.mpirun_argv("/usr/bin/mpirun", plan, {"PATH": "/bin"}, 0)
     sections = " ".join(argv).split(" : ")
     assert len(sections) == 2

@@ -20,9 +20,9 @@ import yaml
 from conftest import TAG, TW, run_cli, worker
 
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher import hostreport, meshhosts
 from ttmesh.launcher.adapters import ttrun
-from ttmesh.launcher.plan import LaunchRequest
+from ttmesh.launcher.hosts import hostreport, meshhosts
+from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.vocab import StartMode
 
 needs_mpirun = pytest.mark.skipif(

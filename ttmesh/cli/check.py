@@ -106,7 +106,7 @@ def check_cmd(
     selected = health.parse_chips(inv, chips, extra=lost)
     python = None
     if active:
-        from ttmesh.launcher import active as activemod
+        from ttmesh.launcher.job import active as activemod
 
         python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
     report = health.check(inv, selected, strict=strict, requires=requires)

@@ -107,8 +107,9 @@ def descriptor_cmd(
       ttmesh descriptor --sim t3k --mesh-layout multi-mesh --export-rank-binding bind.yaml -o out
       ttmesh descriptor --hosts t3k-a,t3k-b --mesh-layout mesh --nproc-per-node 1 -o out
     """
-    from ttmesh.launcher import launch
-    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.job.preflight import descriptor_checks
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
 
     if export_rank_binding and not out_dir:
         raise bad_input(
@@ -141,10 +142,8 @@ def descriptor_cmd(
         job="descriptor",
         run_dir=str(target).removesuffix("/mesh"),
     )
-    prepared = launch.prepare(
-        request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True
-    )
-    launch.descriptor_checks(prepared)  # links down under the mesh: refused as a launch would
+    prepared = prepare(request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True)
+    descriptor_checks(prepared)  # links down under the mesh: refused as a launch would
     plan = prepared.plan
     files = {Path(p).name: text for p, text in plan.files.items()}
     mocks: dict[str, str] = {}
@@ -162,13 +161,13 @@ def descriptor_cmd(
             paths.write_text(target / name, text, "-o")
             click.echo(str(target / name))
         if export_rank_binding:
-            from ttmesh.launcher.adapters import ttrun
+            from ttmesh.launcher.adapters import bindingfile, ttrun
 
             plan_for_files = _relocate(plan, target)
             desc = str(
                 target / ("mesh.textproto" if "mesh.textproto" in files else "rank0.textproto")
             )
-            data = ttrun.rank_binding(plan_for_files, desc)
+            data = bindingfile.rank_binding(plan_for_files, desc)
             paths.make_dirs(Path(export_rank_binding).resolve().parent, "the binding's directory")
             paths.write_text(
                 export_rank_binding,
@@ -239,8 +238,8 @@ def _over_hosts(
     export_rank_binding: str | None,
 ) -> None:
     """One mesh over several hosts: the descriptor every host gets, and per rank its host."""
-    from ttmesh.launcher import meshhosts
-    from ttmesh.launcher.plan import LaunchRequest
+    from ttmesh.launcher.hosts import meshhosts
+    from ttmesh.launcher.planning.request import LaunchRequest
     from ttmesh.vocab import MPI_LAYOUTS
 
     if chips or exclude:
@@ -273,11 +272,11 @@ def _over_hosts(
             paths.write_text(target / name, text, "-o")
             click.echo(str(target / name))
         if export_rank_binding:
-            from ttmesh.launcher import mpi
-            from ttmesh.launcher.adapters import ttrun
+            from ttmesh.launcher.adapters import bindingfile, ttrun
+            from ttmesh.launcher.hosts import mpi
 
             relocated = _relocate(plan, target)
-            data = ttrun.rank_binding(relocated, str(target / "mesh.textproto"))
+            data = bindingfile.rank_binding(relocated, str(target / "mesh.textproto"))
             groupings = relocated.ranks[0].env.get("TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH")
             if groupings:
                 data["global_env"]["TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"] = str(

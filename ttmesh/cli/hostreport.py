@@ -1,7 +1,7 @@
 """``ttmesh _host-report``: this host's chips, links and cables as one line of JSON (internal).
 
 Started on every host of a tt-metal mesh over several hosts, through mpirun, by the launching
-ttmesh (ttmesh.launcher.meshhosts); not a command for users, so hidden from ``--help``.
+ttmesh (ttmesh.launcher.hosts.meshhosts); not a command for users, so hidden from ``--help``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ from ttmesh.cli.options import CONTEXT, host_options
 @host_options
 def host_report_cmd(host: Any) -> None:
     """Print this host's report for a job over several hosts (TTMESH-HOST-REPORT {json})."""
-    from ttmesh.launcher import hostreport
+    from ttmesh.launcher.hosts import hostreport
 
     click.echo(hostreport.line(host))

@@ -52,7 +52,7 @@ def _workdir(value: str | None) -> str:
 
 def _log_dir(value: str | None) -> str | None:
     """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
-    makes it, and the job's directory in it (launcher.logspec.make_run_dir)."""
+    makes it, and the job's directory in it (launcher.attempt.logspec.make_run_dir)."""
     if value is None:
         return None
     from ttmesh import paths
@@ -62,7 +62,7 @@ def _log_dir(value: str | None) -> str | None:
 
 def _log_spec(redirects: str | None, tee: str | None) -> Any:
     """torchrun's --redirects, --tee and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, checked."""
-    from ttmesh.launcher import logspec
+    from ttmesh.launcher.attempt import logspec
 
     return logspec.LogSpec(
         redirects=logspec.parse_std(redirects, "--redirects"),
@@ -490,16 +490,20 @@ def launch_cmd(
     """
     from ttmesh import paths
     from ttmesh.cli import ttrun_files
-    from ttmesh.launcher import launch
-    from ttmesh.launcher.plan import LaunchRequest, parse_env
-    from ttmesh.launcher.supervisor import Options
+    from ttmesh.launcher.attempt.guardian import Options
+    from ttmesh.launcher.job.preflight import dry_run_checks
+    from ttmesh.launcher.job.recovery import Recovery
+    from ttmesh.launcher.job.run import execute
+    from ttmesh.launcher.job.summary import write_refusal
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest, parse_env
     from ttmesh.runtime import jobs
 
     jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
     rank_binding = ttrun_files.binding_flag(rank_binding, rank_bindings_mapping)
     tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
     if hosts is not None and tt_metal_world:
-        from ttmesh.launcher import meshhosts
+        from ttmesh.launcher.hosts import meshhosts
 
         mesh_hosts = meshhosts.setup(meshhosts.parse_hosts(hosts), agent=launch_agent,
                                      tcp_interface=tcp_interface)  # fmt: skip
@@ -517,7 +521,8 @@ def launch_cmd(
         hosts, job_id,
     )  # fmt: skip
     if hosts is not None:
-        from ttmesh.launcher import agents, tpsize
+        from ttmesh.launcher.hosts import agents
+        from ttmesh.launcher.planning import tpsize
 
         if tp_size is not None and multi is not None:  # each host would refuse it: say it once
             tpsize.per_host(tp_size, multi[0].nnodes)
@@ -613,17 +618,17 @@ def launch_cmd(
     options = Options(ranks_filter=shown_ranks, quiet=quiet, logs=logs)
     try:
         if mesh_hosts is not None:
-            from ttmesh.launcher import meshhosts
+            from ttmesh.launcher.hosts import meshhosts
 
             if chips or exclude:
                 raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
             request.mpirun = mesh_hosts.mpirun
             prepared = meshhosts.prepare(request, mesh_hosts)
         else:
-            from ttmesh.launcher import tpsize
+            from ttmesh.launcher.planning import tpsize
 
             try:
-                prepared = launch.prepare(
+                prepared = prepare(
                     request, host, chips, exclude, repairable=auto_reset,
                     defer_liveness=not dry_run and multi is None, dry_run=dry_run,
                 )  # fmt: skip
@@ -631,7 +636,7 @@ def launch_cmd(
                 raise tpsize.over_hosts(exc, job_tp, tp_hosts, tp_size) from None
             if job_tp is not None and tp_hosts > 1:
                 prepared.plan.notes.append(tpsize.note(job_tp, tp_hosts))
-        if prepared.plan.chipless:  # no chip to recover (launch.chipless refuses the rest)
+        if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
             for flag, given in (("--reset-on-failure", reset_on_failure), ("--tt-smi", tt_smi)):
                 if given:
                     raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
@@ -646,11 +651,11 @@ def launch_cmd(
                 )
                 raise prepared.liveness.first(err) if prepared.liveness else err
         if dry_run:  # every check the launch runs before its start, or why it is skipped
-            launch.dry_run_checks(prepared, auto_reset, rendezvous=multi is not None)
+            dry_run_checks(prepared, auto_reset, rendezvous=multi is not None)
         torchrun.apply_plan(prepared.plan, torchrun_flags, host)
     except TTMeshError as exc:
         if summary_json and not dry_run:
-            launch.write_refusal(summary_json, exc)
+            write_refusal(summary_json, exc)
         raise
     serving = prepared.plan.serving
     if serving is not None:
@@ -672,12 +677,10 @@ def launch_cmd(
 
             click.echo(plan_text(data))
         return 0
-    recovery = launch.Recovery(
-        auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi
-    )
+    recovery = Recovery(auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi)
     peers = None
     if multi is not None:
-        from ttmesh.launcher.multihost import Peers
+        from ttmesh.launcher.hosts.multihost import Peers
 
         multi[0].tp_size = job_tp or 0
         peers = Peers(multi[0], rdzv_job)
@@ -688,7 +691,7 @@ def launch_cmd(
             peers.coord.close()
             raise
     if log_dir is not None or logs.files_wanted:
-        from ttmesh.launcher import logspec
+        from ttmesh.launcher.attempt import logspec
         from ttmesh.render import note
 
         where = logspec.make_run_dir(logs, log_dir, prepared.plan.job)
@@ -698,10 +701,10 @@ def launch_cmd(
 
     streams.job_code = True  # from here the job's code is the exit code, whatever is lost
     if not enabled(sys.stdout, no_live):
-        return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+        return execute(prepared, options, summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
         options.observer = view
-        return launch.execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+        return execute(prepared, options, summary_json, recovery=recovery, peers=peers)
 
 
 torchrun.adopt(launch_cmd)
@@ -713,7 +716,7 @@ def _tp_over_hosts(
     """(the job's --tp-size, this host's share of it, the hosts sharing it). --tp-size is the
     tensor-parallel degree over every host of the job (a server's own --tp-size too); a
     server's --nnodes and --node-rank must be the job's (its findings, errors)."""
-    from ttmesh.launcher import tpsize
+    from ttmesh.launcher.planning import tpsize
 
     hosts = multi[0].nnodes if multi is not None else 1
     flag = write = "--tp-size"
@@ -791,7 +794,7 @@ def _multihost(
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
     of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
     (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
-    from ttmesh.launcher import slurm
+    from ttmesh.launcher.hosts import slurm
 
     env = os.environ
     count = _nnodes(nnodes)
@@ -838,7 +841,7 @@ def _multihost(
             f"--nnodes {count}: where do the hosts meet?",
             "give --rdzv-endpoint HOST:PORT (node 0's address)",
         )
-    from ttmesh.launcher import multihost, rendezvous
+    from ttmesh.launcher.hosts import multihost, rendezvous
 
     point = rendezvous.parse_endpoint(endpoint)
     if job_id is None:  # every host must name the job alike: derive it from where they meet

@@ -6,7 +6,7 @@ ttmesh's own messages) scrolls above it. Views are drawn only on a terminal, nev
 module only when one is (``ttmesh --help`` and a piped launch never import rich).
 
 The launcher and the reset know nothing of this: a :class:`JobView` is the launcher's observer
-(:mod:`ttmesh.launcher.events`), a :class:`ResetView` the reset's progress callback.
+(:mod:`ttmesh.launcher.attempt.events`), a :class:`ResetView` the reset's progress callback.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ttmesh.launcher.events import JobPhase, write_all
+from ttmesh.launcher.attempt.events import JobPhase, write_all
 from ttmesh.render import plural
 
 if TYPE_CHECKING:
-    from ttmesh.launcher.plan import LaunchPlan
+    from ttmesh.launcher.planning.plan import LaunchPlan
     from ttmesh.recovery.reset import ChipProgress
 
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
@@ -237,7 +237,7 @@ PHASES_SHOWN = 6  # the last phases in the header
 
 class JobView:
     """``ttmesh launch`` on a terminal: the ranks' table under their scrolling output, and the
-    job's phases with their times. The launcher's observer (ttmesh.launcher.events)."""
+    job's phases with their times. The launcher's observer (ttmesh.launcher.attempt.events)."""
 
     def __init__(self, plan: LaunchPlan, stream: IO[str] | None = None) -> None:
         self.plan = plan

@@ -1,5 +1,5 @@
 """``--hosts`` for the commands that read a host (``ls``, ``check``, ``reset``): the same command
-on every host, through one mpirun, shown host by host (:mod:`ttmesh.launcher.fanout`)."""
+on every host, through one mpirun, shown host by host (:mod:`ttmesh.launcher.hosts.fanout`)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def forwarded(ctx: click.Context) -> list[str]:
 
 
 def fan_out(ctx: click.Context, hosts: str, agent: str | None, as_json: bool) -> int:
-    from ttmesh.launcher import fanout, meshhosts
+    from ttmesh.launcher.hosts import fanout, meshhosts
 
     mh = meshhosts.setup(meshhosts.parse_hosts(hosts), agent=agent)
     runs = fanout.run(mh, forwarded(ctx), timeout=meshhosts.REPORT_TIMEOUT + 600)

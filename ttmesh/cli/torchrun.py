@@ -358,7 +358,7 @@ def _hosts(nnodes: str | None) -> int | None:
 
 def _endpoint(value: str) -> None:
     """A malformed endpoint is refused as over several hosts (rendezvous.parse_endpoint)."""
-    from ttmesh.launcher import rendezvous
+    from ttmesh.launcher.hosts import rendezvous
 
     rendezvous.parse_endpoint(value.strip())
 

@@ -11,7 +11,7 @@ that removes its session's files, leaves it there at exit: about 240 a day of ch
 16 MiB of address space each.
 
 ttmesh gives the ranks of a job on one host a backing directory of the job's own
-(``RUN_DIR/shm``, ``launcher.plan.SEGMENT_VAR``), so their segments go with its run directory and
+(``RUN_DIR/shm``, ``launcher.planning.rankenv.SEGMENT_VAR``), so their segments go with its run directory and
 no segment of anyone else's is ever judged. A server's named leftovers cannot be moved: one is
 removed only when it appeared while the attempt ran (it was not there when it started), it is a
 plain file of this user's alone (mode 0600 or stricter, one name), and no live process of this

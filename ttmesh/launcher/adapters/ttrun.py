@@ -17,31 +17,9 @@ from typing import Any
 from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
-from ttmesh.launcher.plan import ENV_KEY, LaunchPlan, owner_flag
+from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
 from ttmesh.mesh.select import Unit
 from ttmesh.render import plural
-from ttmesh.vocab import Layout
-
-
-def rank_binding(plan: LaunchPlan, mesh_graph_desc_path: str) -> dict[str, Any]:
-    bindings = []
-    for r in plan.ranks:
-        overrides = {"TT_VISIBLE_DEVICES": r.env["TT_VISIBLE_DEVICES"]}
-        if plan.layout == Layout.ISOLATED:
-            overrides["TT_MESH_GRAPH_DESC_PATH"] = r.env["TT_MESH_GRAPH_DESC_PATH"]
-        bindings.append(
-            {
-                "rank": r.rank,
-                "mesh_id": r.mesh_id,
-                "mesh_host_rank": r.host_rank,
-                "env_overrides": overrides,
-            }
-        )
-    return {
-        "rank_bindings": bindings,
-        "global_env": {"LIBTT_SYMMETRIC_DRAM_MB": str(plan.symmetric_dram_mb)},
-        "mesh_graph_desc_path": mesh_graph_desc_path,
-    }
 
 
 def dump(data: dict[str, Any], header: str = "") -> str:
@@ -55,7 +33,7 @@ def dump(data: dict[str, Any], header: str = "") -> str:
 
 MAX_BYTES = 1024 * 1024  # a rank binding is KiB: a Galaxy of 32 ranks' is about 3 KiB
 
-# What a binding may set although ttmesh sets it for every rank (``launcher.plan.OWNED``, which
+# What a binding may set although ttmesh sets it for every rank (``launcher.planning.rankenv.OWNED``, which
 # --env may not set): tt-run's format carries them, and ttmesh's own export writes them. A
 # rank's chips (read as its chips, then passed on by PCI address), a rank's own mesh graph
 # descriptor (the isolated layout) and the symmetric DRAM every rank gets.

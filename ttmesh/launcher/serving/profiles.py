@@ -85,7 +85,7 @@ class Profile:
     @property
     def chipless(self) -> bool:
         """The stack drives no Tenstorrent chip (stock SGLang on a CPU or GPU): its plan has no
-        chips, leases, pre-flight or recovery (``launcher.launch.chipless``)."""
+        chips, leases, pre-flight or recovery (``launcher.planning.prepare.chipless``)."""
         return self.chips == CHIPS_NONE
 
     def table(self) -> Table:
@@ -302,7 +302,7 @@ def _budget(raw: Any) -> dict[str, str | None]:
 def _env(path: Path, raw: Any) -> dict[str, str]:
     """A profile's ``env``: it may not set what ttmesh sets for every rank (``--env`` may not
     either): a server given another job's chips, or TTMESH_JOB_ID, breaks the lease."""
-    from ttmesh.launcher.plan import owner_flag
+    from ttmesh.launcher.planning.rankenv import owner_flag
 
     if not isinstance(raw, dict):
         raise bad_input(f"profile {path}: env must be a map", "compare with a stock profile")

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from ttmesh.errors import bad_input
-from ttmesh.launcher.meshhosts import MpiHosts
+from ttmesh.launcher.hosts.reach import MpiHosts
 
 EXIT_MARK = "@@ttmesh-exit "
 _EXIT = re.compile(re.escape(EXIT_MARK) + r"(\d+)\s*$")

@@ -11,7 +11,7 @@
    descriptor every host gets identically, and on simulated hosts its own mock cluster cut
    from all the hosts' clusters (other ranks' chips, here or on another host, as remote
    devices). A Galaxy mesh also gets tt-metal's physical grouping descriptor.
-3. **One mpirun** (:mod:`ttmesh.launcher.mpi`): ``mpirun-ulfm`` when on PATH (as tt-run), the
+3. **One mpirun** (:mod:`ttmesh.launcher.hosts.mpi`): ``mpirun-ulfm`` when on PATH (as tt-run), the
    rankfile in the form the Open MPI version takes (4.x ``--rankfile``, 5.x ``--map-by
    rankfile:file=``), ``--host`` with each host's slots, tt-run's TCP options (``--mca btl
    self,tcp`` and the interface include/exclude list), and ``--launch-agent`` as the form the
@@ -24,80 +24,17 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import paths
 from ttmesh.errors import bad_input, refused
-from ttmesh.launcher import hostreport, mpi
+from ttmesh.launcher.hosts import hostreport, mpi
+from ttmesh.launcher.hosts.reach import MpiHosts
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.render import plural
 
 REPORT_TIMEOUT = 120.0
-
-
-@dataclass
-class MpiHosts:
-    """How mpirun reaches the hosts of a job."""
-
-    names: list[str]
-    mpirun: str
-    version: tuple[int, int] | None
-    agent: str | None = None  # --launch-agent: mpirun's remote shell (instead of ssh)
-    tcp_interface: str | None = None  # --tcp-interface
-    environ: dict[str, str] = field(default_factory=dict)
-
-    def args(self, hosts_of_ranks: list[str], rankfile: str) -> list[str]:
-        """mpirun's options for ranks placed by ``rankfile`` (one line per rank)."""
-        out: list[str] = []
-        if self.agent:
-            out += mpi.agent_args(self.version, self.agent)
-        out += ["--host", mpi.host_slots(hosts_of_ranks)]
-        out += mpi.rankfile_args(self.version, rankfile)
-        out += mpi.tcp_args(self.tcp_interface, self.environ)
-        if len(set(hosts_of_ranks)) < len(hosts_of_ranks):
-            out.append("--oversubscribe")  # several ranks share slot 0 of a host (unbound)
-        return out
-
-    def run_each(
-        self, command: list[str], timeout: float, what: str, env: tuple[str, ...] = ()
-    ) -> tuple[subprocess.CompletedProcess[bytes], dict[tuple[int, str], bytes]]:
-        """``command`` once on every host (copy N on host N, by a rankfile), through one mpirun;
-        mpirun's result and what each copy printed, by (copy, stream) (mpirun's own words
-        under copy -1). ``what`` names the wait in the line of a timeout ("report")."""
-        with tempfile.TemporaryDirectory(prefix="ttmesh-hosts-") as tmp:
-            Path(tmp, "rankfile").write_text(mpi.rankfile_text(self.names))
-            argv = [self.mpirun, *self.args(self.names, "rankfile"), "-np", str(len(self.names))]
-            argv.append("--tag-output")
-            if os.geteuid() == 0:
-                argv.append("--allow-run-as-root")
-            for key in ("TTMESH_ROOT", "XDG_RUNTIME_DIR", "PYTHONPATH"):
-                if key in self.environ:
-                    argv += ["-x", key]
-            for setting in env:
-                argv += ["-x", setting]
-            try:
-                proc = subprocess.run(
-                    [*argv, *command], cwd=tmp, capture_output=True, timeout=timeout
-                )
-            except subprocess.TimeoutExpired:
-                raise bad_input(
-                    f"the hosts did not {what} within {timeout:.0f} s ({', '.join(self.names)})",
-                    "check that mpirun reaches them (ssh, or --launch-agent)",
-                ) from None
-            except OSError as exc:
-                raise bad_input(f"cannot run {self.mpirun}: {exc.strerror}") from None
-        chunks: dict[tuple[int, str], list[bytes]] = {}
-        demux = mpi.Demux(
-            lambda owner, name, data: chunks.setdefault((owner, name), []).append(data),
-            self.version,
-        )
-        demux.data("stdout", proc.stdout)
-        demux.data("stderr", proc.stderr)
-        demux.flush()
-        return proc, {key: b"".join(parts) for key, parts in chunks.items()}
 
 
 def parse_hosts(text: str) -> list[str]:
@@ -160,7 +97,7 @@ def _last_line(proc: subprocess.CompletedProcess[bytes]) -> str:
 
 
 def prepare(req: Any, mh: MpiHosts, descriptor_only: bool = False) -> Any:
-    """The global plan (launch.Prepared) for ``req`` over the hosts; changes nothing."""
+    """The global plan (Prepared) for ``req`` over the hosts; changes nothing."""
     return plan_over(req, gather(mh), mh, descriptor_only)
 
 
@@ -223,8 +160,9 @@ def _finish(
     descriptor_only: bool,
     hosts_of_ranks: list[str] | None,
 ) -> Any:
-    from ttmesh.launcher import launch
-    from ttmesh.launcher.plan import build, resolve_command
+    from ttmesh.launcher.planning.plan import build
+    from ttmesh.launcher.planning.prepare import Prepared
+    from ttmesh.launcher.planning.request import resolve_command
     from ttmesh.mesh import layout, memory, mock
     from ttmesh.runtime import jobs
 
@@ -258,7 +196,7 @@ def _finish(
     plan = build(req, cluster.inv, sel, argv)
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
-    prepared = launch.Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
+    prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
     job = set(plan.all_chips())
     prepared.hosts_not_ready = [
         (view.name, what, fix)

@@ -94,9 +94,11 @@ def run(
 ) -> ActiveResult:
     """Run the probe as a ttmesh job on ``bdfs`` (None: every chip) and read its verdict."""
     from ttmesh.fabric.devices import discover
-    from ttmesh.launcher import launch
-    from ttmesh.launcher.plan import LaunchRequest
-    from ttmesh.launcher.supervisor import Options
+    from ttmesh.launcher.attempt.guardian import Options
+    from ttmesh.launcher.job.recovery import Recovery
+    from ttmesh.launcher.job.run import execute
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
 
     inv = discover(host)
     chips = bdfs if bdfs else [c.bdf for c in inv.chips if c.bdf]
@@ -114,9 +116,9 @@ def run(
         grace=2.0,
     )
     with tempfile.TemporaryDirectory(prefix="ttmesh-active-") as logs:
-        prepared = launch.prepare(req, host, ",".join(chips), ask_metal=False)
-        code = launch.execute(
-            prepared, Options(quiet=True, log_dir=logs), recovery=launch.Recovery(preflight=True)
+        prepared = prepare(req, host, ",".join(chips), ask_metal=False)
+        code = execute(
+            prepared, Options(quiet=True, log_dir=logs), recovery=Recovery(preflight=True)
         )
         ranks = []
         for path in sorted(Path(logs).glob("attempt*/rank*.stdout.log")):

@@ -8,99 +8,20 @@ Files the job needs (mesh graph descriptors) are part of the plan, with their co
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import paths
-from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
+from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS, scrubbed, unbuffered
+from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.mesh import layout
 from ttmesh.mesh.select import Selection, Unit
 from ttmesh.render import plural
 from ttmesh.vocab import Layout, StartMode
 
 SCHEMA = "ttmesh.plan/1"
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-# Never inherited from ttmesh's own environment: each rank gets its own (or none).
-RANK_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TT_VISIBLE_DEVICES",
-    "TT_METAL_VISIBLE_DEVICES",
-    "LIBTT_SYMMETRIC_DRAM_MB",
-    "TT_METAL_MOCK_CLUSTER_DESC_PATH",
-)
-# TT_RUN_SUBCONTEXT_*: tt-metal splits its world by them (--rank-bindings-mapping); tt-run
-# never passes them on from its own environment either.
-RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_", "TT_RUN_SUBCONTEXT_")
-
-
-# Open MPI 5's MCA parameter for btl/sm's backing directory (opal/mca/btl/sm); ttnn bundles it.
-SEGMENT_VAR = "OMPI_MCA_btl_sm_backing_directory"
-
-
-def scrubbed(key: str) -> bool:
-    return key in RANK_VARS or key.startswith(RANK_PREFIXES)
-
-
-@dataclass
-class LaunchRequest:
-    """What the user asked for (the CLI's parsed options)."""
-
-    command: list[str]
-    tp_size: int
-    module: bool = False
-    no_python: bool = False
-    layout: str = Layout.ISOLATED
-    mesh_shape: tuple[int, int] | None = None
-    symmetric_dram_mb: int = 2048
-    env: list[tuple[str, str]] = field(default_factory=list)
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    max_restarts: int = 0
-    grace: float = 5.0
-    job: str = ""
-    run_dir: str = ""
-    # Where the ranks' Open MPI keeps its shared-memory segments: a directory of the job's, so
-    # they go with it (runtime.jobs.segment_dir; "" leaves Open MPI's default, /dev/shm).
-    segment_dir: str = ""
-    strict_links: bool = False
-    nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
-    launcher: str = StartMode.DIRECT
-    mpirun: str = ""
-    workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
-    mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
-    ready_timeout: float | None = None  # every rank ready within this, or the job is hung
-    ready_pattern: str | None = None  # a line of output that means "ready"
-    binding: Any = None  # a tt-run rank-binding file (adapters.ttrun.BindingFile)
-    binding_units: list = field(default_factory=list)  # each binding rank's units
-    environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
-    python: str = sys.executable
-    cwd: str = ""
-    serving: Any = None  # a ServingSpec when the command is a server a profile knows
-    profile: Any = None  # the server's profile (launcher.serving.profiles.Profile)
-    server_args: Any = None  # its parsed command line
-    server_findings: list = field(default_factory=list)  # what was found before selection
-    strict: bool = False  # rule warnings are errors
-    health_interval: float | None = None  # after ready: check /health every S seconds
-    health_failures: int = 3  # that many failures in a row fail the job
-    cluster: Any = None  # mesh.cluster.Cluster: a tt-metal mesh over several hosts
-    mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
-    tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
 
 
 @dataclass(frozen=True)
@@ -285,119 +206,6 @@ class LaunchPlan:
         }
 
 
-def unbuffered(*envs: dict[str, str]) -> dict[str, str]:
-    """``PYTHONUNBUFFERED=1`` unless one of ``envs`` (the user's shell, ``--env``) sets it, even
-    empty. torchrun runs a script as ``python -u``: a rank's prints reach the console as they
-    are made, and a rank killed by SIGKILL keeps its last lines. The variable does the same for
-    every Python process of the rank (``python x.py`` after ``--``, a shell script's python),
-    and nothing to a program that is not Python."""
-    if any("PYTHONUNBUFFERED" in env for env in envs):
-        return {}
-    return {"PYTHONUNBUFFERED": "1"}
-
-
-# --------------------------------------------------------------------------- the command
-
-
-def resolve_command(req: LaunchRequest) -> list[str]:
-    """torchrun's habits: a ``.py`` first word runs with this Python, ``-m`` runs a module,
-    ``--no-python`` runs the command as is. Checks that what will be run exists."""
-    if not req.command:
-        raise bad_input("no command given", "e.g. ttmesh launch --tp-size 4 train.py")
-    first, rest = req.command[0], list(req.command[1:])
-    if req.module:
-        if req.no_python:
-            raise bad_input("-m and --no-python together", "use one")
-        return [req.python, "-m", first, *rest]
-    if not req.no_python and first.endswith(".py"):
-        path = Path(req.cwd or ".") / first
-        if path.is_dir():
-            raise bad_input(f"script {first} is a directory", "give the script file")
-        if path.exists() and not path.is_file():
-            from ttmesh.fileread import kind_of
-
-            kind = kind_of(path.stat().st_mode) or "not a file"
-            raise bad_input(f"script {first} is {kind}, not a regular file", "give the script file")
-        if not path.is_file():
-            raise bad_input(f"script {first} does not exist", "check the path")
-        if not os.access(path, os.R_OK):
-            raise bad_input(f"script {first} cannot be read (permission denied)")
-        # Absolute, so a rank started in another working directory (MPI) still finds it.
-        return [req.python, str(path.resolve()), *rest]
-    if "/" in first:
-        path = Path(req.cwd or ".") / first
-        if path.is_dir():
-            raise bad_input(f"command {first} is a directory", "give a program to run")
-        if not path.exists():
-            raise bad_input(f"command {first} does not exist", "check the path")
-        if not path.is_file() or not os.access(path, os.X_OK):
-            raise bad_input(
-                f"command {first} is not executable",
-                f"chmod +x {first}, or run it through its interpreter",
-            )
-        return [first, *rest]
-    if shutil.which(first) is None:
-        raise bad_input(f"command {first!r} not found on PATH", "give a path, or a .py script")
-    return [first, *rest]
-
-
-# Variables ttmesh sets for every rank, and the flag that decides each: --env may not set them
-# (a rank told RANK=5, or given a chip outside the job's lease, breaks the job's contract).
-_EACH_RANK = "each rank gets its own"
-_WORLD = "--tp-size or --nproc-per-node"
-OWNED = {
-    "RANK": _EACH_RANK,
-    "LOCAL_RANK": _EACH_RANK,
-    "GROUP_RANK": _EACH_RANK,
-    "ROLE_RANK": _EACH_RANK,
-    "WORLD_SIZE": _WORLD,
-    "LOCAL_WORLD_SIZE": _WORLD,
-    "GROUP_WORLD_SIZE": _WORLD,
-    "ROLE_WORLD_SIZE": _WORLD,
-    "ROLE_NAME": "every rank's role is 'default'",
-    "MASTER_ADDR": "ranks on one host meet at 127.0.0.1",
-    "MASTER_PORT": "--master-port",
-    "TT_VISIBLE_DEVICES": "--chips (and --exclude)",
-    "TT_METAL_VISIBLE_DEVICES": "--chips (and --exclude)",
-    "TT_MESH_GRAPH_DESC_PATH": "--mesh-layout and --mesh-shape, or --rank-binding",
-    "TT_MESH_ID": "--mesh-layout, or --rank-binding",
-    "TT_MESH_HOST_RANK": "--mesh-layout, or --rank-binding",
-    "LIBTT_SYMMETRIC_DRAM_MB": "--symmetric-dram-mb",
-    "TT_METAL_MOCK_CLUSTER_DESC_PATH": "--sim or --root (a simulated host gives each rank its "
-    "mock cluster)",
-    "TORCHELASTIC_MAX_RESTARTS": "--max-restarts",
-    "TORCHELASTIC_RUN_ID": "--job-id",
-    "TORCHELASTIC_RESTART_COUNT": "each attempt counts itself",
-}
-OWNED_PREFIXES = {
-    "TT_MESH_": "--mesh-layout",
-    "TT_RUN_SUBCONTEXT_": "--rank-bindings-mapping",
-    "TORCHELASTIC_": "ttmesh keeps torchrun's contract",
-    "TTMESH_": "TTMESH_ variables are ttmesh's own",
-}
-
-
-def owner_flag(key: str) -> str | None:
-    """What decides ``key`` when ttmesh owns it (None: the user may set it)."""
-    if key in OWNED:
-        return OWNED[key]
-    return next((flag for p, flag in OWNED_PREFIXES.items() if key.startswith(p)), None)
-
-
-def parse_env(items: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY.match(key):
-            raise bad_input(f"--env {item!r}: expected KEY=VALUE", "e.g. --env LOGLEVEL=debug")
-        flag = owner_flag(key)
-        if flag is not None:
-            hint = f"use {flag} instead" if flag.startswith("--") else f"drop it: {flag}"
-            raise bad_input(f"--env {key}: ttmesh sets {key} for every rank", hint)
-        out.append((key, value))
-    return out
-
-
 # --------------------------------------------------------------------------- building
 
 
@@ -421,14 +229,6 @@ def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
             )
         )
     return layout.Split(Layout.RANK_BINDING, (1, 1), blocks)
-
-
-SERVER_KEEPS = (
-    "TTMESH_",
-    "TT_METAL_MOCK_CLUSTER_DESC_PATH",
-    "TT_METAL_CACHE",
-    "TORCHELASTIC_ERROR_FILE",
-)
 
 
 def _server_env(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ttmesh import procs
 from ttmesh.errors import TTMeshError, bad_input, refused
-from ttmesh.launcher.plan import LaunchPlan
+from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.vocab import Layout
 
 ENV = "TTMESH_TTNN_PYTHON"
@@ -247,8 +247,8 @@ def start(plan: LaunchPlan, python: str) -> Pending:
             envs.append((rank.rank, env))
         if Layout(plan.layout).one_world and len(plan.ranks) > 1:
             # One tt-metal world over several processes forms over MPI, as the job's will:
-            # one MPMD mpirun, each rank with its own files (as launcher.mpi starts the job).
-            from ttmesh.launcher.mpi import find_mpirun
+            # one MPMD mpirun, each rank with its own files (as launcher.hosts.mpi starts the job).
+            from ttmesh.launcher.hosts.mpi import find_mpirun
 
             argv = [find_mpirun(plan.mpirun or None), "--bind-to", "none", "--oversubscribe"]
             if os.geteuid() == 0:

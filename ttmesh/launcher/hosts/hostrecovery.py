@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher import fanout
-from ttmesh.launcher.meshhosts import MpiHosts
+from ttmesh.launcher.hosts import fanout
+from ttmesh.launcher.hosts.reach import MpiHosts
 from ttmesh.recovery import afterjob
 
 SLACK = 60.0  # seconds, beyond the resets themselves, for mpirun and each host's check

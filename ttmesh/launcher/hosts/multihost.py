@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ttmesh.errors import TTMeshError, bad_input, refused
-from ttmesh.launcher.plan import LaunchPlan
-from ttmesh.launcher.rendezvous import Coordinator, Endpoint, Node
-from ttmesh.launcher.supervisor import AttemptResult
+from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note
 from ttmesh.vocab import Source
 
@@ -144,7 +144,7 @@ class Peers:
             self.stopped_for_peer = True
             why = self.coord.lost or _said(self.coord.peer_end)
             note(f"stopping this host's ranks: {why}")
-            from ttmesh.launcher.supervisor import PEER_STOP
+            from ttmesh.launcher.attempt.guardian import PEER_STOP
 
             try:
                 os.kill(self.guardian, PEER_STOP)

@@ -30,7 +30,7 @@ PREFIX = "TTMESH-HOST-REPORT "
 
 def make(host: Host) -> dict[str, Any]:
     """This host's report (reads it, changes nothing)."""
-    from ttmesh.launcher.launch import unavailable_chips
+    from ttmesh.launcher.planning.choose import unavailable_chips
 
     inv = discover(host)
     why, who = unavailable_chips(inv)

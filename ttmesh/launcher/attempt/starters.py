@@ -1,6 +1,6 @@
 """How the ranks of one attempt start: one small interface, one class per start mode.
 
-The guardian (:mod:`ttmesh.launcher.supervisor`) supervises any starter the same way, as torch's
+The guardian (:mod:`ttmesh.launcher.attempt.guardian`) supervises any starter the same way, as torch's
 elastic agent does its ``PContext``: it asks the starter to start the ranks, reads the output
 streams it exposes, signals the process groups it names, and hands it every process it reaps
 to learn which ranks ended and how. Two modes:
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ttmesh import procs
-from ttmesh.launcher.logs import LAUNCHER, Console
-from ttmesh.launcher.plan import LaunchPlan
+from ttmesh.launcher.attempt.logs import LAUNCHER, Console
+from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.vocab import StartMode
 
 Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
@@ -278,7 +278,7 @@ class MpiStarter(Starter):
         self.demux: object | None = None
 
     def start(self) -> list[RankExit]:
-        from ttmesh.launcher import mpi
+        from ttmesh.launcher.hosts import mpi
 
         assert self.console is not None
         self.demux = mpi.Demux(self.console.feed, mpi.version(self.plan.mpirun))
@@ -317,7 +317,7 @@ class MpiStarter(Starter):
         return None
 
     def discover(self) -> None:
-        from ttmesh.launcher import mpi
+        from ttmesh.launcher.hosts import mpi
 
         if self.mpirun is not None and not self.known():
             self.pids.update(mpi.rank_pids(self.mpirun, len(self.plan.ranks)))
@@ -343,7 +343,7 @@ class MpiStarter(Starter):
         self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
     ) -> list[RankExit]:
         """mpirun is gone, so every rank is: its report names the first rank that failed."""
-        from ttmesh.launcher import mpi
+        from ttmesh.launcher.hosts import mpi
 
         if pid != self.mpirun:
             return []

@@ -6,11 +6,11 @@ Two processes share the work:
   signals to it, waits for it and returns its verdict. It is a child subreaper, so if the
   guardian is killed, everything orphaned comes to it and is killed.
 * the **guardian** (forked, in its own process group, a child subreaper) is the parent of every
-  worker. Workers start through a :mod:`starter <ttmesh.launcher.starters>`; every orphaned
+  worker. Workers start through a :mod:`starter <ttmesh.launcher.attempt.starters>`; every orphaned
   descendant, even one that called ``setsid``, is re-parented to the guardian, so a sweep of its
   subtree finds everything. Exits arrive as SIGCHLD through a wakeup fd, at once. If the front
   disappears (even by SIGKILL), a pipe the front held closes and the guardian kills the tree,
-  then finishes the job in its place (see :class:`ttmesh.launcher.launch.JobRun`).
+  then finishes the job in its place (see :class:`ttmesh.launcher.job.run.JobRun`).
 
 The guardian is one loop over explicit phases (:class:`Phase`): STARTING -> RUNNING ->
 STOPPING (SIGTERM sent, SIGKILL at the end of the grace) -> DRAINING (no rank left: sweep every
@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
-from ttmesh.launcher.events import EventReader, EventWriter, JobPhase, Observer
-from ttmesh.launcher.logs import LAUNCHER, Console
-from ttmesh.launcher.logspec import LogSpec
-from ttmesh.launcher.plan import LaunchPlan, RankPlan
-from ttmesh.launcher.starters import RankExit, Starter, starter_for
+from ttmesh.launcher.attempt.events import EventReader, EventWriter, JobPhase, Observer
+from ttmesh.launcher.attempt.logs import LAUNCHER, Console
+from ttmesh.launcher.attempt.logspec import LogSpec
+from ttmesh.launcher.attempt.starters import RankExit, Starter, starter_for
+from ttmesh.launcher.planning.plan import LaunchPlan, RankPlan
 from ttmesh.patterns import compile_pattern
 from ttmesh.render import note, noun
 from ttmesh.runtime.leftovers import Leftovers
@@ -101,7 +101,7 @@ class AttemptResult:
     hung: bool = False  # no failure, but not ready in time: restartable
     supervisor_lost: bool = False  # the guardian itself was killed: how the ranks ended is unknown
     host: str | None = None  # the host of the failing rank, in a job over several hosts
-    # A known failure line in the output (ttmesh.launcher.failures.match), found on failure only.
+    # A known failure line in the output (ttmesh.launcher.attempt.failures.match), found on failure only.
     diagnosis: dict[str, Any] | None = None
     # [code, message, hint]: a check still running as the ranks started refused the job (a
     # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
@@ -121,7 +121,7 @@ class AttemptResult:
 
 class Pending(Protocol):
     """A check still under way when the ranks start (the chips' heartbeats, read while the
-    workers start rather than before: ``ttmesh.launcher.launch.Liveness``). The guardian asks
+    workers start rather than before: ``ttmesh.launcher.planning.liveness.Liveness``). The guardian asks
     it on its own timer and ends no attempt before it is decided; when it refuses, every
     worker is stopped and the attempt ends with the refusal."""
 
@@ -139,9 +139,9 @@ class Options:
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
-    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.logspec).
+    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.attempt.logspec).
     logs: LogSpec | None = None
-    # A view of the job (ttmesh.launcher.events): None keeps the console plain prefixed lines.
+    # A view of the job (ttmesh.launcher.attempt.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
 
 
@@ -1048,7 +1048,7 @@ class Guardian:
         when ttmesh ended the attempt (a server is rank 0 of its plan); then mpirun's own. When
         the failing rank's output knows none, the others' (a rank that aborted in a collective
         because a peer failed: the peer says why)."""
-        from ttmesh.launcher import failures
+        from ttmesh.launcher.attempt import failures
 
         assert self.console is not None
         everyone = [r.rank for r in self.plan.ranks]

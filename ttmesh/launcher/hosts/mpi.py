@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 from ttmesh import procs
 from ttmesh.errors import bad_input
-from ttmesh.launcher.logs import LAUNCHER
-from ttmesh.launcher.plan import LaunchPlan, scrubbed, unbuffered
+from ttmesh.launcher.attempt.logs import LAUNCHER
+from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.launcher.planning.rankenv import scrubbed, unbuffered
 
 # --tag-output: Open MPI 4 writes ``[1,0]<stdout>:text``, Open MPI 5 ``[1,0]<stdout>: text``.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
@@ -124,7 +125,7 @@ def mpirun_argv(
         command = list(rank.argv)
         if plan.hosts:
             # On its host, the rank's own ttmesh writes its files, leases its chips and checks
-            # them, then runs the command (ttmesh.launcher.rankshim).
+            # them, then runs the command (ttmesh.launcher.hosts.rankshim).
             rank_env["TTMESH_RANK_FILES"] = json.dumps(rank_files(plan, rank.rank))
             rank_env["TTMESH_RANK_HOST"] = plan.hosts[rank.node]
             rank_env["TTMESH_RANK_CHIPS"] = json.dumps([a for u in rank.units for a in u.chips])

@@ -1,0 +1,157 @@
+"""What a job does about its chips around its attempts: resets with ``--auto-reset``, the
+check after a crash, and every host's recovery in a mesh over several hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ttmesh.fabric.devices import discover
+from ttmesh.launcher.attempt.events import JobPhase, Observer
+from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.planning.prepare import Prepared
+from ttmesh.render import note, plural
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class Recovery:
+    """What to do about the chips before and after attempts (ttmesh launch's health options)."""
+
+    auto_reset: bool = False  # pre-flight found a problem: reset, re-check, then start
+    reset_on_failure: bool = False  # reset after any abnormal end, links down or not
+    timeout: float = 120.0
+    retries: int = 2
+    tt_smi: str | None = None
+    preflight: bool = True
+    own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
+
+
+def reset_chips(
+    prepared: Prepared,
+    recovery: Recovery,
+    asics: list[str],
+    observer: Observer | None = None,
+    phase: JobPhase = JobPhase.RECOVERING,
+):
+    from ttmesh.errors import TTMeshError
+    from ttmesh.recovery import reset
+
+    progress = None
+    if observer is not None:
+        observer.phase(phase, "resetting the chips")
+
+        def progress(chips: list[reset.ChipProgress]) -> None:
+            observer.phase(phase, _reset_detail(chips))
+
+    try:
+        outcome = reset.recover(
+            prepared.inv.host,
+            asics,
+            timeout=recovery.timeout,
+            retries=recovery.retries,
+            force=False,
+            log=lambda m: note(f"reset: {m}"),
+            tt_smi=recovery.tt_smi,
+            own_pids=recovery.own_pids,
+            progress=progress,
+        )
+    except TTMeshError as exc:
+        note(f"reset refused: {exc}")
+        return None
+    if outcome.recovered:
+        note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
+    else:
+        for p in outcome.problems[:3]:
+            note(f"reset: still wrong: {p.what}")
+    return outcome
+
+
+def _reset_detail(chips: list[Any]) -> str:
+    """``3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
+    from ttmesh.recovery.reset import DONE
+
+    counts: dict[str, int] = {}
+    for c in chips:
+        counts[c.stage] = counts.get(c.stage, 0) + 1
+    done = counts.pop(DONE, 0)
+    rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
+    return f"{done} of {plural(len(chips), 'chip')} done" + (f", {rest}" if rest else "")
+
+
+def after_crash(
+    prepared: Prepared,
+    recovery: Recovery,
+    result: AttemptResult,
+    always: bool = False,
+    observer: Observer | None = None,
+) -> str | None:
+    """A job that brought the fabric up and ended abnormally may have left links down.
+
+    ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
+    nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
+    on a host after every host recovered (a restart then does not happen), else None."""
+    plan = prepared.plan
+    if result.code == 0 or plan.chipless:
+        return None  # a chipless server leaves no chip to check
+    joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
+    if not (joined or always):
+        return None
+    if plan.hosts:  # over several hosts: each host recovers its own chips
+        if observer is not None:
+            observer.phase(JobPhase.RECOVERING, "checking the chips on every host")
+        return recover_hosts(prepared, recovery, always=recovery.reset_on_failure)
+    from ttmesh.fabric import health
+
+    if observer is not None:
+        observer.phase(JobPhase.RECOVERING, "checking the job's chips")
+    inv = discover(prepared.inv.host)
+    prepared.inv = inv
+    down = [
+        p
+        for p in health.preflight(inv, plan.all_chips(), recovery.own_pids, system=False)
+        if p.severity == "error"
+    ]
+    if not down and not recovery.reset_on_failure:
+        return None
+    why = down[0].what if down else "--reset-on-failure"
+    note(f"the job ended ({why}): resetting its chips")
+    reset_chips(prepared, recovery, plan.all_chips(), observer)
+    return None
+
+
+def rank_refused(result: AttemptResult) -> str | None:
+    """A rank of a mesh over several hosts was refused on its host before its command ran
+    (pre-flight there, or the wrong host): its line, a refusal as on one host, not a crash."""
+    from ttmesh.launcher.hosts.rankshim import refused_before_start
+
+    return refused_before_start(result.code, result.stderr_tail)
+
+
+def recover_hosts(
+    prepared: Prepared, recovery: Recovery, always: bool, before_start: bool = False
+) -> str | None:
+    """Every host of a mesh over several hosts checks its chips of the job and resets them
+    where needed (ttmesh.launcher.hosts.hostrecovery); the first host's remaining problem, else None.
+    After an attempt each host first lets the job's processes still there end; before the
+    start, mpirun failing to reach the hosts is bad input (exit 2)."""
+    from ttmesh.launcher.hosts import hostrecovery, mpi
+
+    plan = prepared.plan
+    assert prepared.mesh_hosts is not None, "a mesh over several hosts has its MpiHosts"
+    by_host = {name: mpi.host_chips(plan, node) for node, name in enumerate(plan.hosts)}
+    return hostrecovery.recover(
+        prepared.mesh_hosts,
+        by_host,
+        always=always,
+        timeout=recovery.timeout,
+        retries=recovery.retries,
+        tt_smi=recovery.tt_smi,
+        note=note,
+        job=None if before_start else plan.job,
+        grace=plan.grace,
+        reachable=before_start,
+    )

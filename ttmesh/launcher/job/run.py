@@ -1,0 +1,444 @@
+"""One job from its leases to its end: attempts, recovery, restarts and the finish.
+
+:func:`execute` takes a prepared plan, holds the chips' leases for the job's life (restarts
+included) and runs the attempts; the exit code is the failing worker's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ttmesh import paths
+from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
+from ttmesh.launcher.attempt.events import JobPhase
+from ttmesh.launcher.attempt.guardian import (
+    STOPPING,
+    AttemptResult,
+    Options,
+    run_attempt,
+    stop_reason,
+)
+from ttmesh.launcher.job import errorfile
+from ttmesh.launcher.job.preflight import run_preflight
+from ttmesh.launcher.job.recovery import Recovery, after_crash, rank_refused, recover_hosts
+from ttmesh.launcher.job.summary import explain, summarize, write_refusal, write_summary
+from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.launcher.planning.prepare import Prepared
+from ttmesh.render import note
+from ttmesh.runtime import jobs, leases
+from ttmesh.vocab import Source
+
+if TYPE_CHECKING:
+    pass
+
+
+def write_files(plan: LaunchPlan) -> None:
+    """The plan's files, inside its run directory (which ``execute`` created) and nowhere else."""
+    run_dir = Path(plan.run_dir).resolve()
+    for sub in ("mesh", "errors", "ready", "fabric", "mock", "mpi", "shm"):
+        (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
+    for path, text in plan.files.items():
+        target = Path(path).resolve()
+        if not target.is_relative_to(run_dir):
+            raise bad_input(f"refusing to write {path}: outside the run directory {run_dir}")
+        target.write_text(text)
+
+
+def _clear_attempt_files(plan: LaunchPlan) -> None:
+    for sub in ("errors", "ready", "fabric", "shm"):  # shm: the last attempt's MPI segments
+        directory = Path(plan.run_dir, sub)
+        for entry in directory.iterdir() if directory.is_dir() else ():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+LAUNCHER_KILLED = "launcher killed"
+SUPERVISOR_KILLED = "supervisor killed"
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the launcher outside an attempt (pre-flight, recovery after
+    a crash, a restart's wait), where no guardian is there to handle it."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+def _raise_stopped(sig: int, _frame: object) -> None:
+    raise Stopped(sig)
+
+
+class JobRun:
+    """One job from its leases to its end: attempts, recovery, and the finish.
+
+    The finish (job record closed, summary written, leases released, run directory removed) is
+    done by whichever ttmesh process survives: normally the launcher; the guardian when the
+    launcher was killed while workers ran (it was forked from the launcher, so it holds the same
+    leases, run directory lock and plan)."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        options: Options,
+        summary_json: str | None,
+        recovery: Recovery,
+        restart_backoff: float,
+        peers: Any = None,
+    ) -> None:
+        self.prepared = prepared
+        self.peers = peers  # launcher.hosts.multihost.Peers in a job over several hosts
+        self.plan = prepared.plan
+        self.options = options
+        self.summary_json = summary_json
+        self.recovery = recovery
+        self.restart_backoff = restart_backoff
+        # The launcher's leases are the job's own, also for a guardian finishing in its place.
+        self.recovery.own_pids = (*recovery.own_pids, os.getpid())
+        self.observer = options.observer  # the front's view of the job (None: plain lines)
+        self.results: list[AttemptResult] = []
+        self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
+        self.held: leases.LeaseSet | None = None
+        self.run_dir: paths.RunDir | None = None
+        self.status: str | None = None  # how the job ended, when it ends before its finish
+        # Refused for a frozen chip: no job record stays behind (reading the heartbeats first,
+        # the launch never got as far as writing one).
+        self.unrecorded = False
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.prepared.metal is not None:  # refused or stopped before it answered
+                self.prepared.metal.close()
+                self.prepared.metal = None
+
+    def _metal(self) -> None:
+        """tt-metal's verdict on the ranks' files, before any rank starts (a refusal: exit 3)."""
+        pending, self.prepared.metal = self.prepared.metal, None
+        if pending is not None:
+            pending.wait()  # passed: quietly, as pre-flight is
+
+    def _run(self) -> int:
+        plan = self.plan
+        if plan.chipless:
+            # A server that drives no Tenstorrent chip: nothing to lease or check before the
+            # start (nor to recover after it: after_crash); the host is never read.
+            self.recovery.preflight = False
+        elif plan.hosts:
+            # A mesh over several hosts: each host's duties (leases, pre-flight) run on that
+            # host, in the rank's own ttmesh (``ttmesh _rank``), never through this one.
+            self.recovery.preflight = False
+        else:
+            try:
+                self.prepared.inv.host.check_changeable()
+                self.held = leases.acquire(
+                    self.prepared.inv.host,
+                    plan.all_chips(),
+                    plan.job,
+                    cmd=" ".join(plan.ranks[0].argv),
+                    symmetric_dram_mb=plan.symmetric_dram_mb,
+                    labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+                )
+            except TTMeshError as exc:
+                raise self._frozen_first(exc) from None
+        try:
+            self.run_dir = jobs.create_run_dir(plan.job)
+            if str(self.run_dir.path) != plan.run_dir:
+                raise bad_input(
+                    f"the plan's run directory {plan.run_dir} is not {self.run_dir.path}"
+                )
+        except BaseException as exc:
+            self._release()
+            if isinstance(exc, TTMeshError):
+                raise self._frozen_first(exc) from None
+            raise
+        ok = False
+        # A stop signal between attempts stops the job as one during an attempt does (an
+        # attempt forwards it to its guardian): Ctrl-C raises KeyboardInterrupt, these Stopped.
+        previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOPPING}
+        try:
+            try:
+                self._record()
+                if self.recovery.preflight or self.peers is not None:
+                    try:
+                        if self.recovery.preflight:
+                            self._agree(
+                                "start",
+                                lambda: run_preflight(self.prepared, self.recovery, self.observer),
+                            )
+                        else:
+                            self._agree("start", lambda: None)
+                        self._metal()
+                    except TTMeshError as exc:
+                        raise self._refuse(self._frozen_first(exc, summary=False)) from None
+                if plan.hosts:
+                    self._hosts_ready()
+                write_files(plan)
+                self._attempts()
+            except (KeyboardInterrupt, Stopped) as exc:
+                self._stopped(exc.sig if isinstance(exc, Stopped) else signal.SIGINT)
+            ok = True
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if not ok:
+                self._release(self.status or "ttmesh failed before the job ended", None)
+        return self.finish()
+
+    def _hosts_ready(self) -> None:
+        """A mesh over several hosts, before anything starts anywhere: links down between the
+        job's chips on a host (its report says so) refuse the start in one line naming the
+        host; with --auto-reset every host checks its chips of the job and resets them where
+        needed, and a host whose chips stay wrong refuses."""
+        if not self.recovery.auto_reset:
+            if self.prepared.hosts_not_ready:
+                name, what, fix = self.prepared.hosts_not_ready[0]
+                raise self._refuse(
+                    refused(
+                        f"host {name} is not ready: pre-flight: {what}",
+                        f"on {name}: {fix}, or add --auto-reset to recover the chips first; "
+                        "nothing started anywhere",
+                    )
+                )
+            return
+        if self.observer is not None:
+            self.observer.phase(JobPhase.CHECKING, "checking the chips on every host")
+        left = recover_hosts(self.prepared, self.recovery, always=False, before_start=True)
+        if left is not None:
+            raise self._refuse(
+                refused(
+                    f"pre-flight: {left}",
+                    "see ttmesh check --hosts, then ttmesh reset --hosts; nothing started anywhere",
+                )
+            )
+
+    def _stopped(self, sig: int) -> None:
+        """A stop signal outside an attempt ends the job there, and says how it ended (it is
+        not an attempt: the attempts that ran stay as they ended)."""
+        reason = stop_reason(sig)
+        note(f"{reason}: stopping the job")
+        self.stop = AttemptResult(
+            len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
+        )
+
+    def _frozen_first(self, exc: TTMeshError, summary: bool = True) -> TTMeshError:
+        """What stops the launch before its start, once the heartbeats still being read are in:
+        a frozen chip's refusal came first when they were read before anything else (and left
+        the outcome for scripts: ``summary``), so it still does."""
+        liveness, self.prepared.liveness = self.prepared.liveness, None
+        if liveness is None:
+            return exc
+        refusal = liveness.wait()
+        if refusal is None:
+            return exc
+        self.unrecorded = True
+        if summary and self.summary_json:
+            write_refusal(self.summary_json, refusal)
+        return refusal
+
+    def _refuse(self, exc: TTMeshError) -> TTMeshError:
+        """Nothing runs: the job record says why, and so does --summary-json."""
+        self.status = f"refused: {exc}"
+        if self.summary_json:
+            write_refusal(self.summary_json, exc)
+        return exc
+
+    def _record(self) -> None:
+        plan = self.plan
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.write(
+                {
+                    "job": plan.job,
+                    "pid": os.getpid(),
+                    "guardian": None,
+                    "root": plan.root,
+                    "layout": plan.layout,
+                    "attempt": 0,
+                    "started": time.time(),
+                    "command": list(plan.ranks[0].argv) if plan.ranks else [],
+                    "ranks": [
+                        {"rank": r.rank, "pid": None, "bdfs": list(r.bdfs), "chips": list(r.chips)}
+                        for r in plan.ranks
+                    ],
+                    "symmetric_dram_mb": plan.symmetric_dram_mb,
+                }
+            )
+
+    def _attempts(self) -> None:
+        plan, recovery = self.plan, self.recovery
+        base_env = dict(os.environ)
+        for attempt in range(plan.max_restarts + 1):
+            _clear_attempt_files(plan)
+            if self.peers is not None:
+                self.peers.watch(attempt)
+            liveness, self.prepared.liveness = self.prepared.liveness, None
+            result = run_attempt(
+                plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
+                on_start=self._guardian_started, pending=liveness,
+            )  # fmt: skip
+            if result.refusal is not None:
+                # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
+                # chips as a stopped job does, then refuse as the heartbeats read first did.
+                after_crash(self.prepared, recovery, result)
+                code, message, hint = result.refusal
+                self.unrecorded = True
+                raise self._refuse(TTMeshError(message, hint, code))
+            if result.unstarted is not None:
+                # A rank's program never ran (not found, not executable): nothing to restart,
+                # one line as a shell gives, exit 127 or 126. Ranks started before it were
+                # stopped: their chips are checked as after any crash.
+                message, hint = result.unstarted
+                if any(e.pid > 0 for e in result.exits):
+                    after_crash(self.prepared, recovery, result, observer=self.observer)
+                if attempt == 0:
+                    raise self._refuse(TTMeshError(message, hint, result.code))
+                note(f"not restarting: {message}")
+                self.results.append(result)
+                break
+            why = rank_refused(result) if plan.hosts else None
+            if why is not None:
+                # A rank's ttmesh stopped before its command ran (pre-flight there, a lease, the
+                # wrong host): a refusal, as on one host. Ranks that had started on the other
+                # hosts were stopped: their hosts check (and recover) their chips first.
+                recover_hosts(self.prepared, recovery, always=False)
+                if attempt == 0:
+                    raise self._refuse(TTMeshError(why, None, result.code))
+                note(f"not restarting: {why}")
+                break
+            if self.peers is not None:
+                result = self.peers.ended(attempt, result)
+            self.results.append(result)
+            if result.code == 0:
+                break
+            # A server's processes may have held the chips to the end (SGLang SIGKILLs its
+            # schedulers, which never close the chips): check them whatever the layout.
+            always = result.supervisor_lost or plan.serving is not None
+            left = after_crash(
+                self.prepared, recovery, result, always=always, observer=self.observer
+            )
+            if result.interrupted or result.supervisor_lost:
+                break
+            if attempt < plan.max_restarts and left is not None:
+                note(f"not restarting: {left}")
+                break
+            if attempt < plan.max_restarts:
+                wait = min(self.restart_backoff * (2**attempt), 10.0)
+                note(
+                    f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
+                    f"restarting every rank in {wait:.1f} s"
+                )
+                self._wait(wait, attempt + 2)
+                again = Recovery(**{**recovery.__dict__, "auto_reset": True})
+                try:
+                    self._agree(
+                        f"restart{attempt + 1}",
+                        functools.partial(run_preflight, self.prepared, again, self.observer)
+                        if recovery.preflight
+                        else (lambda: None),
+                    )
+                except TTMeshError as exc:
+                    note(f"not restarting: {exc}")
+                    break
+
+    def _guardian_started(self, pid: int) -> None:
+        """In the front, right after an attempt's guardian is forked: the guardian shares the
+        leases (their records name it, so they stay this job's if the front is killed)."""
+        if self.held is not None:
+            self.held.add_guardian(pid)
+        if self.peers is not None:
+            self.peers.started(pid)
+
+    def _wait(self, seconds: float, next_attempt: int) -> None:
+        """The pause before a restart (a view keeps its clock running meanwhile)."""
+        if self.observer is None:
+            time.sleep(seconds)
+            return
+        total = self.plan.max_restarts + 1
+        self.observer.phase(JobPhase.RESTARTING, f"attempt {next_attempt} of {total}")
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+            self.observer.tick()
+
+    def _agree(self, name: str, check: Any) -> None:
+        """Run this host's ``check`` (it raises to refuse); with peers, every host must agree."""
+        try:
+            check()
+        except TTMeshError as exc:
+            if self.peers is not None:
+                self.peers.agree(name, str(exc))
+            raise
+        if self.peers is not None:
+            self.peers.agree(name, None)
+
+    def _orphaned(self, result: AttemptResult) -> int:
+        """In the guardian, once its workers are down: the launcher was killed, finish here."""
+        result.reason = f"{LAUNCHER_KILLED} ({result.reason})"
+        self.results.append(result)
+        self.observer = None  # the view was the launcher's (the front's), and it is gone
+        note("the launcher was killed: its guardian stopped the workers and finishes the job")
+        with contextlib.suppress(Exception):
+            after_crash(self.prepared, self.recovery, result, always=True)
+        return self.finish(LAUNCHER_KILLED)
+
+    def _release(self, status: str | None = None, code: int | None = None) -> None:
+        if self.unrecorded:
+            with contextlib.suppress(OSError, TTMeshError):
+                jobs.remove(self.plan.job)
+        elif status is not None:
+            with contextlib.suppress(OSError, TTMeshError):
+                jobs.close(self.plan.job, status, code)
+        if self.held is not None:
+            self.held.release()
+        if self.run_dir is not None:
+            self.run_dir.remove()
+
+    def finish(self, status: str | None = None) -> int:
+        final = self.stop or self.results[-1]
+        if self.peers is not None:
+            if self.results:
+                self.peers.close(len(self.results) - 1)
+            else:  # stopped before this host's first attempt: no end to wait for
+                self.peers.coord.close()
+        if status is None:
+            status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
+        unwritten_error = errorfile.write(final, self.plan)  # the ranks' files go next
+        self._release(status, final.code)
+        if self.observer is not None:  # the final frame, above the summary
+            self.observer.phase(JobPhase.DONE, f"exit {final.code}")
+        diagnosis = explain(self.prepared, final)
+        code = final.code
+        if self.summary_json:
+            unwritten = write_summary(self.summary_json, final, self.results, diagnosis)
+            if unwritten is not None:
+                # Said, never silent; a job that failed keeps its code (the worker's is what
+                # matters), one that succeeded ends 2: a script must not take 0 for a summary.
+                note(unwritten)
+                code = code or BAD_INPUT
+        if unwritten_error is not None:
+            note(unwritten_error)
+        summarize(self.prepared, self.results, diagnosis, final)  # its exit line comes last
+        return code
+
+
+def execute(
+    prepared: Prepared,
+    options: Options,
+    summary_json: str | None = None,
+    restart_backoff: float = 0.2,
+    recovery: Recovery | None = None,
+    peers: Any = None,
+) -> int:
+    """Lease the plan's chips, run its attempts (with recovery and restarts), return the code.
+
+    ``peers`` (launcher.hosts.multihost.Peers): the other hosts of a job over several hosts."""
+    return JobRun(
+        prepared, options, summary_json, recovery or Recovery(), restart_backoff, peers
+    ).run()

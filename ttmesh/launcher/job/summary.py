@@ -1,0 +1,122 @@
+"""The end of a job in words and in ``--summary-json``: the failing rank, its last lines, the
+known failure and its fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from ttmesh import paths
+from ttmesh.errors import TTMeshError
+from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.planning.prepare import Prepared
+from ttmesh.render import note, plural
+from ttmesh.vocab import Source
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.attempt.failures import Diagnosis
+
+
+def explain(prepared: Prepared, final: AttemptResult) -> Diagnosis | None:
+    """The known failure the guardian found in the output, its fix filled in for this job."""
+    if final.code == 0 or not final.diagnosis:
+        return None
+    from ttmesh.launcher.attempt import failures
+
+    try:
+        return failures.explain(final.diagnosis, prepared.inv, prepared.plan.all_chips())
+    except Exception as exc:  # the job's end is still reported, without the explanation
+        note(f"could not explain the failure ({type(exc).__name__}: {exc})")
+        return None
+
+
+def summarize(
+    prepared: Prepared,
+    results: list[AttemptResult],
+    diagnosis: Diagnosis | None = None,
+    final: AttemptResult | None = None,
+) -> None:
+    """The end of a job, on stderr. ``final``: how it ended, when not its last attempt (a stop
+    signal between attempts)."""
+    final = final if final is not None else results[-1]
+    plan = prepared.plan
+    if final.code == 0 and len(results) == 1:
+        return
+    if len(results) > 1:
+        for r in results:
+            known = f"; known failure: {r.diagnosis['id']}" if r.diagnosis else ""
+            note(f"attempt {r.attempt + 1}: {r.reason} (exit {r.code}, {r.duration:.1f} s){known}")
+    if final.host is not None and final.code != 0:  # a rank on another host failed first
+        note(f"{final.reason}; stopped this host's ranks")
+        who = f"rank {final.rank}'s exit code" if final.rank is not None else final.reason
+        note(f"exit {final.code}: {who} (on host {final.host})")
+    elif final.source == Source.WORKER and final.rank is not None:
+        rank = plan.ranks[final.rank]
+        shown = final.rank + plan.rank_offset  # the global rank, in a job over several hosts
+        others = [e for e in final.exits if e.rank != final.rank and e.stopped]
+        how = next((e.how for e in final.exits if e.rank == final.rank), final.reason)
+        chips = f" ({', '.join(rank.bdfs)})" if rank.bdfs else ""  # a chipless server: none
+        note(
+            f"rank {shown}{chips} {how}"
+            + (f"; stopped {plural(len(others), 'other rank')}" if others else "")
+        )
+        if final.error_message:
+            note(f"rank {shown} raised {final.error_message}")
+        if final.stderr_tail:
+            note(f"last lines of rank {shown}'s stderr:")
+            for line in final.stderr_tail[-5:]:
+                note(f"  {line}")
+        for line in diagnosis.lines() if diagnosis else ():
+            note(line)
+        note(f"exit {final.code}: rank {shown}'s exit code")
+    elif final.code != 0:
+        for line in diagnosis.lines() if diagnosis else ():
+            note(line)
+        note(f"exit {final.code}: {final.reason}")
+
+
+def write_refusal(path: str, exc: TTMeshError) -> None:
+    """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why."""
+    data: dict[str, object] = {
+        "source": Source.TTMESH,
+        "rank": None,
+        "code": exc.code,
+        "reason": str(exc),
+        "attempts": [],
+        "diagnosis": None,
+    }
+    unwritten = _write_json(path, data)
+    if unwritten is not None:
+        note(unwritten)  # the refusal, with its code, follows
+
+
+def _write_json(path: str, data: dict[str, object]) -> str | None:
+    """Write the summary the user named (``paths.write_text``: never through a link another
+    user planted); the line saying why it could not be, or None."""
+    try:
+        paths.write_text(path, json.dumps(data, indent=2) + "\n", "--summary-json")
+    except TTMeshError as err:
+        return str(err)
+    return None
+
+
+def write_summary(
+    path: str,
+    final: AttemptResult,
+    results: list[AttemptResult],
+    diagnosis: Diagnosis | None = None,
+) -> str | None:
+    """Write ``--summary-json``; the line saying why it could not be, or None."""
+    data: dict[str, object] = {
+        "source": final.source,
+        "rank": final.rank,
+        "code": final.code,
+        "reason": final.reason,
+        "attempts": [
+            {"attempt": r.attempt, "code": r.code, "rank": r.rank, "reason": r.reason}
+            for r in results
+        ],
+        "diagnosis": diagnosis.to_json() if diagnosis else None,
+    }
+    return _write_json(path, data)

@@ -1,0 +1,119 @@
+"""What the user asked for: the request a launch is planned from, and the command it runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttmesh.errors import bad_input
+from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
+from ttmesh.vocab import Layout, StartMode
+
+
+@dataclass
+class LaunchRequest:
+    """What the user asked for (the CLI's parsed options)."""
+
+    command: list[str]
+    tp_size: int
+    module: bool = False
+    no_python: bool = False
+    layout: str = Layout.ISOLATED
+    mesh_shape: tuple[int, int] | None = None
+    symmetric_dram_mb: int = 2048
+    env: list[tuple[str, str]] = field(default_factory=list)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    max_restarts: int = 0
+    grace: float = 5.0
+    job: str = ""
+    run_dir: str = ""
+    # Where the ranks' Open MPI keeps its shared-memory segments: a directory of the job's, so
+    # they go with it (runtime.jobs.segment_dir; "" leaves Open MPI's default, /dev/shm).
+    segment_dir: str = ""
+    strict_links: bool = False
+    nproc: int | None = None  # workers; default one per unit (chip, or n300 board)
+    launcher: str = StartMode.DIRECT
+    mpirun: str = ""
+    workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
+    mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
+    ready_timeout: float | None = None  # every rank ready within this, or the job is hung
+    ready_pattern: str | None = None  # a line of output that means "ready"
+    binding: Any = None  # a tt-run rank-binding file (adapters.ttrun.BindingFile)
+    binding_units: list = field(default_factory=list)  # each binding rank's units
+    environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
+    python: str = sys.executable
+    cwd: str = ""
+    serving: Any = None  # a ServingSpec when the command is a server a profile knows
+    profile: Any = None  # the server's profile (launcher.serving.profiles.Profile)
+    server_args: Any = None  # its parsed command line
+    server_findings: list = field(default_factory=list)  # what was found before selection
+    strict: bool = False  # rule warnings are errors
+    health_interval: float | None = None  # after ready: check /health every S seconds
+    health_failures: int = 3  # that many failures in a row fail the job
+    cluster: Any = None  # mesh.cluster.Cluster: a tt-metal mesh over several hosts
+    mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
+    tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def resolve_command(req: LaunchRequest) -> list[str]:
+    """torchrun's habits: a ``.py`` first word runs with this Python, ``-m`` runs a module,
+    ``--no-python`` runs the command as is. Checks that what will be run exists."""
+    if not req.command:
+        raise bad_input("no command given", "e.g. ttmesh launch --tp-size 4 train.py")
+    first, rest = req.command[0], list(req.command[1:])
+    if req.module:
+        if req.no_python:
+            raise bad_input("-m and --no-python together", "use one")
+        return [req.python, "-m", first, *rest]
+    if not req.no_python and first.endswith(".py"):
+        path = Path(req.cwd or ".") / first
+        if path.is_dir():
+            raise bad_input(f"script {first} is a directory", "give the script file")
+        if path.exists() and not path.is_file():
+            from ttmesh.fileread import kind_of
+
+            kind = kind_of(path.stat().st_mode) or "not a file"
+            raise bad_input(f"script {first} is {kind}, not a regular file", "give the script file")
+        if not path.is_file():
+            raise bad_input(f"script {first} does not exist", "check the path")
+        if not os.access(path, os.R_OK):
+            raise bad_input(f"script {first} cannot be read (permission denied)")
+        # Absolute, so a rank started in another working directory (MPI) still finds it.
+        return [req.python, str(path.resolve()), *rest]
+    if "/" in first:
+        path = Path(req.cwd or ".") / first
+        if path.is_dir():
+            raise bad_input(f"command {first} is a directory", "give a program to run")
+        if not path.exists():
+            raise bad_input(f"command {first} does not exist", "check the path")
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise bad_input(
+                f"command {first} is not executable",
+                f"chmod +x {first}, or run it through its interpreter",
+            )
+        return [first, *rest]
+    if shutil.which(first) is None:
+        raise bad_input(f"command {first!r} not found on PATH", "give a path, or a .py script")
+    return [first, *rest]
+
+
+def parse_env(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY.match(key):
+            raise bad_input(f"--env {item!r}: expected KEY=VALUE", "e.g. --env LOGLEVEL=debug")
+        flag = owner_flag(key)
+        if flag is not None:
+            hint = f"use {flag} instead" if flag.startswith("--") else f"drop it: {flag}"
+            raise bad_input(f"--env {key}: ttmesh sets {key} for every rank", hint)
+        out.append((key, value))
+    return out

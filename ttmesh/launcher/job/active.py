@@ -23,7 +23,7 @@ from ttmesh.errors import bad_input
 from ttmesh.host.base import Host
 from ttmesh.vocab import Layout, StartMode
 
-PROBE = Path(__file__).resolve().parent.parent / "probes" / "ttnn_mesh_probe.py"
+PROBE = Path(__file__).resolve().parents[2] / "probes" / "ttnn_mesh_probe.py"
 GET_TTNN = (
     "ttnn has wheels for Python 3.10 and 3.12: python3.12 -m venv ~/ttnn && ~/ttnn/bin/pip "
     "install ttnn, then --ttnn-python ~/ttnn/bin/python (or set TTMESH_TTNN_PYTHON)"

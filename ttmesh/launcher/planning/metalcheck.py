@@ -32,7 +32,7 @@ from ttmesh.vocab import Layout
 
 ENV = "TTMESH_TTNN_PYTHON"
 NAME = "tt-metal control plane"
-PROBE = Path(__file__).resolve().parent.parent / "probes" / "ttnn_mesh_probe.py"
+PROBE = Path(__file__).resolve().parents[2] / "probes" / "ttnn_mesh_probe.py"
 HOW = (
     f"set {ENV} to a Python 3.10 or 3.12 with ttnn: python3.12 -m venv ~/ttnn && "
     "~/ttnn/bin/pip install ttnn"

@@ -100,7 +100,7 @@ if attempt < int(opts.get("fail-attempts", "0")) and str(rank) == opts.get("fail
 time.sleep(float(opts.get("sleep", "3600")))
 """
 
-# Job records: how ttmesh says a job ended (ttmesh/launcher/launch.py, supervisor.py, jobs.py).
+# Job records: how ttmesh says a job ended (ttmesh/launcher/job/run.py, attempt/guardian.py, runtime/jobs.py).
 LAUNCHER_KILLED = "launcher killed"
 SUPERVISOR_KILLED = "supervisor killed"
 PS_KILLED = "ttmesh killed (its processes are gone)"

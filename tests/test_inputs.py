@@ -510,8 +510,8 @@ NOT_BOUNDED = {
     "sim/create.py": "the package's own tools",
     "runtime/leases.py": "/proc/locks and lease files (the leases' own checks)",
     "runtime/jobs.py": "job records in the user's private runtime directory (mode 0700)",
-    "launcher/rankshim.py": "the plan's files it is about to write",
-    "launcher/active.py": "the logs of the probe it ran, in its own temporary directory",
+    "launcher/hosts/rankshim.py": "the plan's files it is about to write",
+    "launcher/job/active.py": "the logs of the probe it ran, in its own temporary directory",
     "launcher/serving/watch.py": "/proc/PID/cmdline",
 }
 RAW_READ = re.compile(r"\.read_text\((?!\w)|\.read_bytes\(\)|json\.load\(|(?<![\w.])open\(")

@@ -95,6 +95,29 @@ def uid_of(pid: int) -> int | None:
     return None
 
 
+def groups(pid: int) -> set[int]:
+    """The supplementary groups the process runs with (empty when gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+def argv(pid: int, limit: int = 4096) -> tuple[str, ...]:
+    """The process's command line as its words (the kernel's copy, at most ``limit`` bytes;
+    empty when gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(limit)
+    except OSError:
+        return ()
+    return tuple(p.decode(errors="replace") for p in raw.split(b"\0") if p)
+
+
 def user_name(uid: int) -> str:
     """The name of user ``uid`` (the number when it has none)."""
     import pwd

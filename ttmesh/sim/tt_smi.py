@@ -440,10 +440,60 @@ def do_reset(host: Host, args: argparse.Namespace) -> int:
     if not chosen:  # tt-umd: an empty list after filtering means every device
         chosen = list(by_dev.values())
     sys.stdout.flush()
-    host.sim.reset(chosen)
+    notify_listeners(host.sim.root, PRE_RESET)
+    try:
+        host.sim.reset(chosen)
+    finally:
+        notify_listeners(host.sim.root, POST_RESET)
     if not args.no_reinit:
         say(PURPLE, "Re-initializing boards after reset....")
     return 0
+
+
+# tt-umd's reset notices (device/warm_reset.cpp, WarmResetCommunication): one byte to every
+# client_<PID>.sock in /tmp/tt_umd_listeners, 2 s of grace after PRE_RESET when one listened.
+LISTENERS = "tmp/tt_umd_listeners"
+PRE_RESET, POST_RESET = 0x01, 0x02
+NOTICE_GRACE = 2.0
+
+
+def notify_listeners(root: str, kind: int) -> int:
+    """Tell every listener under the simulated root, as tt-umd's notifier does; how many
+    were reached. A PRE_RESET that reached one waits tt-umd's grace before the reset."""
+    import time
+
+    try:
+        fd = os.open(os.path.join(root, LISTENERS), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        names = sorted(os.listdir(f"/proc/self/fd/{fd}"))
+        reached = _send_each(fd, names, kind)
+    finally:
+        os.close(fd)
+    if reached and kind == PRE_RESET:
+        time.sleep(NOTICE_GRACE)
+    return reached
+
+
+def _send_each(fd: int, names: list[str], kind: int) -> int:
+    """One byte to each listener socket in the directory ``fd`` (short names: a deep root's
+    path would pass the 108 bytes a socket address holds)."""
+    reached = 0
+    for name in names:
+        if not (name.startswith("client_") and name.endswith(".sock")):
+            continue
+        if name == f"client_{os.getpid()}.sock":
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            try:
+                s.connect(f"/proc/self/fd/{fd}/{name}")
+                s.sendall(bytes([kind]))
+            except OSError:
+                continue
+            reached += 1
+    return reached
 
 
 def do_glx_reset(host: Host, args: argparse.Namespace) -> int:

@@ -1,0 +1,181 @@
+"""tt-umd's reset notices (issue 26): ttmesh listens as tt-umd's listeners do, the simulated
+tt-smi notifies as tt-umd's notifier does, and a notice stops a job only when it is about the
+job's chips and its sender could reset them."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ttmesh.cli.hosts import open_host
+from ttmesh.errors import TTMeshError
+from ttmesh.fabric import resetscope
+from ttmesh.fabric.devices import discover
+from ttmesh.host import umdnotice
+from ttmesh.host.umdnotice import Notice
+
+
+def _send(root: Path, name: str, data: bytes) -> socket.socket:
+    """A notifier of our own, as tt-umd's connects and writes (kept open, as asio's is)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.open(root / umdnotice.LISTENER_DIR, os.O_PATH)
+    try:
+        s.connect(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
+    s.sendall(data)
+    return s
+
+
+def _heard(listener: umdnotice.Listener, count: int = 1) -> list[Notice]:
+    """Wait (on the listener's own descriptor: an event, not a sleep) for ``count`` notices."""
+    got: list[Notice] = []
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener.fileno(), selectors.EVENT_READ)
+        while len(got) < count:
+            assert sel.select(10), f"no notice within 10 s (heard {got})"
+            got += listener.read()
+    return got
+
+
+def test_a_notice_is_heard_with_who_sent_it(qb2: Path) -> None:
+    listener = umdnotice.listen(qb2)
+    try:
+        name = umdnotice.socket_name(os.getpid())
+        path = qb2 / umdnotice.LISTENER_DIR / name
+        assert path.is_socket() and (path.stat().st_mode & 0o777) == 0o666
+        with _send(qb2, name, bytes([umdnotice.PRE_RESET])):
+            (notice,) = _heard(listener)
+        assert notice.kind == "pre-reset"
+        assert (notice.pid, notice.uid) == (os.getpid(), os.getuid())
+        assert notice.command[:1] == (sys.executable,) or "python" in notice.command[0]
+        with _send(qb2, name, bytes([umdnotice.POST_RESET])):
+            assert [n.kind for n in _heard(listener)] == ["post-reset"]
+    finally:
+        listener.close()
+    assert not (qb2 / umdnotice.LISTENER_DIR / name).exists()
+
+
+def test_unknown_bytes_and_silent_callers_do_not_stop_listening(qb2: Path) -> None:
+    listener = umdnotice.listen(qb2)
+    name = umdnotice.socket_name(os.getpid())
+    silent = []
+    try:
+        for _ in range(umdnotice.MAX_OPEN + 4):  # callers that never write: bounded
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            fd = os.open(qb2 / umdnotice.LISTENER_DIR, os.O_PATH)
+            s.connect(f"/proc/self/fd/{fd}/{name}")
+            os.close(fd)
+            silent.append(s)
+            assert listener.read() == []  # accepted (a backlog left full would block callers)
+        with _send(qb2, name, b"\x07"), _send(qb2, name, bytes([umdnotice.PRE_RESET])):
+            assert [n.kind for n in _heard(listener)] == ["pre-reset"]
+        assert len(listener.waiting) <= umdnotice.MAX_OPEN
+    finally:
+        for s in silent:
+            s.close()
+        listener.close()
+
+
+def test_a_link_planted_for_the_directory_is_refused(qb2: Path, tmp_path: Path) -> None:
+    """Another user's link in the directory's place is never followed (the socket would be
+    made wherever it points)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (qb2 / "tmp").mkdir(exist_ok=True)
+    link = qb2 / umdnotice.LISTENER_DIR
+    link.symlink_to(elsewhere)
+    os.lchown(link, 65534, 65534)
+    listener, why = umdnotice.try_listen(qb2)
+    assert listener is None
+    assert "tt-umd's listener directory" in why and "nobody" in why
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(TTMeshError):
+        umdnotice.listen(qb2)
+
+
+def test_close_leaves_a_socket_that_is_no_longer_ours(qb2: Path) -> None:
+    listener = umdnotice.listen(qb2)
+    path = qb2 / umdnotice.LISTENER_DIR / listener.name
+    path.unlink()  # another user (the directory is everyone's) replaced it
+    path.write_text("someone else's")
+    listener.close()
+    assert path.read_text() == "someone else's"
+
+
+def test_the_simulated_tt_smi_notifies_around_its_reset(qb2: Path) -> None:
+    """PRE_RESET before the reset, POST_RESET after it, from tt-smi itself (the kernel says
+    which process), its command naming the chip it resets."""
+    inv = discover(open_host(qb2))
+    bdf = inv.chips[0].bdf
+    listener = umdnotice.listen(qb2)
+    try:
+        proc = subprocess.Popen(
+            [str(qb2 / "bin" / "tt-smi"), "-r", bdf],
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "TTMESH_SIM_ROOT": str(qb2)},
+        )
+        pre, post = _heard(listener, 2)
+        assert proc.wait(30) == 0
+    finally:
+        listener.close()
+    assert (pre.kind, post.kind) == ("pre-reset", "post-reset")
+    assert pre.pid == proc.pid and "-r" in pre.command and bdf in pre.command
+    assert resetscope.reset_targets(pre.command) == [bdf]
+
+
+@pytest.mark.parametrize(
+    ("command", "targets"),
+    [
+        (("/usr/bin/python3", "/usr/local/bin/tt-smi", "-r", "0000:03:00.0,0000:04:00.0"),
+         ["0000:03:00.0", "0000:04:00.0"]),
+        (("tt-smi", "-r", "0", "1"), ["0", "1"]),
+        (("tt-smi", "--reset", "/dev/tenstorrent/2"), ["/dev/tenstorrent/2"]),
+        (("tt-smi", "-r"), []),
+        (("tt-smi", "-r", "all"), []),
+        (("tt-smi", "-r", "0", "--no_reinit"), ["0"]),
+        (("tt-smi", "-s"), None),
+        (("./my_umd_tool",), None),
+        ((), None),
+    ],
+)  # fmt: skip
+def test_tt_smis_targets_are_read_as_tt_smi_reads_them(
+    command: tuple[str, ...], targets: list[str] | None
+) -> None:
+    assert resetscope.reset_targets(command) == targets
+
+
+def test_a_notice_stops_only_the_job_whose_chips_it_resets(qb2: Path) -> None:
+    host = open_host(qb2)
+    inv = discover(host)
+    mine, other = inv.chips[:2], inv.chips[2:]
+    me = os.getuid()
+    ours = Notice("pre-reset", 1, me, ("tt-smi", "-r", mine[0].bdf or ""))
+    theirs = Notice("pre-reset", 1, me, ("tt-smi", "-r", ",".join(c.bdf or "" for c in other)))
+    unknown = Notice("pre-reset", 1, me, ("./my_umd_tool",))
+    everything = Notice("pre-reset", 1, me, ("tt-smi", "-r"))
+    assert resetscope.judge(host, ours, mine, me).heed
+    assert "reset by tt-smi -r" in resetscope.judge(host, ours, mine, me).why
+    assert not resetscope.judge(host, theirs, mine, me).heed
+    assert resetscope.judge(host, unknown, mine, me).heed
+    assert resetscope.judge(host, everything, mine, me).heed
+
+
+def test_a_notice_from_a_user_who_cannot_reset_the_chips_is_ignored(qb2: Path) -> None:
+    host = open_host(qb2)
+    inv = discover(host)
+    chips = inv.chips[:2]
+    nodes = [qb2 / "dev" / "tenstorrent" / str(c.dev_index) for c in chips]
+    stranger = Notice("pre-reset", 1, 65534, ("tt-smi", "-r"))
+    for node in nodes:
+        os.chmod(node, 0o600)
+    verdict = resetscope.judge(host, stranger, chips, job_uid=0)
+    assert not verdict.heed and "cannot reset" in verdict.why
+    os.chmod(nodes[1], 0o666)  # the driver lets anyone open it: anyone could reset it
+    assert resetscope.judge(host, stranger, chips, job_uid=0).heed

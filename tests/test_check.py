@@ -8,16 +8,14 @@ in-process on inventories made to look like a real host's.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -122,17 +120,6 @@ def smi(root: Path, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=60,
     )
-
-
-@pytest.fixture
-def hold_pids() -> Iterator[list[int]]:
-    """Hold processes a test started; killed (by PID, if still the hold) at the end."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 def reset_fix(root: Path) -> str:

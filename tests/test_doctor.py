@@ -6,14 +6,12 @@ point: exit codes, one-line errors, files written or not)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import signal
 import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +50,6 @@ def view(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def members(archive: Path) -> dict[str, tarfile.TarInfo]:
     with tarfile.open(archive) as tar:
         return {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
-
-
-@pytest.fixture
-def hold_pids() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- round trips

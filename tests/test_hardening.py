@@ -47,15 +47,6 @@ def record(job: str) -> dict | None:
 # --------------------------------------------------------------------------- ids and paths
 
 
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A runtime directory of the test's own (jobs and run directories go under it)."""
-    rt = tmp_path / "rt"
-    rt.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
-    return rt
-
-
 @pytest.mark.parametrize(
     "job_id", ["../../victim", "../victim", "a/b", "/abs/x", ".hidden", "", "x" * 65, "a b"]
 )

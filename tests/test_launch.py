@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,27 +103,18 @@ def test_allreduce_env_and_chips(qb2: Path, tmp_path: Path) -> None:
 
 
 def test_omp_default_and_env_option(qb2: Path, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--tp-size",
-            "2",
-            "--env",
-            "FOO=bar=baz",
-            *worker(f"env={tmp_path}", "exit=0"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    res = run_cli(
+        "launch",
+        "--root",
+        str(qb2),
+        "--tp-size",
+        "2",
+        "--env",
+        "FOO=bar=baz",
+        *worker(f"env={tmp_path}", "exit=0"),
+        unset=("OMP_NUM_THREADS",),
     )
-    assert res.returncode == 0, res.stderr
+    assert res.code == 0, res.err
     for r in range(2):
         e = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert e["OMP_NUM_THREADS"] == "1"

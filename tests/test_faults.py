@@ -373,7 +373,7 @@ def test_bad_config_changes_nothing(sim: Sim, option: str, value: str) -> None:
     assert state_bytes(sim.root) == before
 
 
-def test_root_without_marker(sim: Sim) -> None:
+def test_a_root_without_the_sim_marker_is_refused_unchanged(sim: Sim) -> None:
     (sim.root / core.MARKER).unlink()
     before = state_bytes(sim.root)
     res = sim.cli("sim", "fault", "--root", str(sim.root), "chip-dead", C01)

@@ -195,7 +195,7 @@ def test_a_command_that_starts_with_a_dash_goes_after_double_dash(qb2: Path) -> 
 
 
 @pytest.mark.parametrize("where", [["--version"], ["launch", "--version"], ["launch", "-V"]])
-def test_version(where: list[str]) -> None:
+def test_version_is_printed_by_ttmesh_and_by_launch(where: list[str]) -> None:
     from ttmesh import __version__
 
     res = run_cli(*where)

@@ -467,7 +467,7 @@ def test_single_process_launch_runs_one_worker_on_four_chips(qb2: Path, tmp_path
 # --------------------------------------------------------------------------- symmetric DRAM
 
 
-def test_memory_plan_rules() -> None:
+def test_memory_plan_defaults_to_2048_and_refuses_more_than_the_smallest_chip() -> None:
     assert memory.plan(None, [32768] * 4) == 2048
     assert memory.plan(31744, [32768] * 4) == 31744
     assert memory.plan(11264, [12288]) == 11264
@@ -704,7 +704,9 @@ def test_export_rank_binding_multi_mesh(qb2: Path, tmp_path: Path) -> None:
         (["--mesh-shape", "2by2"], "--mesh-shape"),
     ],
 )
-def test_descriptor_bad_input(qb2: Path, tmp_path: Path, args: list[str], needle: str) -> None:
+def test_bad_descriptor_options_are_refused_in_one_line_writing_nothing(
+    qb2: Path, tmp_path: Path, args: list[str], needle: str
+) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     res = run_cli("descriptor", "--root", str(qb2), *args, cwd=cwd)

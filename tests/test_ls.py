@@ -47,7 +47,7 @@ def ls_json(
 
 
 @pytest.mark.parametrize("ls_json", ALL, indirect=True)
-def test_ls_json(ls_json: LsResult) -> None:
+def test_ls_json_reports_every_chip_as_the_system_models_it(ls_json: LsResult) -> None:
     model, root, data, err = ls_json
     assert f"simulated host: {root.resolve()}" in err.splitlines()
     assert data["schema"] == "ttmesh.ls/1"

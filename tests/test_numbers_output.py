@@ -299,7 +299,9 @@ def test_numbers_from_the_environment_are_named_by_their_variable(
         ('"nan"', "not a number"),
     ],
 )
-def test_rank_binding_numbers(qb2: Path, tmp_path: Path, value: str, problem: str) -> None:
+def test_rank_binding_ranks_that_are_not_small_whole_numbers_are_refused(
+    qb2: Path, tmp_path: Path, value: str, problem: str
+) -> None:
     """``rank: 1.5`` was rank 1, ``rank: 99999999999`` hung ttmesh counting the gap to it."""
     (tmp_path / "m.textproto").write_text("mesh {}\n")
     path = tmp_path / "b.yaml"

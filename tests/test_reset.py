@@ -352,7 +352,7 @@ def test_bad_input_changes_nothing(qb2: Path, cli: Callable, args: list[str], me
     assert (qb2 / core.STATE_FILE).read_bytes() == before
 
 
-def test_missing_tt_smi(qb2: Path, cli: Callable) -> None:
+def test_reset_without_tt_smi_is_refused_saying_how_to_install_it(qb2: Path, cli: Callable) -> None:
     (qb2 / "bin" / "tt-smi").unlink()
     before = (qb2 / core.STATE_FILE).read_bytes()
     env = {"PATH": "/usr/bin:/bin"}

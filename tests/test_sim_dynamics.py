@@ -184,7 +184,9 @@ def test_heartbeat_freezes_when_chip_dies_and_resumes_after_reset(qb2: Path, cli
     assert until(lambda: beat(host, dead) > frozen)
 
 
-def test_remote_chip_heartbeat(make_sim: Callable[..., Path], cli: Callable) -> None:
+def test_a_remote_chip_heartbeat_beats_freezes_and_resets_with_its_pci_chip(
+    make_sim: Callable[..., Path], cli: Callable
+) -> None:
     root = make_sim("n300")
     host = Host(root)
     right = next(

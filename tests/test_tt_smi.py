@@ -174,7 +174,7 @@ def ls_links(cli: Callable, root: Path) -> dict[frozenset, str]:
 
 
 @pytest.mark.parametrize("flag", ["-v", "--version"])
-def test_version(ro: Path, work: Path, flag: str) -> None:
+def test_version_flags_print_the_version_only(ro: Path, work: Path, flag: str) -> None:
     run = smi(ro, flag, work=work)
     assert (run.code, run.out, run.err, run.files) == (0, "6.8.0\n", "", [])
 
@@ -186,7 +186,9 @@ def test_unknown_option_prints_usage_on_stderr(ro: Path, work: Path) -> None:
     assert run.err == USAGE + "tt-smi: error: unrecognized arguments: --bogus\n"
 
 
-def test_ambiguous_abbreviation(ro: Path, work: Path) -> None:
+def test_an_ambiguous_abbreviation_is_a_usage_error_naming_the_matches(
+    ro: Path, work: Path
+) -> None:
     run = smi(ro, "--snap", work=work)
     assert run.code == 2
     assert run.out == ""
@@ -221,7 +223,7 @@ def test_runs_without_ttmesh_installed(ro: Path, work: Path, tmp_path: Path) -> 
     assert len(snapshot(run)["device_info"]) == 4
 
 
-def test_list(ro: Path, work: Path) -> None:
+def test_list_shows_each_device_index_beside_its_bdf(ro: Path, work: Path) -> None:
     run = smi(ro, "-ls", work=work)
     assert run.code == 0
     assert run.err == ""
@@ -236,7 +238,7 @@ def test_list(ro: Path, work: Path) -> None:
 # --------------------------------------------------------------------------- snapshot
 
 
-def test_snapshot_shape_quietbox2(ro: Path, work: Path) -> None:
+def test_snapshot_of_a_quietbox2_has_tt_smis_shape(ro: Path, work: Path) -> None:
     t0 = datetime.datetime.now()
     run = smi(ro, "-s", work=work)
     t1 = datetime.datetime.now()
@@ -489,7 +491,7 @@ def test_snapshot_no_tty_flag(ro: Path, work: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [["-r"], ["-r", "all"], ["--reset", "ALL"], ["-r", ",all,"]])
-def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
+def test_reset_all_revives_every_device(qb2: Path, work: Path, args: list[str]) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -520,7 +522,9 @@ def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
         (["-r", "2,9"], "Resetting UMD logical IDs: [2, 9]", ["0000:05:00.0"]),
     ],
 )
-def test_reset_targets(qb2: Path, work: Path, args: list[str], line: str, reset: list[str]) -> None:
+def test_reset_targets_revive_only_the_devices_named(
+    qb2: Path, work: Path, args: list[str], line: str, reset: list[str]
+) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -575,7 +579,7 @@ def test_reset_upper_case_bdf_matches_nothing(make_sim: Callable, work: Path) ->
     assert alive_bdfs(root) == {"0000:c1:00.0"}
 
 
-def test_reset_no_reinit(qb2: Path, work: Path) -> None:
+def test_reset_no_reinit_resets_without_reinitialising(qb2: Path, work: Path) -> None:
     kill_all(qb2)
     run = smi(qb2, "-r", "0000:03:00.0", "--no_reinit", work=work)
     assert (run.code, run.err) == (0, "")
@@ -607,7 +611,9 @@ def test_reset_no_reinit(qb2: Path, work: Path) -> None:
         ),
     ],
 )
-def test_reset_bad_targets(ro: Path, work: Path, args: list[str], message: str) -> None:
+def test_bad_reset_targets_fail_in_red_resetting_nothing(
+    ro: Path, work: Path, args: list[str], message: str
+) -> None:
     run = smi(ro, *args, work=work)  # ro: the state file is checked to be unchanged
     assert (run.code, run.out, run.err, run.files) == (1, f"{RED} {message} {ENDC}\n", "", [])
 
@@ -658,7 +664,9 @@ def test_galaxy_reset_sequence(make_sim: Callable, work: Path) -> None:
     "args",
     [["-s"], ["-r"], ["-r", "foo"], ["-r", "0000:01:00.0"], ["-ls"], ["-f", "x.json"], []],
 )
-def test_no_driver(no_driver: Path, work: Path, args: list[str]) -> None:
+def test_without_the_driver_every_command_fails_and_resets_nothing(
+    no_driver: Path, work: Path, args: list[str]
+) -> None:
     state = (no_driver / core.STATE_FILE).read_bytes()
     run = smi(no_driver, *args, work=work)
     assert (run.code, run.out, run.err, run.files) == (1, NO_DRIVER, "", [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -125,14 +126,75 @@ def qb2(make_sim: Callable[..., Path]) -> Path:
     return make_sim("quietbox2")
 
 
+@pytest.fixture(scope="module")
+def shared_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    """Simulated hosts shared by a module's tests that only read them, built once per system
+    (a test that changes a host builds its own with ``make_sim``)."""
+    from ttmesh.sim.create import create
+
+    roots: dict[str, Path] = {}
+    with scratch(tmp_path_factory.mktemp("shared")) as base:
+
+        def get(system: str) -> Path:
+            if system not in roots:
+                roots[system] = create(
+                    stock_model(system), base / system, config={"reset_seconds": 0.0}
+                )
+            return roots[system]
+
+        yield get
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime directory of the test's own (job records and run directories go under it),
+    so a test's jobs are not mixed with another test's or the machine's."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
+    return rt
+
+
+@pytest.fixture
+def hold_pids() -> Iterator[list[int]]:
+    """PIDs of ``sim fault hold`` processes a test started (each keeps a chip's device node
+    open): at the end, each still running is killed by PID, and only if its command line is
+    still the hold's (a PID reused by another process is left alone)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+
+
+def env_without(*keys: str, **more: str) -> dict[str, str]:
+    """This process's environment less ``keys``, plus ``more``: what a command sees from a
+    shell that does not set them (this machine's shells set PYTHONUNBUFFERED, CI, COLUMNS...
+    where users' shells may not)."""
+    return {**{k: v for k, v in os.environ.items() if k not in keys}, **more}
+
+
+def users_shell(**more: str) -> dict[str, str]:
+    """The environment of a user's shell, which (unlike this machine's) has no
+    PYTHONUNBUFFERED: output tests see the buffering users get."""
+    return env_without("PYTHONUNBUFFERED", **more)
+
+
+def _environment(env: dict[str, str] | None, unset: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
+
+
 def run_cli(
     *args: str,
     env: dict[str, str] | None = None,
     timeout: float = 60,
     cwd: str | Path | None = None,
+    unset: tuple[str, ...] = (),
 ) -> Result:
-    """Run the real ``ttmesh`` entry point in a subprocess."""
-    full_env = {**os.environ, **(env or {})}
+    """Run the real ``ttmesh`` entry point in a subprocess: this environment with ``env`` over
+    it, less the variables in ``unset``."""
+    full_env = _environment(env, unset)
     proc = subprocess.run(
         [sys.executable, "-m", "ttmesh", *args],
         capture_output=True,
@@ -288,12 +350,14 @@ def start_launch(
     stdout: int = subprocess.PIPE,
     stderr: int = subprocess.PIPE,
     env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
 ) -> subprocess.Popen:
-    """``ttmesh launch --root ROOT ARGS`` as a running process (text pipes by default)."""
+    """``ttmesh launch --root ROOT ARGS`` as a running process (text pipes by default), in
+    this environment with ``env`` over it, less the variables in ``unset``."""
     return subprocess.Popen(
         [sys.executable, "-m", "ttmesh", "launch", "--root", str(root), *args],
         stdout=stdout,
         stderr=stderr,
         text=True,
-        env={**os.environ, **(env or {})},
+        env=_environment(env, unset),
     )

@@ -8,16 +8,14 @@ in-process on inventories made to look like a real host's.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,17 +122,6 @@ def smi(root: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture
-def hold_pids() -> Iterator[list[int]]:
-    """Hold processes a test started; killed (by PID, if still the hold) at the end."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-
-
 def reset_fix(root: Path) -> str:
     return f"ttmesh reset --root {root.resolve()} --chips {','.join(QB2)}"
 
@@ -142,7 +129,9 @@ def reset_fix(root: Path) -> str:
 # --------------------------------------------------------------------------- healthy
 
 
-def test_healthy_qb2(qb2: Path, cli: Callable, _state_home: Path) -> None:
+def test_a_healthy_qb2_checks_clean_in_json_and_text(
+    qb2: Path, cli: Callable, _state_home: Path
+) -> None:
     code, doc, err = check(cli, qb2)
     assert code == 0, err
     assert list(doc) == CHECK_KEYS
@@ -190,7 +179,7 @@ def test_world_openable_device_nodes_are_noted(qb2: Path, cli: Callable) -> None
     assert check(cli, qb2)[1]["notes"] == []
 
 
-def test_link_down(qb2: Path, cli: Callable) -> None:
+def test_down_links_are_an_error_whose_fix_is_a_reset(qb2: Path, cli: Callable) -> None:
     fault(cli, qb2, "link-down", C01, C03)
     code, doc, err = check(cli, qb2)
     assert code == 1 and doc["healthy"] is False
@@ -211,7 +200,7 @@ def test_link_down(qb2: Path, cli: Callable) -> None:
     assert lines[-1] == f"  fix: {reset_fix(qb2)}"
 
 
-def test_chip_dead(qb2: Path, cli: Callable) -> None:
+def test_a_frozen_heartbeat_and_its_down_links_are_errors(qb2: Path, cli: Callable) -> None:
     fault(cli, qb2, "chip-dead", C05)
     code, doc, _ = check(cli, qb2)
     assert code == 1
@@ -226,7 +215,9 @@ def test_chip_dead(qb2: Path, cli: Callable) -> None:
     assert {p["fix"] for p in errors(doc)} == {reset_fix(qb2)}
 
 
-def test_hold(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
+def test_check_names_the_pid_holding_a_chip_and_how_to_kill_it(
+    qb2: Path, cli: Callable, hold_pids: list[int]
+) -> None:
     pid = int(re.search(r"pid (\d+)", fault(cli, qb2, "hold", C07)).group(1))
     hold_pids.append(pid)
     code, doc, _ = check(cli, qb2)
@@ -294,7 +285,7 @@ def test_fabric_left_down_by_a_killed_job_then_reset(qb2: Path, cli: Callable) -
 # --------------------------------------------------------------------------- selection, input
 
 
-def test_chips_selection(qb2: Path, cli: Callable) -> None:
+def test_chips_limits_the_check_to_those_chips_and_their_links(qb2: Path, cli: Callable) -> None:
     fault(cli, qb2, "link-down", C05, C07)
     code, doc, _ = check(cli, qb2, "--chips", f"{C01},{C03.upper()}")
     assert code == 0  # their links are up; 05-07 is not theirs
@@ -312,7 +303,9 @@ def test_chips_selection(qb2: Path, cli: Callable) -> None:
         (",", r"--chips ',': no chip named"),
     ],
 )
-def test_bad_chips(qb2: Path, cli: Callable, chips: str, message: str) -> None:
+def test_bad_chips_are_refused_in_one_line_changing_nothing(
+    qb2: Path, cli: Callable, chips: str, message: str
+) -> None:
     before = (qb2 / core.STATE_FILE).read_bytes()
     res = cli("check", "--root", str(qb2), "--chips", chips)
     assert (res.code, res.out) == (2, "")
@@ -359,7 +352,9 @@ def _as_real(inv, links=None, chips=None):
     )
 
 
-def test_known_good_topology(qb2: Path, cli: Callable, tmp_path: Path) -> None:
+def test_the_known_good_topology_finds_links_and_chips_discovery_lost(
+    qb2: Path, cli: Callable, tmp_path: Path
+) -> None:
     store = tmp_path / "topology"
     inv = discover(Host(qb2))
     assert health.check(_as_real(inv), known_good_dir=False).recorded is None
@@ -408,7 +403,9 @@ def test_pair_with_fewer_links(qb2: Path, tmp_path: Path) -> None:
     assert health.check(inv).problems == []
 
 
-def test_preflight(qb2: Path, cli: Callable, hold_pids: list[int]) -> None:
+def test_preflight_reports_only_the_job_chips_and_spares_its_own_holders(
+    qb2: Path, cli: Callable, hold_pids: list[int]
+) -> None:
     host = Host(qb2)
     inv = discover(host)
     every = [c.asic_id for c in inv.chips]

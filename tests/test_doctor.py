@@ -6,14 +6,12 @@ point: exit codes, one-line errors, files written or not)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import signal
 import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +50,6 @@ def view(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def members(archive: Path) -> dict[str, tarfile.TarInfo]:
     with tarfile.open(archive) as tar:
         return {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
-
-
-@pytest.fixture
-def hold_pids() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- round trips
@@ -130,7 +118,7 @@ def test_archive_layout_and_manifest(qb2: Path, tmp_path: Path, cli: Callable) -
     assert len(smi["device_info"]) == 4
 
 
-def test_faults_recreated(
+def test_a_captured_hosts_faults_are_recreated_by_sim_create(
     make_sim: Callable[..., Path], tmp_path: Path, cli: Callable, hold_pids: list[int]
 ) -> None:
     """t3k: a link down, a dead chip, a chip (and the remote chip behind it) gone after a
@@ -227,7 +215,9 @@ def test_missing_or_failing_tt_smi_is_recorded(qb2: Path, tmp_path: Path, cli: C
     assert "tt-smi -s" in res.out  # said on the terminal too
 
 
-def test_capture_bad_input(qb2: Path, tmp_path: Path, cli: Callable) -> None:
+def test_bad_capture_paths_are_refused_in_one_line_keeping_what_exists(
+    qb2: Path, tmp_path: Path, cli: Callable
+) -> None:
     existing = tmp_path / "old.tar.gz"
     existing.write_bytes(b"keep me")
     cases = [
@@ -348,7 +338,9 @@ def test_hostile_archives_are_refused(kind: str, tmp_path: Path, cli: Callable) 
     assert not Path("/tmp/ttmesh-escaped").exists()
 
 
-def test_not_a_capture(tmp_path: Path, cli: Callable) -> None:
+def test_a_file_that_is_not_a_capture_is_refused_creating_nothing(
+    tmp_path: Path, cli: Callable
+) -> None:
     cases = {
         "text.tar.gz": b"hello",
         "no-manifest.tar.gz": None,

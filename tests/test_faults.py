@@ -7,25 +7,20 @@ the state file byte for byte as it was.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import scratch
-from conftest import stock_model as _model
 from conftest import until as _until
 
 from ttmesh.sim import core
-from ttmesh.sim.create import create
 
 # QuietBox 2: two p300 boards (01+03, 05+07) cabled as a ring: 01-03, 05-07, 03-07, 01-05.
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -35,13 +30,6 @@ BDFS = {C01, C03, C05, C07}
 # --------------------------------------------------------------------------- helpers
 
 until = functools.partial(_until, timeout=5.0)
-
-
-@pytest.fixture
-def qb2(tmp_path: Path) -> Iterator[Path]:
-    """A fresh QuietBox 2 (overrides conftest's: the same host, on a faster file system)."""
-    with scratch(tmp_path / "roots") as base:
-        yield create(_model("quietbox2"), base / "quietbox2", config={"reset_seconds": 0.0})
 
 
 class Sim:
@@ -317,23 +305,10 @@ def test_reset_hangs(sim: Sim) -> None:
 # --------------------------------------------------------------------------- hold
 
 
-@pytest.fixture
-def holders() -> Iterator[list[int]]:
-    """PIDs of hold processes a test started: killed (by PID) if a test leaves one behind."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if core.proc_start_time(pid) is not None:
-            with contextlib.suppress(OSError):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"ttmesh-sim-hold" in cmd:
-                    os.kill(pid, signal.SIGKILL)
-
-
-def test_hold_and_clear(sim: Sim, holders: list[int]) -> None:
+def test_hold_and_clear(sim: Sim, hold_pids: list[int]) -> None:
     res = sim.fault("hold", C07)
     pid = int(re.fullmatch(rf"hold: pid (\d+) holds {re.escape(C07)}\n", res.out).group(1))
-    holders.append(pid)
+    hold_pids.append(pid)
     chips = {c["bdf"]: c for c in sim.ls()["chips"]}
     assert [h["pid"] for h in chips[C07]["holders"]] == [pid]
     assert "ttmesh-sim-hold" in chips[C07]["holders"][0]["cmd"]
@@ -398,7 +373,7 @@ def test_bad_config_changes_nothing(sim: Sim, option: str, value: str) -> None:
     assert state_bytes(sim.root) == before
 
 
-def test_root_without_marker(sim: Sim) -> None:
+def test_a_root_without_the_sim_marker_is_refused_unchanged(sim: Sim) -> None:
     (sim.root / core.MARKER).unlink()
     before = state_bytes(sim.root)
     res = sim.cli("sim", "fault", "--root", str(sim.root), "chip-dead", C01)
@@ -413,7 +388,7 @@ def test_root_without_marker(sim: Sim) -> None:
 # --------------------------------------------------------------------------- clear and show
 
 
-def test_clear_removes_every_fault(sim: Sim, holders: list[int]) -> None:
+def test_clear_removes_every_fault(sim: Sim, hold_pids: list[int]) -> None:
     sim.fault("link-down", C05, C07)
     sim.fault("chip-dead", C03, "--permanent")
     sim.fault("reset-fails", "--times", "2")
@@ -423,7 +398,7 @@ def test_clear_removes_every_fault(sim: Sim, holders: list[int]) -> None:
     sim.fault("fw-mismatch", C05, "--version", "18.6.0.0")
     sim.fault("old-kmd")
     pid = int(re.search(r"pid (\d+)", sim.fault("hold", C01).out).group(1))
-    holders.append(pid)
+    hold_pids.append(pid)
     view = sim.show()
     assert view["faults"] == {
         "reset_fails": {"times": 2},

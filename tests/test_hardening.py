@@ -47,15 +47,6 @@ def record(job: str) -> dict | None:
 # --------------------------------------------------------------------------- ids and paths
 
 
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A runtime directory of the test's own (jobs and run directories go under it)."""
-    rt = tmp_path / "rt"
-    rt.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
-    return rt
-
-
 @pytest.mark.parametrize(
     "job_id", ["../../victim", "../victim", "a/b", "/abs/x", ".hidden", "", "x" * 65, "a b"]
 )
@@ -204,7 +195,7 @@ def test_a_command_that_starts_with_a_dash_goes_after_double_dash(qb2: Path) -> 
 
 
 @pytest.mark.parametrize("where", [["--version"], ["launch", "--version"], ["launch", "-V"]])
-def test_version(where: list[str]) -> None:
+def test_version_is_printed_by_ttmesh_and_by_launch(where: list[str]) -> None:
     from ttmesh import __version__
 
     res = run_cli(*where)

@@ -14,16 +14,14 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CAPTURES, run_cli
+from conftest import CAPTURES, TAG, run_cli, start_launch, wait_for
 
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.errors import TTMeshError
@@ -34,7 +32,6 @@ from ttmesh.mesh import layout, memory
 from ttmesh.mesh.layout import Block, Split
 from ttmesh.mesh.select import Selection, select
 
-TAG = "ttmesh-test-worker"
 QB2_BDFS = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 SYSTEMS = ["quietbox2", "t3k", "galaxy-wh"]
 # Worker counts tried per system (None: the layout's default).
@@ -411,46 +408,32 @@ while not os.path.exists(go):
 """
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_single_process_launch_runs_one_worker_on_four_chips(qb2: Path, tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WAITING_WORKER)
     out, go = tmp_path / "out", tmp_path / "go"
     out.mkdir()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ttmesh",
-            "launch",
-            "--root",
-            str(qb2),
-            "--mesh-layout",
-            "single-process",
-            "--tp-size",
-            "4",
-            "--symmetric-dram-mb",
-            "3072",
-            "--",
-            sys.executable,
-            str(script),
-            str(out),
-            str(go),
-            TAG,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_launch(
+        qb2,
+        "--mesh-layout",
+        "single-process",
+        "--tp-size",
+        "4",
+        "--symmetric-dram-mb",
+        "3072",
+        "--",
+        sys.executable,
+        str(script),
+        str(out),
+        str(go),
+        TAG,
     )
     try:
-        wait_for(lambda: (out / "started").exists() or proc.poll() is not None, "the worker")
+        wait_for(
+            lambda: (out / "started").exists() or proc.poll() is not None,
+            timeout=20.0,
+            what="the worker",
+        )
         assert proc.poll() is None, proc.communicate()
         # While it runs, every chip is leased by the job with the reservation recorded.
         res = run_cli("ls", "--json", "--root", str(qb2))
@@ -484,7 +467,7 @@ def test_single_process_launch_runs_one_worker_on_four_chips(qb2: Path, tmp_path
 # --------------------------------------------------------------------------- symmetric DRAM
 
 
-def test_memory_plan_rules() -> None:
+def test_memory_plan_defaults_to_2048_and_refuses_more_than_the_smallest_chip() -> None:
     assert memory.plan(None, [32768] * 4) == 2048
     assert memory.plan(31744, [32768] * 4) == 31744
     assert memory.plan(11264, [12288]) == 11264
@@ -721,7 +704,9 @@ def test_export_rank_binding_multi_mesh(qb2: Path, tmp_path: Path) -> None:
         (["--mesh-shape", "2by2"], "--mesh-shape"),
     ],
 )
-def test_descriptor_bad_input(qb2: Path, tmp_path: Path, args: list[str], needle: str) -> None:
+def test_bad_descriptor_options_are_refused_in_one_line_writing_nothing(
+    qb2: Path, tmp_path: Path, args: list[str], needle: str
+) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     res = run_cli("descriptor", "--root", str(qb2), *args, cwd=cwd)

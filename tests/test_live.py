@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TAG, TW, run_cli, wait_for, worker
+from conftest import TAG, TW, env_without, run_cli, wait_for, worker
 
 from ttmesh.cli.hosts import open_host
 from ttmesh.launcher.attempt import events
@@ -52,7 +52,7 @@ class Terminal:
     ) -> None:
         self.leader, follower = pty.openpty()
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
-        base = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR", "TERM")}
+        base = env_without("CI", "NO_COLOR", "TERM")
         self.proc = subprocess.Popen(
             argv,
             stdin=follower,

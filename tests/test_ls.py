@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CAPTURES, STOCK
+from conftest import CAPTURES, STOCK, env_without
 
 from ttmesh.host import clusterdesc
 from ttmesh.sim import system
@@ -47,7 +47,7 @@ def ls_json(
 
 
 @pytest.mark.parametrize("ls_json", ALL, indirect=True)
-def test_ls_json(ls_json: LsResult) -> None:
+def test_ls_json_reports_every_chip_as_the_system_models_it(ls_json: LsResult) -> None:
     model, root, data, err = ls_json
     assert f"simulated host: {root.resolve()}" in err.splitlines()
     assert data["schema"] == "ttmesh.ls/1"
@@ -287,7 +287,7 @@ def test_tables_are_drawn_on_a_terminal_plain_when_piped(qb2: Path) -> None:
     import sys
 
     argv = [sys.executable, "-m", "ttmesh", "ls", "--root", str(qb2)]
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    env = env_without("NO_COLOR", "TERM")
     piped = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert piped.returncode == 0
     assert "\x1b[" not in piped.stdout and "─" not in piped.stdout

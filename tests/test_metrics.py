@@ -19,21 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, start_launch, wait_for, worker
+from conftest import run_cli, start_launch, users_shell, wait_for, worker
 from prometheus_client.parser import text_string_to_metric_families
 from users import NEEDS_NOBODY, User, can_switch, users_fixture, world_dir  # noqa: F401
 
 HANG = 60.0  # seconds before a test gives up on an event
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A runtime directory of the test's own (job records go under it)."""
-    rt = tmp_path / "rt"
-    rt.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
-    return rt
 
 
 @contextlib.contextmanager
@@ -45,7 +36,7 @@ def serving(root: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+        env=users_shell(),
     )
     try:
         assert proc.stderr is not None

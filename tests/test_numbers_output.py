@@ -26,7 +26,7 @@ from pathlib import Path
 
 import click
 import pytest
-from conftest import REPO, run_cli, worker
+from conftest import REPO, env_without, run_cli, worker
 
 from ttmesh.sim import core
 
@@ -43,15 +43,6 @@ def one_line(err: str) -> str:
     lines = ttmesh_lines(err)
     assert len(lines) == 1 and lines[0].startswith("ttmesh: "), err
     return lines[0]
-
-
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A runtime directory of the test's own (jobs and run directories go under it)."""
-    rt = tmp_path / "rt"
-    rt.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
-    return rt
 
 
 # --------------------------------------------------------------------------- numbers: flags
@@ -308,7 +299,9 @@ def test_numbers_from_the_environment_are_named_by_their_variable(
         ('"nan"', "not a number"),
     ],
 )
-def test_rank_binding_numbers(qb2: Path, tmp_path: Path, value: str, problem: str) -> None:
+def test_rank_binding_ranks_that_are_not_small_whole_numbers_are_refused(
+    qb2: Path, tmp_path: Path, value: str, problem: str
+) -> None:
     """``rank: 1.5`` was rank 1, ``rank: 99999999999`` hung ttmesh counting the gap to it."""
     (tmp_path / "m.textproto").write_text("mesh {}\n")
     path = tmp_path / "b.yaml"
@@ -332,7 +325,7 @@ PY = [sys.executable, "-m", "ttmesh"]
 
 
 def _env(unbuffered: bool, **more: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "COLUMNS")}
+    env = env_without("PYTHONUNBUFFERED", "COLUMNS")
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
     return {**env, **more}
@@ -554,7 +547,7 @@ def test_ps_rows_fit_the_width(qb2: Path, runtime: Path) -> None:
                   "--", sys.executable, "-c", "pass", long)  # fmt: skip
     assert res.code == 0, res.err
     for columns, width in ((None, 160), ("100", 100)):
-        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        env = env_without("COLUMNS")
         if columns:
             env["COLUMNS"] = columns
         proc = subprocess.run([*PY, "ps", "--all"], capture_output=True, text=True, env=env)

@@ -159,7 +159,9 @@ def _check(user: User, name: str, kind: str, res: subprocess.CompletedProcess[st
 
 @pytest.mark.parametrize("who", ["root", "nobody"])
 @pytest.mark.parametrize(("name", "argv"), CASES, ids=[c[0] for c in CASES])
-def test_path_option(users: dict[str, User], who: str, name: str, argv: list[str]) -> None:
+def test_path_options_take_every_kind_of_path_without_a_traceback(
+    users: dict[str, User], who: str, name: str, argv: list[str]
+) -> None:
     if who not in users:
         pytest.skip(NEEDS_NOBODY)
     user = users[who]

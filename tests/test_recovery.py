@@ -131,7 +131,7 @@ def test_ready_timeout_catches_a_rank_that_never_gets_ready(qb2: Path, tmp_path:
     assert res.err.strip().splitlines()[-1].startswith("ttmesh: exit 124: hung in bring-up")
 
 
-def test_ready_pattern(qb2: Path) -> None:
+def test_ready_pattern_marks_the_job_ready_and_bad_values_are_refused(qb2: Path) -> None:
     res = run_cli(
         "launch",
         "--root",

@@ -14,13 +14,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from conftest import start_launch, worker
 from conftest import until as _until
 
 from ttmesh import procs
@@ -34,9 +34,6 @@ ME = procs.user_name(os.getuid())  # how ttmesh names this user
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 QB2 = [C01, C03, C05, C07]
-REPO = Path(__file__).resolve().parent.parent
-TW = str(REPO / "tests" / "workers" / "tw.py")
-TAG = "ttmesh-test-worker"
 RESET_KEYS = ["schema", "recovered", "chips", "attempts", "problems"]
 CHIP_KEYS = ["bdf", "asic_id", "before", "after", "dev_before", "dev_after"]
 
@@ -85,16 +82,6 @@ def link_states(root: Path) -> set[str]:
     from ttmesh.fabric import links
 
     return {s.state for s in links.observe(discover(Host(root)))}
-
-
-@pytest.fixture
-def hold_pids() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 def hold(cli: Callable, root: Path, bdf: str, pids: list[int]) -> int:
@@ -316,15 +303,10 @@ def test_chip_leased_by_another_job(qb2: Path, cli: Callable) -> None:
 def test_running_job_is_never_stopped(qb2: Path, cli: Callable, tmp_path: Path) -> None:
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    job = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "2"),
-            *("--job-id", "busy-job", "--", sys.executable, TW, TAG, f"pids={pids_dir}"),
-        ],
+    job = start_launch(
+        qb2, "--tp-size", "2", "--job-id", "busy-job", *worker(f"pids={pids_dir}"),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    )  # fmt: skip
     try:
         assert until(lambda: len(list(pids_dir.glob("*.pid"))) == 2, timeout=20), job.stderr
         workers = [int(p.read_text()) for p in pids_dir.glob("*.pid")]
@@ -370,7 +352,7 @@ def test_bad_input_changes_nothing(qb2: Path, cli: Callable, args: list[str], me
     assert (qb2 / core.STATE_FILE).read_bytes() == before
 
 
-def test_missing_tt_smi(qb2: Path, cli: Callable) -> None:
+def test_reset_without_tt_smi_is_refused_saying_how_to_install_it(qb2: Path, cli: Callable) -> None:
     (qb2 / "bin" / "tt-smi").unlink()
     before = (qb2 / core.STATE_FILE).read_bytes()
     env = {"PATH": "/usr/bin:/bin"}

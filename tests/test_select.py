@@ -16,7 +16,7 @@ import os
 import re
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,41 +123,15 @@ def refusal(call: Callable[[], object]) -> TTMeshError:
     return info.value
 
 
-@pytest.fixture
-def holders() -> Iterator[list[int]]:
-    """PIDs of `sim fault hold` processes a test started; killed by PID afterwards."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if b"ttmesh-sim-hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Read-only simulated hosts, built once per module (tests that inject faults use their own)."""
-    from ttmesh.sim.create import create
-    from ttmesh.sim.system import load
-
-    base = tmp_path_factory.mktemp("select-hosts")
-    roots: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in roots:
-            roots[name] = create(load(name), base / name, config={"reset_seconds": 0.0})
-        return roots[name]
-
-    return get
-
-
 # --------------------------------------------------------------------------- whole systems
 
 
 @pytest.mark.parametrize("name", STOCK)
-def test_default_selection_of_every_stock_system(name: str, shared: Callable[[str], Path]) -> None:
+def test_default_selection_of_every_stock_system(
+    name: str, shared_sim: Callable[[str], Path]
+) -> None:
     shape, channels, dim_types = EXPECTED[name]
-    inv = inventory(shared(name))
+    inv = inventory(shared_sim(name))
     # The simulator's links are the capture's (else the checks below would prove nothing).
     seen = Counter(frozenset((lk.a, lk.b)) for lk in inv.links)
     assert seen == capture_links(name)
@@ -222,10 +196,10 @@ def test_galaxy_bh_capture_is_a_torus_and_galaxy_wh_is_not() -> None:
     ],
 )
 def test_default_shape_is_the_squarest(
-    name: str, n: int, shape: tuple[int, int], shared: Callable[[str], Path]
+    name: str, n: int, shape: tuple[int, int], shared_sim: Callable[[str], Path]
 ) -> None:
     """Issue 5: 2x2 for 4 on a QB2, 2x4 for 8 on a Galaxy, 8x4 for the whole Galaxy."""
-    sel = select(inventory(shared(name)), n)
+    sel = select(inventory(shared_sim(name)), n)
     assert_connected_mesh(name, sel, shape)
     order = sel.chips
     for a, b in itertools.pairwise(order):
@@ -260,17 +234,17 @@ def test_pair_on_quietbox2_stays_on_one_board_around_an_unavailable_chip(qb2: Pa
     assert len({inv.chip(a).board_id for a in sel.chips}) == 1
 
 
-def test_pair_prefers_more_links(shared: Callable[[str], Path]) -> None:
+def test_pair_prefers_more_links(shared_sim: Callable[[str], Path]) -> None:
     """The BH galaxy has two pairs with 4 links among 66 with 2: N=2 takes a 4-link pair."""
-    inv = inventory(shared("galaxy-bh"))
+    inv = inventory(shared_sim("galaxy-bh"))
     sel = select(inv, 2)
     a, b = sel.chips
     assert links("galaxy-bh", a, b) == 4
     assert sel.channels == 4
 
 
-def test_pair_on_t3k_is_one_n300_board(shared: Callable[[str], Path]) -> None:
-    inv = inventory(shared("t3k"))
+def test_pair_on_t3k_is_one_n300_board(shared_sim: Callable[[str], Path]) -> None:
+    inv = inventory(shared_sim("t3k"))
     sel = select(inv, 2)
     assert_connected_mesh("t3k", sel, (1, 2))
     assert len(sel.units) == 1 and sorted(sel.units[0].chips) == sorted(sel.chips)
@@ -292,10 +266,10 @@ def test_dead_chip_is_avoided(qb2: Path) -> None:
     assert "only 3 of 4 chips are free" in str(err) and "dead 1" in str(err)
 
 
-def test_held_chip_is_avoided(qb2: Path, holders: list[int]) -> None:
+def test_held_chip_is_avoided(qb2: Path, hold_pids: list[int]) -> None:
     out = fault(qb2, "hold", C05)
     pid = int(re.fullmatch(rf"hold: pid (\d+) holds {re.escape(C05)}\n", out).group(1))
-    holders.append(pid)
+    hold_pids.append(pid)
     inv = inventory(qb2)
     why, who = unavailable_chips(inv)
     c05 = inv.by_bdf()[C05].asic_id
@@ -307,7 +281,7 @@ def test_held_chip_is_avoided(qb2: Path, holders: list[int]) -> None:
     sel1 = select(inv, 1, unavailable=why)
     assert bdfs(inv, sel1) == {C01}
     os.kill(pid, signal.SIGKILL)
-    holders.remove(pid)
+    hold_pids.remove(pid)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
 
@@ -338,8 +312,8 @@ def test_two_unavailable_chips_leave_no_linked_pair(qb2: Path) -> None:
     assert bdfs(inv, select(inv, 1, unavailable=unavailable)) == {C03}
 
 
-def test_two_jobs_on_one_galaxy_get_disjoint_meshes(shared: Callable[[str], Path]) -> None:
-    inv = inventory(shared("galaxy-wh"))
+def test_two_jobs_on_one_galaxy_get_disjoint_meshes(shared_sim: Callable[[str], Path]) -> None:
+    inv = inventory(shared_sim("galaxy-wh"))
     first = select(inv, 8)
     assert_connected_mesh("galaxy-wh", first, (2, 4))
     taken = {a: "leased" for a in first.chips}
@@ -358,10 +332,10 @@ def test_two_jobs_on_one_galaxy_get_disjoint_meshes(shared: Callable[[str], Path
         )
 
 
-def test_enough_free_chips_but_no_mesh_is_refused(shared: Callable[[str], Path]) -> None:
+def test_enough_free_chips_but_no_mesh_is_refused(shared_sim: Callable[[str], Path]) -> None:
     """Another job holds the galaxy's middle rows 3-4: 24 chips are free, in two 3x4 slabs, so
     a 4x4 mesh (16 chips) does not exist although enough chips are free; a 3x4 slab does."""
-    inv = inventory(shared("galaxy-wh"))
+    inv = inventory(shared_sim("galaxy-wh"))
     whole = select(inv, 32)
     middle = {whole.grid[(r, c)]: "leased" for r in (3, 4) for c in range(4)}
     err = refusal(lambda: select(inv, 16, unavailable=middle))
@@ -386,8 +360,8 @@ def test_shape_that_does_not_fit_quietbox2(qb2: Path) -> None:
     assert "tp-size 8" in str(err)
 
 
-def test_shapes_that_do_not_fit_a_galaxy(shared: Callable[[str], Path]) -> None:
-    inv = inventory(shared("galaxy-wh"))
+def test_shapes_that_do_not_fit_a_galaxy(shared_sim: Callable[[str], Path]) -> None:
+    inv = inventory(shared_sim("galaxy-wh"))
     possible = (
         "1x1, 1x2, 1x4, 2x2, 1x6, 2x3, 1x8, 2x4, 1x10, 2x5, 1x12, 2x6, 3x4, 1x14, 2x7, 1x16, 2x8, "
         "4x4, 1x18, 3x6, 1x20, 4x5, 1x22, 1x24, 3x8, 4x6, 1x26, 1x28, 4x7, 1x30, 1x32, 4x8"
@@ -400,7 +374,7 @@ def test_shapes_that_do_not_fit_a_galaxy(shared: Callable[[str], Path]) -> None:
     # are both odd (except 1x1); the Blackhole Galaxy takes it.
     err = refusal(lambda: select(inv, 9, shape=(3, 3)))
     assert "both odd" in str(err), err
-    bh = inventory(shared("galaxy-bh"))
+    bh = inventory(shared_sim("galaxy-bh"))
     assert_connected_mesh("galaxy-bh", select(bh, 9, shape=(3, 3)), (3, 3))
 
 
@@ -414,9 +388,9 @@ def test_shapes_that_do_not_fit_a_galaxy(shared: Callable[[str], Path]) -> None:
     ],
 )
 def test_impossible_size_lists_what_is_possible(
-    name: str, n: int, possible: str, shared: Callable[[str], Path]
+    name: str, n: int, possible: str, shared_sim: Callable[[str], Path]
 ) -> None:
-    inv = inventory(shared(name))
+    inv = inventory(shared_sim(name))
     err = refusal(lambda: select(inv, n))
     assert str(err).startswith(f"tp-size {n}: "), err
     assert f"possible shapes: {possible}" in str(err), err
@@ -463,11 +437,11 @@ def test_explicit_chips_not_connected_name_the_missing_link(qb2: Path) -> None:
     ],
 )
 def test_lines_of_serving_stacks_are_accepted(
-    name: str, shape: tuple[int, int], dim_types: tuple[str, str], shared: Callable[[str], Path]
+    name: str, shape: tuple[int, int], dim_types: tuple[str, str], shared_sim: Callable[[str], Path]
 ) -> None:
     """Issue 10: 1x4 on a QuietBox 2 or four p150s, 1x8 on a T3K or eight p150s; a dimension
     is RING where the chips close one, and channels count the wrap-around pair too."""
-    inv = inventory(shared(name))
+    inv = inventory(shared_sim(name))
     sel = select(inv, shape[0] * shape[1], shape=shape)
     assert_connected_mesh(name, sel, shape)
     assert sel.dim_types == dim_types
@@ -561,14 +535,14 @@ def test_the_weakest_pair_is_avoided_before_rings_are_sought(tmp_path: Path) -> 
     assert min(line.pair_links.values()) == 2
 
 
-def test_galaxy_shapes_are_decided_fast(shared: Callable[[str], Path]) -> None:
+def test_galaxy_shapes_are_decided_fast(shared_sim: Callable[[str], Path]) -> None:
     """A Galaxy's possible shapes, and its hardest shapes (per row count, the widest that
     fits and the narrowest that does not: the refusal is a complete search), are each
     decided well under a second."""
     import time
 
     for name in ("galaxy-wh", "galaxy-bh"):
-        inv = inventory(shared(name))
+        inv = inventory(shared_sim(name))
         start = time.perf_counter()
         shapes = meshselect.possible_shapes(inv)
         slowest = time.perf_counter() - start

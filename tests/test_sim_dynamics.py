@@ -19,13 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import scratch
-from conftest import stock_model as _model
 from conftest import until as _until
 
 from ttmesh.cli.hosts import open_host as Host
 from ttmesh.sim import core
-from ttmesh.sim.create import create
 
 A, B = "0000:01:00.0", "0000:03:00.0"  # QuietBox 2: linked by two links (one p300)
 WORKER_TAG = "ttmesh-test-worker"  # conftest reports any such process left behind
@@ -51,23 +48,6 @@ if mode == "clean":
 # --------------------------------------------------------------------------- helpers
 
 until = functools.partial(_until, timeout=3.0)
-
-
-@pytest.fixture
-def fresh(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    with scratch(tmp_path / "roots") as base:
-
-        def build(name: str) -> Path:
-            create(_model(name), base / name, config={"reset_seconds": 0.0})
-            return base / name
-
-        yield build
-
-
-@pytest.fixture
-def qb2(fresh: Callable[[str], Path]) -> Path:
-    """A fresh QuietBox 2 (overrides conftest's: the same host, on a faster file system)."""
-    return fresh("quietbox2")
 
 
 @pytest.fixture
@@ -204,8 +184,10 @@ def test_heartbeat_freezes_when_chip_dies_and_resumes_after_reset(qb2: Path, cli
     assert until(lambda: beat(host, dead) > frozen)
 
 
-def test_remote_chip_heartbeat(fresh: Callable[[str], Path], cli: Callable) -> None:
-    root = fresh("n300")
+def test_a_remote_chip_heartbeat_beats_freezes_and_resets_with_its_pci_chip(
+    make_sim: Callable[..., Path], cli: Callable
+) -> None:
+    root = make_sim("n300")
     host = Host(root)
     right = next(
         core.asic_hex(c["unique_id"]) for c in core.SimRoot(str(root)).chips() if not c["bdf"]

@@ -32,15 +32,6 @@ HOSTILE_LINE = "a" * 48 + "!"
 USERS_SHELL = {"PYTHONUNBUFFERED": ""}
 
 
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A runtime directory of the test's own (job records, run directories)."""
-    rt = tmp_path / "rt"
-    rt.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rt))
-    return rt
-
-
 def _tree(pid: int) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         me = psutil.Process(pid)

@@ -320,7 +320,9 @@ def test_missing_system_file(tmp_path: Path) -> None:
         ("name: x\nboards: []\n", "missing 'chips'"),
     ],
 )
-def test_malformed_yaml(text: str, expected: str, tmp_path: Path) -> None:
+def test_a_malformed_system_file_is_refused_naming_it(
+    text: str, expected: str, tmp_path: Path
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(TTMeshError) as info:

@@ -17,16 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, start_launch, users_shell
 
 from ttmesh.launcher.attempt import failures
-
-
-def env_without(*keys: str, **extra: str) -> dict[str, str]:
-    """ttmesh's environment as a user's shell has it: no PYTHONUNBUFFERED (unless given)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", *keys)}
-    env.update(extra)
-    return env
 
 
 def launch(
@@ -65,13 +58,7 @@ def test_a_ranks_print_arrives_while_it_runs(qb2: Path, tmp_path: Path) -> None:
         "    time.sleep(0.05)\n"
         "sys.exit(9)\n",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "1", worker],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env_without(),
-    )
+    proc = start_launch(qb2, "--tp-size", "1", worker, unset=("PYTHONUNBUFFERED",))
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -100,7 +87,7 @@ def test_a_sigkilled_rank_keeps_its_last_lines(qb2: Path, tmp_path: Path, how: s
         "python-after-dashes": ["--", sys.executable, str(tmp_path / "killme.py")],
         "module": ["-m", "killme"],
     }[how]
-    env = env_without(PYTHONPATH=str(tmp_path))
+    env = users_shell(PYTHONPATH=str(tmp_path))
     res = launch(qb2, "--tp-size", "1", *command, env=env)
     assert res.returncode == 137, res.stderr
     assert res.stdout.splitlines() == ["[r0] step 1", "[r0] step 2: about to be killed"], res
@@ -110,14 +97,14 @@ def test_the_users_own_pythonunbuffered_is_kept(qb2: Path, tmp_path: Path) -> No
     """Set by the user (even empty, in the shell or with --env): left as it is."""
     probe = ["--", sys.executable, "-c",
              "import os; print(repr(os.environ.get('PYTHONUNBUFFERED')))"]  # fmt: skip
-    res = launch(qb2, "--tp-size", "1", *probe, env=env_without())
+    res = launch(qb2, "--tp-size", "1", *probe, env=users_shell())
     assert res.stdout == "[r0] '1'\n", res.stderr
-    res = launch(qb2, "--tp-size", "1", *probe, env=env_without(PYTHONUNBUFFERED=""))
+    res = launch(qb2, "--tp-size", "1", *probe, env=users_shell(PYTHONUNBUFFERED=""))
     assert res.stdout == "[r0] ''\n", res.stderr
-    res = launch(qb2, "--tp-size", "1", "--env", "PYTHONUNBUFFERED=x", *probe, env=env_without())
+    res = launch(qb2, "--tp-size", "1", "--env", "PYTHONUNBUFFERED=x", *probe, env=users_shell())
     assert res.stdout == "[r0] 'x'\n", res.stderr
     # The dry run says so: ttmesh adds it.
-    res = launch(qb2, "--tp-size", "1", "--dry-run", "--json", *probe, env=env_without())
+    res = launch(qb2, "--tp-size", "1", "--dry-run", "--json", *probe, env=users_shell())
     assert json.loads(res.stdout)["ranks"][0]["env"]["PYTHONUNBUFFERED"] == "1", res.stderr
 
 
@@ -129,7 +116,7 @@ def test_torchruns_line_prefix_template(qb2: Path, tmp_path: Path) -> None:
     res = launch(qb2, "--tp-size", "2", "--", sys.executable, "-c",
                  "import os, sys; print('out', os.environ['RANK']); "
                  "print('err', os.environ['RANK'], file=sys.stderr)",
-                 env=env_without(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=template))  # fmt: skip
+                 env=users_shell(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=template))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == [
         "[rank0|0|default|$unknown]: out 0",
@@ -161,7 +148,7 @@ def test_redirects_both_streams_to_torchruns_layout(qb2: Path, tmp_path: Path) -
     logs = tmp_path / "logs"
     worker = script(tmp_path, "say.py", SAY)
     res = launch(qb2, "--tp-size", "2", "--job-id", "myjob", "-r", "3", "--log-dir", str(logs),
-                 worker, "0", env=env_without())  # fmt: skip
+                 worker, "0", env=users_shell())  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
     assert "out of" not in res.stderr and "err of" not in res.stderr
@@ -180,7 +167,7 @@ def test_per_rank_redirects_and_tee(qb2: Path, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     worker = script(tmp_path, "say.py", SAY)
     res = launch(qb2, "--tp-size", "2", "--job-id", "j", "--redirects", "0:1,1:2",
-                 "--log-dir", str(logs), worker, "0", env=env_without())  # fmt: skip
+                 "--log-dir", str(logs), worker, "0", env=users_shell())  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["[r1] out of 1 attempt 0"]
     assert "[r0] err of 0" in res.stderr and "err of 1" not in res.stderr
@@ -188,7 +175,7 @@ def test_per_rank_redirects_and_tee(qb2: Path, tmp_path: Path) -> None:
     assert (base / "0" / "stdout.log").read_text() == "out of 0 attempt 0\n"
     assert (base / "1" / "stderr.log").read_text() == "err of 1\n"
     res = launch(qb2, "--tp-size", "2", "-r", "0:1,1:2", "-t", "1:3", "--log-dir",
-                 str(tmp_path / "l2"), worker, "0", env=env_without())  # fmt: skip
+                 str(tmp_path / "l2"), worker, "0", env=users_shell())  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["[r1] out of 1 attempt 0"]
     assert "[r1] err of 1" in res.stderr and "err of 0" in res.stderr
@@ -198,7 +185,7 @@ def test_a_restart_is_the_next_attempt_dir(qb2: Path, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     worker = script(tmp_path, "say.py", SAY)
     res = launch(qb2, "--tp-size", "2", "--job-id", "rj", "--max-restarts", "1", "--tee", "3",
-                 "--log-dir", str(logs), worker, "5", env=env_without())  # fmt: skip
+                 "--log-dir", str(logs), worker, "5", env=users_shell())  # fmt: skip
     assert res.returncode == 0, res.stderr
     base = run_dir(logs, "rj")
     assert sorted(p.name for p in base.iterdir()) == ["attempt_0", "attempt_1"]
@@ -214,7 +201,7 @@ def test_redirects_without_a_log_dir_go_to_a_temporary_one(qb2: Path, tmp_path: 
     tmp.mkdir()
     worker = script(tmp_path, "say.py", SAY)
     res = launch(qb2, "--tp-size", "1", "--job-id", "t", "--redirects", "1", worker, "0",
-                 env=env_without(TMPDIR=str(tmp)))  # fmt: skip
+                 env=users_shell(TMPDIR=str(tmp)))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
     (base,) = tmp.glob("torchelastic_*/t_*")
@@ -226,7 +213,7 @@ def test_local_ranks_filter_keeps_the_files_whole(qb2: Path, tmp_path: Path) -> 
     logs = tmp_path / "logs"
     worker = script(tmp_path, "say.py", SAY)
     res = launch(qb2, "--tp-size", "2", "--job-id", "f", "--local_ranks_filter", "1", "--tee",
-                 "3", "--log-dir", str(logs), worker, "0", env=env_without())  # fmt: skip
+                 "3", "--log-dir", str(logs), worker, "0", env=users_shell())  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["[r1] out of 1 attempt 0"]
     base = run_dir(logs, "f") / "attempt_0"
@@ -248,7 +235,7 @@ def test_bad_log_flags_are_one_line(
     qb2: Path, tmp_path: Path, args: list[str], needle: str
 ) -> None:
     logs = tmp_path / "logs"
-    res = launch(qb2, "--tp-size", "1", *args, "--log-dir", str(logs), "true", env=env_without())
+    res = launch(qb2, "--tp-size", "1", *args, "--log-dir", str(logs), "true", env=users_shell())
     assert res.returncode == 2, res.stderr
     said = [ln for ln in res.stderr.splitlines() if not ln.startswith("simulated host:")]
     assert len(said) == 1 and needle in said[0], res.stderr
@@ -271,7 +258,7 @@ def test_the_gloo_teardown_abort_is_explained(qb2: Path, tmp_path: Path) -> None
         "sys.stderr.flush()\n"
         "os.abort()\n",
     )
-    res = launch(qb2, "--tp-size", "2", "--summary-json", str(out), worker, env=env_without())
+    res = launch(qb2, "--tp-size", "2", "--summary-json", str(out), worker, env=users_shell())
     assert res.returncode == 134, res.stderr
     entry = next(e for e in failures.table() if e.id == "gloo-teardown")
     assert "destroy_process_group()" in entry.fix
@@ -334,7 +321,7 @@ def test_a_log_dir_link_another_user_planted_is_refused(qb2: Path, tmp_path: Pat
     link = shared / "logs"
     link.symlink_to(target)
     os.lchown(link, nobody.pw_uid, nobody.pw_gid)
-    res = launch(qb2, "--tp-size", "1", "--log-dir", str(link), "--", "true", env=env_without())
+    res = launch(qb2, "--tp-size", "1", "--log-dir", str(link), "--", "true", env=users_shell())
     assert res.returncode == 2, res.stderr
     assert f"--log-dir {link} is a symbolic link owned by nobody" in res.stderr
     assert list(target.iterdir()) == []
@@ -354,7 +341,7 @@ def test_a_ranks_error_file_is_kept_in_torchruns_layout(qb2: Path, tmp_path: Pat
         "    sys.exit(1)\n",
     )
     res = launch(qb2, "--tp-size", "2", "--job-id", "e", "--log-dir", str(logs), worker,
-                 env=env_without())  # fmt: skip
+                 env=users_shell())  # fmt: skip
     assert res.returncode == 1, res.stderr
     assert "rank 0 raised ValueError: bad batch 17" in res.stderr
     base = run_dir(logs, "e") / "attempt_0"
@@ -376,6 +363,6 @@ def test_an_error_file_that_is_no_file_is_not_copied(qb2: Path, tmp_path: Path, 
     logs = tmp_path / "logs"
     res = launch(qb2, "--tp-size", "1", "--job-id", "x", "--log-dir", str(logs), "--",
                  sys.executable, "-c", f"import os, sys; {make}; sys.exit(1)",
-                 env=env_without())  # fmt: skip
+                 env=users_shell())  # fmt: skip
     assert res.returncode == 1, res.stderr
     assert not (run_dir(logs, "x") / "attempt_0" / "0" / "error.json").exists()

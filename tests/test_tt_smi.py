@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import scratch
+from conftest import env_without, scratch
 from conftest import stock_model as _model
 
 from ttmesh.cli.hosts import open_host as Host
@@ -75,7 +75,7 @@ def smi(
     """
     work.mkdir(parents=True, exist_ok=True)
     before = _tree(work)
-    full = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    full = env_without("COLUMNS", "LINES")
     full.update({"HOME": str(work), **(env or {})})
     if fast:
         full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", "")
@@ -110,42 +110,10 @@ def work(tmp_path: Path) -> Path:
     return path
 
 
-def build(root: Path, name: str) -> Path:
-    """A simulated host whose resets take no time (as conftest's make_sim, with models cached)."""
-    create(_model(name), root, config={"reset_seconds": 0.0})
-    return root
-
-
 @pytest.fixture
-def fresh(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    with scratch(tmp_path / "roots") as base:
-        yield lambda name: build(base / name, name)
-
-
-@pytest.fixture
-def qb2(fresh: Callable[[str], Path]) -> Path:
-    """A fresh QuietBox 2 (overrides conftest's: the same host, on a faster file system)."""
-    return fresh("quietbox2")
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
-    """Roots shared by the tests that only read them (one per system and module)."""
-    roots: dict[str, Path] = {}
-    with scratch(tmp_path_factory.mktemp("shared")) as base:
-
-        def get(name: str) -> Path:
-            if name not in roots:
-                roots[name] = build(base / name, name)
-            return roots[name]
-
-        yield get
-
-
-@pytest.fixture
-def ro(shared: Callable[[str], Path]) -> Iterator[Path]:
+def ro(shared_sim: Callable[[str], Path]) -> Iterator[Path]:
     """The shared QuietBox 2; the test must leave its state file as it found it."""
-    root = shared("quietbox2")
+    root = shared_sim("quietbox2")
     before = (root / core.STATE_FILE).read_bytes()
     yield root
     assert (root / core.STATE_FILE).read_bytes() == before
@@ -154,7 +122,7 @@ def ro(shared: Callable[[str], Path]) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def no_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with scratch(tmp_path_factory.mktemp("nodriver")) as base:
-        root = build(base / "quietbox2", "quietbox2")
+        root = create(_model("quietbox2"), base / "quietbox2", config={"reset_seconds": 0.0})
         (root / "sys/module/tenstorrent/version").unlink()
         kill_all(root)
         yield root
@@ -206,7 +174,7 @@ def ls_links(cli: Callable, root: Path) -> dict[frozenset, str]:
 
 
 @pytest.mark.parametrize("flag", ["-v", "--version"])
-def test_version(ro: Path, work: Path, flag: str) -> None:
+def test_version_flags_print_the_version_only(ro: Path, work: Path, flag: str) -> None:
     run = smi(ro, flag, work=work)
     assert (run.code, run.out, run.err, run.files) == (0, "6.8.0\n", "", [])
 
@@ -218,7 +186,9 @@ def test_unknown_option_prints_usage_on_stderr(ro: Path, work: Path) -> None:
     assert run.err == USAGE + "tt-smi: error: unrecognized arguments: --bogus\n"
 
 
-def test_ambiguous_abbreviation(ro: Path, work: Path) -> None:
+def test_an_ambiguous_abbreviation_is_a_usage_error_naming_the_matches(
+    ro: Path, work: Path
+) -> None:
     run = smi(ro, "--snap", work=work)
     assert run.code == 2
     assert run.out == ""
@@ -253,7 +223,7 @@ def test_runs_without_ttmesh_installed(ro: Path, work: Path, tmp_path: Path) -> 
     assert len(snapshot(run)["device_info"]) == 4
 
 
-def test_list(ro: Path, work: Path) -> None:
+def test_list_shows_each_device_index_beside_its_bdf(ro: Path, work: Path) -> None:
     run = smi(ro, "-ls", work=work)
     assert run.code == 0
     assert run.err == ""
@@ -268,7 +238,7 @@ def test_list(ro: Path, work: Path) -> None:
 # --------------------------------------------------------------------------- snapshot
 
 
-def test_snapshot_shape_quietbox2(ro: Path, work: Path) -> None:
+def test_snapshot_of_a_quietbox2_has_tt_smis_shape(ro: Path, work: Path) -> None:
     t0 = datetime.datetime.now()
     run = smi(ro, "-s", work=work)
     t1 = datetime.datetime.now()
@@ -362,9 +332,9 @@ def test_snapshot_eth_live_status_matches_links(qb2: Path, work: Path, cli: Call
     ],
 )
 def test_snapshot_board_types_and_remote_chips(
-    shared: Callable, work: Path, system_name: str, types: list[str]
+    shared_sim: Callable, work: Path, system_name: str, types: list[str]
 ) -> None:
-    root = shared(system_name)
+    root = shared_sim(system_name)
     doc = snapshot(smi(root, "-s", work=work))
     chips = chips_by_id(root)
     assert [d["board_info"]["board_type"] for d in doc["device_info"]] == types
@@ -381,10 +351,10 @@ def test_snapshot_board_types_and_remote_chips(
 
 @pytest.mark.parametrize("system_name", ["t3k", "quietbox2"])
 def test_snapshot_fields_follow_raw_telemetry(
-    shared: Callable, work: Path, system_name: str
+    shared_sim: Callable, work: Path, system_name: str
 ) -> None:
     """Derived fields are computed from smbus_telem as tt-smi 6.8.0 computes them."""
-    root = shared(system_name)
+    root = shared_sim(system_name)
     doc = snapshot(smi(root, "-s", work=work))
     upi_names = {0x14: "n300", 0x18: "n150", 0x46: "p300c", 0x45: "p300a", 0x40: "p150a"}
     for dev in doc["device_info"]:
@@ -423,9 +393,9 @@ def test_snapshot_fields_follow_raw_telemetry(
             assert info["dram_speed"] == ("16G" if speed % 1000 == 0 else str(speed))
 
 
-def test_snapshot_agrees_with_sysfs(shared: Callable, work: Path) -> None:
+def test_snapshot_agrees_with_sysfs(shared_sim: Callable, work: Path) -> None:
     for name, divisor in (("quietbox2", 6), ("t3k", 5)):
-        root = shared(name)
+        root = shared_sim(name)
         host = Host(root)
         devs = host.dev_indexes()
         before = {n: int(host.attr(n, "tt_heartbeat")) for n in devs}
@@ -521,7 +491,7 @@ def test_snapshot_no_tty_flag(ro: Path, work: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [["-r"], ["-r", "all"], ["--reset", "ALL"], ["-r", ",all,"]])
-def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
+def test_reset_all_revives_every_device(qb2: Path, work: Path, args: list[str]) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -552,7 +522,9 @@ def test_reset_all(qb2: Path, work: Path, args: list[str]) -> None:
         (["-r", "2,9"], "Resetting UMD logical IDs: [2, 9]", ["0000:05:00.0"]),
     ],
 )
-def test_reset_targets(qb2: Path, work: Path, args: list[str], line: str, reset: list[str]) -> None:
+def test_reset_targets_revive_only_the_devices_named(
+    qb2: Path, work: Path, args: list[str], line: str, reset: list[str]
+) -> None:
     kill_all(qb2)
     run = smi(qb2, *args, work=work)
     assert (run.code, run.err, run.files) == (0, "", [])
@@ -594,8 +566,8 @@ def test_reset_honours_visible_devices(
     assert alive_bdfs(qb2) == reset
 
 
-def test_reset_upper_case_bdf_matches_nothing(fresh: Callable, work: Path) -> None:
-    root = fresh("p150x4")  # has 0000:c1:00.0
+def test_reset_upper_case_bdf_matches_nothing(make_sim: Callable, work: Path) -> None:
+    root = make_sim("p150x4")  # has 0000:c1:00.0
     all_bdfs = {c["bdf"] for c in system(root)["chips"]}
     kill_all(root)
     run = smi(root, "-r", "0000:C1:00.0", work=work)
@@ -607,7 +579,7 @@ def test_reset_upper_case_bdf_matches_nothing(fresh: Callable, work: Path) -> No
     assert alive_bdfs(root) == {"0000:c1:00.0"}
 
 
-def test_reset_no_reinit(qb2: Path, work: Path) -> None:
+def test_reset_no_reinit_resets_without_reinitialising(qb2: Path, work: Path) -> None:
     kill_all(qb2)
     run = smi(qb2, "-r", "0000:03:00.0", "--no_reinit", work=work)
     assert (run.code, run.err) == (0, "")
@@ -639,13 +611,15 @@ def test_reset_no_reinit(qb2: Path, work: Path) -> None:
         ),
     ],
 )
-def test_reset_bad_targets(ro: Path, work: Path, args: list[str], message: str) -> None:
+def test_bad_reset_targets_fail_in_red_resetting_nothing(
+    ro: Path, work: Path, args: list[str], message: str
+) -> None:
     run = smi(ro, *args, work=work)  # ro: the state file is checked to be unchanged
     assert (run.code, run.out, run.err, run.files) == (1, f"{RED} {message} {ENDC}\n", "", [])
 
 
-def test_galaxy_reset_sequence(fresh: Callable, work: Path) -> None:
-    root = fresh("galaxy-wh")
+def test_galaxy_reset_sequence(make_sim: Callable, work: Path) -> None:
+    root = make_sim("galaxy-wh")
     n = len(Host(root).dev_indexes())
     assert n == 32
     wait = f"{YELLOW}Waiting for 30 seconds: 0{ENDC}"
@@ -690,7 +664,9 @@ def test_galaxy_reset_sequence(fresh: Callable, work: Path) -> None:
     "args",
     [["-s"], ["-r"], ["-r", "foo"], ["-r", "0000:01:00.0"], ["-ls"], ["-f", "x.json"], []],
 )
-def test_no_driver(no_driver: Path, work: Path, args: list[str]) -> None:
+def test_without_the_driver_every_command_fails_and_resets_nothing(
+    no_driver: Path, work: Path, args: list[str]
+) -> None:
     state = (no_driver / core.STATE_FILE).read_bytes()
     run = smi(no_driver, *args, work=work)
     assert (run.code, run.out, run.err, run.files) == (1, NO_DRIVER, "", [])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TAG, TW, run_cli, worker
+from conftest import TAG, TW, env_without, run_cli, worker
 
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.adapters import ttrun
@@ -477,9 +477,7 @@ with open(os.path.join(out, "rank" + os.environ["RANK"]), "w") as f:
 
 
 def _no_pythonpath() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.pop("PYTHONUNBUFFERED", None)
-    return env
+    return env_without("PYTHONPATH", "PYTHONUNBUFFERED")
 
 
 @needs_mpirun

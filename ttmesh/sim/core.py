@@ -128,6 +128,20 @@ def recreate_command(root: str) -> str:
     return f"ttmesh sim create --force --system {system}{part} --root {where}"
 
 
+def read_marker(root: str | os.PathLike[str]) -> dict | None:
+    """The root's marker (``{}`` when it is garbled: still a simulated host, a broken one);
+    None when there is none. Read bounded: it may be a FIFO or /dev/zero."""
+    try:
+        data = json.loads(
+            fileread.read_bytes(os.path.join(root, MARKER), MAX_SMALL, "marker") or b"{}"
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):  # fileread.Refused is a ValueError
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _small_json(path: str, limit: int) -> Any:
     try:
         return json.loads(fileread.read_bytes(path, limit))

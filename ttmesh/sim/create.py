@@ -13,7 +13,6 @@ from ttmesh import __version__
 from ttmesh.errors import bad_input
 from ttmesh.host import clusterdesc
 from ttmesh.sim import core
-from ttmesh.sim.roots import read_marker
 from ttmesh.sim.system import SystemModel
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +42,7 @@ def create(
     if root.exists() and not root.is_dir():
         raise bad_input(f"{root} exists and is not a directory", "choose another --root")
     if root.is_dir() and any(root.iterdir()):
-        if read_marker(root) is None:
+        if core.read_marker(root) is None:
             raise bad_input(
                 f"{root} is not empty and is not a simulated host",
                 "give an empty or new directory",

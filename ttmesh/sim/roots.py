@@ -1,7 +1,8 @@
 """Where simulated hosts live, and the cached roots behind ``--sim NAME``.
 
-Kept light (standard library and the sim core only): it runs on every command's start-up, and
-the modules that build a root are imported only when one has to be built.
+Kept light (standard library and the sim core only): it runs whenever a simulated host is
+opened. The stock systems (``sim.system``) are imported only for ``--sim NAME``, and the module
+that builds a root (``sim.create``) only when one has to be built: neither imports this one.
 """
 
 from __future__ import annotations
@@ -12,16 +13,7 @@ from pathlib import Path
 
 from ttmesh import __version__
 from ttmesh.errors import bad_input
-from ttmesh.sim.core import MARKER
-
-
-def systems_dir() -> Path:
-    """Where the stock system files are (inside the package, so a wheel carries them)."""
-    return Path(__file__).resolve().parent.parent / "configs" / "systems"
-
-
-def stock_names() -> list[str]:
-    return sorted(p.stem for p in systems_dir().glob("*.yaml"))
+from ttmesh.sim.core import MARKER, read_marker
 
 
 def cache_root() -> Path:
@@ -31,21 +23,6 @@ def cache_root() -> Path:
 
 
 TOOL_NAMES = ("_ttmesh_simcore.py", "_ttmesh_fileread.py", "tt-smi")  # in bin/ (sim.create)
-
-
-def read_marker(root: Path) -> dict | None:
-    """The root's marker (``{}`` when it is garbled: still a simulated host, a broken one);
-    None when there is none. Read bounded: it may be a FIFO or /dev/zero."""
-    from ttmesh import fileread
-    from ttmesh.sim.core import MAX_SMALL
-
-    try:
-        data = json.loads(fileread.read_bytes(root / MARKER, MAX_SMALL, "marker") or b"{}")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, ValueError):  # fileread.Refused is a ValueError
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def refresh_tools(root: Path) -> None:
@@ -74,6 +51,8 @@ def refresh_tools(root: Path) -> None:
 
 def ensure_cached(name: str) -> Path:
     """The cached simulated host for stock system ``name``, created on first use."""
+    from ttmesh.sim.system import load, stock_names
+
     if name not in stock_names():
         raise bad_input(
             f"unknown system {name!r}",
@@ -83,7 +62,6 @@ def ensure_cached(name: str) -> Path:
     try:
         if read_marker(root) is None:
             from ttmesh.sim.create import create
-            from ttmesh.sim.system import load
 
             model = load(name)
             if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):

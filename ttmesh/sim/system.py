@@ -20,7 +20,6 @@ from typing import Any
 from ttmesh.errors import bad_input
 from ttmesh.host import boards as boardfacts
 from ttmesh.host.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink
-from ttmesh.sim.roots import stock_names, systems_dir
 
 BDF_RE = boardfacts.BDF_RE
 
@@ -493,6 +492,16 @@ def validate_cluster(model: ClusterModel, where: str) -> None:
 
 
 # --------------------------------------------------------------------------- stock systems
+
+
+def systems_dir() -> Path:
+    """Where the stock system files are (inside the package, so a wheel carries them)."""
+    return Path(__file__).resolve().parent.parent / "configs" / "systems"
+
+
+def stock_names() -> list[str]:
+    """The stock systems ``--sim NAME`` and ``sim create --system NAME`` know, by name."""
+    return sorted(p.stem for p in systems_dir().glob("*.yaml"))
 
 
 def _format_hint() -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from ttmesh.fabric.devices import Chip, Inventory
-from ttmesh.fabric.health import WARNING, Problem, chip_name
+from ttmesh.fabric.problem import WARNING, Problem, chip_name
 from ttmesh.fileread import GiB, MiB, size_text
 from ttmesh.host import container
 from ttmesh.host.container import Container

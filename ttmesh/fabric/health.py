@@ -18,41 +18,27 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import bad_input
-from ttmesh.fabric import heartbeat, holders, known_good, links
+from ttmesh.fabric import containercheck, heartbeat, holders, known_good, links, syscheck, umdlocks
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip
+from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
 from ttmesh.runtime import leases
-from ttmesh.vocab import ChipProcess, Role, Severity
+from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.check/1"
-ERROR, WARNING = Severity.ERROR, Severity.WARNING
 ASIC_HEX = 16
 
 
 # --------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a host, and the one fix a user can run for it."""
-
-    severity: str  # "error" | "warning"
-    what: str
-    fix: str
-    kind: str = ""  # missing, driver-node, heartbeat, holder, lease, link-down, link-unknown, ...
-    chips: tuple[str, ...] = ()  # asic ids involved
-
-    def to_json(self) -> dict[str, str]:
-        return {"severity": self.severity, "what": self.what, "fix": self.fix}
 
 
 @dataclass
@@ -177,18 +163,6 @@ def expected(inv: Inventory, known_good_dir: Path | bool | None = None) -> Expec
 
 
 # --------------------------------------------------------------------------- naming
-
-
-def chip_name(inv: Inventory, asic: str, names: dict[str, str] | None = None) -> str:
-    """A PCI address; ``remote <asic> via <bdf>``; or a lost chip's address or unique id."""
-    for c in inv.chips:
-        if c.asic_id == asic:
-            if c.bdf:
-                return c.bdf
-            partner = inv.lead(c)
-            return f"remote {asic}" + (f" via {partner.bdf}" if partner and partner.bdf else "")
-    bdf = (names or {}).get(asic)
-    return f"{bdf} ({asic})" if bdf else asic
 
 
 def pci_lead(inv: Inventory, chip: Chip) -> Chip | None:
@@ -457,8 +431,6 @@ HW_FIX = "install the hardware extra to read firmware telemetry: pip install 'tt
 def node_problem(inv: Inventory, chip: Chip, lead: Chip | None) -> Problem:
     """A chip the driver lists whose /dev/tenstorrent node is absent: in a container, most
     likely one a reset re-created on the host after the container started."""
-    from ttmesh.fabric import containercheck
-
     node = f"{inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'}"
     box = containercheck.detect(inv)
     fix = (
@@ -490,11 +462,6 @@ def heartbeat_problem(
         return Problem(_escalate(WARNING, strict), f"{name}: heartbeat cannot be read", HW_FIX,
                        "heartbeat-unknown", (asic,))  # fmt: skip
     return None
-
-
-def kill_fix(h: ChipProcess) -> str:
-    """A fix a user can run as printed: end the process that holds a chip."""
-    return f"kill {h.pid} ({h.user}: {h.cmd})"
 
 
 def holder_problem(inv: Inventory, asic: str, h: ChipProcess, lease: ChipProcess | None) -> Problem:
@@ -600,104 +567,25 @@ def check(
     report_chips: list[ChipHealth] = []
     seen_holders: set[tuple[int, str]] = set()
     for c in present:
-        lead = pci_lead(inv, c)
-        node = bool(
-            lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists()
-        )
+        holding = held_by(inv, c, owners, jobs)
         lease = leased.get(c.asic_id)
-        hs = held_by(inv, c, owners, jobs)
-        ch = ChipHealth(
-            c.asic_id,
-            c.bdf,
-            c.dev_index,
-            c.board_type,
-            True,
-            node,
-            beats.get(c.asic_id, heartbeat.UNKNOWN),
-            hs,
-            None if lease is None else lease.lease_json(),
-        )
-        name = chip_name(inv, c.asic_id)
-        found = [] if node else [node_problem(inv, c, lead)]
-        if lease is not None and lease.role == Role.LOCK:
-            found.append(lock_problem(inv, c.asic_id, lease))
-        beat = heartbeat_problem(inv, c.asic_id, ch.heartbeat, exp, strict)
-        found += [beat] if beat is not None else []
-        if hs is None:
-            found.append(
-                Problem(
-                    _escalate(WARNING, strict),
-                    f"{name}: cannot tell which processes hold it",
-                    "run ttmesh check as root (or use driver >= 2.5, which lists them in /proc/driver/tenstorrent)",
-                    "holders-unknown",
-                    (c.asic_id,),
-                )
-            )
-        for h in hs or []:
-            if lease is not None and h.job is not None and h.job == lease.job:
-                continue  # a worker of the job that leases the chip
-            ch.healthy = False
-            key = (h.pid or -1, lead.asic_id if lead else c.asic_id)
-            if key not in seen_holders:  # an n300's two chips share one device: name it once
-                seen_holders.add(key)
-                found.append(holder_problem(inv, c.asic_id, h, lease))
-        ch.healthy = ch.healthy and all(p.severity != ERROR for p in found)
+        ch, found = _present_chip(inv, c, exp, strict, beats, lease, holding, seen_holders)
         problems.extend(found)
         report_chips.append(ch)
     for asic in missing:
-        name = chip_name(inv, asic, exp.names)
-        report_chips.append(
-            ChipHealth(
-                asic,
-                exp.names.get(asic),
-                None,
-                None,
-                False,
-                False,
-                heartbeat.UNKNOWN,
-                None,
-                None,
-                False,
-            )
-        )
+        report_chips.append(_missing_chip(asic, exp))
         problems.append(missing_problem(inv, asic, exp))
     states = links.observe(inv, specs)
     problems.extend(_link_problems(inv, states, exp, strict))
     if not specs and inv.topology == "none" and exp.vouched is not None and not exp.links:
-        problems.append(
-            Problem(
-                _escalate(WARNING, strict),
-                "Ethernet links not checked: no topology for this host ("
-                + "; ".join(inv.notes or ["no discovery"])
-                + ")",
-                "install the hardware extra for tt-umd's discovery: pip install 'ttmesh[hw]'",
-                "no-topology",
-            )
-        )
-    from ttmesh.fabric import syscheck
-
+        problems.append(_no_topology_problem(inv, strict))
     sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
-    for p in sys_found:
-        problems.append(replace(p, severity=_escalate(p.severity, strict)))
-    from ttmesh.fabric import containercheck
-
+    problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in sys_found)
     box_found, box_notes = containercheck.problems(inv, selected)
     problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in box_found)
-    from ttmesh.fabric import umdlocks
-
-    def leasing_job(pid: int, asics: list[str]) -> bool:  # a worker of the job leasing them
-        owner = procs.owning(pid, owners)
-        job = owners.get(owner) if owner else None
-        return job is not None and all(
-            (lease := leased.get(a)) is not None and lease.job == job for a in asics
-        )
-
-    lock_found, lock_notes, locks = umdlocks.problems(inv, selected, leasing_job)
+    lock_found, lock_notes, locks = umdlocks.problems(inv, selected, _leasing_job(leased, owners))
     problems.extend(lock_found)
-    for p in lock_found:
-        for ch in report_chips:
-            if ch.asic_id in p.chips:
-                ch.healthy = False
+    _mark_locked(report_chips, lock_found)
     problems.sort(key=lambda p: p.severity != ERROR)
     report = HealthReport(
         report_chips,
@@ -708,16 +596,117 @@ def check(
         system=sys_read.to_json(),
         umd_locks=[lk.to_json() for lk in locks],
     )
-    if (
-        exp.store is not None
-        and selected is None
-        and not missing
-        and inv.chips
-        and all(s.state == links.UP for s in states)
-        and not any(p.kind == "link-count" for p in problems)
-    ):
+    if exp.store is not None and selected is None and _all_good(inv, missing, states, problems):
         report.recorded = known_good.save(inv, exp.links, exp.store)
     return report
+
+
+def _present_chip(
+    inv: Inventory,
+    c: Chip,
+    exp: Expected,
+    strict: bool,
+    beats: dict[str, str],
+    lease: ChipProcess | None,
+    holding: list[ChipProcess] | None,
+    seen_holders: set[tuple[int, str]],
+) -> tuple[ChipHealth, list[Problem]]:
+    """A chip the host lists: its health, and its problems (driver node, tt-umd lock lease,
+    heartbeat, holders). ``seen_holders`` names each holder of a device once across chips."""
+    lead = pci_lead(inv, c)
+    node = bool(lead and lead.dev_index is not None and inv.host.dev_node(lead.dev_index).exists())
+    ch = ChipHealth(
+        c.asic_id,
+        c.bdf,
+        c.dev_index,
+        c.board_type,
+        True,
+        node,
+        beats.get(c.asic_id, heartbeat.UNKNOWN),
+        holding,
+        None if lease is None else lease.lease_json(),
+    )
+    name = chip_name(inv, c.asic_id)
+    found = [] if node else [node_problem(inv, c, lead)]
+    if lease is not None and lease.role == Role.LOCK:
+        found.append(lock_problem(inv, c.asic_id, lease))
+    beat = heartbeat_problem(inv, c.asic_id, ch.heartbeat, exp, strict)
+    found += [beat] if beat is not None else []
+    if holding is None:
+        found.append(
+            Problem(
+                _escalate(WARNING, strict),
+                f"{name}: cannot tell which processes hold it",
+                "run ttmesh check as root (or use driver >= 2.5, which lists them in /proc/driver/tenstorrent)",
+                "holders-unknown",
+                (c.asic_id,),
+            )
+        )
+    for h in holding or []:
+        if lease is not None and h.job is not None and h.job == lease.job:
+            continue  # a worker of the job that leases the chip
+        ch.healthy = False
+        key = (h.pid or -1, lead.asic_id if lead else c.asic_id)
+        if key not in seen_holders:  # an n300's two chips share one device: name it once
+            seen_holders.add(key)
+            found.append(holder_problem(inv, c.asic_id, h, lease))
+    ch.healthy = ch.healthy and all(p.severity != ERROR for p in found)
+    return ch, found
+
+
+def _missing_chip(asic: str, exp: Expected) -> ChipHealth:
+    """A chip the topology expects and the host lost: not present, never healthy."""
+    return ChipHealth(
+        asic, exp.names.get(asic), None, None, False, False, heartbeat.UNKNOWN, None, None, False
+    )
+
+
+def _no_topology_problem(inv: Inventory, strict: bool) -> Problem:
+    """No link was checked because nothing says which links the host has."""
+    return Problem(
+        _escalate(WARNING, strict),
+        "Ethernet links not checked: no topology for this host ("
+        + "; ".join(inv.notes or ["no discovery"])
+        + ")",
+        "install the hardware extra for tt-umd's discovery: pip install 'ttmesh[hw]'",
+        "no-topology",
+    )
+
+
+def _leasing_job(
+    leased: dict[str, ChipProcess], owners: dict[int, str]
+) -> Callable[[int, list[str]], bool]:
+    """tt-umd's lock holders a check lets be: a worker of the job that leases all their chips."""
+
+    def leasing_job(pid: int, asics: list[str]) -> bool:
+        owner = procs.owning(pid, owners)
+        job = owners.get(owner) if owner else None
+        return job is not None and all(
+            (lease := leased.get(a)) is not None and lease.job == job for a in asics
+        )
+
+    return leasing_job
+
+
+def _mark_locked(report_chips: list[ChipHealth], lock_found: list[Problem]) -> None:
+    """A chip whose tt-umd lock a stranger holds is not healthy."""
+    for p in lock_found:
+        for ch in report_chips:
+            if ch.asic_id in p.chips:
+                ch.healthy = False
+
+
+def _all_good(
+    inv: Inventory, missing: list[str], states: list[links.Observed], problems: list[Problem]
+) -> bool:
+    """Every chip present and every expected link up, at the count its peers have: a topology
+    worth recording as known good."""
+    return (
+        not missing
+        and bool(inv.chips)
+        and all(s.state == links.UP for s in states)
+        and not any(p.kind == "link-count" for p in problems)
+    )
 
 
 def links_down(inv: Inventory) -> list[Problem]:
@@ -800,15 +789,12 @@ def preflight(
         for p in _link_problems(inv, states, exp, strict=False):
             if p.kind in ("link-down", "link-unknown"):
                 problems.append(p)
-    from ttmesh.fabric import umdlocks
 
     def job_own(pid: int, _asics: list[str]) -> bool:
         return procs.owning(pid, allowed) is not None
 
     problems.extend(umdlocks.problems(inv, wanted, job_own)[0])
     if system:
-        from ttmesh.fabric import syscheck
-
         problems.extend(syscheck.problems(inv, wanted, requires or syscheck.DEFAULT)[0])
     problems.sort(key=lambda p: p.severity != ERROR)
     return problems

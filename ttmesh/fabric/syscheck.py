@@ -25,7 +25,7 @@ from typing import Any
 
 from ttmesh import numeric
 from ttmesh.fabric.devices import Chip, Inventory
-from ttmesh.fabric.health import ERROR, WARNING, Problem, chip_name
+from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host import system
 from ttmesh.render import plural
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.fabric.problem import ERROR, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
 
 PREFIX = "TT_UMD_LOCK."
@@ -254,7 +255,6 @@ def problems(
     whose ``CHIP_IN_USE`` lock a live process holds, unless ``allowed(pid, asics)`` says it is
     the job's own; a note per lock a dead process left (never deleted) and per file that is not
     tt-umd's."""
-    from ttmesh.fabric.health import ERROR, Problem, chip_name, kill_fix
     from ttmesh.fabric.holders import describe
 
     locks = read(inv.host) if locks is None else locks

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh.launcher.serving import configfile
+
 SCHEMA = "ttmesh.flags/1"
 MAX_BYTES = 4 * 1024 * 1024  # SGLang's table is 80 KiB
 # Action kinds whose value is a constant (no words of their own to convert).
@@ -186,9 +188,10 @@ class Table:
             given = [_dashed(w) for w in given]
         config = None
         if self.config_file == "sglang" and "--config" in given:
-            from ttmesh.launcher.serving import configfile
-
-            given, config = configfile.merge_sglang(self, given, cwd)
+            try:
+                given, config = configfile.merge_sglang(self.flags, given, cwd)
+            except configfile.Refused as exc:
+                raise ParseError(str(exc)) from None
         parser = self.parser()
         namespace = argparse.Namespace()
         extra: list[str] = []

@@ -34,7 +34,8 @@ from ttmesh import procs
 from ttmesh.errors import bad_input, failed, refused
 from ttmesh.fabric import health, heartbeat, links
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover
-from ttmesh.fabric.health import ERROR, WARNING, Problem, expand
+from ttmesh.fabric.health import expand
+from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
@@ -143,7 +144,7 @@ def plan(
     inside = set(chips)
     between = tuple(lk for lk in specs if lk.a in inside and lk.b in inside)
     outside = tuple(lk for lk in specs if (lk.a in inside) != (lk.b in inside))
-    names = {c.asic_id: health.chip_name(inv, c.asic_id) for c in inv.chips}
+    names = {c.asic_id: chip_name(inv, c.asic_id) for c in inv.chips}
     if no_expand and not galaxy:
         peers = sorted(
             {lk.b if lk.a in inside else lk.a for lk in outside}, key=lambda a: names.get(a, a)
@@ -175,7 +176,7 @@ def plan(
         warnings.append(
             Problem(
                 WARNING,
-                f"chip {health.chip_name(inv, asic, exp.names)} is missing from "
+                f"chip {chip_name(inv, asic, exp.names)} is missing from "
                 "the host: a reset cannot reach it",
                 "power-cycle the host to bring it back",
                 "missing",
@@ -483,7 +484,7 @@ def observe(
             unknown_links += 1
     result: dict[str, ChipState] = {}
     for asic in chips:
-        name = names.get(asic) or health.chip_name(inv, asic)
+        name = names.get(asic) or chip_name(inv, asic)
         chip = by_asic.get(asic)
         want_bdf = (bdfs or {}).get(asic)
         if chip is None or (want_bdf and chip.bdf != want_bdf):
@@ -506,9 +507,9 @@ def observe(
     for pair, group in pairs.items():
         bad = [s for s in group if s.state == links.DOWN]
         if bad:
-            a, b = sorted(pair, key=lambda x: names.get(x) or health.chip_name(inv, x))
-            na = names.get(a) or health.chip_name(inv, a)
-            nb = names.get(b) or health.chip_name(inv, b)
+            a, b = sorted(pair, key=lambda x: names.get(x) or chip_name(inv, x))
+            na = names.get(a) or chip_name(inv, a)
+            nb = names.get(b) or chip_name(inv, b)
             wrong.append(f"{len(bad)} of {plural(len(group), 'link')} between {na} and {nb} down")
     if unknown_links:
         notes.append(
@@ -583,7 +584,7 @@ def check_blockers(
     found = blockers(inv, p.chips, own_pids=own_pids)
 
     def said(b: ChipProcess) -> str:
-        return b.describe(health.chip_name(inv, b.asic))
+        return b.describe(chip_name(inv, b.asic))
 
     hard = [b for b in found if b.role in (Role.LEASE, Role.WORKER)]
     if hard:
@@ -690,18 +691,7 @@ def execute(
     host.check_changeable()
     to_stop = check_blockers(inv, p, force=force, own_pids=own_pids)
     track.tell()
-    stopped: list[int] = []
-    if to_stop:
-        track.set({b.asic for b in to_stop if b.asic}, STOPPING, 0)
-        track.tell()
-        trouble = stop_processes(to_stop, stop_grace, say)
-        if trouble:
-            raise failed("could not stop the holders: " + "; ".join(trouble), "stop them by hand")
-        stopped = sorted({b.pid for b in to_stop if b.pid is not None})
-        say("waiting until the driver lists no holder")
-        still = wait_released(inv, p.chips)
-        if still:
-            raise failed(f"{', '.join(still)} still held after stopping its holders")
+    stopped = _stop_holders(inv, p, to_stop, stop_grace, say, track) if to_stop else []
     if settle is None:
         settle = host.reset_settle
     bdf_before = {a: inv.chip(a).bdf for a in p.chips}
@@ -726,46 +716,15 @@ def execute(
             say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
             track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
             track.tell()
-
-            leads = {a: next(iter(pci_targets(current, [a])), None) for a in p.chips}
-
-            def waiting(number: int = number, leads: dict[str, str | None] = leads) -> None:
-                """While tt-smi runs: which chips' PCI devices are off the bus."""
-                if progress is None:
-                    return
-                listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
-                for a in p.chips:
-                    lead = leads[a]
-                    stage = RESETTING if lead is None or lead in listed else WAIT_PCI
-                    if track.chips[a].stage != stage:
-                        track.set([a], stage, number, track.chips[a].detail)
-                        track.told = 0.0
-                track.tick()
-
+            waiting = _bus_watch(host, p, current, track, number)
             run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
             if run.timed_out:
                 say(f"tt-smi timed out after {timeout:g} s; killed it")
             deadline = time.monotonic() + (0.0 if run.timed_out else settle)
-            while True:
-                current, after, wrong, notes = observe(
-                    host,
-                    p.chips,
-                    p.links,
-                    bdfs=bdf_before,
-                    timeout=heartbeat_timeout,
-                    names=p.names,
-                )
-                track.observed(after, number)
-                track.tell()
-                if not wrong or time.monotonic() >= deadline:
-                    break
-                if progress is None:
-                    say("waiting for: " + "; ".join(wrong))
-                track.sleep(0.25)
-            if run.timed_out:
-                wrong = [f"tt-smi timed out after {timeout:g} s (killed)", *wrong]
-            elif run.code is None:
-                wrong = [run.output.strip() or "tt-smi did not run", *wrong]
+            current, after, wrong, notes = _settle(
+                host, p, bdf_before, heartbeat_timeout, deadline, number, track, say
+            )
+            wrong = _run_failures(run, timeout) + wrong
             attempts.append(
                 Attempt(
                     number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong, run.output
@@ -775,19 +734,113 @@ def execute(
                 say(f"verified after attempt {number}")
                 break
             if number <= retries:
-                wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
-                say(
-                    f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s"
-                )
-                track.set(
-                    [a for a, c in track.chips.items() if c.stage != DONE],
-                    RETRYING,
-                    number,
-                    f"in {wait:g} s",
-                )
-                track.tell()
-                track.sleep(wait)
+                _back_off(number, backoff, wrong, say, track)
     recovered = bool(attempts) and attempts[-1].verified
+    chips = _chip_rows(p, bdf_before, before, after, attempts, recovered)
+    _tell_end(track, chips, len(attempts))
+    problems = _problems(host, p, current, attempts, after, notes, timeout)
+    return ResetOutcome(p, recovered, chips, attempts, problems, time.monotonic() - t0, stopped)
+
+
+def _stop_holders(
+    inv: Inventory,
+    p: ResetPlan,
+    to_stop: list[ChipProcess],
+    stop_grace: float,
+    say: Log,
+    track: _Tracker,
+) -> list[int]:
+    """Stop the chips' holders (``--force``) and wait until the driver lists none: the PIDs
+    stopped; :func:`failed` when one cannot be stopped or a chip stays held."""
+    track.set({b.asic for b in to_stop if b.asic}, STOPPING, 0)
+    track.tell()
+    trouble = stop_processes(to_stop, stop_grace, say)
+    if trouble:
+        raise failed("could not stop the holders: " + "; ".join(trouble), "stop them by hand")
+    stopped = sorted({b.pid for b in to_stop if b.pid is not None})
+    say("waiting until the driver lists no holder")
+    still = wait_released(inv, p.chips)
+    if still:
+        raise failed(f"{', '.join(still)} still held after stopping its holders")
+    return stopped
+
+
+def _bus_watch(
+    host: Host, p: ResetPlan, current: Inventory, track: _Tracker, number: int
+) -> Callable[[], None]:
+    """What runs while tt-smi does: which chips' PCI devices are off the bus, for the
+    progress view (each chip followed through the PCI device it is reset through)."""
+    leads = {a: next(iter(pci_targets(current, [a])), None) for a in p.chips}
+
+    def waiting() -> None:
+        if track.progress is None:
+            return
+        listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
+        for a in p.chips:
+            lead = leads[a]
+            stage = RESETTING if lead is None or lead in listed else WAIT_PCI
+            if track.chips[a].stage != stage:
+                track.set([a], stage, number, track.chips[a].detail)
+                track.told = 0.0
+        track.tick()
+
+    return waiting
+
+
+def _settle(
+    host: Host,
+    p: ResetPlan,
+    bdf_before: dict[str, str | None],
+    heartbeat_timeout: float,
+    deadline: float,
+    number: int,
+    track: _Tracker,
+    say: Log,
+) -> tuple[Inventory, dict[str, ChipState], list[str], list[str]]:
+    """After tt-smi: the chips observed again until all are right or ``deadline`` passes (the
+    host's settle time; chips come back and train their links a while after tt-smi exits)."""
+    while True:
+        current, after, wrong, notes = observe(
+            host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
+        )
+        track.observed(after, number)
+        track.tell()
+        if not wrong or time.monotonic() >= deadline:
+            return current, after, wrong, notes
+        if track.progress is None:
+            say("waiting for: " + "; ".join(wrong))
+        track.sleep(0.25)
+
+
+def _run_failures(run: SmiRun, timeout: float) -> list[str]:
+    """What makes an attempt fail whatever the chips look like: tt-smi never ran to its end."""
+    if run.timed_out:
+        return [f"tt-smi timed out after {timeout:g} s (killed)"]
+    if run.code is None:
+        return [run.output.strip() or "tt-smi did not run"]
+    return []
+
+
+def _back_off(number: int, backoff: float, wrong: list[str], say: Log, track: _Tracker) -> None:
+    """Wait before the next attempt: ``backoff`` doubling per attempt, at most MAX_BACKOFF."""
+    wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
+    say(f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s")
+    track.set(
+        [a for a, c in track.chips.items() if c.stage != DONE], RETRYING, number, f"in {wait:g} s"
+    )
+    track.tell()
+    track.sleep(wait)
+
+
+def _chip_rows(
+    p: ResetPlan,
+    bdf_before: dict[str, str | None],
+    before: dict[str, ChipState],
+    after: dict[str, ChipState],
+    attempts: list[Attempt],
+    recovered: bool,
+) -> list[dict[str, Any]]:
+    """Each chip of the plan before and after, as the report lists it."""
     # A chip that looks fine after a reset that never ran to its end was not reset at all:
     # say so instead of "ok" beside "not recovered".
     unfinished = not recovered and (not attempts or attempts[-1].exit_code is None)
@@ -796,7 +849,7 @@ def execute(
         status = after[a].status if a in after else GONE
         return NOT_RESET if unfinished and status == OK else status
 
-    chips = [
+    return [
         {
             "bdf": bdf_before.get(a) or (before[a].bdf if a in before else None),
             "asic_id": a,
@@ -807,13 +860,15 @@ def execute(
         }
         for a in p.chips
     ]
+
+
+def _tell_end(track: _Tracker, chips: list[dict[str, Any]], attempts: int) -> None:
+    """The progress view's last word: each chip done or failed (and why)."""
     for c in chips:
         ok = c["after"] in (OK, UNKNOWN)
         why = "" if c["after"] == OK else str(c["after"])
-        track.set([str(c["asic_id"])], DONE if ok else FAILED, len(attempts), why)
+        track.set([str(c["asic_id"])], DONE if ok else FAILED, attempts, why)
     track.tell()
-    problems = _problems(host, p, current, attempts, after, notes, timeout)
-    return ResetOutcome(p, recovered, chips, attempts, problems, time.monotonic() - t0, stopped)
 
 
 def _problems(

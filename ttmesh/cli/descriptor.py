@@ -107,18 +107,7 @@ def descriptor_cmd(
       ttmesh descriptor --sim t3k --mesh-layout multi-mesh --export-rank-binding bind.yaml -o out
       ttmesh descriptor --hosts t3k-a,t3k-b --mesh-layout mesh --nproc-per-node 1 -o out
     """
-    from ttmesh.launcher.job.preflight import descriptor_checks
-    from ttmesh.launcher.planning.prepare import prepare
-    from ttmesh.launcher.planning.request import LaunchRequest
-
-    if export_rank_binding and not out_dir:
-        raise bad_input(
-            "--export-rank-binding needs -o DIR", "the binding points at the written descriptor"
-        )
-    if out_dir is not None:
-        paths.writable_dir(out_dir, "-o", "the descriptors")
-    if export_rank_binding is not None:
-        paths.writable_file(export_rank_binding, "--export-rank-binding", new_parent=True)
+    _check_outputs(out_dir, export_rank_binding)
     if hosts is not None:
         return _over_hosts(
             hosts, launch_agent, tcp_interface, tp_size, mesh_shape, mesh_layout, nproc, chips,
@@ -127,12 +116,69 @@ def descriptor_cmd(
     for flag, value in (("--launch-agent", launch_agent), ("--tcp-interface", tcp_interface)):
         if value is not None:
             raise bad_input(f"{flag} goes with --hosts", "a single host needs no mpirun options")
+    target = Path(out_dir).resolve() if out_dir else Path("/nonexistent")
+    request = _request(
+        _mesh_size(host, tp_size, chips), mesh_shape, mesh_layout, strict_links, nproc,
+        run_dir=str(target).removesuffix("/mesh"),
+    )  # fmt: skip
+    plan = _single_host_plan(host, request, chips, exclude)
+    files = {Path(p).name: text for p, text in plan.files.items()}
+    if out_dir:
+        mocks = _rank_mocks(host, plan) if per_rank else {}
+        _write_files(target, {**files, **mocks})
+        if export_rank_binding:
+            _write_binding(plan, target, files, export_rank_binding)
+    else:
+        _print_files(files)
+    if per_rank:
+        from ttmesh.render import table
+
+        rows = [
+            [r.rank, ",".join(r.bdfs), r.mesh_id, r.host_rank, "x".join(map(str, r.coord)),
+             ",".join(r.chips)]
+            for r in plan.ranks
+        ]  # fmt: skip
+        headers = ["RANK", "TT_VISIBLE_DEVICES", "TT_MESH_ID", "TT_MESH_HOST_RANK", "COORD",
+                   "CHIPS"]  # fmt: skip
+        click.echo(table(headers, rows, sys.stdout if out_dir else sys.stderr), err=not out_dir)
+
+
+def _check_outputs(out_dir: str | None, export_rank_binding: str | None) -> None:
+    """Refuse outputs that cannot be written before any host is read: the binding points at
+    the written descriptor, so it needs -o; -o must be a directory this user may write, the
+    binding a file it may create."""
+    if export_rank_binding and not out_dir:
+        raise bad_input(
+            "--export-rank-binding needs -o DIR", "the binding points at the written descriptor"
+        )
+    if out_dir is not None:
+        paths.writable_dir(out_dir, "-o", "the descriptors")
+    if export_rank_binding is not None:
+        paths.writable_file(export_rank_binding, "--export-rank-binding", new_parent=True)
+
+
+def _mesh_size(host: Any, tp_size: int | None, chips: str | None) -> int | None:
+    """``--tp-size``; without it (and without --chips, which sizes the mesh) every chip."""
     if tp_size is None and not chips:
         from ttmesh.fabric.devices import discover
 
-        tp_size = len(discover(host).chips)
-    target = Path(out_dir).resolve() if out_dir else Path("/nonexistent")
-    request = LaunchRequest(
+        return len(discover(host).chips)
+    return tp_size
+
+
+def _request(
+    tp_size: int | None,
+    mesh_shape: str | None,
+    mesh_layout: str,
+    strict_links: bool,
+    nproc: int | None,
+    *,
+    run_dir: str,
+) -> Any:
+    """The launch a descriptor is for: no command, the job named ``descriptor``."""
+    from ttmesh.launcher.planning.request import LaunchRequest
+
+    return LaunchRequest(
         command=[],
         tp_size=tp_size,  # type: ignore[arg-type]
         layout=mesh_layout,
@@ -140,72 +186,63 @@ def descriptor_cmd(
         strict_links=strict_links,
         nproc=nproc,
         job="descriptor",
-        run_dir=str(target).removesuffix("/mesh"),
+        run_dir=run_dir,
     )
+
+
+def _single_host_plan(host: Any, request: Any, chips: str | None, exclude: str | None) -> Any:
+    """The plan a launch on this host would make (its chips chosen as a launch chooses them),
+    refused as that launch would be when links under the mesh are down."""
+    from ttmesh.launcher.job.preflight import descriptor_checks
+    from ttmesh.launcher.planning.prepare import prepare
+
     prepared = prepare(request, host, chips, exclude, allow_mpi_layouts=True, descriptor_only=True)
-    descriptor_checks(prepared)  # links down under the mesh: refused as a launch would
-    plan = prepared.plan
-    files = {Path(p).name: text for p, text in plan.files.items()}
-    mocks: dict[str, str] = {}
-    cluster = host.mock_cluster() if per_rank and out_dir else None
-    if cluster is not None:
-        from ttmesh.mesh import mock
+    descriptor_checks(prepared)
+    return prepared.plan
 
-        for r in plan.ranks:
-            mocks[f"rank{r.rank}_cluster_descriptor.yaml"] = mock.chips_view(
-                cluster, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
-            )
-    if out_dir:
-        paths.make_dirs(target, "the output directory")
-        for name, text in {**files, **mocks}.items():
-            paths.write_text(target / name, text, "-o")
-            click.echo(str(target / name))
-        if export_rank_binding:
-            from ttmesh.launcher.adapters import bindingfile, ttrun
 
-            plan_for_files = _relocate(plan, target)
-            desc = str(
-                target / ("mesh.textproto" if "mesh.textproto" in files else "rank0.textproto")
-            )
-            data = bindingfile.rank_binding(plan_for_files, desc)
-            paths.make_dirs(Path(export_rank_binding).resolve().parent, "the binding's directory")
-            paths.write_text(
-                export_rank_binding,
-                ttrun.dump(data, "ttmesh: rank bindings for tt-run"),
-                "--export-rank-binding",
-            )
-            click.echo(str(Path(export_rank_binding).resolve()))
-    else:
-        for name, text in files.items():
-            if len(files) > 1:
-                click.echo(f"# ---- {name}")
-            click.echo(text, nl=False)
-    if per_rank:
-        from ttmesh.render import table
+def _rank_mocks(host: Any, plan: Any) -> dict[str, str]:
+    """On a simulated host: each rank's mock cluster descriptor (its chips only), by file."""
+    cluster = host.mock_cluster()
+    if cluster is None:
+        return {}
+    from ttmesh.mesh import mock
 
-        rows = [
-            [
-                r.rank,
-                ",".join(r.bdfs),
-                r.mesh_id,
-                r.host_rank,
-                "x".join(map(str, r.coord)),
-                ",".join(r.chips),
-            ]
-            for r in plan.ranks
-        ]
-        headers = [
-            "RANK",
-            "TT_VISIBLE_DEVICES",
-            "TT_MESH_ID",
-            "TT_MESH_HOST_RANK",
-            "COORD",
-            "CHIPS",
-        ]
-        click.echo(
-            table(headers, rows, sys.stdout if out_dir else sys.stderr),
-            err=not out_dir,
+    return {
+        f"rank{r.rank}_cluster_descriptor.yaml": mock.chips_view(
+            cluster, list(r.chips), f"ttmesh: rank {r.rank} of a {plan.layout} plan"
         )
+        for r in plan.ranks
+    }
+
+
+def _write_files(target: Path, files: dict[str, str]) -> None:
+    """``files`` written into ``target`` (made if need be), each path said as it is written."""
+    paths.make_dirs(target, "the output directory")
+    for name, text in files.items():
+        paths.write_text(target / name, text, "-o")
+        click.echo(str(target / name))
+
+
+def _print_files(files: dict[str, str]) -> None:
+    """``files`` on stdout, each under a ``# ---- NAME`` line when there are several."""
+    for name, text in files.items():
+        if len(files) > 1:
+            click.echo(f"# ---- {name}")
+        click.echo(text, nl=False)
+
+
+def _write_binding(plan: Any, target: Path, files: dict[str, str], binding: str) -> None:
+    """tt-run's rank-binding YAML, pointing at the descriptor written into ``target``."""
+    from ttmesh.launcher.adapters import bindingfile, ttrun
+
+    desc = str(target / ("mesh.textproto" if "mesh.textproto" in files else "rank0.textproto"))
+    data = bindingfile.rank_binding(_relocate(plan, target), desc)
+    paths.make_dirs(Path(binding).resolve().parent, "the binding's directory")
+    paths.write_text(
+        binding, ttrun.dump(data, "ttmesh: rank bindings for tt-run"), "--export-rank-binding"
+    )
+    click.echo(str(Path(binding).resolve()))
 
 
 def _relocate(plan: Any, target: Any) -> Any:
@@ -239,7 +276,6 @@ def _over_hosts(
 ) -> None:
     """One mesh over several hosts: the descriptor every host gets, and per rank its host."""
     from ttmesh.launcher.hosts import meshhosts
-    from ttmesh.launcher.planning.request import LaunchRequest
     from ttmesh.vocab import MPI_LAYOUTS
 
     if chips or exclude:
@@ -253,24 +289,12 @@ def _over_hosts(
     names = meshhosts.parse_hosts(hosts)
     mh = meshhosts.setup(names, agent=launch_agent, tcp_interface=tcp_interface)
     target = Path(out_dir).resolve() if out_dir else Path("/nonexistent")
-    request = LaunchRequest(
-        command=[],
-        tp_size=tp_size,  # type: ignore[arg-type]
-        layout=mesh_layout,
-        mesh_shape=shape(mesh_shape),
-        strict_links=strict_links,
-        nproc=nproc,
-        job="descriptor",
-        run_dir=str(target),
-    )
+    request = _request(tp_size, mesh_shape, mesh_layout, strict_links, nproc, run_dir=str(target))
     plan = meshhosts.prepare(request, mh, descriptor_only=True).plan
     mesh_files = {Path(p).name: t for p, t in plan.files.items() if Path(p).parent.name == "mesh"}
     mocks = {Path(p).name: t for p, t in plan.files.items() if Path(p).parent.name == "mock"}
     if out_dir:
-        paths.make_dirs(target, "the output directory")
-        for name, text in {**mesh_files, **(mocks if per_rank else {})}.items():
-            paths.write_text(target / name, text, "-o")
-            click.echo(str(target / name))
+        _write_files(target, {**mesh_files, **(mocks if per_rank else {})})
         if export_rank_binding:
             from ttmesh.launcher.adapters import bindingfile, ttrun
             from ttmesh.launcher.hosts import mpi
@@ -301,10 +325,7 @@ def _over_hosts(
             click.echo(str(binding))
             click.echo(str(rankfile))
     else:
-        for name, text in mesh_files.items():
-            if len(mesh_files) > 1:
-                click.echo(f"# ---- {name}")
-            click.echo(text, nl=False)
+        _print_files(mesh_files)
     if per_rank:
         from ttmesh.render import table
 

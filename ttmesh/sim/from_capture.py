@@ -515,7 +515,6 @@ def _locks(ar: cap.Archive, rec: Recreation) -> None:
     doc = ar.json(cap.UMD_LOCKS)
     if doc is None:
         return
-    where = f"{ar.path}: {cap.UMD_LOCKS}"
     entries = doc.get("locks") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or len(entries) > umdlocks_max():
         raise cap._refuse(ar.path, f"{cap.UMD_LOCKS} is not a list of lock files")
@@ -540,7 +539,9 @@ def _locks(ar: cap.Archive, rec: Recreation) -> None:
                 except ValueError:
                     data = None
                 if data is None or len(data) > MAX_LOCK_BYTES or len(data) != size:
-                    raise cap._refuse(ar.path, f"{where}: {name} has bytes no lock file has")
+                    raise cap._refuse(
+                        ar.path, f"{cap.UMD_LOCKS}: {name} has bytes no lock file has"
+                    )
                 if state == "held":
                     # No process holds it here: the kernel's mark of an owner that died.
                     word = int.from_bytes(data[:4], "little") | 0x40000000

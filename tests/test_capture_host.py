@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli, scratch
+from users import NEEDS_NOBODY, can_switch, users_fixture  # noqa: F401
 
 from ttmesh.cli.hosts import open_host
 from ttmesh.fabric import umdlocks
@@ -297,3 +298,38 @@ def test_a_by_id_link_out_of_the_root_is_data_only(root: Path, tmp_path: Path) -
     assert sum("not a chip's /dev/tenstorrent/N" in n for n in info["not_reproduced"]) == 2
     res = run_cli("ls", "--json", "--root", str(twin))
     assert res.code == 0, res.err
+
+
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+def test_nobody_captures_roots_host_and_replays_it(users) -> None:  # type: ignore[no-untyped-def]
+    """root holds a chip's lock on root's host, a by-id link there leads to /etc/shadow: nobody
+    captures it (the lock held, as nobody believes the owner PID tt-umd wrote; the link named,
+    not followed) and rebuilds it in nobody's own directory, where root's holder is no holder:
+    a dead owner's lock, the link not made."""
+    nobody, me = users["nobody"], users["root"]
+    try:
+        made = me.run("sim", "fault", "--root", str(me.sim), "umd-lock", C05)
+        assert made.returncode == 0, made.stderr
+        pid = int(made.stdout.split("pid ")[-1])
+        (me.sim / "dev/tenstorrent/by-id/evil").symlink_to("/etc/shadow")
+        archive = nobody.base / "root.tar.gz"
+        res = nobody.run("doctor", "--root", str(me.sim), "--capture", str(archive), hostile=True)
+        assert res.returncode == 0, res.stderr
+        doc = capture.read_archive(archive).json(capture.UMD_LOCKS)
+        ((entry),) = doc["locks"]
+        assert entry["state"] == "held" and entry["field_pid"] == pid and entry["user"] == "root"
+        twin = nobody.base / "twin"
+        res = nobody.run("sim", "create", "--from-capture", str(archive), "--root", str(twin))
+        assert res.returncode == 0, res.stderr
+        assert "/etc/shadow" in res.stdout and "not made" in res.stdout
+        res = nobody.run("check", "--root", str(twin), "--json", hostile=True)
+        data = json.loads(res.stdout)
+        assert [(lk["name"], lk["state"]) for lk in data["umd_locks"]] == [
+            ("CHIP_IN_USE_3_PCIe", "dead-owner")
+        ]
+        assert "evil" not in os.listdir(twin / "dev/tenstorrent/by-id")
+        assert (twin / "dev/shm").stat().st_uid == nobody.uid
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            (me.sim / "dev/tenstorrent/by-id/evil").unlink()
+        me.run("sim", "clear", "--root", str(me.sim))

@@ -31,8 +31,11 @@ def doctor_cmd(host: Any, capture: str, force: bool, tt_smi: str | None) -> int:
 
     \b
     The kernel's system files go in too (hugepages in all and per NUMA node, each device's
-    numa_node and IOMMU group, /proc/meminfo). What system pre-flight finds there (the
-    driver, the chips' firmware, hugepages) is printed after the archive's line.
+    numa_node and IOMMU group, /proc/meminfo), each device's hwmon sensors, the
+    /dev/tenstorrent/by-id names, tt-umd's lock files in /dev/shm (name, size, fields and
+    verdict each; never the directory) and the container signs ttmesh reads. What system
+    pre-flight finds there (the driver, the chips' firmware, hugepages) is printed after the
+    archive's line.
 
     \b
     A part that cannot be captured (no tt-smi, kernel messages not readable) is recorded in

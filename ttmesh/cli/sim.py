@@ -79,8 +79,9 @@ def sim_create(
     \b
     --from-capture rebuilds the host a field capture saw (ttmesh doctor --capture): its chips
     (unique ids, PCI addresses, /dev/tenstorrent numbers, cards, boards, harvesting), links,
-    dead or lost chips and links down. What the simulator cannot express (processes holding
-    chips, leases, ...) is listed by ttmesh sim show.
+    dead or lost chips and links down, hwmon values, by-id names, tt-umd's lock files (a
+    held one as a dead owner's) and the container. What the simulator cannot express
+    (processes holding chips or locks, leases, ...) is listed by ttmesh sim show.
 
     \b
     Examples:

@@ -134,6 +134,33 @@ def _read_one(path: str) -> tuple[tuple[int, int] | None, bytes | None, str]:
     return key, data, ""
 
 
+def raw(path: str) -> bytes | None:
+    """The bytes of the lock file ``path`` when it is a plain file of one of tt-umd's sizes
+    (read as :func:`read` reads it: no link followed, at most 64 bytes); None otherwise."""
+    _, data, _ = _read_one(path)
+    return data
+
+
+def fields(data: bytes) -> dict[str, Any]:
+    """What :func:`read` takes from a lock file's bytes: the lock word (its owner-died bit and
+    TID), tt-umd's flag and the owner fields (where this layout has them)."""
+    (word,) = struct.unpack_from("<I", data, 0)
+    out: dict[str, Any] = {
+        "lock_word": word,
+        "word_owner_died": bool(word & OWNER_DIED),
+        "word_tid": word & TID_MASK,
+        "flag": None,
+        "field_tid": None,
+        "field_pid": None,
+    }
+    if struct.unpack_from("<Q", data, len(data) - 16)[0] == INITIALIZED:
+        tid, pid = struct.unpack_from("<ii", data, len(data) - 8)
+        out |= {"flag": f"{INITIALIZED:#x}", "field_tid": tid, "field_pid": pid}
+    elif struct.unpack_from("<Q", data, len(data) - 8)[0] == INITIALIZED:
+        out["flag"] = f"{INITIALIZED:#x}"
+    return out
+
+
 def _thread_group(tid: int, mappers: list[int]) -> int:
     """The process whose thread ``tid`` is: a mapper of the file with that task, else the TID
     itself (a process's first thread has its PID as TID)."""

@@ -13,7 +13,18 @@ A capture is a ``.tar.gz`` with one top directory, ``ttmesh-capture-<host>-<time
                                the kernel's files system pre-flight reads: each device's
                                iommu_group link and its group's type, sys/kernel/mm/hugepages,
                                sys/devices/system/node/{online,nodeN/hugepages}, proc/meminfo
-    dev-tenstorrent.json       the listing of dev/tenstorrent (device nodes are not archived)
+                               and each PCI device's hwmon node (hwmonN/name, temp*_input,
+                               power*_input, in*_input, curr*_input, *_label: the kernel's
+                               hwmon sysfs ABI, what ttmesh metrics reads)
+    dev-tenstorrent.json       the listing of dev/tenstorrent (device nodes are not archived),
+                               by-id links with their targets as data (never followed)
+    umd-locks.json             tt-umd's lock files in dev/shm (TT_UMD_LOCK.*): each one's name,
+                               type, size, bytes (a file of tt-umd's size only), the fields
+                               ttmesh reads (lock word, flag, owner tid/pid) and its verdict
+    container.json             the container signs ttmesh reads (/.dockerenv,
+                               /run/.containerenv as data, a link's target never followed), what
+                               it concluded and the /dev/shm mount; proc/1/cgroup and
+                               proc/self/mountinfo are stored under host/
     cluster_descriptor.yaml    the topology (tt-umd's discovery; a simulated host's own file)
     tt-smi-snapshot.json       tt-smi -s (tt-smi-output.txt when it printed no JSON)
     kernel-messages.txt        recent kernel messages about the chips (this machine only)
@@ -67,6 +78,8 @@ SMI_JSON = "tt-smi-snapshot.json"
 SMI_TEXT = "tt-smi-output.txt"
 DEV_LISTING = "dev-tenstorrent.json"
 KERNEL = "kernel-messages.txt"
+UMD_LOCKS = "umd-locks.json"
+CONTAINER = "container.json"
 LS = "ttmesh/ls.json"
 CHECK = "ttmesh/check.json"
 
@@ -97,12 +110,18 @@ PCI_ATTRS = (
 SECTIONS = (
     "driver files",
     "system files",
+    "tt-umd locks",
+    "container",
     "cluster descriptor",
     "tt-smi -s",
     "kernel messages",
     "ttmesh ls",
     "ttmesh check",
 )
+# The hwmon files captured (Documentation/hwmon/sysfs-interface.rst), never the node's links,
+# uevent or power/ directory.
+HWMON_NODE = re.compile(r"hwmon\d{1,6}")
+HWMON_FILE = re.compile(r"name|(temp|power|in|curr)\d{1,3}_(input|label)")
 SKIP_MODULE = frozenset({"sections", "notes"})  # addresses and binary notes: nothing to learn
 MAX_READ = 1 << 20  # bytes read from one host file (a sysfs attribute is one page)
 KERNEL_LINES = 2000  # the most recent matching kernel messages kept
@@ -271,7 +290,7 @@ class _Reader:
 
 def _driver_files(host: Host, cap: Capture) -> dict[str, Any]:
     rd = _Reader(host, cap)
-    summary: dict[str, Any] = {"devices": [], "pci_devices": []}
+    summary: dict[str, Any] = {"devices": [], "pci_devices": [], "hwmon": 0}
     st = rd.lstat(MODULE_DIR)
     if st is None:
         cap.miss(MODULE_DIR, "missing: the tenstorrent driver is not loaded")
@@ -313,6 +332,7 @@ def _driver_files(host: Host, cap: Capture) -> dict[str, Any]:
         for attr in PCI_ATTRS:
             if rd.lstat(f"{pci}/{attr}") is not None:
                 rd.read_file(f"{pci}/{attr}")
+        summary["hwmon"] += _hwmon(rd, pci)
         group = f"{pci}/iommu_group"
         gst = rd.lstat(group)
         if gst is not None and stat.S_ISLNK(gst.st_mode):
@@ -338,6 +358,110 @@ def _driver_files(host: Host, cap: Capture) -> dict[str, Any]:
     summary["files"] = sum(1 for k in cap.files if k.startswith(f"{HOST_DIR}/"))
     summary["links"] = len(cap.links)
     return summary
+
+
+def _hwmon(rd: _Reader, pci: str) -> int:
+    """The hwmon nodes tt-kmd registers on the PCI device ``pci`` (tt-kmd 1.29 and later):
+    their sensor files, read as files (a node that is no directory is named, not followed);
+    the number of nodes stored."""
+    stored = 0
+    for name in rd.entries(f"{pci}/hwmon"):
+        base = f"{pci}/hwmon/{name}"
+        st = rd.lstat(base)
+        if st is None or not HWMON_NODE.fullmatch(name):
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            rd.cap.miss(base, "not a directory (the kernel makes one): not followed")
+            continue
+        for attr in rd.entries(base):
+            if HWMON_FILE.fullmatch(attr):
+                rd.read_file(f"{base}/{attr}")
+        stored += 1
+    return stored
+
+
+def _umd_locks(host: Host, cap: Capture) -> dict[str, Any]:
+    """tt-umd's lock files as :mod:`ttmesh.fabric.umdlocks` judges them, recorded as data: the
+    file's type, size and (a file of one of tt-umd's sizes only) its bytes, the fields ttmesh
+    reads from them and the verdict. /dev/shm itself is never copied."""
+    from ttmesh.fabric import umdlocks
+
+    entries = []
+    for lock in umdlocks.read(host):
+        item: dict[str, Any] = {"file": umdlocks.PREFIX + lock.name, **lock.to_json()}
+        for key in ("path", "asic_ids"):  # the host's absolute path; chips: check's to say
+            item.pop(key)
+        try:
+            st = os.lstat(lock.path)
+        except OSError as exc:
+            item["type"] = None
+            item["why"] = item["why"] or _why(exc)
+            entries.append(item)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            item["type"] = "link"
+            with contextlib.suppress(OSError):
+                item["target"] = os.readlink(lock.path)[:MAX_NAME]
+        elif stat.S_ISREG(st.st_mode):
+            item |= {"type": "file", "size": st.st_size, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
+            data = umdlocks.raw(lock.path)
+            if data is not None:
+                item |= {"bytes": data.hex(), **umdlocks.fields(data)}
+        elif stat.S_ISDIR(st.st_mode):
+            item["type"] = "dir"
+        else:
+            item["type"] = "other"
+        entries.append(item)
+    cap.files[UMD_LOCKS] = _json({"path": "dev/shm", "prefix": umdlocks.PREFIX, "locks": entries})
+    states: dict[str, int] = {}
+    for item in entries:
+        states[item["state"]] = states.get(item["state"], 0) + 1
+    return {"ok": True, "locks": len(entries), "states": states}
+
+
+def _container(host: Host, cap: Capture) -> dict[str, Any]:
+    """The signs :mod:`ttmesh.host.container` reads, as data: the marker files (what they are;
+    a link's target, never followed), proc/1/cgroup and proc/self/mountinfo (through the host's
+    reader, as the check reads them) and what was concluded from them."""
+    from ttmesh.host import container
+
+    rd = _Reader(host, cap)
+    markers: dict[str, dict[str, Any]] = {}
+    for rel in container.MARKERS:
+        st = rd.lstat(rel)
+        if st is None:
+            continue
+        item: dict[str, Any] = {"mode": f"{stat.S_IMODE(st.st_mode):04o}"}
+        if stat.S_ISLNK(st.st_mode):
+            item["kind"] = "link"
+            with contextlib.suppress(OSError):
+                item["target"] = os.readlink(rd.abs(rel))[:MAX_NAME]
+        else:
+            item["kind"] = "file" if stat.S_ISREG(st.st_mode) else "other"
+        markers[rel] = item
+    for rel in (container.CGROUP, container.MOUNTINFO):
+        if rd.lstat(rel) is None:  # a simulated host outside a container has neither
+            continue
+        try:
+            rd.read_file(rel, functools.partial(host.read_text, rel))
+        except TTMeshError as exc:  # not a file the kernel writes: named, never fatal
+            cap.miss(rel, str(exc))
+    box = container.detect(host)
+    shm = (
+        box.mount("/dev/shm")
+        if box
+        else next((m for m in reversed(container.mounts(host)) if m.point == "/dev/shm"), None)
+    )
+    doc = {
+        "container": box is not None,
+        "signs": list(box.signs) if box else [],
+        "markers": markers,
+        "dev_shm": None if shm is None else {
+            "fstype": shm.fstype, "source": shm.source, "size": container.shm_size(host, shm)
+        },
+    }  # fmt: skip
+    cap.files[CONTAINER] = _json(doc)
+    return {"ok": True, "container": doc["container"], "signs": doc["signs"]}
 
 
 HUGEPAGES_DIR = "sys/kernel/mm/hugepages"
@@ -585,6 +709,8 @@ def collect(host: Host, tt_smi: str | None = None) -> Capture:
     bdfs: list[str] = []
     _section(cap, "driver files", lambda: _driver_files(host, cap))
     _section(cap, "system files", lambda: _system_files(host, cap))
+    _section(cap, "tt-umd locks", lambda: _umd_locks(host, cap))
+    _section(cap, "container", lambda: _container(host, cap))
 
     def views() -> dict[str, Any]:
         ls, check, found = _views(host, cap)

@@ -258,7 +258,43 @@ def _check_machine(m: Any) -> str | None:
         for v in fw.values()
     ):
         return "machine.firmware is not PCI address -> firmware versions"
+    hwmon = m.get("hwmon", {})
+    if not isinstance(hwmon, dict) or not all(
+        isinstance(v, dict)
+        and all(
+            isinstance(k, str) and HWMON_FILE.fullmatch(k) and isinstance(x, str)
+            and HWMON_VALUE.fullmatch(x)
+            for k, x in v.items()
+        )
+        for v in hwmon.values()
+    ):  # fmt: skip
+        return "machine.hwmon is not PCI address -> hwmon file -> value"
+    by_id = m.get("by_id", {})
+    if not isinstance(by_id, dict) or not all(
+        isinstance(v, list) and all(isinstance(x, str) and BY_ID_NAME.fullmatch(x) for x in v)
+        for v in by_id.values()
+    ):
+        return "machine.by_id is not unique id -> /dev/tenstorrent/by-id names"
     return None
+
+
+# The hwmon files the simulator writes (Documentation/hwmon/sysfs-interface.rst: the kernel's
+# names and one value a line), and what it writes by default: 45 °C, TDP 35 W, VCORE 750 mV.
+HWMON_FILE = re.compile(r"name|(temp|power|in|curr)\d{1,3}_(input|label)")
+HWMON_VALUE = re.compile(r"[ -~]{0,64}")
+# A /dev/tenstorrent/by-id name as ttmesh.host.base reads one (BY_ID_NAME: this file is
+# standard library only): printable, never a path.
+BY_ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
+
+
+def hwmon_files(chip: dict[str, Any]) -> dict[str, str]:
+    """The hwmon node the simulator writes for a chip without captured values."""
+    return {
+        "name": chip["arch"].split("_")[0],
+        "temp1_input": "45000",
+        "power1_input": "35000000",
+        "in0_input": "750",
+    }
 
 
 def check_state(state: Any, asics: list[str]) -> str | None:
@@ -881,15 +917,14 @@ class SimRoot:
                 continue
             # The hwmon node tt-kmd registers on the PCI device, in the kernel's units
             # (Documentation/hwmon/sysfs-interface.rst: m°C, µW, mV); the values the
-            # simulated tt-smi reports (45 °C, TDP 35 W, VCORE 750 mV).
+            # simulated tt-smi reports (45 °C, TDP 35 W, VCORE 750 mV), or a capture's
+            # (machine.hwmon: a host recreated by sim create --from-capture).
+            captured = self.machine().get("hwmon", {})
+            files = captured[bdf] if bdf in captured else hwmon_files(chip)
             hwmon = os.path.join(pci_dir, "hwmon", f"hwmon{n}")
-            os.makedirs(hwmon)
-            for name, value in (
-                ("name", chip["arch"].split("_")[0]),
-                ("temp1_input", "45000"),
-                ("power1_input", "35000000"),
-                ("in0_input", "750"),
-            ):
+            if files:  # {}: a driver without hwmon (tt-kmd before 1.29)
+                os.makedirs(hwmon)
+            for name, value in files.items():
                 _write(os.path.join(hwmon, name), value + "\n")
             node = os.path.join(pci_dir, "tenstorrent", f"tenstorrent!{n}")
             os.makedirs(node)
@@ -917,8 +952,14 @@ class SimRoot:
             # tt-kmd's udev rules (udev-50-tenstorrent.rules): SYMLINK+="tenstorrent/by-id/
             # <wormhole|blackhole>-%s{tt_asic_id}", a link relative to the node; the driver
             # prints tt_asic_id as %08X%08X (telemetry.c, tt_sysfs_show_u64_hex).
+            # A capture's names instead (machine.by_id: none, on a driver without the rules).
             prefix = "blackhole" if chip["arch"] == "blackhole" else "wormhole"
-            os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{prefix}-{asic.upper()}"))
+            names = self.machine().get("by_id", {}).get(asic, [f"{prefix}-{asic.upper()}"])
+            if "by_id" in self.machine() and asic not in self.machine()["by_id"]:
+                names = []
+            for name in names:
+                with contextlib.suppress(FileExistsError):
+                    os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{name}"))
             os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
             _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
         self._rewrite_mmio(state)

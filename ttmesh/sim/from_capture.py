@@ -15,6 +15,7 @@ root (files and directories first, links last, none followed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -66,8 +67,23 @@ class Node:
 
 
 @dataclass
+class LockFile:
+    """A tt-umd lock file to write under the recreated root's dev/shm."""
+
+    name: str  # TT_UMD_LOCK.<...>
+    type: str  # file, link or dir
+    data: bytes | None = None  # a file's bytes (None: ``size`` zero bytes)
+    size: int = 0
+    mode: int = 0o666
+
+
+@dataclass
 class Recreation:
     model: SystemModel
+    locks: list[LockFile] = field(default_factory=list)
+    container: dict[str, bytes] = field(default_factory=dict)  # root-relative file -> bytes
+    no_node: list[int] = field(default_factory=list)  # /dev/tenstorrent/N the host lacked
+    node_modes: dict[int, int] = field(default_factory=dict)  # N -> its mode on the host
     dead: dict[str, int | None] = field(default_factory=dict)  # asic -> frozen heartbeat
     gone: list[str] = field(default_factory=list)
     links_down: list[tuple[str, int, str, int]] = field(default_factory=list)
@@ -263,6 +279,9 @@ def plan(ar: cap.Archive) -> Recreation:
     model = from_dict(data, where)
     rec = Recreation(model, reproduced=said, not_reproduced=notes)
     _state(rec, nodes, ls, check)
+    _dev_nodes(ar, rec, nodes)
+    _locks(ar, rec)
+    _container(ar, rec)
     rec.not_reproduced.extend(ALWAYS_NOTED)
     return rec
 
@@ -350,7 +369,238 @@ def _machine(
             "no hugepage files in the capture (made before ttmesh captured them): the "
             "simulator's default hugepages (4 per device) and NUMA layout"
         )
+    hwmon = _hwmon(ar, nodes, said, notes)
+    if hwmon:
+        machine["hwmon"] = hwmon
+    by_id = _by_id(ar, nodes, said, notes)
+    if by_id is not None:
+        machine["by_id"] = by_id
     return machine
+
+
+def _arch(n: Node) -> str:
+    card = boardfacts.CARDS.get(n.card_type or "")
+    return n.arch or (card.arch if card else "wormhole_b0")
+
+
+def _hwmon(
+    ar: cap.Archive, nodes: dict[str, Node], said: list[str], notes: list[str]
+) -> dict[str, dict[str, str]]:
+    """PCI address -> the hwmon files of its node (the first, as ttmesh reads it), where they
+    differ from what the simulator writes; ``{}`` for a device that had no hwmon node."""
+    section = (ar.manifest.get("sections") or {}).get("driver files")
+    if not isinstance(section, dict) or "hwmon" not in section:
+        notes.append(
+            "no hwmon files in the capture (made before ttmesh captured them): the simulator's "
+            "telemetry (45 °C, 35 W, 0.75 V)"
+        )
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for n in nodes.values():
+        pci = ar.resolve(f"{CLASS}/tenstorrent!{n.dev}/device")
+        if not n.bdf or not pci:
+            continue
+        found = [h for h in ar.listdir(f"{pci}/hwmon") if cap.HWMON_NODE.fullmatch(h)]
+        files: dict[str, str] = {}
+        for name in ar.listdir(f"{pci}/hwmon/{found[0]}") if found else []:
+            value = (ar.text(f"{pci}/hwmon/{found[0]}/{name}") or "").strip()
+            if not core.HWMON_FILE.fullmatch(name):
+                continue
+            if core.HWMON_VALUE.fullmatch(value):
+                files[name] = value
+            else:
+                notes.append(f"{n.bdf}: hwmon {name} is not one line of text: left out")
+        default = core.hwmon_files({"arch": _arch(n)})
+        if files != default:
+            out[n.bdf] = files
+    if out:
+        said.append(
+            "hwmon values (temperature, power, voltage) of "
+            + ", ".join(f"{b}{'' if v else ' (no hwmon node)'}" for b, v in sorted(out.items()))
+        )
+    return out
+
+
+BY_ID = "dev/tenstorrent/by-id"
+
+
+def _by_id(
+    ar: cap.Archive, nodes: dict[str, Node], said: list[str], notes: list[str]
+) -> dict[str, list[str]] | None:
+    """asic id -> its /dev/tenstorrent/by-id names as the capture's listing shows them, where
+    they differ from what tt-kmd's udev rules (and the simulator) make; None: the same. A link
+    is data here: one that does not lead to a /dev/tenstorrent/N of a chip is named, not made."""
+    listing = ar.json(cap.DEV_LISTING)
+    if not isinstance(listing, dict) or listing.get("exists") is not True:
+        return None
+    entries = [e for e in listing.get("entries") or [] if isinstance(e, dict)]
+    by_dev = {n.dev: n.asic for n in nodes.values() if n.bdf}
+    names: dict[str, list[str]] = {asic: [] for asic in by_dev.values()}
+    for e in entries:
+        path = str(e.get("path"))
+        if posixpath.dirname(path) != BY_ID or e.get("kind") != "link":
+            continue
+        name, target = posixpath.basename(path), e.get("target")
+        shown = repr(str(target))[:120]
+        if not core.BY_ID_NAME.fullmatch(name) or not isinstance(target, str):
+            notes.append(f"/{path[:160]!r}: not a name tt-kmd's udev rules make: not made")
+            continue
+        lands = posixpath.normpath(posixpath.join(BY_ID, target))
+        match = re.fullmatch(r"dev/tenstorrent/(\d{1,6})", lands)
+        if target.startswith("/") or not match or int(match.group(1)) not in by_dev:
+            notes.append(
+                f"/{path} led to {shown}, not a chip's /dev/tenstorrent/N (ttmesh refuses such a "
+                "link): not made"
+            )
+            continue
+        names[by_dev[int(match.group(1))]].append(name)
+    default = {
+        n.asic: [f"{'blackhole' if _arch(n) == 'blackhole' else 'wormhole'}-{n.asic.upper()}"]
+        for n in nodes.values()
+        if n.bdf
+    }
+    if {a: sorted(v) for a, v in names.items()} == default:
+        return None
+    made = sorted(x for v in names.values() for x in v)
+    said.append(
+        "/dev/tenstorrent/by-id: "
+        + (", ".join(made) if made else "none (the driver's udev rules were not there)")
+    )
+    return {a: sorted(v) for a, v in names.items() if v}
+
+
+def _dev_nodes(ar: cap.Archive, rec: Recreation, nodes: dict[str, Node]) -> None:
+    """/dev/tenstorrent/N the driver listed but the host did not have (a container started
+    before a reset made them), and nodes of another mode than udev's 0666."""
+    listing = ar.json(cap.DEV_LISTING)
+    if not isinstance(listing, dict) or listing.get("exists") is not True:
+        return
+    seen: dict[int, int] = {}
+    for e in listing.get("entries") or []:
+        if not isinstance(e, dict):
+            continue
+        match = re.fullmatch(r"dev/tenstorrent/(\d{1,6})", str(e.get("path")))
+        mode = str(e.get("mode"))
+        if match and e.get("kind") in ("char", "file"):  # a device; a simulated host's file
+            seen[int(match.group(1))] = (
+                int(mode, 8) & 0o777 if re.fullmatch("[0-7]{4}", mode) else 0o666
+            )
+    gone = {nodes[a].dev for a in rec.gone if a in nodes}
+    for n in sorted(x.dev for x in nodes.values() if x.bdf):
+        if n not in seen and n not in gone:
+            rec.no_node.append(n)
+        elif n in seen and seen[n] != 0o666:
+            rec.node_modes[n] = seen[n]
+    if rec.no_node:
+        rec.reproduced.append(
+            "no device node (the driver has the chip, /dev has no node): "
+            + ", ".join(f"/dev/tenstorrent/{n}" for n in rec.no_node)
+            + " (sim clear or a reset makes it)"
+        )
+    if rec.node_modes:
+        rec.reproduced.append(
+            "device node modes: "
+            + ", ".join(f"/dev/tenstorrent/{n} {m:04o}" for n, m in sorted(rec.node_modes.items()))
+        )
+
+
+LOCK_NAME = re.compile(r"TT_UMD_LOCK\.[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}")
+MAX_LOCK_BYTES = 64  # tt-umd's largest lock file
+MAX_ZEROS = 1 << 20  # a file of another size is made of zeros up to this size
+
+
+def _locks(ar: cap.Archive, rec: Recreation) -> None:
+    """tt-umd's lock files the capture recorded, checked as user input: a name that is no lock
+    file's (``../x``, a path) or bytes no lock file has refuse the archive."""
+    doc = ar.json(cap.UMD_LOCKS)
+    if doc is None:
+        return
+    entries = doc.get("locks") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or len(entries) > umdlocks_max():
+        raise cap._refuse(ar.path, f"{cap.UMD_LOCKS} is not a list of lock files")
+    said, cannot = rec.reproduced, rec.not_reproduced
+    names = set()
+    for item in entries:
+        name = item.get("file") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not LOCK_NAME.fullmatch(name) or name in names:
+            raise cap._refuse(ar.path, f"{cap.UMD_LOCKS} names {str(name)[:80]!r}, no lock file")
+        names.add(name)
+        kind, state, size = item.get("type"), item.get("state"), item.get("size")
+        if kind == "file":
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise cap._refuse(ar.path, f"{cap.UMD_LOCKS}: {name} has no size")
+            mode = str(item.get("mode", "0666"))
+            lock = LockFile(name, "file", size=size,
+                            mode=int(mode, 8) & 0o777 if re.fullmatch("[0-7]{4}", mode) else 0o666)  # fmt: skip
+            hexed = item.get("bytes")
+            if hexed is not None:
+                try:
+                    data = bytes.fromhex(hexed) if isinstance(hexed, str) else None
+                except ValueError:
+                    data = None
+                if data is None or len(data) > MAX_LOCK_BYTES or len(data) != size:
+                    raise cap._refuse(
+                        ar.path, f"{cap.UMD_LOCKS}: {name} has bytes no lock file has"
+                    )
+                if state == "held":
+                    # No process holds it here: the kernel's mark of an owner that died.
+                    word = int.from_bytes(data[:4], "little") | 0x40000000
+                    data = word.to_bytes(4, "little") + data[4:]
+                    cannot.append(
+                        f"tt-umd lock {name} was held by pid {item.get('owner_pid')} "
+                        f"({item.get('user', '?')}: {str(item.get('cmd', '?'))[:80]}): no process "
+                        "holds it here, it is left as a dead owner's (its lock word marked "
+                        "owner-died)"
+                    )
+                lock.data = data
+            elif size > MAX_ZEROS:
+                cannot.append(f"tt-umd lock {name} ({size} bytes, not tt-umd's): not made")
+                continue
+            elif size in (48, 56, 64):
+                cannot.append(f"tt-umd lock {name}: its bytes were not readable: not made")
+                continue
+            rec.locks.append(lock)
+        elif kind in ("link", "dir", "other"):
+            # Only what ttmesh concluded is reproduced: a link to nowhere, a directory.
+            rec.locks.append(LockFile(name, "link" if kind == "link" else "dir"))
+        else:
+            cannot.append(f"tt-umd lock {name}: not readable on the host: not made")
+    if rec.locks:
+        states = Counter(
+            str(i.get("state")) for i in entries if isinstance(i, dict)
+            and any(lk.name == i.get("file") for lk in rec.locks)
+        )  # fmt: skip
+        said.append(
+            f"tt-umd lock files in dev/shm: {len(rec.locks)} ("
+            + ", ".join(f"{k} x{v}" for k, v in sorted(states.items()))
+            + ")"
+        )
+
+
+def umdlocks_max() -> int:
+    from ttmesh.fabric import umdlocks
+
+    return umdlocks.MAX_FILES
+
+
+def _container(ar: cap.Archive, rec: Recreation) -> None:
+    """The container the capture ran in, as the simulator models one (``sim fault container``):
+    the marker files, proc/1/cgroup and proc/self/mountinfo as captured."""
+    doc = ar.json(cap.CONTAINER)
+    if not isinstance(doc, dict) or doc.get("container") is not True:
+        return
+    markers = doc.get("markers")
+    if not isinstance(markers, dict):
+        markers = {}
+    for rel in (".dockerenv", "run/.containerenv"):
+        if rel in markers:
+            rec.container[rel] = b""
+    for rel in ("proc/1/cgroup", "proc/self/mountinfo"):
+        text = ar.files.get(ar.resolve(f"{cap.HOST_DIR}/{rel}") or "")
+        if text is not None:
+            rec.container[rel] = text
+    signs = [str(s)[:200] for s in doc.get("signs") or []]
+    rec.reproduced.append("a container (" + "; ".join(signs) + ")")
 
 
 def _dram(ls_chip: dict[str, Any] | None) -> int | None:
@@ -532,6 +782,7 @@ def recreate(archive: Path, root: Path, force: bool = False) -> tuple[Recreation
                     state["faults"]["permanent"].append(asic)
             state["links_down"] = sorted({sim.link_key(*lk) for lk in rec.links_down})
             sim.render(state)
+        _host_files(rec, path)
         _extract(ar, path / CAPTURE_DIR)
         info = {
             "schema": INFO_SCHEMA,
@@ -547,6 +798,42 @@ def recreate(archive: Path, root: Path, force: bool = False) -> tuple[Recreation
     except OSError as exc:
         raise from_os_error(exc, "write the simulated host")
     return rec, path
+
+
+def _host_files(rec: Recreation, root: Path) -> None:
+    """What the capture saw outside the driver's tree, written into the new root: tt-umd's lock
+    files, the container's files, device nodes missing or of another mode. Created exclusively,
+    never through a link (the root is new)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    if rec.locks:
+        shm = root / "dev/shm"
+        shm.mkdir(parents=True, exist_ok=True)
+        for lock in rec.locks:
+            target = shm / lock.name
+            if lock.type == "link":
+                os.symlink(f"{lock.name}.target-not-recreated", target)
+            elif lock.type == "dir":
+                target.mkdir()
+            else:
+                fd = os.open(target, flags, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    if lock.data is not None:
+                        f.write(lock.data)
+                    else:
+                        f.truncate(lock.size)
+                os.chmod(target, lock.mode)
+    for rel, data in rec.container.items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, flags, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    for n in rec.no_node:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root / f"dev/tenstorrent/{n}")
+    for n, mode in rec.node_modes.items():
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(root / f"dev/tenstorrent/{n}", mode)
 
 
 def _extract(ar: cap.Archive, dest: Path) -> None:

@@ -9,16 +9,19 @@ import selectors
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from ttmesh import procs
 from ttmesh.cli.hosts import open_host
 from ttmesh.errors import TTMeshError
 from ttmesh.fabric import resetscope
 from ttmesh.fabric.devices import discover
 from ttmesh.host import umdnotice
 from ttmesh.host.umdnotice import Notice
+from ttmesh.launcher.attempt.resetwatch import ResetWatch
 
 
 def _send(root: Path, name: str, data: bytes) -> socket.socket:
@@ -154,7 +157,8 @@ def test_tt_smis_targets_are_read_as_tt_smi_reads_them(
 def test_a_notice_stops_only_the_job_whose_chips_it_resets(qb2: Path) -> None:
     host = open_host(qb2)
     inv = discover(host)
-    mine, other = inv.chips[:2], inv.chips[2:]
+    every = resetscope.targets(host, [c.bdf for c in inv.chips if c.bdf])
+    mine, other = every[:2], every[2:]
     me = os.getuid()
     ours = Notice("pre-reset", 1, me, ("tt-smi", "-r", mine[0].bdf or ""))
     theirs = Notice("pre-reset", 1, me, ("tt-smi", "-r", ",".join(c.bdf or "" for c in other)))
@@ -165,12 +169,16 @@ def test_a_notice_stops_only_the_job_whose_chips_it_resets(qb2: Path) -> None:
     assert not resetscope.judge(host, theirs, mine, me).heed
     assert resetscope.judge(host, unknown, mine, me).heed
     assert resetscope.judge(host, everything, mine, me).heed
+    by_id = Notice("pre-reset", 1, me, ("tt-smi", "-r", str(mine[1].pci_index)))
+    by_node = Notice("pre-reset", 1, me, ("tt-smi", "-r", f"/dev/tenstorrent/{other[0].dev_index}"))
+    assert resetscope.judge(host, by_id, mine, me).heed
+    assert not resetscope.judge(host, by_node, mine, me).heed
 
 
 def test_a_notice_from_a_user_who_cannot_reset_the_chips_is_ignored(qb2: Path) -> None:
     host = open_host(qb2)
     inv = discover(host)
-    chips = inv.chips[:2]
+    chips = resetscope.targets(host, [c.bdf for c in inv.chips[:2] if c.bdf])
     nodes = [qb2 / "dev" / "tenstorrent" / str(c.dev_index) for c in chips]
     stranger = Notice("pre-reset", 1, 65534, ("tt-smi", "-r"))
     for node in nodes:
@@ -179,3 +187,49 @@ def test_a_notice_from_a_user_who_cannot_reset_the_chips_is_ignored(qb2: Path) -
     assert not verdict.heed and "cannot reset" in verdict.why
     os.chmod(nodes[1], 0o666)  # the driver lets anyone open it: anyone could reset it
     assert resetscope.judge(host, stranger, chips, job_uid=0).heed
+
+
+def _tt_smi_reset(root: Path, bdf: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(root / "bin" / "tt-smi"), "-r", bdf],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "TTMESH_SIM_ROOT": str(root)},
+    )
+
+
+def _wait_heard(watch: ResetWatch, done: Callable[[str | None], bool]) -> str | None:
+    """Read the watch each time its descriptor is readable until ``done`` (an event)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(watch.fileno(), selectors.EVENT_READ)
+        while True:
+            assert sel.select(10), "no notice within 10 s"
+            said = watch.heard()
+            if done(said):
+                return said
+
+
+def test_an_attempt_stops_for_a_reset_of_its_chips_and_not_for_others(qb2: Path) -> None:
+    """The guardian's watch: tt-smi resetting a chip of the job is a reason to stop, naming
+    tt-smi; a reset of another chip is said and the job goes on."""
+    host = open_host(qb2)
+    bdfs = [c.bdf for c in discover(host).chips if c.bdf]
+    said: list[str] = []
+    watch = ResetWatch(host, bdfs[:2], os.getuid(), said.append)
+    try:
+        other = _tt_smi_reset(qb2, bdfs[3])
+        assert _wait_heard(watch, lambda stop: stop is not None or len(said) == 2) is None
+        assert said[0] == (
+            f"tt-umd reset notice: a reset of other chips than the job's: tt-smi -r {bdfs[3]} "
+            f"(pid {other.pid}, user {procs.user_name(os.getuid())}): the job goes on"
+        )
+        assert said[1].startswith(f"tt-umd reset notice: the reset by tt-smi -r {bdfs[3]}")
+        assert other.wait(30) == 0
+        ours = _tt_smi_reset(qb2, bdfs[1])
+        reason = _wait_heard(watch, lambda stop: stop is not None)
+        assert reason is not None
+        assert reason.startswith(f"reset notice: {bdfs[1]} reset by ") and "tt-smi -r" in reason
+        assert f"pid {ours.pid}" in reason
+        assert ours.wait(30) == 0
+    finally:
+        watch.close()
+    assert not any((qb2 / umdnotice.LISTENER_DIR).iterdir())

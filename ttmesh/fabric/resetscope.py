@@ -22,12 +22,36 @@ import stat
 from dataclasses import dataclass
 
 from ttmesh import procs
-from ttmesh.fabric.devices import Chip
 from ttmesh.host.base import Host
 from ttmesh.host.umdnotice import Notice
 
 _BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _DEV = "/dev/tenstorrent/"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A chip as a reset names it: its PCI address, ``/dev/tenstorrent`` number and tt-umd's
+    logical id (its place among the host's PCI addresses, sorted)."""
+
+    bdf: str
+    dev_index: int | None
+    pci_index: int | None
+
+    @property
+    def label(self) -> str:
+        return self.bdf
+
+
+def targets(host: Host, bdfs: list[str]) -> list[Target]:
+    """The job's PCI devices ``bdfs`` as the driver lists them now (sysfs reads only)."""
+    devs: dict[str, int] = {}
+    for dev in host.dev_indexes():
+        bdf = host.bdf_of(dev)
+        if bdf is not None:
+            devs[bdf] = dev
+    order = {b: i for i, b in enumerate(sorted(devs))}
+    return [Target(b, devs.get(b), order.get(b)) for b in dict.fromkeys(bdfs)]
 
 
 @dataclass(frozen=True)
@@ -61,7 +85,7 @@ def reset_targets(command: tuple[str, ...]) -> list[str] | None:
     return [] if not items or items == ["all"] else items
 
 
-def _named(target: str, chip: Chip) -> bool:
+def _named(target: str, chip: Target) -> bool:
     if _BDF.match(target):
         return chip.bdf == target  # tt-smi matches the address exactly, as written
     if target.startswith(_DEV):
@@ -71,17 +95,17 @@ def _named(target: str, chip: Chip) -> bool:
     return True  # a word tt-smi would refuse: nobody knows what runs, so assume ours
 
 
-def chips_concerned(notice: Notice, chips: list[Chip]) -> list[Chip] | None:
+def chips_concerned(notice: Notice, chips: list[Target]) -> list[Target] | None:
     """The job's chips the notice's reset names; None when the reset's scope is unknown."""
     targets = reset_targets(notice.command)
     if targets is None:
         return None
     if not targets:
         return list(chips)
-    return [c for c in chips if c.mmio and any(_named(t, c) for t in targets)]
+    return [c for c in chips if any(_named(t, c) for t in targets)]
 
 
-def could_reset(host: Host, notice: Notice, chips: list[Chip], job_uid: int) -> bool:
+def could_reset(host: Host, notice: Notice, chips: list[Target], job_uid: int) -> bool:
     """Could the notice's sender reset the job's chips itself (open a device node to write)?"""
     if notice.uid in (0, job_uid):
         return True
@@ -103,7 +127,7 @@ def could_reset(host: Host, notice: Notice, chips: list[Chip], job_uid: int) -> 
     return False
 
 
-def judge(host: Host, notice: Notice, chips: list[Chip], job_uid: int) -> Verdict:
+def judge(host: Host, notice: Notice, chips: list[Target], job_uid: int) -> Verdict:
     """What a PRE_RESET notice means for a job on ``chips``."""
     who = notice.who()
     if not could_reset(host, notice, chips, job_uid):

@@ -1,0 +1,63 @@
+"""Reset notices heard while an attempt's ranks run: another tool is about to reset the chips.
+
+The guardian listens as tt-umd's listeners do (:mod:`ttmesh.host.umdnotice`) from the ranks'
+start to the attempt's end. A PRE_RESET that concerns the job's chips, from a sender who could
+reset them (:mod:`ttmesh.fabric.resetscope`), stops the job's ranks at once (the resetter waits
+only its 2 s of grace, then resets whatever still runs): the attempt ends naming who reset,
+and is not restarted (the chips are being reset under it; ``ttmesh check`` says when they are
+back). A notice that does not concern the job is said once and the job goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ttmesh.fabric import resetscope
+from ttmesh.host import umdnotice
+from ttmesh.host.base import Host
+
+__all__ = ["ResetWatch"]
+
+
+class ResetWatch:
+    """The attempt's listener for reset notices, and what each means for the job."""
+
+    def __init__(
+        self, host: Host, bdfs: list[str], job_uid: int, say: Callable[[str], None]
+    ) -> None:
+        self.host = host
+        self.job_uid = job_uid
+        self.say = say
+        self.chips = resetscope.targets(host, bdfs)
+        self.listener, why = umdnotice.try_listen(host.root)
+        if self.listener is None:
+            say(f"not listening for tt-umd's reset notices: {why}")
+
+    def fileno(self) -> int:
+        assert self.listener is not None
+        return self.listener.fileno()
+
+    @property
+    def listening(self) -> bool:
+        return self.listener is not None
+
+    def heard(self) -> str | None:
+        """Read what arrived: the reason to stop the job, or None to go on."""
+        if self.listener is None:
+            return None
+        stop = None
+        for notice in self.listener.read():
+            if notice.kind != "pre-reset":
+                self.say(f"tt-umd reset notice: the reset by {notice.who()} is done")
+                continue
+            verdict = resetscope.judge(self.host, notice, self.chips, self.job_uid)
+            if verdict.heed and stop is None:
+                stop = f"reset notice: {verdict.why}"
+            elif not verdict.heed:
+                self.say(f"tt-umd reset notice: {verdict.why}: the job goes on")
+        return stop
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None

@@ -565,7 +565,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd,
         user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
         ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
-        chipless=True,
+        chipless=True, environ=dict(req.environ),
     )  # fmt: skip
 
 

@@ -161,11 +161,11 @@ def test_build_reads_no_environment(qb2: Path, monkeypatch: pytest.MonkeyPatch) 
     prepared = prepare(req, open_host(qb2), ask_metal=False)
     sel = prepared.selection
     assert sel is not None
-    split = planmod.plan_split(req, sel)
+    split, outside = planmod.plan_split(req, sel), planmod.surroundings(req)
     monkeypatch.setattr(os, "environ", _Untouchable())
     monkeypatch.setattr(os, "getcwd", lambda: pytest.fail("build read the working directory"))
     try:
-        plan = planmod.build(req, prepared.inv, sel, list(req.command), split, None)
+        plan = planmod.build(req, prepared.inv, sel, list(req.command), split, outside)
     finally:
         monkeypatch.undo()
     assert plan.ranks[0].env["TT_METAL_CACHE"] == "/home/someone/.cache/ttmesh/tt-metal-cache/rank0"

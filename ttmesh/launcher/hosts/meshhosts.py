@@ -160,7 +160,7 @@ def _finish(
     descriptor_only: bool,
     hosts_of_ranks: list[str] | None,
 ) -> Any:
-    from ttmesh.launcher.planning.plan import build, launch_dir_refusal, plan_split
+    from ttmesh.launcher.planning.plan import build, plan_split, surroundings
     from ttmesh.launcher.planning.prepare import Prepared
     from ttmesh.launcher.planning.request import resolve_command
     from ttmesh.mesh import memory, mock
@@ -193,7 +193,7 @@ def _finish(
             for r, chips in enumerate(rank_chips)
         }
     req.mpi_args = mh.args(hosts_of_ranks, "mpi/rankfile")  # mpirun runs in the run directory
-    plan = build(req, cluster.inv, sel, argv, sp, launch_dir_refusal(req))
+    plan = build(req, cluster.inv, sel, argv, sp, surroundings(req))
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
     prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh)

@@ -254,14 +254,32 @@ def plan_split(req: LaunchRequest, sel: Selection) -> layout.Split:
     return layout.split(sel, req.layout, req.nproc, host_of)
 
 
-def launch_dir_refusal(req: LaunchRequest) -> str | None:
-    """Why a rank-binding job's launch directory is not put on its ranks' PYTHONPATH (None: it
-    is, as tt-run does). Read from the file system before :func:`build`, which reads nothing."""
+@dataclass(frozen=True)
+class Surroundings:
+    """What a plan needs from outside the request, read before :func:`build` (which reads
+    nothing): :func:`surroundings`."""
+
+    home: str  # the launcher's home directory (its caches go under it)
+    cwd_refusal: str | None = None  # why the launch directory is not on PYTHONPATH (rank binding)
+
+
+def surroundings(req: LaunchRequest) -> Surroundings:
+    """The home directory (the request's HOME, else the password database's, as
+    ``os.path.expanduser`` does) and why a rank-binding job's launch directory is not put on
+    its ranks' PYTHONPATH (None: it is, as tt-run does; ``ttrun.pythonpath_refusal``)."""
+    home = req.environ.get("HOME")
+    if not home:
+        import pwd
+
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = "/"
     if req.binding is None:
-        return None
+        return Surroundings(home)
     from ttmesh.launcher.adapters import ttrun
 
-    return ttrun.pythonpath_refusal(req.cwd)
+    return Surroundings(home, ttrun.pythonpath_refusal(req.cwd))
 
 
 @dataclass(frozen=True)
@@ -277,7 +295,7 @@ class _Job:
     per_node: int  # ranks per host
     descriptors: dict[str, str]  # name -> path
     desc_of: dict[int, str]  # rank -> its mesh graph descriptor
-    cwd_refusal: str | None  # launch_dir_refusal
+    outside: Surroundings
 
     @property
     def world(self) -> int:
@@ -294,12 +312,12 @@ def build(
     sel: Selection,
     argv: list[str],
     split: layout.Split | None,
-    cwd_refusal: str | None,
+    outside: Surroundings,
 ) -> LaunchPlan:
     """The plan of a launch, pure: everything it needs comes in (the launcher's environment
     and directory in ``req.environ`` and ``req.cwd``, the split from :func:`plan_split`, the
-    launch directory's verdict from :func:`launch_dir_refusal`); it reads no environment
-    and no file, so ``--dry-run`` and the launch get the same plan from the same inputs."""
+    home directory and the launch directory's verdict from :func:`surroundings`); it reads no
+    environment and no file, so ``--dry-run`` and the launch get the same plan from the same inputs."""
     sp = split if split is not None else plan_split(req, sel)
     files, descriptors, desc_of = _descriptors(req, inv, sel, sp)
     files.update(_mock_files(req))
@@ -313,7 +331,7 @@ def build(
         per_node=world // len(req.cluster.hosts) if req.cluster is not None else world,
         descriptors=descriptors,
         desc_of=desc_of,
-        cwd_refusal=cwd_refusal,
+        outside=outside,
     )
     ranks = [_rank_plan(job, block, argv) for block in sp.blocks]
     used = {
@@ -354,7 +372,7 @@ def build(
         from ttmesh.launcher.adapters import ttrun
 
         plan.notes.append(
-            ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ, cwd_refusal)
+            ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ, outside.cwd_refusal)
         )
     return plan
 
@@ -394,20 +412,15 @@ def _mock_files(req: LaunchRequest) -> dict[str, str]:
     return {_mock_path(req, rank): text for rank, text in req.mocks.items()}
 
 
-def _cache_base(req: LaunchRequest) -> str:
+def _cache_base(req: LaunchRequest, home: str) -> str:
     """Where the ranks' tt-metal caches go (one per rank, TT_METAL_CACHE/rankN): under the
-    launcher's TT_METAL_CACHE, else ttmesh's under the XDG cache directory, read from the
-    request's environment (paths.xdg_dir's rule); with no HOME there, the run directory."""
+    launcher's TT_METAL_CACHE, else ttmesh's under the XDG cache directory (paths.xdg_dir's
+    rule), read from the request's environment and ``home``."""
     environ = req.environ
     if environ.get("TT_METAL_CACHE"):
         return environ["TT_METAL_CACHE"]
     xdg = environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(xdg):
-        base = xdg
-    elif environ.get("HOME"):
-        base = os.path.join(environ["HOME"], ".cache")
-    else:
-        return f"{req.run_dir}/tt-metal-cache"
+    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache")
     return str(Path(base) / "ttmesh" / "tt-metal-cache")
 
 
@@ -467,7 +480,7 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
         "TT_MESH_ID": str(mesh_id),
         "TT_MESH_HOST_RANK": str(host_rank),
         "LIBTT_SYMMETRIC_DRAM_MB": str(req.symmetric_dram_mb),
-        "TT_METAL_CACHE": f"{_cache_base(req)}/rank{rank}",
+        "TT_METAL_CACHE": f"{_cache_base(req, job.outside.home)}/rank{rank}",
         "TTMESH_JOB_ID": req.job,
         "TTMESH_RANK": str(rank),
         "TTMESH_READY_FILE": f"{run_dir}/ready/rank{rank}",
@@ -492,7 +505,9 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
         from ttmesh.launcher.adapters import ttrun
 
         binding = req.binding.bindings[rank]
-        env.update(ttrun.binding_env(binding, req.binding, req.environ, req.cwd, job.cwd_refusal))
+        env.update(
+            ttrun.binding_env(binding, req.binding, req.environ, req.cwd, job.outside.cwd_refusal)
+        )
         env["TT_VISIBLE_DEVICES"] = ",".join(block.bdfs)  # by PCI address, whatever was given
         mesh_id, host_rank = binding.mesh_id, binding.mesh_host_rank or 0
         if binding.mesh_host_rank is None:

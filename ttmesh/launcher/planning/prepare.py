@@ -31,8 +31,8 @@ from ttmesh.launcher.planning.plan import (
     LaunchPlan,
     build,
     build_chipless,
-    launch_dir_refusal,
     plan_split,
+    surroundings,
 )
 from ttmesh.launcher.planning.ports import check_port, free_port, server_port_free
 from ttmesh.launcher.planning.request import LaunchRequest, resolve_command
@@ -335,7 +335,7 @@ def _plan(
     cluster = None if descriptor_only else host.mock_cluster()
     if cluster is not None:
         req.mocks = mock_clusters(cluster, split, req)
-    plan = build(req, inv, sel, argv, split, launch_dir_refusal(req))
+    plan = build(req, inv, sel, argv, split, surroundings(req))
     requires = req.profile.system if req.profile is not None else None
     return Prepared(plan, inv, sel, requires=requires)
 

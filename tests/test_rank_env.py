@@ -9,11 +9,13 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from conftest import worker
+from users import users_fixture  # noqa: F401
 
 # The only variables a rank's process may have that the dry run does not show, all mpirun's,
 # which it adds to every rank it starts (ttmesh neither sets nor can know them): Open MPI's
@@ -170,3 +172,38 @@ def test_build_reads_no_environment(qb2: Path, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.undo()
     assert plan.ranks[0].env["TT_METAL_CACHE"] == "/home/someone/.cache/ttmesh/tt-metal-cache/rank0"
     assert plan.cwd == "/somewhere" and plan.environ["MINE"] == "1"
+
+
+DUMP = (
+    "import json, os\n"
+    "open(os.path.join(os.environ['OUT'], 'rank' + os.environ['RANK'] + '.json'), 'w')"
+    ".write(json.dumps(dict(os.environ)))"
+)
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_each_users_ranks_get_what_their_dry_run_shows(users: dict, who: str) -> None:
+    """Another user's launch (its own HOME, here one that does not exist, and its own cache
+    directory): its ranks' environment is its dry run's too."""
+    if who not in users:
+        pytest.skip("cannot switch to nobody here")
+    user = users[who]
+    out = Path(tempfile.mkdtemp(dir=user.base))
+    out.chmod(0o777)
+    args = ["launch", "--root", str(user.sim), "--tp-size", "2", "--job-id", f"env-{who}",
+            "--master-port", str(_free_port()), "--env", f"OUT={out}"]  # fmt: skip
+    command = ["--", "/usr/bin/python3", "-c", DUMP]
+    extra = {"LC_ALL": "C.UTF-8"}  # else Python coerces a C locale by setting LC_CTYPE
+    dry = user.run(*args, "--dry-run", "--json", "--show-env", *command, env=extra)
+    assert dry.returncode == 0, dry.stderr
+    real = user.run(*args, *command, env=extra)
+    assert real.returncode == 0, real.stderr
+    # The launcher's environment: nobody's is exactly its own (env -i), root's is pytest's.
+    launcher_env = {**(user.env if who == "nobody" else os.environ), **extra}
+    for rank in json.loads(dry.stdout)["ranks"]:
+        got = json.loads((out / f"rank{rank['rank']}.json").read_text())
+        want = _expected(rank, launcher_env)
+        assert sorted(got) == sorted(want), (who, rank["rank"], set(got) ^ set(want))
+        assert got == want, (who, rank["rank"])
+        cache = user.env.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME") or "/"
+        assert got["TT_METAL_CACHE"].startswith(cache), who

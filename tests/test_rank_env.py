@@ -207,3 +207,48 @@ def test_each_users_ranks_get_what_their_dry_run_shows(users: dict, who: str) ->
         assert got == want, (who, rank["rank"])
         cache = user.env.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME") or "/"
         assert got["TT_METAL_CACHE"].startswith(cache), who
+
+
+def _sections(argv: list[str]) -> list[dict[str, str]]:
+    """The ``-x K=V`` exports of each rank section of an MPMD mpirun command line."""
+    out: list[dict[str, str]] = [{}]
+    for i, word in enumerate(argv):
+        if word == ":":
+            out.append({})
+        elif word == "-x":
+            key, _, value = argv[i + 1].partition("=")
+            out[-1][key] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"PATH": "/bin", "RANK": "9", "MINE": "x"},
+        {"PATH": "/usr/bin", "OMP_NUM_THREADS": "8", "PYTHONUNBUFFERED": "", "MINE": "y"},
+    ],
+)
+def test_mpirun_exports_the_rank_env_but_what_it_passes_itself(
+    qb2: Path, environ: dict[str, str]
+) -> None:
+    """Under mpirun a rank gets mpirun's environment and its section's exports: together
+    exactly rank_env; every variable of the plan is exported (on another host only the
+    exports reach the rank), and nothing mpirun passes through the same is repeated."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.rankenv import rank_env
+    from ttmesh.launcher.planning.request import LaunchRequest
+
+    req = LaunchRequest(command=[sys.executable, "-c", "pass"], tp_size=2, no_python=True,
+                        env=[("PATH", "/bin"), ("MINE", "x")], environ=environ)  # fmt: skip
+    plan = prepare(req, open_host(qb2), ask_metal=False).plan
+    argv, mpirun_env = mpi.mpirun_argv("/usr/bin/mpirun", plan, environ, 3)
+    sections = _sections(argv)
+    assert len(sections) == len(plan.ranks) == 2
+    for rank, exports in zip(plan.ranks, sections, strict=True):
+        assert {**mpirun_env, **exports} == rank_env(plan, rank, environ, 3)
+        assert set(rank.env) <= set(exports)
+        assert exports["TORCHELASTIC_RESTART_COUNT"] == "3"
+        repeated = {k for k, v in exports.items() if mpirun_env.get(k) == v} - set(rank.env)
+        assert not repeated

@@ -311,14 +311,14 @@ def build(
     inv: Inventory,
     sel: Selection,
     argv: list[str],
-    split: layout.Split | None,
+    split: layout.Split,
     outside: Surroundings,
 ) -> LaunchPlan:
     """The plan of a launch, pure: everything it needs comes in (the launcher's environment
     and directory in ``req.environ`` and ``req.cwd``, the split from :func:`plan_split`, the
     home directory and the launch directory's verdict from :func:`surroundings`); it reads no
     environment and no file, so ``--dry-run`` and the launch get the same plan from the same inputs."""
-    sp = split if split is not None else plan_split(req, sel)
+    sp = split
     files, descriptors, desc_of = _descriptors(req, inv, sel, sp)
     files.update(_mock_files(req))
     world = len(sp.blocks)

@@ -288,8 +288,11 @@ def _shared_host(bf: BindingFile, bare: list[int], host: str) -> tuple[str, str]
     ), f"give rank {bare[0]} its TT_VISIBLE_DEVICES"
 
 
-def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) -> dict[str, str]:
-    """What tt-run gives the rank (its managed variables, global_env, env_overrides)."""
+def binding_env(
+    b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str, cwd_refusal: str | None
+) -> dict[str, str]:
+    """What tt-run gives the rank (its managed variables, global_env, env_overrides).
+    ``cwd_refusal``: :func:`pythonpath_refusal` of ``cwd``, read before the plan is built."""
     home = environ.get("TT_METAL_HOME", cwd)
     env = {
         "TT_MESH_ID": str(b.mesh_id),
@@ -300,7 +303,7 @@ def binding_env(b: Binding, bf: BindingFile, environ: dict[str, str], cwd: str) 
     }
     # tt-run defaults PYTHONPATH to the launch directory (`python tests/x.py` from a checkout
     # imports the checkout's package); a PYTHONPATH of yours is kept as it is, as tt-run does.
-    if "PYTHONPATH" not in environ and pythonpath_refusal(cwd) is None:
+    if "PYTHONPATH" not in environ and cwd_refusal is None:
         env["PYTHONPATH"] = cwd
     # tt-run defaults TT_METAL_RUNTIME_ROOT to the launch directory, where an installed ttnn
     # wheel then looks for its SoC descriptors and fails ("SoC descriptor file does not
@@ -335,7 +338,9 @@ def pythonpath_refusal(cwd: str) -> str | None:
     return None
 
 
-def where_note(workdir: str, cwd: str, env: dict[str, str], environ: dict[str, str]) -> str:
+def where_note(
+    workdir: str, cwd: str, env: dict[str, str], environ: dict[str, str], cwd_refusal: str | None
+) -> str:
     """What --dry-run says about where a rank-binding job's ranks run and what they import."""
     where = (
         f"ranks run in {workdir} (--workdir)"
@@ -350,5 +355,5 @@ def where_note(workdir: str, cwd: str, env: dict[str, str], environ: dict[str, s
     elif "PYTHONPATH" in env:
         path = "PYTHONPATH as the rank binding sets it"
     else:
-        path = f"PYTHONPATH not set to the launch directory: {pythonpath_refusal(cwd)}"
+        path = f"PYTHONPATH not set to the launch directory: {cwd_refusal}"
     return f"{where}; {path}"

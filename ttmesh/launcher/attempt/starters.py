@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ttmesh import procs
 from ttmesh.launcher.attempt.logs import LAUNCHER, Console
 from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.launcher.planning.rankenv import rank_env
 from ttmesh.vocab import StartMode
 
 Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
@@ -156,7 +157,7 @@ class DirectStarter(Starter):
 
     def start(self) -> list[RankExit]:
         ranks = [
-            (rank, self.plan.rank_env(rank, self.base_env, self.attempt))
+            (rank, rank_env(self.plan, rank, self.base_env, self.attempt))
             for rank in self.plan.ranks
         ]
         # Every rank's program first (a rank's PATH may not be ttmesh's): one that cannot run
@@ -304,7 +305,7 @@ class MpiStarter(Starter):
         lines of its own, then exit): the rank's PATH is its ``-x PATH``, else mpirun's."""
         checked: set[tuple[str, str | None, str | None]] = set()
         for rank in self.plan.ranks:
-            env = {**mpirun_env, **rank.env}
+            env = rank_env(self.plan, rank, self.base_env, self.attempt)
             cwd = rank.workdir or self.plan.cwd or None
             program = (rank.argv[0], env.get("PATH"), cwd)
             if program in checked:

@@ -160,10 +160,10 @@ def _finish(
     descriptor_only: bool,
     hosts_of_ranks: list[str] | None,
 ) -> Any:
-    from ttmesh.launcher.planning.plan import build
+    from ttmesh.launcher.planning.plan import build, plan_split, surroundings
     from ttmesh.launcher.planning.prepare import Prepared
     from ttmesh.launcher.planning.request import resolve_command
-    from ttmesh.mesh import layout, memory, mock
+    from ttmesh.mesh import memory, mock
     from ttmesh.runtime import jobs
 
     req.cluster = cluster
@@ -179,10 +179,10 @@ def _finish(
         req.cwd = os.getcwd()
     req.master_addr = mh.names[0]
     req.master_port = req.master_port or 29500
+    sp = plan_split(req, sel)  # (over req.cluster's hosts)
     if req.binding is not None:
         rank_chips = [[a for u in units for a in u.chips] for units in req.binding_units]
     else:
-        sp = layout.split(sel, req.layout, req.nproc, cluster.host_of)
         rank_chips = [list(b.chips) for b in sp.blocks]
         hosts_of_ranks = [cluster.name_of(b.chips[0]) for b in sp.blocks]
     assert hosts_of_ranks is not None
@@ -193,7 +193,7 @@ def _finish(
             for r, chips in enumerate(rank_chips)
         }
     req.mpi_args = mh.args(hosts_of_ranks, "mpi/rankfile")  # mpirun runs in the run directory
-    plan = build(req, cluster.inv, sel, argv)
+    plan = build(req, cluster.inv, sel, argv, sp, surroundings(req))
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
     prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh)

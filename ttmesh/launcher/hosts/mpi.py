@@ -19,8 +19,8 @@ from collections.abc import Callable
 from ttmesh import procs
 from ttmesh.errors import bad_input
 from ttmesh.launcher.attempt.logs import LAUNCHER
+from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
-from ttmesh.launcher.planning.rankenv import scrubbed, unbuffered
 
 # --tag-output: Open MPI 4 writes ``[1,0]<stdout>:text``, Open MPI 5 ``[1,0]<stdout>: text``.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
@@ -99,7 +99,11 @@ def find_mpirun(explicit: str | None = None, prefer_ulfm: bool = False) -> str:
 def mpirun_argv(
     mpirun: str, plan: LaunchPlan, base_env: dict[str, str], attempt: int
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment of mpirun itself): one ``-np 1 -x K=V ... prog`` section per rank."""
+    """(argv, environment of mpirun itself): one ``-np 1 -x K=V ... prog`` section per rank.
+    A rank gets :func:`rankenv.rank_env`: mpirun's own environment (``base_env`` without the
+    rank variables, one OpenMP thread unless set), which its ranks inherit, and, exported with
+    ``-x``, the rest of it and every variable the plan sets (on another host, only what is
+    exported reaches the rank)."""
     argv = [mpirun, "--tag-output"]
     if not plan.hosts:
         argv += ["--bind-to", "none"]  # (a rankfile places and does not bind: tt-run's rule)
@@ -108,20 +112,17 @@ def mpirun_argv(
     if len(plan.ranks) > (os.cpu_count() or 1) and "--oversubscribe" not in plan.mpi_args:
         argv.append("--oversubscribe")
     argv += plan.mpi_args
-    env = {k: v for k, v in base_env.items() if not scrubbed(k)}
-    if "OMP_NUM_THREADS" not in base_env:
-        env["OMP_NUM_THREADS"] = "1"
+    env = {**rankenv.inherited(base_env), **rankenv.threads(base_env)}
     for i, rank in enumerate(plan.ranks):
         if i:
             argv.append(":")
         argv += ["-np", "1"]
         if rank.workdir and not plan.hosts:
             argv += ["--wdir", rank.workdir]
-        rank_env = {
-            **rank.env,
-            **unbuffered(base_env, rank.env),
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
-        }
+        full = rankenv.rank_env(plan, rank, base_env, attempt)
+        # What mpirun passes through itself is left out: its environment, where the plan does
+        # not set the variable.
+        rank_env = {k: v for k, v in full.items() if k in rank.env or env.get(k) != v}
         command = list(rank.argv)
         if plan.hosts:
             # On its host, the rank's own ttmesh writes its files, leases its chips and checks

@@ -112,6 +112,7 @@ def run(
         ready_timeout=timeout,
         ready_pattern=r"^PROBE ",
         env=[("TT_LOGGER_LEVEL", "error"), ("LOGURU_LEVEL", "INFO")],
+        environ=dict(os.environ),  # (the plan reads none: its caches go under this HOME)
         strict_links=True,
         grace=2.0,
     )

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttmesh import paths
 from ttmesh.fabric.devices import Inventory
-from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS, scrubbed, unbuffered
+from ttmesh.launcher.planning import rankenv
+from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS
 from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.mesh import layout
 from ttmesh.mesh.select import Selection, Unit
@@ -85,6 +85,9 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     passed_over: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, str]] = field(default_factory=list)
+    # The launcher's environment the plan was made in (the request's): what ``--dry-run``
+    # shows each rank's environment against (rankenv.rank_env; the starters pass their own).
+    environ: dict[str, str] = field(default_factory=dict)
 
     @property
     def fabric_at_start(self) -> bool:
@@ -97,27 +100,6 @@ class LaunchPlan:
         meshes = [a for r in self.ranks for a in r.chips]
         idle = [a for r in self.ranks for u in r.units for a in u.chips if a not in meshes]
         return meshes + list(dict.fromkeys(idle))
-
-    def rank_env(self, rank: RankPlan, base: dict[str, str], restart: int = 0) -> dict[str, str]:
-        """The full environment of one rank: ``base`` minus rank variables, plus the plan's."""
-        env = {k: v for k, v in base.items() if not scrubbed(k)}
-        env.update(rank.env)
-        env.update(self.defaults(base, restart, rank.env))
-        return env
-
-    def defaults(
-        self, base: dict[str, str], restart: int = 0, given: dict[str, str] | None = None
-    ) -> dict[str, str]:
-        """What every rank gets besides its plan: Python's output unbuffered (:func:`unbuffered`),
-        torchrun's restart count and, as torchrun does, one OpenMP thread unless set (not for
-        a server, which sizes its own threads). ``given``: the rank's own (``--env``)."""
-        out = unbuffered(base, given or {})
-        if self.serving is not None:
-            return out
-        out["TORCHELASTIC_RESTART_COUNT"] = str(restart)
-        if "OMP_NUM_THREADS" not in base:
-            out["OMP_NUM_THREADS"] = "1"
-        return out
 
     def to_json(self, show_env: bool = False) -> dict[str, Any]:
         def shown(env: dict[str, str]) -> dict[str, str]:
@@ -161,10 +143,19 @@ class LaunchPlan:
                     **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
                     "workdir": r.workdir or self.cwd,
-                    "env": shown({**r.env, **self.defaults(dict(os.environ), given=r.env)}),
+                    **self._env_json(r, shown),
                 }
                 for r in self.ranks
             ],
+        }
+
+    def _env_json(self, rank: RankPlan, shown: Any) -> dict[str, Any]:
+        """A rank's environment as ``--dry-run`` shows it, from :func:`rankenv.rank_env`'s own
+        parts: what ttmesh sets (``env``) and the launcher's variables it drops (``unset``);
+        the rest of the launcher's environment (``environ``) is inherited as it is."""
+        return {
+            "env": shown(rankenv.ttmesh_env(self, rank, self.environ)),
+            "unset": rankenv.unset(self, rank, self.environ),
         }
 
     def _chipless_json(self, shown: Any) -> dict[str, Any]:
@@ -199,7 +190,7 @@ class LaunchPlan:
                     "host_rank": None,
                     "mesh_id": None,
                     "argv": list(r.argv),
-                    "env": shown({**r.env, **self.defaults(dict(os.environ), given=r.env)}),
+                    **self._env_json(r, shown),
                 }
                 for r in self.ranks
             ],
@@ -254,136 +245,295 @@ def _server_env(
     return {**out, **chips, **server.env}
 
 
-def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -> LaunchPlan:
-    run_dir = req.run_dir
+def plan_split(req: LaunchRequest, sel: Selection) -> layout.Split:
+    """The split of the chosen chips into ranks: a rank binding's own, else the layout's (over
+    the hosts of a cluster). Made once per launch: the mock clusters and :func:`build` take it."""
     if req.binding is not None:
-        sp = _binding_split(req, sel)
-        files: dict[str, str] = {}
-        of_rank = {b.rank: "" for b in sp.blocks}
-        descriptors = req.binding.descriptors()
-    else:
-        host_of = req.cluster.host_of if req.cluster is not None else None
-        sp = layout.split(sel, req.layout, req.nproc, host_of)
-        texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
-        files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
-        if sp.layout == Layout.ISOLATED:
-            descriptors = {f"rank{r}": f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
-        else:
-            descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
-    cache_base = os.environ.get("TT_METAL_CACHE") or str(
-        Path(paths.xdg_dir("XDG_CACHE_HOME", ".cache") or ".") / "ttmesh" / "tt-metal-cache"
-    )
-    user_env = dict(req.env)
-    host_env = inv.host.rank_env(sel.chips)
-    world = len(sp.blocks)
-    nodes = _nodes(req, sp)
-    per_node = world // len(req.cluster.hosts) if req.cluster is not None else world
-    groupings = _groupings(req, sp) if req.cluster is not None else None
-    if groupings is not None:
-        files[f"{run_dir}/mesh/groupings.textproto"] = groupings
-        descriptors["groupings"] = f"{run_dir}/mesh/groupings.textproto"
-    ranks = []
-    for block in sp.blocks:
-        rank = block.rank
-        node = nodes[rank]
-        local = rank - node * per_node
-        if req.cluster is not None:
-            view = req.cluster.hosts[node]
-            mine = {c.asic_id for c in view.inv.chips}
-            host_env = view.inv.host.rank_env([a for a in sel.chips if a in mine])
-        mesh_id, host_rank = layout.mesh_ids(sp, block)
-        desc_path = (
-            req.binding.descriptor_of(req.binding.bindings[rank])
-            if req.binding is not None
-            else f"{run_dir}/mesh/{of_rank[rank]}"
-        )
-        env = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(per_node),
-            "GROUP_RANK": str(node),
-            "GROUP_WORLD_SIZE": str(len(req.cluster.hosts) if req.cluster is not None else 1),
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(world),
-            "ROLE_NAME": "default",
-            "MASTER_ADDR": req.master_addr,
-            "MASTER_PORT": str(req.master_port),
-            "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
-            "TORCHELASTIC_RUN_ID": req.job,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCHELASTIC_ERROR_FILE": f"{run_dir}/errors/rank{rank}.json",
-            "TT_VISIBLE_DEVICES": ",".join(block.bdfs),
-            "TT_MESH_GRAPH_DESC_PATH": desc_path,
-            "TT_MESH_ID": str(mesh_id),
-            "TT_MESH_HOST_RANK": str(host_rank),
-            "LIBTT_SYMMETRIC_DRAM_MB": str(req.symmetric_dram_mb),
-            "TT_METAL_CACHE": f"{cache_base}/rank{rank}",
-            "TTMESH_JOB_ID": req.job,
-            "TTMESH_RANK": str(rank),
-            "TTMESH_READY_FILE": f"{run_dir}/ready/rank{rank}",
-            "TTMESH_FABRIC_FILE": f"{run_dir}/fabric/rank{rank}",
-        }
-        env.update(host_env)
-        if req.cluster is not None:
-            env["TTMESH_NODE_RANK"] = str(node)
-            env["TTMESH_NNODES"] = str(len(req.cluster.hosts))
-            if groupings is not None and "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH" not in (
-                req.environ
-            ):
-                env["TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"] = descriptors["groupings"]
-        if rank in req.mocks:
-            mock_path = f"{run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
-            files[mock_path] = req.mocks[rank]
-            env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = mock_path
-        if req.segment_dir and SEGMENT_VAR not in req.environ:
-            env[SEGMENT_VAR] = req.segment_dir
-        workdir = req.workdir
-        if workdir == "" and req.binding is not None:
-            # tt-run runs a rank-binding job in the launch directory (`python tests/x.py` from a
-            # checkout finds its script and files there): ttmesh too, for its files.
-            workdir = req.cwd
-        elif workdir == "" and req.launcher == StartMode.MPI:
-            # tt-metal writes generated/fabric/... under the working directory: a world of its
-            # own gets a directory of its own, so concurrent jobs don't overwrite each other.
-            workdir = f"{run_dir}/work"
-        if workdir:
-            env["TT_RUN_ORIGINAL_CWD"] = req.cwd
-            env["TTMESH_ORIGINAL_CWD"] = req.cwd
-        if req.binding is not None:
-            from ttmesh.launcher.adapters import ttrun
+        return _binding_split(req, sel)
+    host_of = req.cluster.host_of if req.cluster is not None else None
+    return layout.split(sel, req.layout, req.nproc, host_of)
 
-            binding = req.binding.bindings[rank]
-            env.update(ttrun.binding_env(binding, req.binding, req.environ, req.cwd))
-            env["TT_VISIBLE_DEVICES"] = ",".join(block.bdfs)  # by PCI address, whatever was given
-            mesh_id, host_rank = binding.mesh_id, binding.mesh_host_rank or 0
-            if binding.mesh_host_rank is None:
-                env.pop("TT_MESH_HOST_RANK", None)
-        if req.serving is not None:
-            env = _server_env(env, req, inv, sel, desc_path)
-        env.update(user_env)
-        ranks.append(
-            RankPlan(
-                rank=rank,
-                units=block.units,
-                chips=block.chips,
-                bdfs=block.bdfs,
-                coord=block.origin,
-                host_rank=host_rank,
-                mesh_id=mesh_id,
-                argv=tuple(argv),
-                env=env,
-                block_shape=block.shape,
-                workdir=workdir,
-                node=node,
-            )
-        )
+
+@dataclass(frozen=True)
+class Surroundings:
+    """What a plan needs from outside the request, read before :func:`build` (which reads
+    nothing): :func:`surroundings`."""
+
+    home: str  # the launcher's home directory (its caches go under it)
+    cwd_refusal: str | None = None  # why the launch directory is not on PYTHONPATH (rank binding)
+
+
+def surroundings(req: LaunchRequest) -> Surroundings:
+    """The home directory (the request's HOME, else the password database's, as
+    ``os.path.expanduser`` does) and why a rank-binding job's launch directory is not put on
+    its ranks' PYTHONPATH (None: it is, as tt-run does; ``ttrun.pythonpath_refusal``)."""
+    home = req.environ.get("HOME")
+    if not home:
+        import pwd
+
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = "/"
+    if req.binding is None:
+        return Surroundings(home)
+    from ttmesh.launcher.adapters import ttrun
+
+    return Surroundings(home, ttrun.pythonpath_refusal(req.cwd))
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every rank's plan is made from: the request, the host, the chips, their split into
+    ranks, the ranks' hosts and mesh descriptors, and the facts read before the build."""
+
+    req: LaunchRequest
+    inv: Inventory
+    sel: Selection
+    sp: layout.Split
+    nodes: dict[int, int]  # rank -> its host (0 on one host)
+    per_node: int  # ranks per host
+    descriptors: dict[str, str]  # name -> path
+    desc_of: dict[int, str]  # rank -> its mesh graph descriptor
+    outside: Surroundings
+
+    @property
+    def world(self) -> int:
+        return len(self.sp.blocks)
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.req.cluster.hosts) if self.req.cluster is not None else 1
+
+
+def build(
+    req: LaunchRequest,
+    inv: Inventory,
+    sel: Selection,
+    argv: list[str],
+    split: layout.Split,
+    outside: Surroundings,
+) -> LaunchPlan:
+    """The plan of a launch, pure: everything it needs comes in (the launcher's environment
+    and directory in ``req.environ`` and ``req.cwd``, the split from :func:`plan_split`, the
+    home directory and the launch directory's verdict from :func:`surroundings`); it reads no
+    environment and no file, so ``--dry-run`` and the launch get the same plan from the same inputs."""
+    sp = split
+    files, descriptors, desc_of = _descriptors(req, inv, sel, sp)
+    files.update(_mock_files(req))
+    world = len(sp.blocks)
+    job = _Job(
+        req=req,
+        inv=inv,
+        sel=sel,
+        sp=sp,
+        nodes=_nodes(req, sp),
+        per_node=world // len(req.cluster.hosts) if req.cluster is not None else world,
+        descriptors=descriptors,
+        desc_of=desc_of,
+        outside=outside,
+    )
+    ranks = [_rank_plan(job, block, argv) for block in sp.blocks]
     used = {
         r.env.get(k)
         for r in ranks
         for k in ("TT_MESH_GRAPH_DESC_PATH", "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH")
     }
-    descriptors = {name: path for name, path in descriptors.items() if path in used}
+    plan = LaunchPlan(
+        job=req.job,
+        layout=sp.layout,
+        mesh_shape=sel.shape,
+        dim_types=sel.dim_types,
+        host_dims=sp.host_dims if sp.layout == "mesh" else (1, 1),
+        symmetric_dram_mb=req.symmetric_dram_mb,
+        ranks=ranks,
+        files=files,
+        descriptors={name: path for name, path in descriptors.items() if path in used},
+        run_dir=req.run_dir,
+        root=str(inv.host.root),
+        simulated=inv.host.simulated,
+        master_addr=req.master_addr,
+        master_port=req.master_port,
+        max_restarts=req.max_restarts,
+        grace=req.grace,
+        cwd=req.cwd,
+        user_env_keys=tuple(dict(req.env)),
+        grouping=_grouping(job),
+        launcher=req.launcher,
+        mpirun=req.mpirun,
+        ready_timeout=req.ready_timeout,
+        ready_pattern=req.ready_pattern,
+        serving=req.serving,
+        hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
+        mpi_args=list(req.mpi_args),
+        environ=dict(req.environ),
+    )
+    if req.binding is not None:
+        from ttmesh.launcher.adapters import ttrun
+
+        plan.notes.append(
+            ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ, outside.cwd_refusal)
+        )
+    return plan
+
+
+def _descriptors(
+    req: LaunchRequest, inv: Inventory, sel: Selection, sp: layout.Split
+) -> tuple[dict[str, str], dict[str, str], dict[int, str]]:
+    """The mesh graph descriptors: (files to write, name -> path, rank -> its descriptor). A
+    rank binding names its own; a mesh over several hosts adds the physical groupings."""
+    run_dir = req.run_dir
+    if req.binding is not None:
+        files: dict[str, str] = {}
+        bf = req.binding
+        desc_of = {b.rank: bf.descriptor_of(bf.bindings[b.rank]) for b in sp.blocks}
+        descriptors = bf.descriptors()
+    else:
+        texts, of_rank = layout.descriptors(inv, sel, sp, req.strict_links)
+        files = {f"{run_dir}/mesh/{name}": text for name, text in texts.items()}
+        desc_of = {r: f"{run_dir}/mesh/{name}" for r, name in of_rank.items()}
+        if sp.layout == Layout.ISOLATED:
+            descriptors = {f"rank{r}": path for r, path in desc_of.items()}
+        else:
+            descriptors = {"mesh": f"{run_dir}/mesh/mesh.textproto"}
+    groupings = _groupings(req, sp) if req.cluster is not None else None
+    if groupings is not None:
+        files[f"{run_dir}/mesh/groupings.textproto"] = groupings
+        descriptors["groupings"] = f"{run_dir}/mesh/groupings.textproto"
+    return files, descriptors, desc_of
+
+
+def _mock_path(req: LaunchRequest, rank: int) -> str:
+    return f"{req.run_dir}/mock/rank{rank}_cluster_descriptor.yaml"
+
+
+def _mock_files(req: LaunchRequest) -> dict[str, str]:
+    """A simulated host's mock cluster of each rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
+    return {_mock_path(req, rank): text for rank, text in req.mocks.items()}
+
+
+def _cache_base(req: LaunchRequest, home: str) -> str:
+    """Where the ranks' tt-metal caches go (one per rank, TT_METAL_CACHE/rankN): under the
+    launcher's TT_METAL_CACHE, else ttmesh's under the XDG cache directory (paths.xdg_dir's
+    rule), read from the request's environment and ``home``."""
+    environ = req.environ
+    if environ.get("TT_METAL_CACHE"):
+        return environ["TT_METAL_CACHE"]
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache")
+    return str(Path(base) / "ttmesh" / "tt-metal-cache")
+
+
+def _torchrun_env(job: _Job, rank: int) -> dict[str, str]:
+    """torchrun's contract and ttmesh's own variables for ``rank``."""
+    req, run_dir, world, node = job.req, job.req.run_dir, job.world, job.nodes[rank]
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank - node * job.per_node),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(job.per_node),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(job.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": req.master_addr,
+        "MASTER_PORT": str(req.master_port),
+        "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
+        "TORCHELASTIC_RUN_ID": req.job,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": f"{run_dir}/errors/rank{rank}.json",
+    }
+
+
+def _host_env(job: _Job, node: int) -> dict[str, str]:
+    """What the rank's host adds for the job's chips there (a simulated host: its root)."""
+    if job.req.cluster is None:
+        return job.inv.host.rank_env(job.sel.chips)
+    view = job.req.cluster.hosts[node]
+    mine = {c.asic_id for c in view.inv.chips}
+    return view.inv.host.rank_env([a for a in job.sel.chips if a in mine])
+
+
+def _workdir(req: LaunchRequest) -> str:
+    """The ranks' working directory when not the user's ("" = the user's)."""
+    if req.workdir == "" and req.binding is not None:
+        # tt-run runs a rank-binding job in the launch directory (`python tests/x.py` from a
+        # checkout finds its script and files there): ttmesh too, for its files.
+        return req.cwd
+    if req.workdir == "" and req.launcher == StartMode.MPI:
+        # tt-metal writes generated/fabric/... under the working directory: a world of its
+        # own gets a directory of its own, so concurrent jobs don't overwrite each other.
+        return f"{req.run_dir}/work"
+    return req.workdir
+
+
+def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
+    """One rank's plan: its chips, place in the mesh and every variable ttmesh gives it."""
+    req, rank, run_dir = job.req, block.rank, job.req.run_dir
+    node = job.nodes[rank]
+    mesh_id, host_rank = layout.mesh_ids(job.sp, block)
+    env = {
+        **_torchrun_env(job, rank),
+        "TT_VISIBLE_DEVICES": ",".join(block.bdfs),
+        "TT_MESH_GRAPH_DESC_PATH": job.desc_of[rank],
+        "TT_MESH_ID": str(mesh_id),
+        "TT_MESH_HOST_RANK": str(host_rank),
+        "LIBTT_SYMMETRIC_DRAM_MB": str(req.symmetric_dram_mb),
+        "TT_METAL_CACHE": f"{_cache_base(req, job.outside.home)}/rank{rank}",
+        "TTMESH_JOB_ID": req.job,
+        "TTMESH_RANK": str(rank),
+        "TTMESH_READY_FILE": f"{run_dir}/ready/rank{rank}",
+        "TTMESH_FABRIC_FILE": f"{run_dir}/fabric/rank{rank}",
+        **_host_env(job, node),
+    }
+    if req.cluster is not None:
+        env["TTMESH_NODE_RANK"] = str(node)
+        env["TTMESH_NNODES"] = str(job.nnodes)
+        grouping = job.descriptors.get("groupings")
+        if grouping and "TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH" not in req.environ:
+            env["TT_METAL_PHYSICAL_GROUPING_DESCRIPTOR_PATH"] = grouping
+    if rank in req.mocks:
+        env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = _mock_path(req, rank)
+    if req.segment_dir and SEGMENT_VAR not in req.environ:
+        env[SEGMENT_VAR] = req.segment_dir
+    workdir = _workdir(req)
+    if workdir:
+        env["TT_RUN_ORIGINAL_CWD"] = req.cwd
+        env["TTMESH_ORIGINAL_CWD"] = req.cwd
+    if req.binding is not None:
+        from ttmesh.launcher.adapters import ttrun
+
+        binding = req.binding.bindings[rank]
+        env.update(
+            ttrun.binding_env(binding, req.binding, req.environ, req.cwd, job.outside.cwd_refusal)
+        )
+        env["TT_VISIBLE_DEVICES"] = ",".join(block.bdfs)  # by PCI address, whatever was given
+        mesh_id, host_rank = binding.mesh_id, binding.mesh_host_rank or 0
+        if binding.mesh_host_rank is None:
+            env.pop("TT_MESH_HOST_RANK", None)
+    if req.serving is not None:
+        env = _server_env(env, req, job.inv, job.sel, job.desc_of[rank])
+    env.update(dict(req.env))
+    return RankPlan(
+        rank=rank,
+        units=block.units,
+        chips=block.chips,
+        bdfs=block.bdfs,
+        coord=block.origin,
+        host_rank=host_rank,
+        mesh_id=mesh_id,
+        argv=tuple(argv),
+        env=env,
+        block_shape=block.shape,
+        workdir=workdir,
+        node=node,
+    )
+
+
+def _grouping(job: _Job) -> str:
+    """What --dry-run says of how the chips are grouped into workers and the mesh."""
+    sel, sp, req = job.sel, job.sp, job.req
     unit_size = max(u.size for u in sel.units)
     grouping = ""
     if unit_size > 1:
@@ -397,45 +547,13 @@ def build(req: LaunchRequest, inv: Inventory, sel: Selection, argv: list[str]) -
             grouping += f"; {plural(idle, 'chip')} of these boards stay out of the mesh, idle"
     if sp.layout == "mesh":
         grouping = (grouping + "; " if grouping else "") + (
-            f"one {sel.shape[0]}x{sel.shape[1]} mesh over {plural(world, 'process', 'processes')}, "
-            "host_topology "
+            f"one {sel.shape[0]}x{sel.shape[1]} mesh over "
+            f"{plural(job.world, 'process', 'processes')}, host_topology "
             f"{sp.host_dims[0]}x{sp.host_dims[1]}"
         )
     if req.cluster is not None:
-        grouping += f" on {len(req.cluster.hosts)} hosts ({per_node} per host)"
-    plan = LaunchPlan(
-        job=req.job,
-        layout=sp.layout,
-        mesh_shape=sel.shape,
-        dim_types=sel.dim_types,
-        host_dims=sp.host_dims if sp.layout == "mesh" else (1, 1),
-        symmetric_dram_mb=req.symmetric_dram_mb,
-        ranks=ranks,
-        files=files,
-        descriptors=descriptors,
-        run_dir=run_dir,
-        root=str(inv.host.root),
-        simulated=inv.host.simulated,
-        master_addr=req.master_addr,
-        master_port=req.master_port,
-        max_restarts=req.max_restarts,
-        grace=req.grace,
-        cwd=req.cwd,
-        user_env_keys=tuple(user_env),
-        grouping=grouping,
-        launcher=req.launcher,
-        mpirun=req.mpirun,
-        ready_timeout=req.ready_timeout,
-        ready_pattern=req.ready_pattern,
-        serving=req.serving,
-        hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
-        mpi_args=list(req.mpi_args),
-    )
-    if req.binding is not None:
-        from ttmesh.launcher.adapters import ttrun
-
-        plan.notes.append(ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ))
-    return plan
+        grouping += f" on {len(req.cluster.hosts)} hosts ({job.per_node} per host)"
+    return grouping
 
 
 def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
@@ -462,7 +580,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd,
         user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
         ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
-        chipless=True,
+        chipless=True, environ=dict(req.environ),
     )  # fmt: skip
 
 

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.devices import Inventory, discover
@@ -28,7 +27,13 @@ from ttmesh.launcher.planning.choose import (
     with_dead,
 )
 from ttmesh.launcher.planning.liveness import Liveness, can_start_unverified
-from ttmesh.launcher.planning.plan import LaunchPlan, build, build_chipless
+from ttmesh.launcher.planning.plan import (
+    LaunchPlan,
+    build,
+    build_chipless,
+    plan_split,
+    surroundings,
+)
 from ttmesh.launcher.planning.ports import check_port, free_port, server_port_free
 from ttmesh.launcher.planning.request import LaunchRequest, resolve_command
 from ttmesh.mesh import healthy, memory
@@ -39,6 +44,7 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.hosts.reach import MpiHosts
+    from ttmesh.mesh import layout
 
 
 @dataclass
@@ -280,7 +286,6 @@ def chipless(
     server_port_free(req.serving, dry_run)
     if not req.job:
         req.job = jobs.new_job_id()
-    paths.safe_name(req.job, "--job-id")
     if not req.run_dir:
         req.run_dir = str(jobs.runs_dir() / req.job)
         req.segment_dir = jobs.segment_dir(req.run_dir)
@@ -321,16 +326,16 @@ def _plan(
             req.master_port = free_port(req.master_addr)
     if not req.job:
         req.job = jobs.new_job_id()
-    paths.safe_name(req.job, "--job-id")
     if not req.run_dir:
         req.run_dir = str(jobs.runs_dir() / req.job)
         req.segment_dir = jobs.segment_dir(req.run_dir)
     if not req.cwd:
         req.cwd = os.getcwd()
+    split = plan_split(req, sel)  # once per launch: the mock clusters and the plan share it
     cluster = None if descriptor_only else host.mock_cluster()
     if cluster is not None:
-        req.mocks = mock_clusters(cluster, sel, req)
-    plan = build(req, inv, sel, argv)
+        req.mocks = mock_clusters(cluster, split, req)
+    plan = build(req, inv, sel, argv, split, surroundings(req))
     requires = req.profile.system if req.profile is not None else None
     return Prepared(plan, inv, sel, requires=requires)
 
@@ -371,20 +376,16 @@ def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
 
 
 def mock_clusters(
-    cluster: ClusterDescriptor, sel: meshselect.Selection, req: LaunchRequest
+    cluster: ClusterDescriptor, split: layout.Split, req: LaunchRequest
 ) -> dict[int, str]:
-    """tt-metal's view of a mock cluster per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH)."""
-    from ttmesh.mesh import layout, mock
+    """tt-metal's view of a mock cluster per rank (TT_METAL_MOCK_CLUSTER_DESC_PATH): each rank
+    of ``split`` (the plan's own, :func:`plan_split`) sees its chips; one process, all of them."""
+    from ttmesh.mesh import mock
 
     if req.layout == Layout.SINGLE_PROCESS and req.binding is None:
         return {0: mock.whole_view(cluster, f"ttmesh job {req.job}")}
     views = mock.ChipViews(cluster)
-    if req.binding is not None:
-        return {
-            i: views.of([a for u in units for a in u.chips], f"ttmesh job {req.job}, rank {i}")
-            for i, units in enumerate(req.binding_units)
-        }
-    sp = layout.split(sel, req.layout, req.nproc)
     return {
-        b.rank: views.of(list(b.chips), f"ttmesh job {req.job}, rank {b.rank}") for b in sp.blocks
+        b.rank: views.of(list(b.chips), f"ttmesh job {req.job}, rank {b.rank}")
+        for b in split.blocks
     }

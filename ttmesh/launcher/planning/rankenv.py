@@ -5,6 +5,8 @@ from ttmesh's own environment, and what the user may not set with ``--env``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -99,3 +101,63 @@ SERVER_KEEPS = (
     "TT_METAL_CACHE",
     "TORCHELASTIC_ERROR_FILE",
 )
+
+
+# --------------------------------------------------------------------------- a rank's environment
+
+
+class _Rank(Protocol):
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+class _Plan(Protocol):
+    serving: Any
+
+
+def inherited(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a rank keeps of the launcher's environment: all of it but the rank variables a
+    torchrun, ttmesh or tt-run above left (:func:`scrubbed`)."""
+    return {k: v for k, v in environ.items() if not scrubbed(k)}
+
+
+def threads(environ: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's one OpenMP thread per rank, unless the launcher's environment sets it. The
+    same for every rank: under MPI it is in mpirun's own environment, which its ranks inherit."""
+    return {} if "OMP_NUM_THREADS" in environ else {"OMP_NUM_THREADS": "1"}
+
+
+def ttmesh_env(
+    plan: _Plan, rank: _Rank, environ: Mapping[str, str], attempt: int = 0
+) -> dict[str, str]:
+    """What ttmesh sets in a rank's environment, on top of what it inherits: the plan's (its
+    variables, ``--env``), then, unless the launcher's environment or ``--env`` sets them,
+    ``PYTHONUNBUFFERED`` (:func:`unbuffered`) and, for a worker (a server sizes its own
+    threads and has no torchrun contract), one OpenMP thread and the attempt's
+    ``TORCHELASTIC_RESTART_COUNT``. ``--dry-run`` prints this as a rank's ``env``."""
+    env = dict(environ)
+    out = {**rank.env, **unbuffered(env, rank.env)}
+    if plan.serving is None:
+        out["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+        out.update({k: v for k, v in threads(env).items() if k not in rank.env})
+    return out
+
+
+def rank_env(
+    plan: _Plan, rank: _Rank, environ: Mapping[str, str], attempt: int = 0
+) -> dict[str, str]:
+    """The complete environment of one rank's process in attempt ``attempt``: ``environ`` (the
+    launcher's, passed in, never read here) without the rank variables, then
+    :func:`ttmesh_env`. Every starter runs a rank with it, mpirun's ``-x`` exports are it
+    minus what mpirun passes through itself, and ``--dry-run`` prints it (as ``env`` and
+    ``unset``): what a rank gets is what the dry run shows, by construction."""
+    own = ttmesh_env(plan, rank, environ, attempt)
+    return {**own, **{k: v for k, v in inherited(environ).items() if k not in own}}
+
+
+def unset(plan: _Plan, rank: _Rank, environ: Mapping[str, str]) -> list[str]:
+    """The launcher's variables a rank does not get at all (rank variables ttmesh does not set
+    for it): a rank's environment is ``environ`` minus these, plus :func:`ttmesh_env`, as
+    ``--dry-run`` shows them (``unset``, ``env``)."""
+    own = ttmesh_env(plan, rank, environ)
+    return sorted(k for k in environ if scrubbed(k) and k not in own)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -117,3 +118,13 @@ def parse_env(items: list[str]) -> list[tuple[str, str]]:
             raise bad_input(f"--env {key}: ttmesh sets {key} for every rank", hint)
         out.append((key, value))
     return out
+
+
+def parse_shape(value: str | None) -> tuple[int, int] | None:
+    """``--mesh-shape RxC``."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
+    return int(match.group(1)), int(match.group(2))

@@ -178,13 +178,20 @@ def job_mode(o: LaunchOptions, rank_binding: str | None) -> tuple[JobMode, Join 
                     "add --mesh-layout mesh (or drop it)",
                 )
     hosts = None if mesh_over_hosts else o.hosts
+    if mesh_over_hosts and _nnodes(o.nnodes) not in (None, 1):
+        # One mpirun starts the mesh on every host: no agent of one host joins another's.
+        raise bad_input(
+            f"--nnodes {shown(o.nnodes)} with --hosts and a tt-metal mesh (one mpirun starts "
+            "the mesh over the hosts --hosts names)",
+            "drop --nnodes",
+        )
     join = _join(o, hosts)
     if mesh_over_hosts:
-        if join is not None:  # one mpirun starts every host: no agent joins another
+        if join is not None:  # Slurm's SLURM_NNODES: this launch is one of several
             raise bad_input(
-                f"a job over {join.nnodes} hosts (--nnodes, or Slurm's SLURM_NNODES) with "
-                "--hosts and a tt-metal mesh: one mpirun starts the mesh over the hosts",
-                "drop --nnodes (--hosts names the hosts)",
+                f"a job over {join.nnodes} hosts (Slurm's SLURM_NNODES) with --hosts and a "
+                "tt-metal mesh: one mpirun starts the mesh over the hosts",
+                "run one ttmesh launch --hosts for the job (srun -N1), or drop --hosts",
             )
         return JobMode.MESH_OVER_HOSTS, None
     if hosts is not None:
@@ -458,6 +465,13 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
         heartbeat_timeout=o.heartbeat_timeout,
         job=o.job_id if o.job_id is not None else _job_of(point),
     )
+
+
+def shown(value: str | None) -> str:
+    """A value the user gave, as a message may show it (printable, bounded)."""
+    text = str(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return text if text.isprintable() else repr(text)
 
 
 def _job_of(point: Endpoint) -> str:

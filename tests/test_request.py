@@ -108,6 +108,7 @@ def test_the_mode_comes_from_the_flags(
         (["--node-rank", "1"], "--node-rank goes with --nnodes N"),
         (["--rdzv-endpoint", "127.0.0.1:29400", "--nnodes", "1:2"], "no elastic MIN:MAX"),
         (["--hosts", "a,b", "--nnodes", "3"], "--nnodes 3 but --hosts names 2 hosts"),
+        (["--nnodes", "2\x1b[31m"], "--nnodes '2\\x1b[31m': not a number"),
         (["--hosts", "a"], "name two or more different hosts"),
         (["--nnodes", "2", *RDZV], "--nnodes 2: which host is this?"),
         (

@@ -494,11 +494,14 @@ def _nnodes(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
+    if not text.isprintable():  # said quoted: a terminal must not be sent an escape sequence
+        raise bad_input(f"--nnodes {shown(value)}: not a number", "e.g. --nnodes 2")
     if ":" in text:
         low, _, high = text.partition(":")
         if low != high:
             raise bad_input(
-                f"--nnodes {value}: ttmesh runs a fixed number of hosts (no elastic MIN:MAX)",
+                f"--nnodes {shown(value)}: ttmesh runs a fixed number of hosts (no elastic "
+                "MIN:MAX)",
                 f"e.g. --nnodes {high or low}",
             )
         text = low

@@ -150,3 +150,36 @@ def test_prepare_does_not_change_the_request(qb2: Path, tmp_path: Path, tp_size:
     assert req == before
     assert prepared.plan.job and not req.job
     assert len(prepared.plan.ranks) == (tp_size or 4)
+
+
+def test_a_mesh_over_hosts_does_not_change_the_request(tmp_path: Path) -> None:
+    """meshhosts plans from new requests too: the one it got keeps --tp-size and
+    --nproc-per-node unresolved (nproc is one host's, the plan's is every host's)."""
+    import json
+
+    from conftest import scratch
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.hosts import hostreport, meshhosts
+    from ttmesh.sim import system
+    from ttmesh.sim.create import create
+
+    model = system.load_any("dual-t3k")
+    assert isinstance(model, system.ClusterModel)
+    with scratch(tmp_path / "hosts") as base:
+        reported = []
+        for i in range(len(model.hosts)):
+            create(model.host(i), base / f"h{i}", config={"reset_seconds": 0.0})
+            data = json.loads(json.dumps(hostreport.make(open_host(base / f"h{i}"))))
+            reported.append(hostreport.parse(data, f"h{i}"))
+        mh = meshhosts.MpiHosts(["h0", "h1"], "/usr/bin/mpirun", (4, 1), environ={})
+        req = LaunchRequest(
+            command=[], tp_size=None, layout="mesh", nproc=1,  # type: ignore[arg-type]
+            job="mh-test", run_dir="/run-dir", cwd="/",
+        )  # fmt: skip
+        before = copy.deepcopy(req)
+        prepared = meshhosts.plan_over(req, reported, mh, descriptor_only=True)
+    assert req == before
+    assert len(prepared.plan.ranks) == 2
+    assert prepared.request is not None
+    assert (prepared.request.tp_size, prepared.request.nproc) == (16, 2)

@@ -37,6 +37,16 @@ class StartMode(StrEnum):
     MPI = "mpi"  # one MPMD mpirun command for every rank
 
 
+class JobMode(StrEnum):
+    """Where a launch's job runs, decided once from the flags (``launcher.planning.options``):
+    each mode is started its own way, and a mix of flags no mode takes is refused there."""
+
+    ONE_HOST = "one-host"  # this host's chips (the default)
+    C10D = "c10d"  # one agent per host, joined through the rendezvous (--nnodes, Slurm)
+    HOSTS = "hosts"  # --hosts: mpirun starts one agent (a c10d launch) per host
+    MESH_OVER_HOSTS = "mesh-over-hosts"  # --hosts with a tt-metal world: one MPMD mpirun
+
+
 class Heartbeat(StrEnum):
     ALIVE = "alive"  # the counter moved
     FROZEN = "frozen"  # it did not within the poll

@@ -1,74 +1,33 @@
-"""``ttmesh launch``: one worker per chip, supervised."""
+"""``ttmesh launch``: one worker per chip, supervised.
+
+The command declares its options and hands them to ``launcher.planning.options`` (checked
+once, the job's mode decided, the request built); what is left here is starting the job the
+way its mode says (:data:`START`)."""
 
 from __future__ import annotations
 
-import os
-import shlex
+import dataclasses
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ttmesh import __version__, numeric
 from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
-from ttmesh.cli.options import CONTEXT, host_options, seconds, shape, whole
+from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import plural
-from ttmesh.vocab import LAYOUTS, MPI_LAYOUTS, Layout, StartMode
+from ttmesh.vocab import LAYOUTS, JobMode, StartMode
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.hosts.multihost import MultiHost, Peers
+    from ttmesh.launcher.planning.options import Launch
+    from ttmesh.launcher.planning.prepare import Prepared
+    from ttmesh.launcher.planning.request import LaunchRequest
 
 LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
-
-
-def _ranks(value: str | None) -> set[int] | None:
-    if value is None:
-        return None
-    try:
-        ranks = {int(v) for v in value.split(",") if v.strip()}
-    except ValueError:
-        ranks = set()
-    if not ranks:
-        raise bad_input(
-            f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
-        )
-    return ranks
-
-
-def _workdir(value: str | None) -> str:
-    """--workdir: an existing directory (never created: a typo must not start a job elsewhere)."""
-    if value is None:
-        return ""
-    if not value.strip():
-        raise bad_input("--workdir '': no directory named", "omit it to run in this directory")
-    path = os.path.abspath(value)
-    if not os.path.exists(path):
-        raise bad_input(f"--workdir {value}: no such directory", "create it first, or fix the path")
-    if not os.path.isdir(path):
-        raise bad_input(f"--workdir {value} is a file, not a directory", "give a directory")
-    if not os.access(path, os.X_OK):
-        raise bad_input(f"--workdir {value}: permission denied", "give a directory you can enter")
-    return path
-
-
-def _log_dir(value: str | None) -> str | None:
-    """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
-    makes it, and the job's directory in it (launcher.attempt.logspec.make_run_dir)."""
-    if value is None:
-        return None
-    from ttmesh import paths
-
-    return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
-
-
-def _log_spec(redirects: str | None, tee: str | None) -> Any:
-    """torchrun's --redirects, --tee and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, checked."""
-    from ttmesh.launcher.attempt import logspec
-
-    return logspec.LogSpec(
-        redirects=logspec.parse_std(redirects, "--redirects"),
-        tee=logspec.parse_std(tee, "--tee"),
-        template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or None,  # as torchrun
-    )
 
 
 @click.command("launch", cls=LaunchCommand, context_settings=LAUNCH_CONTEXT)
@@ -385,60 +344,7 @@ def _log_spec(redirects: str | None, tee: str | None) -> Any:
     "ttmesh says so, and a job that succeeded exits 2.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]...")
-def launch_cmd(
-    host: Any,
-    command: tuple[str, ...],
-    tp_size: int | None,
-    nproc: int | None,
-    chips: str | None,
-    exclude: str | None,
-    mesh_shape: str | None,
-    mesh_layout: str | None,
-    symmetric_dram_mb: int,
-    env_items: tuple[str, ...],
-    master_port: int,
-    max_restarts: int,
-    grace: float,
-    ranks_filter: str | None,
-    log_dir: str | None,
-    redirects: str | None,
-    tee: str | None,
-    quiet: bool,
-    no_live: bool,
-    module: bool,
-    no_python: bool,
-    strict_links: bool,
-    job_id: str | None,
-    dry_run: bool,
-    as_json: bool,
-    show_env: bool,
-    summary_json: str | None,
-    launcher: str | None,
-    workdir: str | None,
-    rank_binding: str | None,
-    rank_bindings_mapping: str | None,
-    auto_reset: bool,
-    reset_on_failure: bool,
-    ready_timeout: float | None,
-    ready_pattern: str | None,
-    tt_smi: str | None,
-    profile_name: str | None,
-    strict: bool,
-    health_interval: float | None,
-    health_failures: int,
-    nnodes: str | None,
-    node_rank: int | None,
-    rdzv_endpoint: str | None,
-    rdzv_backend: str | None,
-    rdzv_token: str | None,
-    local_addr: str | None,
-    heartbeat_timeout: float,
-    rdzv_timeout: float,
-    hosts: str | None,
-    launch_agent: str | None,
-    tcp_interface: str | None,
-    torchrun_flags: torchrun.Flags,
-) -> int:
+def launch_cmd(**options: Any) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
     \b
@@ -488,174 +394,118 @@ def launch_cmd(
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
     """
-    from ttmesh import paths
-    from ttmesh.cli import ttrun_files
-    from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.job.preflight import dry_run_checks
-    from ttmesh.launcher.job.recovery import Recovery
-    from ttmesh.launcher.job.run import execute
-    from ttmesh.launcher.job.summary import write_refusal
+    from ttmesh.launcher.planning.options import Launch, LaunchOptions
+
+    launch = Launch.from_options(LaunchOptions(**options))
+    return START[launch.mode](launch)
+
+
+torchrun.adopt(launch_cmd)
+
+
+def _agents(launch: Launch) -> int:
+    """--hosts: mpirun starts one agent per host, each a c10d launch of its own host."""
+    from ttmesh.launcher.hosts import agents
+
+    o = launch.options
+    assert launch.join is not None and o.hosts is not None
+    argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
+    return agents.start(o.hosts, (_multihost(launch), launch.join.job), argv, dry_run=o.dry_run)
+
+
+def _mesh_over_hosts(launch: Launch) -> int:
+    """--hosts with a tt-metal mesh: one global plan over the hosts' reports, one mpirun."""
+    from ttmesh.launcher.hosts import meshhosts
+
+    o, request = launch.options, _request(launch)
+    assert o.hosts is not None
+    mh = meshhosts.setup(meshhosts.parse_hosts(o.hosts), agent=o.launch_agent,
+                         tcp_interface=o.tcp_interface)  # fmt: skip
+
+    def plan() -> Prepared:
+        if o.chips or o.exclude:
+            raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
+        return meshhosts.prepare(dataclasses.replace(request, mpirun=mh.mpirun), mh)
+
+    return _run(launch, plan)
+
+
+def _this_host(launch: Launch) -> int:
+    """This host's chips: the whole job (one host), or this host's part of it (c10d)."""
+    from ttmesh.launcher.planning import tpsize
     from ttmesh.launcher.planning.prepare import prepare
-    from ttmesh.launcher.planning.request import LaunchRequest, parse_env
-    from ttmesh.runtime import jobs
 
-    jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
-    rank_binding = ttrun_files.binding_flag(rank_binding, rank_bindings_mapping)
-    tt_metal_world = (mesh_layout in MPI_LAYOUTS) or rank_binding is not None
-    if hosts is not None and tt_metal_world:
-        from ttmesh.launcher.hosts import meshhosts
+    o, request = launch.options, _request(launch)
+    mh = None
+    if launch.mode is JobMode.C10D:
+        from ttmesh.launcher.hosts import multihost
 
-        mesh_hosts = meshhosts.setup(meshhosts.parse_hosts(hosts), agent=launch_agent,
-                                     tcp_interface=tcp_interface)  # fmt: skip
-        hosts = None
-    else:
-        mesh_hosts = None
-        for flag, value in (("--launch-agent", launch_agent), ("--tcp-interface", tcp_interface)):
-            if value is not None:
-                raise bad_input(
-                    f"{flag} goes with --hosts and a tt-metal mesh",
-                    "add --mesh-layout mesh (or drop it)",
-                )
-    multi = _multihost(
-        nnodes, node_rank, rdzv_endpoint, rdzv_token, local_addr, heartbeat_timeout, rdzv_timeout,
-        hosts, job_id,
-    )  # fmt: skip
-    if hosts is not None:
-        from ttmesh.launcher.hosts import agents
-        from ttmesh.launcher.planning import tpsize
+        mh = _multihost(launch)
+        multihost.check(mh)
 
-        if tp_size is not None and multi is not None:  # each host would refuse it: say it once
-            tpsize.per_host(tp_size, multi[0].nnodes)
-        argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
-        return agents.start(hosts, multi, argv, dry_run=dry_run)
-    rdzv_job = ""
-    if multi is not None:
-        # The job's id is shared by every host; this host's part of it (its run directory,
-        # leases and `ttmesh ps` record) is named per node, so two agents on one machine
-        # (a split Galaxy, a test) never meet in one run directory.
-        rdzv_job = paths.safe_name(multi[1], "--job-id")
-        job_id = f"{rdzv_job[:56]}-n{multi[0].node_rank}"
-    if rank_binding is not None and mesh_layout is not None:
-        raise bad_input(
-            "--rank-binding and --mesh-layout together",
-            "the rank-binding file decides the layout: drop --mesh-layout",
-        )
-    mesh_layout = mesh_layout or Layout.ISOLATED
-    workdir = _workdir(workdir)
-    log_dir = _log_dir(log_dir)
-    logs = _log_spec(redirects, tee)
-    if summary_json is not None:
-        from ttmesh import paths
-
-        paths.writable_file(summary_json, "--summary-json")
-    if tt_smi is not None:
-        from ttmesh.recovery.reset import find_tt_smi
-
-        find_tt_smi(host, tt_smi)  # not an executable: say so now, not after a crash
-    env = parse_env(list(env_items))
-    binding = None
-    if rank_binding is not None:
-        binding = ttrun_files.load(rank_binding, rank_bindings_mapping)
-    server = _server(command, module, profile_name, tp_size, rank_binding, mesh_layout, nproc)
-    if server is not None and server[0].chipless and multi is not None:
-        raise bad_input(
-            f"a job over {multi[0].nnodes} hosts (--nnodes, or Slurm's SLURM_NNODES): "
-            f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
-            "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
-        )
-    job_tp, tp_size, tp_hosts = _tp_over_hosts(tp_size, server, multi)
-    if health_interval is not None and server is None:
-        raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
-    if grace is None:
-        grace = server[0].grace if server is not None else 5.0
-    if as_json and not dry_run:
-        raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
-    request = LaunchRequest(
-        command=list(command),
-        tp_size=tp_size,  # type: ignore[arg-type]
-        module=module,
-        no_python=no_python,
-        layout=mesh_layout,
-        mesh_shape=shape(mesh_shape),
-        symmetric_dram_mb=symmetric_dram_mb,
-        env=env,
-        master_port=master_port,
-        max_restarts=max_restarts,
-        grace=grace,
-        job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",
-        strict_links=strict_links,
-        nproc=nproc,
-        launcher=launcher
-        or (
-            StartMode.MPI if mesh_layout in MPI_LAYOUTS or binding is not None else StartMode.DIRECT
-        ),
-        workdir=workdir,
-        binding=binding,
-        environ=dict(os.environ),
-        master_addr=torchrun_flags.master_addr or "127.0.0.1",
-        ready_timeout=ready_timeout,
-        ready_pattern=ready_pattern,
-        profile=server[0] if server else None,
-        server_args=server[1] if server else None,
-        server_findings=server[3] if server else [],
-        strict=strict,
-        health_interval=health_interval,
-        health_failures=health_failures,
-        tp_hosts=tp_hosts,
-    )
-    if ready_pattern is not None:
-        from ttmesh.patterns import PatternError, compile_pattern
-
+    def plan() -> Prepared:
         try:
-            compile_pattern(ready_pattern)  # matched in linear time by the guardian
-        except PatternError as exc:
-            shown = ready_pattern if len(ready_pattern) <= 80 else ready_pattern[:77] + "..."
-            # As the user would type it again (the shell's quoting), unless it holds what a
-            # terminal must not be sent as it is.
-            quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
-            raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint)
-    shown_ranks = _ranks(ranks_filter)
-    options = Options(ranks_filter=shown_ranks, quiet=quiet, logs=logs)
+            prepared = prepare(
+                request, o.host, o.chips, o.exclude, repairable=o.auto_reset,
+                defer_liveness=not o.dry_run and mh is None, dry_run=o.dry_run,
+            )  # fmt: skip
+        except TTMeshError as exc:
+            raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
+        if launch.job_tp is not None and request.tp_hosts > 1:
+            prepared.plan.notes.append(tpsize.note(launch.job_tp, request.tp_hosts))
+        return prepared
+
+    return _run(launch, plan, mh)
+
+
+# How each mode starts (``Launch.mode``, decided once by launcher.planning.options).
+START: dict[JobMode, Callable[[Launch], int]] = {
+    JobMode.ONE_HOST: _this_host,
+    JobMode.C10D: _this_host,
+    JobMode.HOSTS: _agents,
+    JobMode.MESH_OVER_HOSTS: _mesh_over_hosts,
+}
+
+
+def _request(launch: Launch) -> LaunchRequest:
+    assert launch.request is not None  # every mode but --hosts has one
+    return launch.request
+
+
+def _multihost(launch: Launch) -> MultiHost:
+    """How this agent joins the job, as the rendezvous takes it."""
+    from ttmesh.launcher.hosts.multihost import MultiHost
+
+    join = launch.join
+    assert join is not None
+    return MultiHost(
+        nnodes=join.nnodes,
+        node_rank=join.node_rank,
+        endpoint=join.endpoint,
+        token=join.token,
+        local_addr=join.local_addr,
+        join_timeout=join.join_timeout,
+        heartbeat_timeout=join.heartbeat_timeout,
+        tp_size=launch.job_tp or 0,
+    )
+
+
+def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = None) -> int:
+    """The plan, its checks (a refusal written to --summary-json), then the dry run's output
+    or the job."""
+    from ttmesh.launcher.job.preflight import dry_run_checks
+    from ttmesh.launcher.job.summary import write_refusal
+
+    o = launch.options
     try:
-        if mesh_hosts is not None:
-            from ttmesh.launcher.hosts import meshhosts
-
-            if chips or exclude:
-                raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
-            request.mpirun = mesh_hosts.mpirun
-            prepared = meshhosts.prepare(request, mesh_hosts)
-        else:
-            from ttmesh.launcher.planning import tpsize
-
-            try:
-                prepared = prepare(
-                    request, host, chips, exclude, repairable=auto_reset,
-                    defer_liveness=not dry_run and multi is None, dry_run=dry_run,
-                )  # fmt: skip
-            except TTMeshError as exc:
-                raise tpsize.over_hosts(exc, job_tp, tp_hosts, tp_size) from None
-            if job_tp is not None and tp_hosts > 1:
-                prepared.plan.notes.append(tpsize.note(job_tp, tp_hosts))
-        if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
-            for flag, given in (("--reset-on-failure", reset_on_failure), ("--tt-smi", tt_smi)):
-                if given:
-                    raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
-        if shown_ranks is not None:
-            world = len(prepared.plan.ranks)
-            extra = sorted(r for r in shown_ranks if not 0 <= r < world)
-            if extra:
-                err = bad_input(
-                    f"--ranks-filter {ranks_filter}: no rank {', '.join(map(str, extra))} "
-                    f"in a job of {plural(world, 'rank')}",
-                    f"ranks are 0..{world - 1}",
-                )
-                raise prepared.liveness.first(err) if prepared.liveness else err
-        if dry_run:  # every check the launch runs before its start, or why it is skipped
-            dry_run_checks(prepared, auto_reset, rendezvous=multi is not None)
-        torchrun.apply_plan(prepared.plan, torchrun_flags, host)
+        prepared = plan()
+        _check_planned(launch, prepared)
+        if o.dry_run:  # every check the launch runs before its start, or why it is skipped
+            dry_run_checks(prepared, o.auto_reset, rendezvous=mh is not None)
+        torchrun.apply_plan(prepared.plan, o.torchrun_flags, o.host)
     except TTMeshError as exc:
-        if summary_json and not dry_run:
-            write_refusal(summary_json, exc)
+        if o.summary_json and not o.dry_run:
+            write_refusal(o.summary_json, exc)
         raise
     serving = prepared.plan.serving
     if serving is not None:
@@ -666,221 +516,80 @@ def launch_cmd(
             note(f"note: {n}")
         for f in serving.findings:
             note(f"{f.severity}: {f.message} (fix: {f.fix})")
-    if dry_run:
+    if o.dry_run:
         from ttmesh.render import emit_json
 
-        data = prepared.plan.to_json(show_env)
-        if as_json:
+        data = prepared.plan.to_json(o.show_env)
+        if o.as_json:
             emit_json(data)
         else:
             from ttmesh.cli.views import plan_text
 
             click.echo(plan_text(data))
         return 0
-    recovery = Recovery(auto_reset=auto_reset, reset_on_failure=reset_on_failure, tt_smi=tt_smi)
-    peers = None
-    if multi is not None:
-        from ttmesh.launcher.hosts.multihost import Peers
+    return _start(launch, prepared, mh)
 
-        multi[0].tp_size = job_tp or 0
-        peers = Peers(multi[0], rdzv_job)
-        try:
-            prepared.plan = peers.join(prepared.plan)
-            torchrun.apply_plan(prepared.plan, torchrun_flags, host)
-        except BaseException:
-            peers.coord.close()
-            raise
-    if log_dir is not None or logs.files_wanted:
+
+def _check_planned(launch: Launch, prepared: Prepared) -> None:
+    """The options that could only be checked against the plan."""
+    o = launch.options
+    if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
+        for flag, given in (("--reset-on-failure", o.reset_on_failure), ("--tt-smi", o.tt_smi)):
+            if given:
+                assert prepared.plan.serving is not None
+                raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
+    shown_ranks = launch.shown_ranks
+    if shown_ranks is not None:
+        world = len(prepared.plan.ranks)
+        extra = sorted(r for r in shown_ranks if not 0 <= r < world)
+        if extra:
+            err = bad_input(
+                f"--ranks-filter {o.ranks_filter}: no rank {', '.join(map(str, extra))} "
+                f"in a job of {plural(world, 'rank')}",
+                f"ranks are 0..{world - 1}",
+            )
+            raise prepared.liveness.first(err) if prepared.liveness else err
+
+
+def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
+    """The job itself: its hosts joined (c10d), its logs' directory, then its attempts."""
+    from ttmesh.cli import streams
+    from ttmesh.cli.live import JobView, enabled
+    from ttmesh.launcher.attempt.guardian import Options
+    from ttmesh.launcher.job.recovery import Recovery
+    from ttmesh.launcher.job.run import execute
+
+    o = launch.options
+    shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
+    options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
+    recovery = Recovery(
+        auto_reset=o.auto_reset, reset_on_failure=o.reset_on_failure, tt_smi=o.tt_smi
+    )
+    peers = None if mh is None else _join(launch, prepared, mh)
+    if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):
         from ttmesh.launcher.attempt import logspec
         from ttmesh.render import note
 
-        where = logspec.make_run_dir(logs, log_dir, prepared.plan.job)
+        assert launch.logs is not None
+        where = logspec.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
         note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
-    from ttmesh.cli import streams
-    from ttmesh.cli.live import JobView, enabled
-
     streams.job_code = True  # from here the job's code is the exit code, whatever is lost
-    if not enabled(sys.stdout, no_live):
-        return execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+    if not enabled(sys.stdout, o.no_live):
+        return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
         options.observer = view
-        return execute(prepared, options, summary_json, recovery=recovery, peers=peers)
+        return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
 
 
-torchrun.adopt(launch_cmd)
+def _join(launch: Launch, prepared: Prepared, mh: MultiHost) -> Peers:
+    """The other hosts joined: the plan becomes the job's global one."""
+    from ttmesh.launcher.hosts.multihost import Peers
 
-
-def _tp_over_hosts(
-    tp_size: int | None, server: tuple[Any, Any, int | None, list[Any]] | None, multi: Any
-) -> tuple[int | None, int | None, int]:
-    """(the job's --tp-size, this host's share of it, the hosts sharing it). --tp-size is the
-    tensor-parallel degree over every host of the job (a server's own --tp-size too); a
-    server's --nnodes and --node-rank must be the job's (its findings, errors)."""
-    from ttmesh.launcher.planning import tpsize
-
-    hosts = multi[0].nnodes if multi is not None else 1
-    flag = write = "--tp-size"
-    if server is not None:
-        profile, parsed, tp, findings = server
-        node = multi[0].node_rank if multi is not None else 0
-        findings.extend(tpsize.server_hosts(profile, parsed, hosts, node))
-        if tp_size is None and profile.tp_flag:
-            flag = write = f"the server's {profile.tp_flag}"
-            if parsed.value(profile.tp_flag) is None:
-                flag = f"the server's default {profile.tp_flag}"
-        tp_size = tp
-    if tp_size is None or hosts <= 1:
-        return tp_size, tp_size, 1
-    return tp_size, tpsize.per_host(tp_size, hosts, flag, write), hosts
-
-
-def _server(
-    command: tuple[str, ...],
-    module: bool,
-    profile_name: str | None,
-    tp_size: int | None,
-    rank_binding: str | None,
-    mesh_layout: str,
-    nproc: int | None,
-) -> tuple[Any, Any, int | None, list[Any]] | None:
-    """(profile, server args, chips, findings) when COMMAND is a server a profile knows."""
-    from ttmesh.launcher.serving import args, profiles
-
-    if profile_name == "none":
-        return None
-    parsed = args.parse(list(command), module)
-    profile = (
-        profiles.named(profile_name)
-        if profile_name
-        else profiles.recognise(parsed, dict(os.environ))
-    )
-    if profile is None:
-        return None
-    for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", nproc)):
-        if value is not None:
-            raise bad_input(
-                f"{flag} with a server ({profile.name} starts its own processes)",
-                f"drop {flag}, or run it as any command with --profile none",
-            )
-    if mesh_layout != Layout.ISOLATED:
-        raise bad_input(
-            f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
-            "drop --mesh-layout",
-        )
-    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
-    if profile.chipless:  # its --tp-size is its own processes; ttmesh's is refused (no chips)
-        return profile, parsed, tp_size, []
-    from ttmesh.launcher.serving import spec
-
-    tp, findings = spec.server_tp(profile, parsed, tp_size)
-    if tp is None and profile.tp_flag:
-        tp = 1  # the server's own default: one chip
-    return profile, parsed, tp, findings
-
-
-def _multihost(
-    nnodes: str | None,
-    node_rank: int | None,
-    endpoint: str | None,
-    token: str | None,
-    local_addr: str | None,
-    heartbeat_timeout: float,
-    rdzv_timeout: float,
-    hosts: str | None,
-    job_id: str | None,
-) -> tuple[Any, str] | None:
-    """(how this agent joins, the job's id) for a job over several hosts; None for one host.
-
-    torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
-    of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
-    (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
-    from ttmesh.launcher.hosts import slurm
-
-    env = os.environ
-    count = _nnodes(nnodes)
-    if hosts is not None:
-        names = [h.strip() for h in hosts.split(",") if h.strip()]
-        if len(names) < 2 or len(set(names)) != len(names):
-            raise bad_input(
-                f"--hosts {hosts!r}: name two or more different hosts", "e.g. --hosts node0,node1"
-            )
-        if count not in (None, len(names)):
-            raise bad_input(
-                f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
-            )
-        count, endpoint = len(names), endpoint or names[0]
-    in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
-    hosts_of = "--nnodes"
-    if count is None and in_slurm:
-        slurm_count = _env_whole("SLURM_NNODES", "1", low=1)
-        if slurm_count > 1:
-            count, hosts_of = slurm_count, "SLURM_NNODES"
-    if count is None or count == 1:
-        for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)):
-            if value is not None and count is None:
-                raise bad_input(f"{flag} goes with --nnodes N (a job over N hosts)", "add --nnodes")
-        return None
-    rank_of = "--node-rank"
-    if node_rank is None and "OMPI_COMM_WORLD_RANK" in env and env.get("TTMESH_AGENT") == "1":
-        node_rank, rank_of = _env_whole("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK"
-    if node_rank is None and in_slurm:
-        node_rank, rank_of = _env_whole("SLURM_NODEID"), "SLURM_NODEID"
-    if node_rank is not None and not node_rank < count:
-        raise bad_input(
-            f"{rank_of} {node_rank}: must be 0..{count - 1} for {hosts_of} {count}",
-            "give each host its own node rank",
-        )
-    if endpoint is None and in_slurm:
-        endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
-    if node_rank is None and hosts is None:
-        raise bad_input(
-            f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
-        )
-    if endpoint is None:
-        raise bad_input(
-            f"--nnodes {count}: where do the hosts meet?",
-            "give --rdzv-endpoint HOST:PORT (node 0's address)",
-        )
-    from ttmesh.launcher.hosts import multihost, rendezvous
-
-    point = rendezvous.parse_endpoint(endpoint)
-    if job_id is None:  # every host must name the job alike: derive it from where they meet
-        job_id = (
-            env.get("SLURM_JOB_ID") and f"slurm-{env['SLURM_JOB_ID']}"
-        ) or f"rdzv-{point.host}-{point.port}"
-        job_id = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in job_id)
-        job_id = job_id.lstrip("-.")[:64]
-    mh = multihost.MultiHost(
-        nnodes=count,
-        node_rank=node_rank if node_rank is not None else 0,
-        endpoint=point,
-        token=rendezvous.token_of(token),
-        local_addr=local_addr,
-        join_timeout=rdzv_timeout,
-        heartbeat_timeout=heartbeat_timeout,
-    )
-    multihost.check(mh) if hosts is None else None
-    return mh, job_id
-
-
-def _env_whole(name: str, default: str | None = None, low: int = 0) -> int:
-    """A number ttmesh reads from the environment (Slurm's, mpirun's), named as the variable:
-    ``SLURM_NNODES=abc`` is one line, not an internal error."""
-    return numeric.whole(os.environ.get(name, default), name, low=low, high=numeric.MAX_CHIPS)
-
-
-def _nnodes(value: str | None) -> int | None:
-    if value is None:
-        return None
-    text = value.strip()
-    if ":" in text:
-        low, _, high = text.partition(":")
-        if low != high:
-            raise bad_input(
-                f"--nnodes {value}: ttmesh runs a fixed number of hosts (no elastic MIN:MAX)",
-                f"e.g. --nnodes {high or low}",
-            )
-        text = low
-    return numeric.whole(
-        text, "--nnodes", low=1, high=numeric.MAX_CHIPS, unit="hosts", example="--nnodes 2"
-    )
+    peers = Peers(mh, launch.rdzv_job)
+    try:
+        prepared.plan = peers.join(prepared.plan)
+        torchrun.apply_plan(prepared.plan, launch.options.torchrun_flags, launch.options.host)
+    except BaseException:
+        peers.coord.close()
+        raise
+    return peers

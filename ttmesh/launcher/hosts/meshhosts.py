@@ -24,8 +24,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import bad_input, refused
@@ -33,6 +34,11 @@ from ttmesh.launcher.hosts import hostreport, mpi
 from ttmesh.launcher.hosts.reach import MpiHosts
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.render import plural
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.planning.prepare import Prepared
+    from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.mesh.select import Selection
 
 REPORT_TIMEOUT = 120.0
 
@@ -96,17 +102,18 @@ def _last_line(proc: subprocess.CompletedProcess[bytes]) -> str:
 # --------------------------------------------------------------------------- 2. one plan
 
 
-def prepare(req: Any, mh: MpiHosts, descriptor_only: bool = False) -> Any:
-    """The global plan (Prepared) for ``req`` over the hosts; changes nothing."""
+def prepare(req: LaunchRequest, mh: MpiHosts, descriptor_only: bool = False) -> Prepared:
+    """The global plan (Prepared) for ``req`` over the hosts; changes nothing (``req``
+    included: the plan is made from a new request)."""
     return plan_over(req, gather(mh), mh, descriptor_only)
 
 
 def plan_over(
-    req: Any,
+    req: LaunchRequest,
     reported: list[tuple[meshcluster.HostView, dict[str, str], dict[str, str]]],
     mh: MpiHosts,
     descriptor_only: bool = False,
-) -> Any:
+) -> Prepared:
     """The global plan from the hosts' reports (in ``mh.names`` order)."""
 
     cluster = meshcluster.join([view for view, _why, _who in reported])
@@ -118,7 +125,7 @@ def plan_over(
             who.update({a: f"{text} on host {view.name}" for a, text in h.items()})
     count = len(cluster.hosts)
     if req.tp_size is None or req.tp_size == 0:
-        req.tp_size = len(cluster.inv.chips)
+        req = replace(req, tp_size=len(cluster.inv.chips))
     if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
         rows, cols = req.mesh_shape
         raise bad_input(
@@ -128,7 +135,7 @@ def plan_over(
         )
     blocked = {a: w for a, w in why.items()}
     if req.binding is not None:
-        sel, hosts_of_ranks = _binding(req, cluster)
+        req, sel, hosts_of_ranks = _binding(req, cluster)
         return _finish(req, cluster, sel, mh, descriptor_only, hosts_of_ranks)
     try:
         sel, _grid = meshcluster.select(
@@ -148,37 +155,36 @@ def plan_over(
             "wait for them, or see ttmesh ps on that host",
         )
     if req.nproc is not None:
-        req.nproc = req.nproc * count  # --nproc-per-node counts one host's workers
+        req = replace(req, nproc=req.nproc * count)  # --nproc-per-node counts one host's workers
     return _finish(req, cluster, sel, mh, descriptor_only, None)
 
 
 def _finish(
-    req: Any,
+    req: LaunchRequest,
     cluster: meshcluster.Cluster,
-    sel: Any,
+    sel: Selection,
     mh: MpiHosts,
     descriptor_only: bool,
     hosts_of_ranks: list[str] | None,
-) -> Any:
+) -> Prepared:
     from ttmesh.launcher.planning.plan import build, plan_split, surroundings
     from ttmesh.launcher.planning.prepare import Prepared
     from ttmesh.launcher.planning.request import resolve_command
     from ttmesh.mesh import memory, mock
     from ttmesh.runtime import jobs
 
-    req.cluster = cluster
-    req.symmetric_dram_mb = memory.plan(
-        req.symmetric_dram_mb, [cluster.inv.chip(a).dram_mb for a in sel.chips]
-    )
+    dram = memory.plan(req.symmetric_dram_mb, [cluster.inv.chip(a).dram_mb for a in sel.chips])
+    req = replace(req, cluster=cluster, symmetric_dram_mb=dram)
     argv = [] if descriptor_only else resolve_command(req)
-    if not req.job:
-        req.job = jobs.new_job_id()
-    if not req.run_dir:
-        req.run_dir = str(jobs.runs_dir() / req.job)
-    if not req.cwd:
-        req.cwd = os.getcwd()
-    req.master_addr = mh.names[0]
-    req.master_port = req.master_port or 29500
+    job_id = req.job or jobs.new_job_id()
+    req = replace(
+        req,
+        job=job_id,
+        run_dir=req.run_dir or str(jobs.runs_dir() / job_id),
+        cwd=req.cwd or os.getcwd(),
+        master_addr=mh.names[0],
+        master_port=req.master_port or 29500,
+    )
     sp = plan_split(req, sel)  # (over req.cluster's hosts)
     if req.binding is not None:
         rank_chips = [[a for u in units for a in u.chips] for units in req.binding_units]
@@ -188,15 +194,18 @@ def _finish(
     assert hosts_of_ranks is not None
     if all(view.mock is not None for view in cluster.hosts):
         merged = meshcluster.merged_descriptor(cluster)
-        req.mocks = {
+        mocks = {
             r: mock.chips_view(merged, chips, f"ttmesh job {req.job}, rank {r}")
             for r, chips in enumerate(rank_chips)
         }
-    req.mpi_args = mh.args(hosts_of_ranks, "mpi/rankfile")  # mpirun runs in the run directory
+        req = replace(req, mocks=mocks)
+    # mpirun runs in the run directory
+    req = replace(req, mpi_args=mh.args(hosts_of_ranks, "mpi/rankfile"))
     plan = build(req, cluster.inv, sel, argv, sp, surroundings(req))
     plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
     plan.mpirun = mh.mpirun
-    prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh)
+    # The hosts' heartbeats as they reported them (pre-flight polls only the others).
+    prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh, beats=cluster.inv.beats, request=req)
     job = set(plan.all_chips())
     prepared.hosts_not_ready = [
         (view.name, what, fix)
@@ -207,7 +216,9 @@ def _finish(
     return prepared
 
 
-def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
+def _binding(
+    req: LaunchRequest, cluster: meshcluster.Cluster
+) -> tuple[LaunchRequest, Selection, list[str]]:
     """A tt-run rank binding over the hosts: each rank's host (the binding's rankfile,
     ``FILE.rankfile`` beside it, else node-major over --hosts), its chips there, and the
     pre-flight of its mesh host ranks against the wiring."""
@@ -216,6 +227,7 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
     from ttmesh.mesh import select as meshselect
 
     bf = req.binding
+    assert bf is not None
     names = [v.name for v in cluster.hosts]
     count = len(bf.bindings)
     rankfile = Path(bf.path).with_suffix(".rankfile")
@@ -244,9 +256,8 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
         got = ttrun.rank_units(part, view.inv, meshselect.units_of(view.inv), host=name)
         of_rank.update({b.rank: us for b, us in zip(here, got, strict=True)})
     units = [of_rank[b.rank] for b in bf.bindings]
-    req.binding_units = units
     chips = [a for us in units for u in us for a in u.chips]
-    req.tp_size = len(chips)
+    req = replace(req, binding_units=units, tp_size=len(chips))
     # Each descriptor's mesh 0 (one per sub-context with --rank-bindings-mapping) against the
     # wiring: its ranks' host ranks must be their places.
     for desc in dict.fromkeys(bf.descriptor_of(b) for b in bf.bindings):
@@ -268,7 +279,7 @@ def _binding(req: Any, cluster: meshcluster.Cluster) -> tuple[Any, list[str]]:
                 "give each rank the host rank of its place in the wiring (ttmesh descriptor "
                 "--hosts ... --export-rank-binding writes one)",
             )
-    return meshselect.as_given(cluster.inv, chips), placed
+    return req, meshselect.as_given(cluster.inv, chips), placed
 
 
 def parse_rankfile(text: str, where: str, names: list[str], count: int) -> list[str]:

@@ -31,7 +31,7 @@ def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | N
         inv,
         plan.all_chips(),
         recovery.own_pids,
-        beats=inv.beats,
+        beats=prepared.beats,
         heartbeats=prepared.liveness is None,  # else read while the workers start
         requires=prepared.requires,
     )
@@ -129,7 +129,7 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
             checks.append(_check("host", "failed", f"{exc}: a launch by this user refuses "
                                  f"before anything starts (exit {exc.code})"))  # fmt: skip
         chips = plan.all_chips()
-        found = health.preflight(inv, chips, beats=inv.beats, requires=prepared.requires)
+        found = health.preflight(inv, chips, beats=prepared.beats, requires=prepared.requires)
         errors = [p for p in found if p.severity == "error"]
         if errors and not auto_reset:
             raise prepared.unhealthy or _preflight_refusal(errors, auto_reset)

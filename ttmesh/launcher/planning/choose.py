@@ -6,7 +6,9 @@ pair; chips leased, held, dead or excluded are never chosen, and a refusal says 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ttmesh.errors import TTMeshError, bad_input, refused
@@ -21,7 +23,7 @@ from ttmesh.runtime import leases
 from ttmesh.vocab import Layout, Role
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.launcher.planning.liveness import Liveness
 
 
 def parse_bdfs(text: str | None, inv: Inventory, flag: str) -> list[Chip]:
@@ -328,3 +330,83 @@ def frozen_refusal(
         f"pre-flight: {problem.what}",
         f"{problem.fix}, or add --auto-reset to recover the chips first",
     )
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chips chosen, and what their choice knows of the host's chips."""
+
+    sel: meshselect.Selection
+    seen: tuple[dict[str, str], dict[str, str]]  # (why, who) each chip could not be used
+    broken: list[healthy.Broken]  # the host's links down, read for the choice
+    unhealthy: NoHealthy | None = None  # no healthy mesh: these chips, refused by pre-flight
+    liveness: Liveness | None = None  # the heartbeats still being read as the workers start
+    beats: dict[str, str] = field(default_factory=dict)  # heartbeats read for the choice
+
+
+def choose_chips(
+    req: LaunchRequest,
+    inv: Inventory,
+    chosen: list[Chip],
+    excluded: list[Chip],
+    *,
+    descriptor_only: bool = False,
+    repairable: bool = False,
+    defer_liveness: bool = False,
+) -> Choice:
+    """The chips of the job, and when their heartbeats are read: first, as always, unless
+    ``defer_liveness`` and the verdict cannot change the choice (chips named, or every usable
+    chip taken): then a frozen chip can only refuse the launch, and the workers start while
+    the heartbeats are read (:class:`~ttmesh.launcher.planning.liveness.Liveness`)."""
+    from ttmesh.launcher.planning.liveness import Liveness
+
+    if descriptor_only:
+        blocked: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        watch = None
+    else:
+        blocked = blocked_chips(inv)
+        watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
+    # Healthy first: the links down between the host's chips, read once (cheap: link telemetry),
+    # only when the choice is ttmesh's to make (chips named are the user's choice). A descriptor
+    # reads them too: tt-metal is given the host as discovery finds it, links down left out,
+    # and refuses a mesh over them (``ttmesh descriptor`` then refuses as the launch would).
+    broken = [] if chosen else broken_pairs(inv)
+    choose = functools.partial(pick, broken=broken, repairable=repairable)
+
+    def availability(
+        beats: dict[str, str], repairable: bool = repairable
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Why each chip can't be used (in this order: leased, held, dead, excluded), who."""
+        why, who = with_dead(*blocked, beats, repairable)
+        for c in excluded:
+            why.setdefault(c.asic_id, "excluded")
+        return why, who
+
+    if watch is not None and defer_liveness and not repairable:
+        # Choose as if every chip's heartbeat moved; keep it if the verdict cannot change it.
+        try:
+            guess = choose(inv, req, chosen, *availability({}))
+        except TTMeshError:
+            guess = None  # the refusal might name a frozen chip: read the heartbeats first
+        if guess is not None and verdict_cannot_change(
+            inv, req, guess, chosen, availability({}), choose, broken
+        ):
+            job_chips = [a for u in guess.units for a in u.chips]
+            watch.only(job_chips)
+            decide = functools.partial(
+                frozen_refusal, inv, req, chosen, availability, job_chips, choose
+            )
+            return Choice(guess, availability({}), broken, liveness=Liveness(watch, decide))
+    beats = watch.wait() if watch is not None else {}
+    seen = availability(beats)
+    sel = None
+    if repairable and not chosen:  # healthy first: reset frozen chips only when needed
+        sel = alive_first(inv, req, choose, availability(beats, repairable=False), broken)
+        seen = availability(beats, repairable=False) if sel is not None else seen
+    try:
+        return Choice(sel or choose(inv, req, chosen, *seen), seen, broken, beats=beats)
+    except NoHealthy as exc:  # planned all the same: pre-flight refuses it (exit 3)
+        return Choice(exc.selection, seen, broken, unhealthy=exc, beats=beats)

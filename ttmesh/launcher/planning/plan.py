@@ -203,6 +203,7 @@ class LaunchPlan:
 def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
     """A tt-run rank binding decides the ranks: one block per binding, its chips as given."""
     bf = req.binding
+    assert bf is not None
     blocks = []
     for b, units in zip(bf.bindings, req.binding_units, strict=True):
         chips = tuple(a for u in units for a in u.chips)
@@ -230,6 +231,7 @@ def _server_env(
     from ttmesh.launcher.serving import spec as serving
 
     server = req.serving
+    assert server is not None
     profile = server.profile
     out = {k: v for k, v in env.items() if k.startswith(SERVER_KEEPS)}
     out["LIBTT_SYMMETRIC_DRAM_MB"] = str(req.symmetric_dram_mb)
@@ -562,6 +564,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
     environment is ttmesh's job and rank, the ready file, the profile's variables and ``--env``;
     everything else is inherited (without the rank variables a torchrun or ttmesh above left)."""
     run_dir = req.run_dir
+    assert req.serving is not None
     env = {
         "TTMESH_JOB_ID": req.job,
         "TTMESH_RANK": "0",
@@ -594,6 +597,6 @@ def _nodes(req: LaunchRequest, sp: layout.Split) -> dict[int, int]:
 def _groupings(req: LaunchRequest, sp: layout.Split) -> str | None:
     from ttmesh.mesh import cluster
 
-    if sp.layout != Layout.MESH:
+    if sp.layout != Layout.MESH or req.cluster is None:
         return None
     return cluster.groupings(cluster.merged_descriptor(req.cluster), sp.blocks, sp.host_dims)

@@ -4,28 +4,15 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.errors import TTMeshError, bad_input
-from ttmesh.fabric import heartbeat
-from ttmesh.fabric.devices import Inventory, discover
+from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
 from ttmesh.host.clusterdesc import ClusterDescriptor
-from ttmesh.launcher.planning.choose import (
-    NoHealthy,
-    alive_first,
-    blocked_chips,
-    broken_pairs,
-    default_tp,
-    frozen_refusal,
-    parse_bdfs,
-    pick,
-    verdict_cannot_change,
-    with_dead,
-)
+from ttmesh.launcher.planning.choose import Choice, choose_chips, default_tp, parse_bdfs
 from ttmesh.launcher.planning.liveness import Liveness, can_start_unverified
 from ttmesh.launcher.planning.plan import (
     LaunchPlan,
@@ -70,6 +57,10 @@ class Prepared:
     # None: ttmesh's defaults (fabric.syscheck). Its warnings are said once per launch.
     requires: Any = None
     warned: bool = False
+    # The chips' heartbeats as the launch last read them (pre-flight polls only the others).
+    beats: dict[str, str] = field(default_factory=dict)
+    # The request as planned: the user's, with what the stages resolved (chips, job, ...).
+    request: LaunchRequest | None = None
 
 
 def prepare(
@@ -84,7 +75,8 @@ def prepare(
     dry_run: bool = False,
     ask_metal: bool = True,
 ) -> Prepared:
-    """Everything before a launch, changing nothing. ``descriptor_only``: plan the mesh and its
+    """Everything before a launch, changing nothing (``req`` included: each step hands the
+    next a new request). ``descriptor_only``: plan the mesh and its
     descriptors without a command, a port or availability checks (``ttmesh descriptor``).
     ``repairable``: chips a reset can recover are chosen too (``--auto-reset`` resets them).
     ``ask_metal``: start tt-metal's verdict on the plan (``launcher.planning.metalcheck``) when a ttnn
@@ -98,33 +90,85 @@ def prepare(
     inv = discover(host)
     if not inv.chips:
         raise bad_input("no Tenstorrent chips found on this host", "see ttmesh ls")
-    if req.binding is not None:
-        from ttmesh.launcher.adapters import ttrun
+    req, chips_arg = _bound(req, inv, chips_arg, exclude_arg)
+    chosen, excluded = _named_chips(inv, chips_arg, exclude_arg)
+    req = _start_mode(req, allow_mpi_layouts, descriptor_only)
+    req, default_note = _chip_count(req, inv, chosen)
+    choice = choose_chips(
+        req, inv, chosen, excluded, descriptor_only=descriptor_only, repairable=repairable,
+        defer_liveness=defer_liveness,
+    )  # fmt: skip
+    liveness = choice.liveness
+    try:
+        prepared = _plan(req, inv, choice.sel, host, descriptor_only, dry_run)
+    except TTMeshError as exc:
+        raise (liveness.first(exc) if liveness is not None else exc) from None
+    prepared.unhealthy = choice.unhealthy
+    prepared.beats = choice.beats  # seen alive now: pre-flight need not poll these again
+    if default_note:
+        prepared.plan.notes.append(default_note)
+    if not (descriptor_only or chosen):
+        prepared.plan.passed_over = _passed_over(inv, choice)
+    if liveness is not None and not can_start_unverified(prepared.plan):
+        refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
+        if refusal is not None:
+            raise refusal
+        liveness = None
+    if liveness is not None:
+        prepared.beats = liveness.known()
+    prepared.liveness = liveness
+    if ask_metal and not descriptor_only:  # (check --active asks tt-metal itself)
+        from ttmesh.launcher.planning import metalcheck
 
-        if chips_arg or exclude_arg or req.mesh_shape:
-            raise bad_input(
-                "--rank-binding decides the chips", "drop --chips/--exclude/--mesh-shape"
-            )
-        req.binding_units = ttrun.rank_units(req.binding, inv, meshselect.units_of(inv))
-        chips_arg = ",".join(u.bdf for units in req.binding_units for u in units)
-        n = sum(u.size for units in req.binding_units for u in units)
-        if req.tp_size not in (None, n):
-            raise bad_input(
-                f"--tp-size {req.tp_size} but {req.binding.path} gives its ranks "
-                f"{plural(n, 'chip')}",
-                "drop --tp-size with --rank-binding",
-            )
-        req.tp_size = n
+        try:
+            prepared.metal, prepared.metal_skipped = metalcheck.check(prepared.plan)
+        except TTMeshError as exc:
+            raise (liveness.first(exc) if liveness is not None else exc) from None
+    return prepared
+
+
+def _bound(
+    req: LaunchRequest, inv: Inventory, chips_arg: str | None, exclude_arg: str | None
+) -> tuple[LaunchRequest, str | None]:
+    """A tt-run rank binding decides the chips: each binding rank's units, the chips they
+    name (as --chips would) and their count (--tp-size)."""
+    if req.binding is None:
+        return req, chips_arg
+    from ttmesh.launcher.adapters import ttrun
+
+    if chips_arg or exclude_arg or req.mesh_shape:
+        raise bad_input("--rank-binding decides the chips", "drop --chips/--exclude/--mesh-shape")
+    units = ttrun.rank_units(req.binding, inv, meshselect.units_of(inv))
+    n = sum(u.size for us in units for u in us)
+    if req.tp_size not in (None, n):
+        raise bad_input(
+            f"--tp-size {req.tp_size} but {req.binding.path} gives its ranks {plural(n, 'chip')}",
+            "drop --tp-size with --rank-binding",
+        )
+    chips = ",".join(u.bdf for us in units for u in us)
+    return replace(req, binding_units=units, tp_size=n), chips
+
+
+def _named_chips(
+    inv: Inventory, chips_arg: str | None, exclude_arg: str | None
+) -> tuple[list[Chip], list[Chip]]:
+    """--chips and --exclude, read against the host's chips."""
     chosen = parse_bdfs(chips_arg, inv, "--chips")
     excluded = parse_bdfs(exclude_arg, inv, "--exclude")
     both = {c.asic_id for c in chosen} & {c.asic_id for c in excluded}
     if both:
         chip = inv.chip(sorted(both)[0])
         raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
+    return chosen, excluded
+
+
+def _start_mode(
+    req: LaunchRequest, allow_mpi_layouts: bool, descriptor_only: bool
+) -> LaunchRequest:
+    """How the ranks start: a server is one process driving every chip; a tt-metal world
+    needs MPI (its mpirun found, and its version read, once here)."""
     if req.profile is not None:  # a server: one process drives every chip
-        req.layout, req.launcher, req.nproc = Layout.SINGLE_PROCESS, StartMode.DIRECT, None
-    if req.launcher not in tuple(StartMode):
-        raise bad_input(f"--launcher {req.launcher!r}: use direct or mpi")
+        req = replace(req, layout=Layout.SINGLE_PROCESS, launcher=StartMode.DIRECT, nproc=None)
     if req.layout in MPI_LAYOUTS and req.launcher != StartMode.MPI and not allow_mpi_layouts:
         raise bad_input(
             f"--mesh-layout {req.layout} forms one tt-metal world across processes, which only an "
@@ -134,11 +178,20 @@ def prepare(
     if req.launcher == StartMode.MPI and not descriptor_only:
         from ttmesh.launcher.hosts import mpi
 
-        req.mpirun = mpi.find_mpirun(req.mpirun or None)
+        req = replace(req, mpirun=mpi.find_mpirun(req.mpirun or None))
         mpi.version(req.mpirun)  # read once here: each attempt's guardian (a fork) reuses it
+    return req
+
+
+def _chip_count(
+    req: LaunchRequest, inv: Inventory, chosen: list[Chip]
+) -> tuple[LaunchRequest, str | None]:
+    """--tp-size, or its default (and what --dry-run says of it), against --chips and
+    --mesh-shape."""
     default_note = None
     if req.tp_size is None:
-        req.tp_size, default_note = default_tp(req, inv, chosen)
+        tp, default_note = default_tp(req, inv, chosen)
+        req = replace(req, tp_size=tp)
     if req.tp_size <= 0:
         raise bad_input(
             f"--tp-size {req.tp_size}: must be a positive number of chips", "e.g. --tp-size 4"
@@ -155,95 +208,18 @@ def prepare(
             f"{req.tp_size}",
             "make ROWS x COLS equal the chip count",
         )
-    if descriptor_only:
-        blocked: tuple[dict[str, str], dict[str, str]] = ({}, {})
-        watch = None
-    else:
-        blocked = blocked_chips(inv)
-        watch = heartbeat.Watch(inv, [c for c in inv.chips if c.asic_id not in blocked[0]])
-    # Healthy first: the links down between the host's chips, read once (cheap: link telemetry),
-    # only when the choice is ttmesh's to make (chips named are the user's choice). A descriptor
-    # reads them too: tt-metal is given the host as discovery finds it, links down left out,
-    # and refuses a mesh over them (``ttmesh descriptor`` then refuses as the launch would).
-    broken = [] if chosen else broken_pairs(inv)
-    choose = functools.partial(pick, broken=broken, repairable=repairable)
+    return req, default_note
 
-    def availability(
-        beats: dict[str, str], repairable: bool = repairable
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        """Why each chip can't be used (in this order: leased, held, dead, excluded), who."""
-        why, who = with_dead(*blocked, beats, repairable)
-        for c in excluded:
-            why.setdefault(c.asic_id, "excluded")
-        return why, who
 
-    sel = None
-    seen: tuple[dict[str, str], dict[str, str]] = ({}, {})  # (why, who) the choice was made with
-    unhealthy = None
-    if watch is not None and defer_liveness and not repairable:
-        # Choose as if every chip's heartbeat moved. When the verdict cannot change that choice
-        # (chips named, or every usable chip taken), a frozen chip can only refuse the launch:
-        # the workers start while the heartbeats are read (Liveness); otherwise, as always,
-        # the heartbeats are read first.
-        try:
-            guess = choose(inv, req, chosen, *availability({}))
-        except TTMeshError:
-            guess = None  # the refusal might name a frozen chip: read the heartbeats first
-        if guess is not None and verdict_cannot_change(
-            inv, req, guess, chosen, availability({}), choose, broken
-        ):
-            sel, seen = guess, availability({})
-    if sel is None:
-        beats = watch.wait() if watch is not None else {}
-        inv.beats = beats  # seen alive now: pre-flight need not poll these again
-        watch = None
-        seen = availability(beats)
-        if repairable and not chosen:  # healthy first: reset frozen chips only when needed
-            sel = alive_first(inv, req, choose, availability(beats, repairable=False), broken)
-            seen = availability(beats, repairable=False) if sel is not None else seen
-        try:
-            sel = sel or choose(inv, req, chosen, *seen)
-        except NoHealthy as exc:  # planned all the same: pre-flight refuses it (exit 3)
-            sel, unhealthy = exc.selection, exc
-    liveness = None
-    if watch is not None:
-        job_chips = [a for u in sel.units for a in u.chips]
-        watch.only(job_chips)
-        liveness = Liveness(
-            watch,
-            functools.partial(frozen_refusal, inv, req, chosen, availability, job_chips, choose),
-        )
-    try:
-        prepared = _plan(req, inv, sel, host, descriptor_only, dry_run)
-    except TTMeshError as exc:
-        raise (liveness.first(exc) if liveness is not None else exc) from None
-    prepared.unhealthy = unhealthy
-    if default_note:
-        prepared.plan.notes.append(default_note)
-    if not (descriptor_only or chosen):
-        used = {a for u in sel.units for a in u.chips}
-        # A mesh holding a broken pair is --auto-reset's to mend: its links are no reason.
-        avoided = [b for b in broken if not set(b.chips) <= used]
-        if len(avoided) == len(broken):
-            prepared.plan.passed_over = healthy.passed_over(inv, used, *seen, broken)
-        else:
-            prepared.plan.passed_over = healthy.passed_over(inv, used, *seen, [])
-    if liveness is not None and not can_start_unverified(prepared.plan):
-        refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
-        if refusal is not None:
-            raise refusal
-        liveness = None
-    if liveness is not None:
-        inv.beats = liveness.known()
-    prepared.liveness = liveness
-    if ask_metal and not descriptor_only:  # (check --active asks tt-metal itself)
-        from ttmesh.launcher.planning import metalcheck
-
-        try:
-            prepared.metal, prepared.metal_skipped = metalcheck.check(prepared.plan)
-        except TTMeshError as exc:
-            raise (liveness.first(exc) if liveness is not None else exc) from None
-    return prepared
+def _passed_over(inv: Inventory, choice: Choice) -> list[dict[str, object]]:
+    """The chips the choice passed over, and why."""
+    used = {a for u in choice.sel.units for a in u.chips}
+    broken = choice.broken
+    # A mesh holding a broken pair is --auto-reset's to mend: its links are no reason.
+    avoided = [b for b in broken if not set(b.chips) <= used]
+    if len(avoided) == len(broken):
+        return healthy.passed_over(inv, used, *choice.seen, broken)
+    return healthy.passed_over(inv, used, *choice.seen, [])
 
 
 def chipless(
@@ -260,10 +236,11 @@ def chipless(
     server's own: readiness, the bounded stop, the watch on its processes, the clean-up. The
     server's ``--tp-size`` counts its own processes; ttmesh's, and every flag that chooses or
     recovers chips, has nothing to act on and is refused (one line, exit 2)."""
-    profile = req.profile
+    profile, args = req.profile, req.server_args
+    assert profile is not None and args is not None
     from ttmesh.launcher.serving import spec
 
-    what = spec.ServingSpec(profile, req.server_args).chipless_what
+    what = spec.ServingSpec(profile, args).chipless_what
     for flag, given in (
         ("--tp-size", req.tp_size is not None),
         ("--chips", chips_arg is not None),
@@ -278,23 +255,33 @@ def chipless(
                 else "drop it"
             )
             raise bad_input(f"{flag}: {what}", fix)
-    req.layout, req.launcher, req.nproc = Layout.SINGLE_PROCESS, StartMode.DIRECT, None
-    tp, findings = spec.server_tp(profile, req.server_args, None)
-    req.server_findings = [*req.server_findings, *findings]
-    req.serving = _serving(req, tp or 1, None)
+    tp, findings = spec.server_tp(profile, args, None)
+    req = replace(
+        req, layout=Layout.SINGLE_PROCESS, launcher=StartMode.DIRECT, nproc=None,
+        server_findings=[*req.server_findings, *findings],
+    )  # fmt: skip
+    req = _with_serving(req, tp or 1, None)
+    serving = req.serving
+    assert serving is not None
     argv = resolve_command(req)
-    server_port_free(req.serving, dry_run)
-    if not req.job:
-        req.job = jobs.new_job_id()
-    if not req.run_dir:
-        req.run_dir = str(jobs.runs_dir() / req.job)
-        req.segment_dir = jobs.segment_dir(req.run_dir)
-    if not req.cwd:
-        req.cwd = os.getcwd()
+    server_port_free(serving, dry_run)
+    req = _identity(req)
     unused = f"; {host.flag} is not read" if host.flag else ""
-    req.serving.notes.append(f"{what}: none is chosen, leased, checked or recovered{unused}")
+    serving.notes.append(f"{what}: none is chosen, leased, checked or recovered{unused}")
     inv = Inventory(host=host, driver="", chips=[], links=[], topology="none")
-    return Prepared(build_chipless(req, argv), inv, None)
+    return Prepared(build_chipless(req, argv), inv, None, request=req)
+
+
+def _identity(req: LaunchRequest) -> LaunchRequest:
+    """The job's id (generated unless --job-id), its run directory and working directory."""
+    job = req.job or jobs.new_job_id()
+    run_dir, segment_dir = req.run_dir, req.segment_dir
+    if not run_dir:
+        run_dir = str(jobs.runs_dir() / job)
+        segment_dir = jobs.segment_dir(run_dir)
+    return replace(
+        req, job=job, run_dir=run_dir, segment_dir=segment_dir, cwd=req.cwd or os.getcwd()
+    )
 
 
 def _plan(
@@ -307,13 +294,12 @@ def _plan(
 ) -> Prepared:
     """The rest of :func:`prepare` once the chips are chosen: memory, server, command, port,
     job id, mock clusters and the plan."""
-    req.symmetric_dram_mb = memory.plan(
-        req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips]
-    )
+    dram = memory.plan(req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips])
+    req = replace(req, symmetric_dram_mb=dram)
     if req.profile is not None:
         # The job's tensor-parallel degree: every host's chips (this host has its share).
         tp = len(sel.chips) * req.tp_hosts
-        req.serving = _serving(req, tp, min(inv.chip(a).dram_mb for a in sel.chips))
+        req = _with_serving(req, tp, min(inv.chip(a).dram_mb for a in sel.chips))
     if descriptor_only:
         argv: list[str] = []
     else:
@@ -323,31 +309,28 @@ def _plan(
         if req.master_port:
             check_port(req.master_port, req.master_addr)
         else:
-            req.master_port = free_port(req.master_addr)
-    if not req.job:
-        req.job = jobs.new_job_id()
-    if not req.run_dir:
-        req.run_dir = str(jobs.runs_dir() / req.job)
-        req.segment_dir = jobs.segment_dir(req.run_dir)
-    if not req.cwd:
-        req.cwd = os.getcwd()
+            req = replace(req, master_port=free_port(req.master_addr))
+    req = _identity(req)
     split = plan_split(req, sel)  # once per launch: the mock clusters and the plan share it
     cluster = None if descriptor_only else host.mock_cluster()
     if cluster is not None:
-        req.mocks = mock_clusters(cluster, split, req)
+        req = replace(req, mocks=mock_clusters(cluster, split, req))
     plan = build(req, inv, sel, argv, split, surroundings(req))
     requires = req.profile.system if req.profile is not None else None
-    return Prepared(plan, inv, sel, requires=requires)
+    return Prepared(plan, inv, sel, requires=requires, request=req)
 
 
-def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
-    """The server's spec for ``tp`` chips (a chipless server: its own ``--tp-size``, and no
-    chip memory); its rules' errors refuse the launch (exit 2)."""
+def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchRequest:
+    """The request with the server's spec for ``tp`` chips (a chipless server: its own
+    ``--tp-size``, and no chip memory) and its ready timeout; its rules' errors refuse the
+    launch (exit 2)."""
     from ttmesh.launcher.serving import spec
 
+    profile, args = req.profile, req.server_args
+    assert profile is not None and args is not None
     serving = spec.build(
-        req.profile,
-        req.server_args,
+        profile,
+        args,
         tp=tp,
         environ=req.environ,
         user_env=dict(req.env),
@@ -358,9 +341,8 @@ def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
     )
     serving.health_interval = req.health_interval
     serving.health_failures = req.health_failures
-    if req.ready_timeout is None:
-        req.ready_timeout = serving.ready_timeout
-    serving.ready_timeout = req.ready_timeout
+    ready_timeout = serving.ready_timeout if req.ready_timeout is None else req.ready_timeout
+    serving.ready_timeout = ready_timeout
     errors = serving.errors(req.strict)
     if errors:
         for extra in [f for f in serving.findings if f not in errors[:1]]:
@@ -368,11 +350,11 @@ def _serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> Any:
         first = errors[0]
         more = f" ({len(errors) - 1} more above)" if len(errors) > 1 else ""
         raise bad_input(
-            f"{req.profile.name}: {first.message}{more}",
+            f"{profile.name}: {first.message}{more}",
             f"fix: {first.fix}"
             + ("; --strict makes warnings errors" if first.severity == "warning" else ""),
         )
-    return serving
+    return replace(req, serving=serving, ready_timeout=ready_timeout)
 
 
 def mock_clusters(

@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ttmesh import paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
 from ttmesh.vocab import Layout, StartMode
 
+if TYPE_CHECKING:
+    from ttmesh.launcher.adapters.ttrun import BindingFile
+    from ttmesh.launcher.serving.args import ServerArgs
+    from ttmesh.launcher.serving.profiles import Profile
+    from ttmesh.launcher.serving.rules import Finding
+    from ttmesh.launcher.serving.spec import ServingSpec
+    from ttmesh.mesh.cluster import Cluster
+    from ttmesh.mesh.select import Unit
 
-@dataclass
+
+@dataclass(frozen=True)
 class LaunchRequest:
-    """What the user asked for (the CLI's parsed options)."""
+    """What the user asked for (the CLI's parsed options), checked once when made and never
+    changed after (torch's ``WorkerSpec``): each stage that resolves part of it (the chips'
+    count, the start mode, the job's identity, the server's spec, ...) hands the next stage a
+    new request (``dataclasses.replace``), so what the user asked stays what it was."""
 
     command: list[str]
     tp_size: int
@@ -43,21 +57,29 @@ class LaunchRequest:
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
     ready_timeout: float | None = None  # every rank ready within this, or the job is hung
     ready_pattern: str | None = None  # a line of output that means "ready"
-    binding: Any = None  # a tt-run rank-binding file (adapters.ttrun.BindingFile)
-    binding_units: list = field(default_factory=list)  # each binding rank's units
+    binding: BindingFile | None = None  # a tt-run rank-binding file
+    binding_units: list[tuple[Unit, ...]] = field(default_factory=list)  # each binding rank's
     environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
     python: str = sys.executable
     cwd: str = ""
-    serving: Any = None  # a ServingSpec when the command is a server a profile knows
-    profile: Any = None  # the server's profile (launcher.serving.profiles.Profile)
-    server_args: Any = None  # its parsed command line
-    server_findings: list = field(default_factory=list)  # what was found before selection
+    serving: ServingSpec | None = None  # when the command is a server a profile knows
+    profile: Profile | None = None  # the server's profile
+    server_args: ServerArgs | None = None  # its parsed command line
+    server_findings: list[Finding] = field(default_factory=list)  # found before selection
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job
-    cluster: Any = None  # mesh.cluster.Cluster: a tt-metal mesh over several hosts
+    cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
+
+    def __post_init__(self) -> None:
+        """The checks a request needs whoever makes it (the launch, ``descriptor``, ``check
+        --active``): made once, here."""
+        if self.launcher not in tuple(StartMode):
+            raise bad_input(f"--launcher {self.launcher!r}: use direct or mpi")
+        if self.job:  # it names the run directory and the job's files: a name, never a path
+            paths.safe_name(self.job, "--job-id")
 
 
 # --------------------------------------------------------------------------- the command
@@ -117,3 +139,13 @@ def parse_env(items: list[str]) -> list[tuple[str, str]]:
             raise bad_input(f"--env {key}: ttmesh sets {key} for every rank", hint)
         out.append((key, value))
     return out
+
+
+def parse_shape(value: str | None) -> tuple[int, int] | None:
+    """``--mesh-shape RxC``."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
+    return int(match.group(1)), int(match.group(2))

@@ -1,0 +1,510 @@
+"""``ttmesh launch``'s options, checked once and built into what the launch runs (torch's
+``config_from_args`` -> ``LaunchConfig``): the job's mode (:class:`~ttmesh.vocab.JobMode`,
+decided here and nowhere else, with every mix of flags no mode takes refused here), the
+request (:class:`~ttmesh.launcher.planning.request.LaunchRequest`) and what the command does
+around it (the console, the logs, recovery). The click command declares the options, calls
+:meth:`Launch.from_options` and starts the job the way its mode says."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ttmesh import numeric, paths
+from ttmesh.errors import bad_input
+from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
+from ttmesh.vocab import MPI_LAYOUTS, JobMode, Layout, StartMode
+
+if TYPE_CHECKING:
+    from ttmesh.host.base import Host
+    from ttmesh.launcher.adapters.ttrun import BindingFile
+    from ttmesh.launcher.attempt.logspec import LogSpec
+    from ttmesh.launcher.hosts.rendezvous import Endpoint
+    from ttmesh.launcher.serving.args import ServerArgs
+    from ttmesh.launcher.serving.profiles import Profile
+    from ttmesh.launcher.serving.rules import Finding
+
+    # (profile, the server's command line as its parser reads it, its chips, its findings)
+    Server = tuple[Profile, ServerArgs, int | None, list[Finding]]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """``ttmesh launch``'s options as click parsed them (named as the command's parameters)."""
+
+    host: Host
+    command: tuple[str, ...]
+    tp_size: int | None
+    nproc: int | None
+    chips: str | None
+    exclude: str | None
+    mesh_shape: str | None
+    mesh_layout: str | None
+    symmetric_dram_mb: int
+    env_items: tuple[str, ...]
+    master_port: int
+    max_restarts: int
+    grace: float | None
+    ranks_filter: str | None
+    log_dir: str | None
+    redirects: str | None
+    tee: str | None
+    quiet: bool
+    no_live: bool
+    module: bool
+    no_python: bool
+    strict_links: bool
+    job_id: str | None
+    dry_run: bool
+    as_json: bool
+    show_env: bool
+    summary_json: str | None
+    launcher: str | None
+    workdir: str | None
+    rank_binding: str | None
+    rank_bindings_mapping: str | None
+    auto_reset: bool
+    reset_on_failure: bool
+    ready_timeout: float | None
+    ready_pattern: str | None
+    tt_smi: str | None
+    profile_name: str | None
+    strict: bool
+    health_interval: float | None
+    health_failures: int
+    nnodes: str | None
+    node_rank: int | None
+    rdzv_endpoint: str | None
+    rdzv_backend: str | None
+    rdzv_token: str | None
+    local_addr: str | None
+    heartbeat_timeout: float
+    rdzv_timeout: float
+    hosts: str | None
+    launch_agent: str | None
+    tcp_interface: str | None
+    torchrun_flags: Any  # cli.torchrun.Flags: what the plan takes from torchrun's flags
+
+
+@dataclass(frozen=True)
+class Join:
+    """How this host's agent joins a job over several hosts (torchrun's flags, Slurm's
+    environment or mpirun's): ``hosts.multihost.MultiHost`` is made of it."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: Endpoint
+    token: str
+    local_addr: str | None
+    join_timeout: float
+    heartbeat_timeout: float
+    job: str  # the job's id, every host's alike
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``ttmesh launch`` runs: built once from its options, never changed after."""
+
+    mode: JobMode
+    options: LaunchOptions
+    request: LaunchRequest | None = None  # None: --hosts (each host's agent builds its own)
+    join: Join | None = None  # a job over several hosts: how this host joins it
+    job_tp: int | None = None  # the job's --tp-size over every host (request.tp_size: this one's)
+    rdzv_job: str = ""  # the job's id every host shares (the request's job: this host's part)
+    shown_ranks: frozenset[int] | None = None  # --ranks-filter
+    logs: LogSpec | None = None
+    log_dir: str | None = None
+
+    @classmethod
+    def from_options(cls, o: LaunchOptions) -> Launch:
+        """Every option checked (one line, exit 2, before anything is read of the host), the
+        mode decided, and the request built."""
+        from ttmesh.runtime import jobs
+
+        jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
+        rank_binding = binding_flag(o.rank_binding, o.rank_bindings_mapping)
+        mode, join = job_mode(o, rank_binding)
+        if mode is JobMode.HOSTS:
+            assert join is not None
+            if o.tp_size is not None:  # each host would refuse it: say it once
+                from ttmesh.launcher.planning import tpsize
+
+                tpsize.per_host(o.tp_size, join.nnodes)
+            return cls(mode, o, join=join)
+        job_id, rdzv_job = o.job_id, ""
+        if join is not None:
+            # The job's id is shared by every host; this host's part of it (its run directory,
+            # leases and `ttmesh ps` record) is named per node, so two agents on one machine
+            # (a split Galaxy, a test) never meet in one run directory.
+            rdzv_job = paths.safe_name(join.job, "--job-id")
+            job_id = f"{rdzv_job[:56]}-n{join.node_rank}"
+        if rank_binding is not None and o.mesh_layout is not None:
+            raise bad_input(
+                "--rank-binding and --mesh-layout together",
+                "the rank-binding file decides the layout: drop --mesh-layout",
+            )
+        workdir = _workdir(o.workdir)
+        log_dir = _log_dir(o.log_dir)
+        logs = _log_spec(o.redirects, o.tee)
+        request, job_tp = _request(o, rank_binding, join, job_id, workdir)
+        return cls(mode, o, request, join, job_tp, rdzv_job, _ranks(o.ranks_filter), logs, log_dir)
+
+
+def binding_flag(rank_binding: str | None, mapping: str | None) -> str | None:
+    """The file that names the ranks (either flag's), refusing both at once."""
+    if rank_binding is not None and mapping is not None:
+        raise bad_input(
+            "--rank-binding and --rank-bindings-mapping together",
+            "give one: the mapping names every sub-context's rank-binding file",
+        )
+    return rank_binding if rank_binding is not None else mapping
+
+
+def job_mode(o: LaunchOptions, rank_binding: str | None) -> tuple[JobMode, Join | None]:
+    """The job's mode from the flags (and Slurm's environment), and how this host joins a job
+    over several; the flags no mode takes together are refused here."""
+    tt_metal_world = (o.mesh_layout in MPI_LAYOUTS) or rank_binding is not None
+    mesh_over_hosts = o.hosts is not None and tt_metal_world
+    if not mesh_over_hosts:
+        for flag, value in (
+            ("--launch-agent", o.launch_agent),
+            ("--tcp-interface", o.tcp_interface),
+        ):
+            if value is not None:
+                raise bad_input(
+                    f"{flag} goes with --hosts and a tt-metal mesh",
+                    "add --mesh-layout mesh (or drop it)",
+                )
+    hosts = None if mesh_over_hosts else o.hosts
+    if mesh_over_hosts and _nnodes(o.nnodes) not in (None, 1):
+        # One mpirun starts the mesh on every host: no agent of one host joins another's.
+        raise bad_input(
+            f"--nnodes {shown(o.nnodes)} with --hosts and a tt-metal mesh (one mpirun starts "
+            "the mesh over the hosts --hosts names)",
+            "drop --nnodes",
+        )
+    join = _join(o, hosts)
+    if mesh_over_hosts:
+        if join is not None:  # Slurm's SLURM_NNODES: this launch is one of several
+            raise bad_input(
+                f"a job over {join.nnodes} hosts (Slurm's SLURM_NNODES) with --hosts and a "
+                "tt-metal mesh: one mpirun starts the mesh over the hosts",
+                "run one ttmesh launch --hosts for the job (srun -N1), or drop --hosts",
+            )
+        return JobMode.MESH_OVER_HOSTS, None
+    if hosts is not None:
+        return JobMode.HOSTS, join
+    return (JobMode.C10D if join is not None else JobMode.ONE_HOST), join
+
+
+def _request(
+    o: LaunchOptions, rank_binding: str | None, join: Join | None, job_id: str | None, workdir: str
+) -> tuple[LaunchRequest, int | None]:
+    """The request (and the job's --tp-size over its hosts) from the options."""
+    mesh_layout = o.mesh_layout or Layout.ISOLATED
+    if o.summary_json is not None:
+        paths.writable_file(o.summary_json, "--summary-json")
+    if o.tt_smi is not None:
+        from ttmesh.recovery.reset import find_tt_smi
+
+        find_tt_smi(o.host, o.tt_smi)  # not an executable: say so now, not after a crash
+    env = parse_env(list(o.env_items))
+    binding = _load_binding(rank_binding, o.rank_bindings_mapping)
+    server = _server(o, rank_binding, mesh_layout)
+    if server is not None and server[0].chipless and join is not None:
+        raise bad_input(
+            f"a job over {join.nnodes} hosts (--nnodes, or Slurm's SLURM_NNODES): "
+            f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
+            "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
+        )
+    job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
+    if o.health_interval is not None and server is None:
+        raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
+    grace = o.grace
+    if grace is None:
+        grace = server[0].grace if server is not None else 5.0
+    if o.as_json and not o.dry_run:
+        raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
+    one_world = mesh_layout in MPI_LAYOUTS or binding is not None
+    request = LaunchRequest(
+        command=list(o.command),
+        tp_size=tp_size,  # type: ignore[arg-type]
+        module=o.module,
+        no_python=o.no_python,
+        layout=mesh_layout,
+        mesh_shape=parse_shape(o.mesh_shape),
+        symmetric_dram_mb=o.symmetric_dram_mb,
+        env=env,
+        master_port=o.master_port,
+        max_restarts=o.max_restarts,
+        grace=grace,
+        job=job_id or "",  # checked by LaunchRequest itself
+        strict_links=o.strict_links,
+        nproc=o.nproc,
+        launcher=o.launcher or (StartMode.MPI if one_world else StartMode.DIRECT),
+        workdir=workdir,
+        binding=binding,
+        environ=dict(os.environ),
+        master_addr=o.torchrun_flags.master_addr or "127.0.0.1",
+        ready_timeout=o.ready_timeout,
+        ready_pattern=o.ready_pattern,
+        profile=server[0] if server else None,
+        server_args=server[1] if server else None,
+        server_findings=server[3] if server else [],
+        strict=o.strict,
+        health_interval=o.health_interval,
+        health_failures=o.health_failures,
+        tp_hosts=tp_hosts,
+    )
+    if o.ready_pattern is not None:
+        _check_pattern(o.ready_pattern)
+    return request, job_tp
+
+
+def _check_pattern(pattern: str) -> None:
+    from ttmesh.patterns import PatternError, compile_pattern
+
+    try:
+        compile_pattern(pattern)  # matched in linear time by the guardian
+    except PatternError as exc:
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        # As the user would type it again (the shell's quoting), unless it holds what a
+        # terminal must not be sent as it is.
+        quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
+        raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint) from None
+
+
+def _load_binding(path: str | None, mapping: str | None) -> BindingFile | None:
+    """The rank-binding file (adapters.ttrun.BindingFile) of either flag."""
+    if path is None:
+        return None
+    if mapping is not None:
+        from ttmesh.launcher.adapters import subcontexts
+
+        return subcontexts.load(path, dict(os.environ), os.getcwd())
+    from ttmesh.launcher.adapters import ttrun
+
+    return ttrun.load(path, dict(os.environ), os.getcwd())
+
+
+def _ranks(value: str | None) -> frozenset[int] | None:
+    if value is None:
+        return None
+    try:
+        ranks = frozenset(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        ranks = frozenset()
+    if not ranks:
+        raise bad_input(
+            f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
+        )
+    return ranks
+
+
+def _workdir(value: str | None) -> str:
+    """--workdir: an existing directory (never created: a typo must not start a job elsewhere)."""
+    if value is None:
+        return ""
+    if not value.strip():
+        raise bad_input("--workdir '': no directory named", "omit it to run in this directory")
+    path = os.path.abspath(value)
+    if not os.path.exists(path):
+        raise bad_input(f"--workdir {value}: no such directory", "create it first, or fix the path")
+    if not os.path.isdir(path):
+        raise bad_input(f"--workdir {value} is a file, not a directory", "give a directory")
+    if not os.access(path, os.X_OK):
+        raise bad_input(f"--workdir {value}: permission denied", "give a directory you can enter")
+    return path
+
+
+def _log_dir(value: str | None) -> str | None:
+    """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
+    makes it, and the job's directory in it (launcher.attempt.logspec.make_run_dir)."""
+    if value is None:
+        return None
+    return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
+
+
+def _log_spec(redirects: str | None, tee: str | None) -> LogSpec:
+    """torchrun's --redirects, --tee and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, checked."""
+    from ttmesh.launcher.attempt import logspec
+
+    return logspec.LogSpec(
+        redirects=logspec.parse_std(redirects, "--redirects"),
+        tee=logspec.parse_std(tee, "--tee"),
+        template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or None,  # as torchrun
+    )
+
+
+def _tp_over_hosts(
+    tp_size: int | None, server: Server | None, join: Join | None
+) -> tuple[int | None, int | None, int]:
+    """(the job's --tp-size, this host's share of it, the hosts sharing it). --tp-size is the
+    tensor-parallel degree over every host of the job (a server's own --tp-size too); a
+    server's --nnodes and --node-rank must be the job's (its findings, errors). The one place
+    --tp-size is given its meaning, whatever the mode."""
+    from ttmesh.launcher.planning import tpsize
+
+    hosts = join.nnodes if join is not None else 1
+    flag = write = "--tp-size"
+    if server is not None:
+        profile, parsed, tp, findings = server
+        node = join.node_rank if join is not None else 0
+        findings.extend(tpsize.server_hosts(profile, parsed, hosts, node))
+        if tp_size is None and profile.tp_flag:
+            flag = write = f"the server's {profile.tp_flag}"
+            if parsed.value(profile.tp_flag) is None:
+                flag = f"the server's default {profile.tp_flag}"
+        tp_size = tp
+    if tp_size is None or hosts <= 1:
+        return tp_size, tp_size, 1
+    return tp_size, tpsize.per_host(tp_size, hosts, flag, write), hosts
+
+
+def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Server | None:
+    """(profile, server args, chips, findings) when COMMAND is a server a profile knows."""
+    from ttmesh.launcher.serving import args, profiles
+
+    if o.profile_name == "none":
+        return None
+    parsed = args.parse(list(o.command), o.module)
+    profile = (
+        profiles.named(o.profile_name)
+        if o.profile_name
+        else profiles.recognise(parsed, dict(os.environ))
+    )
+    if profile is None:
+        return None
+    for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", o.nproc)):
+        if value is not None:
+            raise bad_input(
+                f"{flag} with a server ({profile.name} starts its own processes)",
+                f"drop {flag}, or run it as any command with --profile none",
+            )
+    if mesh_layout != Layout.ISOLATED:
+        raise bad_input(
+            f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
+            "drop --mesh-layout",
+        )
+    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
+    if profile.chipless:  # its --tp-size is its own processes; ttmesh's is refused (no chips)
+        return profile, parsed, o.tp_size, []
+    from ttmesh.launcher.serving import spec
+
+    tp, findings = spec.server_tp(profile, parsed, o.tp_size)
+    if tp is None and profile.tp_flag:
+        tp = 1  # the server's own default: one chip
+    return profile, parsed, tp, findings
+
+
+def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
+    """How this agent joins a job over several hosts; None for one host.
+
+    torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
+    of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
+    (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
+    from ttmesh.launcher.hosts import slurm
+
+    env = os.environ
+    count, endpoint, node_rank = _nnodes(o.nnodes), o.rdzv_endpoint, o.node_rank
+    if hosts is not None:
+        names = [h.strip() for h in hosts.split(",") if h.strip()]
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise bad_input(
+                f"--hosts {hosts!r}: name two or more different hosts", "e.g. --hosts node0,node1"
+            )
+        if count not in (None, len(names)):
+            raise bad_input(
+                f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
+            )
+        count, endpoint = len(names), endpoint or names[0]
+    in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
+    hosts_of = "--nnodes"
+    if count is None and in_slurm:
+        slurm_count = _env_whole("SLURM_NNODES", "1", low=1)
+        if slurm_count > 1:
+            count, hosts_of = slurm_count, "SLURM_NNODES"
+    if count is None or count == 1:
+        for flag, value in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)):
+            if value is not None and count is None:
+                raise bad_input(f"{flag} goes with --nnodes N (a job over N hosts)", "add --nnodes")
+        return None
+    rank_of = "--node-rank"
+    if node_rank is None and "OMPI_COMM_WORLD_RANK" in env and env.get("TTMESH_AGENT") == "1":
+        node_rank, rank_of = _env_whole("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK"
+    if node_rank is None and in_slurm:
+        node_rank, rank_of = _env_whole("SLURM_NODEID"), "SLURM_NODEID"
+    if node_rank is not None and not node_rank < count:
+        raise bad_input(
+            f"{rank_of} {node_rank}: must be 0..{count - 1} for {hosts_of} {count}",
+            "give each host its own node rank",
+        )
+    if endpoint is None and in_slurm:
+        endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
+    if node_rank is None and hosts is None:
+        raise bad_input(
+            f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
+        )
+    if endpoint is None:
+        raise bad_input(
+            f"--nnodes {count}: where do the hosts meet?",
+            "give --rdzv-endpoint HOST:PORT (node 0's address)",
+        )
+    from ttmesh.launcher.hosts import rendezvous
+
+    point = rendezvous.parse_endpoint(endpoint)
+    return Join(
+        nnodes=count,
+        node_rank=node_rank if node_rank is not None else 0,
+        endpoint=point,
+        token=rendezvous.token_of(o.rdzv_token),
+        local_addr=o.local_addr,
+        join_timeout=o.rdzv_timeout,
+        heartbeat_timeout=o.heartbeat_timeout,
+        job=o.job_id if o.job_id is not None else _job_of(point),
+    )
+
+
+def shown(value: str | None) -> str:
+    """A value the user gave, as a message may show it (printable, bounded)."""
+    text = str(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return text if text.isprintable() else repr(text)
+
+
+def _job_of(point: Endpoint) -> str:
+    """Every host must name the job alike: its id derived from where they meet."""
+    env = os.environ
+    job_id = (
+        env.get("SLURM_JOB_ID") and f"slurm-{env['SLURM_JOB_ID']}"
+    ) or f"rdzv-{point.host}-{point.port}"
+    job_id = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in job_id)
+    return job_id.lstrip("-.")[:64]
+
+
+def _env_whole(name: str, default: str | None = None, low: int = 0) -> int:
+    """A number ttmesh reads from the environment (Slurm's, mpirun's), named as the variable:
+    ``SLURM_NNODES=abc`` is one line, not an internal error."""
+    return numeric.whole(os.environ.get(name, default), name, low=low, high=numeric.MAX_CHIPS)
+
+
+def _nnodes(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isprintable():  # said quoted: a terminal must not be sent an escape sequence
+        raise bad_input(f"--nnodes {shown(value)}: not a number", "e.g. --nnodes 2")
+    if ":" in text:
+        low, _, high = text.partition(":")
+        if low != high:
+            raise bad_input(
+                f"--nnodes {shown(value)}: ttmesh runs a fixed number of hosts (no elastic "
+                "MIN:MAX)",
+                f"e.g. --nnodes {high or low}",
+            )
+        text = low
+    return numeric.whole(
+        text, "--nnodes", low=1, high=numeric.MAX_CHIPS, unit="hosts", example="--nnodes 2"
+    )

@@ -22,7 +22,7 @@ from ttmesh.patterns import Matcher, PatternError, compile_pattern
 if TYPE_CHECKING:
     from ttmesh.fabric.devices import Inventory
 
-TABLE = Path(__file__).resolve().parent.parent / "configs" / "failures.yaml"
+TABLE = Path(__file__).resolve().parents[2] / "configs" / "failures.yaml"
 FIELDS = ("id", "pattern", "cause", "fix", "link")
 OPTIONAL = ("also",)
 PLACEHOLDERS = frozenset({"reset", "flag"})  # what a fix may name: see the table's header

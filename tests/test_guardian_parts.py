@@ -332,6 +332,47 @@ def test_the_job_record_learns_the_ranks(qb2: Path, runtime: Path) -> None:
     jobs.remove(plan.job)
 
 
+# --------------------------------------------------------------------------- the view
+
+
+def test_the_view_hears_each_change_once_and_never_back() -> None:
+    from ttmesh.launcher.attempt.view import AttemptView
+
+    heard = _View()
+    view = AttemptView(heard)  # type: ignore[arg-type]
+    view.line(0, "x" * 600)
+    view.report({0: 10}, set(), JobPhase.STARTING, "")
+    view.report({0: 10, 1: 11}, {0}, JobPhase.STARTING, "")  # the same phase: not said again
+    view.report({0: 10, 1: 11}, {0, 1}, JobPhase.READY, "")
+    assert heard.phases == ["starting", "ready"] and heard.started == [0, 1]
+    assert heard.ready == [0, 1] and heard.heard_lines == [{0: "x" * 500}]
+    with pytest.raises(IllegalTransition):
+        view.report({0: 10, 1: 11}, {0, 1}, JobPhase.STARTING, "")
+    view.report({0: 10, 1: 11}, {0, 1}, JobPhase.STOPPING, "draining, 5 s left")
+    view.report({0: 10, 1: 11}, {0, 1}, JobPhase.STOPPING, "draining, 4 s left")
+    assert heard.phases == ["starting", "ready", "stopping", "stopping"]
+
+
+def test_what_a_drain_says() -> None:
+    import time
+
+    from ttmesh.launcher.attempt.view import DrainWords
+
+    said: list[str] = []
+    drain = DrainWords(said.append)
+    deadline = time.monotonic() + 4.95
+    drain.draining(deadline, 2)
+    drain.draining(deadline, 1)  # within DRAIN_SAY, the same wait: only the view's detail
+    drain.draining(deadline, 0, 1)  # from ranks to their leftovers: said at once
+    drain.grace_over(1)
+    assert said == [
+        "draining, 5 s left (2 ranks still running)",
+        "draining, 5 s left (1 leftover process)",
+        "grace over: SIGKILL of 1 process",
+    ]
+    assert drain.detail == "grace over: SIGKILL of 1 process"
+
+
 # --------------------------------------------------------------------------- the guardian
 
 
@@ -341,6 +382,9 @@ class _View:
     def __init__(self) -> None:
         self.phases: list[str] = []
         self.exited: list[tuple[int, int]] = []
+        self.started: list[int] = []
+        self.ready: list[int] = []
+        self.heard_lines: list[dict[int, str]] = []
         self.data = b""
 
     def phase(self, phase: JobPhase, detail: str = "") -> None:
@@ -350,16 +394,16 @@ class _View:
         pass
 
     def rank_started(self, rank: int, pid: int) -> None:
-        pass
+        self.started.append(rank)
 
     def rank_ready(self, rank: int) -> None:
-        pass
+        self.ready.append(rank)
 
     def rank_exited(self, rank: int, code: int, how: str, stopped: bool) -> None:
         self.exited.append((rank, code))
 
     def lines(self, last: dict[int, str]) -> None:
-        pass
+        self.heard_lines.append(last)
 
     def output(self, fd: int, data: bytes) -> None:
         self.data += data

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
 import selectors
 import signal
@@ -59,12 +58,12 @@ from ttmesh.launcher.attempt.signals import (
     stop_reason,
 )
 from ttmesh.launcher.attempt.starters import RankExit, Starter, starter_for
+from ttmesh.launcher.attempt.view import AttemptView, DrainWords
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note
 from ttmesh.runtime.leftovers import Leftovers
 from ttmesh.states import (
-    ATTEMPT_MOVES,
     GUARDIAN_MOVES,
     AttemptEnd,
     GuardianPhase,
@@ -78,9 +77,7 @@ POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
 TICK = 0.05  # the front's observer hears at least this often while an attempt runs
-LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
-DRAIN_SAY = 5.0  # seconds between "draining, N s left" lines while a grace runs
 
 __all__ = [
     "HUNG", "PEER_STOP", "STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt",
@@ -436,11 +433,7 @@ class Guardian:
         self.stop: Stop | None = None
         self.deadline: float | None = None  # when SIGTERM was sent: the end of the grace
         self.killed = False  # SIGKILL sent
-        # What the drain last said (docs/recovery.md: the words are stable): when, about what
-        # ("ranks" still running, or "leftovers" once they ended), and the live view's detail.
-        self.drain_said = 0.0
-        self.drain_kind = ""
-        self.drain_detail = ""
+        self.drain = DrainWords(self._emit)  # what the drain says (stable words)
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
         self.marks = FabricMarks(plan, host, self.pid)
         self.readiness = Readiness(plan, self.started)
@@ -449,12 +442,8 @@ class Guardian:
         # memory meanwhile is the server's, removed once nothing uses it. (Open MPI's segments
         # go to the job's run directory: plan.SEGMENT_VAR.)
         self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
-        # What the observer was told: ranks started and ready, the phase (its own machine:
-        # a person's phases only move on); lines not yet sent.
-        self.shown: dict[str, set[int]] = {"started": set(), "ready": set()}
-        self.shown_phase: Machine[JobPhase] | None = None
-        self.shown_detail = ""
-        self.last_lines: dict[int, str] = {}
+        # What the observer was told, and the lines not yet sent.
+        self.view = AttemptView(observer) if observer is not None else None
 
     @property
     def phase(self) -> GuardianPhase:
@@ -642,9 +631,8 @@ class Guardian:
             if ended.rank < 0:
                 continue  # the launcher itself (mpirun) failed: it stands for the job
             self.exits[ended.rank] = ended
-            if self.observer is not None:
-                self._send_lines()
-                self.observer.rank_exited(ended.rank, ended.code, ended.how, ended.stopped)
+            if self.view is not None:
+                self.view.exited(ended.rank, ended.code, ended.how, ended.stopped)
             self.running.discard(ended.rank)
             self.marks.ended(ended, self.starter.pids)
         failures = [e for e in batch if e.code != 0]
@@ -763,83 +751,41 @@ class Guardian:
     # -- what a drain says (stable words: docs/recovery.md, "Stopping and draining")
 
     def _say_drain(self, ranks: int, leftovers: int = 0) -> None:
-        """While a grace runs: "draining, N s left" with what is waited for, when the drain
-        begins, when it moves from ranks to their leftovers, and every DRAIN_SAY seconds; the
-        live view's detail each second."""
+        """While a grace runs (view.DrainWords); a refusal's one line is all that is said."""
         if self.deadline is None or self.killed or not (ranks or leftovers):
             return
         if self.stop is not None and self.stop.quiet:
             return
-        now = time.monotonic()
-        left = max(0.0, self.deadline - now)
-        head = f"draining, {_seconds(left)} s left"
-        self.drain_detail = f"draining, {math.ceil(left)} s left"  # the view: once a second
-        kind = "ranks" if ranks else "leftovers"
-        if kind == self.drain_kind and now - self.drain_said < DRAIN_SAY:
-            return
-        self.drain_kind, self.drain_said = kind, now
-        if ranks:
-            what = f"{ranks} rank{'s' if ranks != 1 else ''} still running"
-        else:
-            what = f"{leftovers} leftover process{'es' if leftovers != 1 else ''}"
-        self._emit(f"{head} ({what})")
+        self.drain.draining(self.deadline, ranks, leftovers)
 
     def _say_grace_over(self, count: int) -> None:
         if self.stop is not None and self.stop.quiet:
             return
-        line = f"grace over: SIGKILL of {count} process{'es' if count != 1 else ''}"
-        self.drain_detail = line
-        self._emit(line)
-
-    # -- readiness (hang detection)
+        self.drain.grace_over(count)
 
     def _on_line(self, rank: int, line: str) -> None:
         self.readiness.on_line(rank, line)
-        if rank >= 0 and self.observer is not None:
-            self.last_lines[rank] = line[:LINE_WIDTH]
+        if self.view is not None:
+            self.view.line(rank, line)
 
     # -- what the observer hears (a live view in the front)
 
     def _report(self) -> None:
         """Tell the observer what changed since the last step: ranks started and ready, their
-        last lines, the job's phase (through its machine: a person's phases only move on)."""
-        observer = self.observer
-        if observer is None:
+        last lines, the job's phase (view.AttemptView: a person's phases only move on)."""
+        if self.view is None:
             return
-        started, ready = self.shown["started"], self.shown["ready"]
-        for rank, pid in sorted(self.starter.pids.items()):
-            if rank not in started:
-                started.add(rank)
-                observer.rank_started(rank, pid)
         if self.plan.ready_timeout is None and self.phase is Phase.RUNNING:
             self.readiness.files(self.running)  # ready files, watched for the view only
-        for rank in sorted(self.ready - ready):
-            ready.add(rank)
-            observer.rank_ready(rank)
-        self._send_lines()
         stopping = self.stop is not None or self.first_failure is not None
         phase = job_phase(
             self.phase, stopping, self.running, self.ready, set(self.starter.pids),
             self.readiness.watched,
         )  # fmt: skip
-        detail = self.drain_detail if phase in (JobPhase.STOPPING, None) else ""
+        detail = self.drain.detail if phase in (JobPhase.STOPPING, None) else ""
         if detail and phase is None:  # leftovers of ranks that all succeeded: still a drain
             phase = JobPhase.STOPPING
-        if phase is None:
-            return
-        if self.shown_phase is None:
-            self.shown_phase = Machine(phase, ATTEMPT_MOVES, "the attempt's view")
-        elif (phase, detail) == (self.shown_phase.state, self.shown_detail):
-            return
-        else:
-            self.shown_phase.change_state(phase)
-        self.shown_detail = detail
-        observer.phase(phase, detail)
-
-    def _send_lines(self) -> None:
-        if self.last_lines and self.observer is not None:
-            last, self.last_lines = self.last_lines, {}
-            self.observer.lines(last)
+        self.view.report(self.starter.pids, self.ready, phase, detail)
 
     # -- what the host hears: workers holding chips, fabric opened
 
@@ -884,10 +830,3 @@ class Guardian:
                 self.plan, result.rank, tail, self.starter.has_launcher, server, self._emit
             )
         return result
-
-
-def _seconds(value: float) -> str:
-    """Seconds left as a person reads them, rounded up: "30", "2.5", "0"."""
-    if value >= 10:
-        return str(math.ceil(value - 1e-9))
-    return f"{math.ceil(value * 10 - 1e-9) / 10:.1f}".removesuffix(".0")

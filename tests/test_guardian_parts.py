@@ -477,3 +477,43 @@ def test_a_rank_that_never_started_is_a_refusal(qb2: Path, runtime: Path, tmp_pa
     assert info.value.code == 127 and "rank 0" in info.value.message
     assert missing in str(info.value)
     assert not [r for r in jobs.running() if r["job"] == prepared.plan.job]
+
+
+class _Watch:
+    """The heartbeats, read at once: chip 'x' frozen."""
+
+    def __init__(self) -> None:
+        self.states = {"x": "frozen"}
+
+    def step(self) -> float | None:
+        return None
+
+    def known(self) -> dict[str, str]:
+        return self.states
+
+
+def test_a_frozen_chip_found_as_the_ranks_run_refuses_the_attempt(
+    qb2: Path, runtime: Path, run_dir: Any
+) -> None:
+    """The deferred heartbeat check (Liveness) refuses while the ranks run: they are stopped
+    and the attempt ends REFUSED, its error the refusal, whatever the ranks did."""
+    from ttmesh.cli.hosts import open_host as Host
+    from ttmesh.launcher.attempt.guardian import Guardian, Options
+    from ttmesh.launcher.planning.liveness import Liveness
+
+    plan = _prepare(qb2, "import time; time.sleep(60)").plan
+    run_dir(plan)
+    frozen = TTMeshError("chip x is dead: its heartbeat is frozen", "ttmesh reset", 3)
+    liveness = Liveness(_Watch(), lambda states: frozen)  # type: ignore[arg-type]
+    alive_r, alive_w = os.pipe()
+    try:
+        guardian = Guardian(
+            plan, 0, Options(), dict(os.environ), alive_r, Host(qb2), None, liveness
+        )
+        result = guardian.run(own_group=False)
+    finally:
+        os.close(alive_r)
+        os.close(alive_w)
+    assert (result.end, result.code, result.error) == (AttemptEnd.REFUSED, 3, frozen)
+    assert result.reason == "refused: chip x is dead: its heartbeat is frozen (ttmesh reset)"
+    assert all(e.stopped for e in result.exits) and len(result.exits) == 2

@@ -24,7 +24,7 @@ from ttmesh.errors import TTMeshError
 from ttmesh.launcher.attempt import record, signals
 from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
-from ttmesh.launcher.attempt.result import HUNG, AttemptResult
+from ttmesh.launcher.attempt.record import HUNG, AttemptResult
 from ttmesh.launcher.attempt.starters import RankExit
 from ttmesh.states import (
     AttemptEnd,
@@ -109,6 +109,21 @@ def test_each_end_crosses_the_pipe(end: AttemptEnd) -> None:
         )  # fmt: skip
     assert result.error is (None if end is AttemptEnd.COMPLETED else error)  # to_json keeps it
     assert end.restartable == (end in (AttemptEnd.FAILED, AttemptEnd.HUNG))
+
+
+@pytest.fixture(autouse=True)
+def _not_a_subreaper() -> Iterator[None]:
+    """An attempt's front makes its process a child subreaper (run_attempt): here that is
+    pytest's own process, which must not stay one (orphans of later tests, meant for init to
+    reap, would stay its zombies)."""
+    yield
+    import ctypes
+
+    from ttmesh import procs
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) == 0
+    procs.reap_all()
 
 
 # --------------------------------------------------------------------------- plans

@@ -26,7 +26,7 @@ from ttmesh import procs
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer
 from ttmesh.launcher.attempt.guardian import Guardian, Options
-from ttmesh.launcher.attempt.result import AttemptResult
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import FORWARDED, forward, stop_reason
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.plan import LaunchPlan

@@ -43,7 +43,7 @@ from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.attempt.logspec import LogSpec
 from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
-from ttmesh.launcher.attempt.result import HUNG, AttemptResult
+from ttmesh.launcher.attempt.record import HUNG, AttemptResult
 from ttmesh.launcher.attempt.signals import (
     PEER_STOP,
     STOPPING,

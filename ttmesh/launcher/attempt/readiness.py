@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ttmesh.launcher.attempt.result import HUNG
+from ttmesh.launcher.attempt.record import HUNG
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.patterns import compile_pattern

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ttmesh.errors import TTMeshError, bad_input, refused
-from ttmesh.launcher.attempt.result import AttemptResult
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note

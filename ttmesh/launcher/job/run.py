@@ -18,7 +18,7 @@ from ttmesh import paths
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
 from ttmesh.launcher.attempt.front import run_attempt
 from ttmesh.launcher.attempt.guardian import Options
-from ttmesh.launcher.attempt.result import AttemptResult
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import STOPPING, stop_reason
 from ttmesh.launcher.job import errorfile
 from ttmesh.launcher.job.preflight import run_preflight

@@ -328,7 +328,7 @@ def test_sigkill_of_the_guardian_ttmesh_recovers(qb2: Path, tmp_path: Path) -> N
 ORPHAN_SWEEP = r"""
 import os, sys, time
 from ttmesh import procs
-from ttmesh.launcher.attempt import guardian as supervisor
+from ttmesh.launcher.attempt import front as supervisor
 
 procs.set_subreaper()  # as the front is
 child = os.fork()

@@ -29,10 +29,11 @@ from conftest import TAG, TW, env_without, run_cli, wait_for, worker
 
 from ttmesh.cli.hosts import open_host
 from ttmesh.launcher.attempt import events
-from ttmesh.launcher.attempt.events import EventReader, EventWriter, JobPhase
+from ttmesh.launcher.attempt.events import EventReader, EventWriter
 from ttmesh.launcher.attempt.logs import COLOURS
 from ttmesh.recovery import reset
 from ttmesh.sim import core, faults
+from ttmesh.states import JobPhase
 
 QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")

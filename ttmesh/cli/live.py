@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from ttmesh.launcher.attempt.events import JobPhase, write_all
+from ttmesh.launcher.attempt.events import write_all
 from ttmesh.render import plural
+from ttmesh.states import JobPhase
 
 if TYPE_CHECKING:
     from ttmesh.launcher.planning.plan import LaunchPlan

@@ -40,6 +40,7 @@ from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
 from ttmesh.runtime import resetmark
+from ttmesh.states import ResetStage, ResetStatus
 from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.reset/1"
@@ -53,21 +54,26 @@ RELEASE_TIMEOUT = 10.0  # until the driver lists no holder after they were stopp
 Log = Callable[[str], None]
 
 # chip statuses in the report, worst first
-GONE, FROZEN, LINKS_DOWN, UNKNOWN, OK = "gone", "frozen", "links down", "unknown", "ok"
-NOT_RESET = "not reset"  # after: the reset did not run to its end (tt-smi timed out or failed)
+GONE, FROZEN, LINKS_DOWN = ResetStatus.GONE, ResetStatus.FROZEN, ResetStatus.LINKS_DOWN
+UNKNOWN, OK = ResetStatus.UNKNOWN, ResetStatus.OK
+NOT_RESET = ResetStatus.NOT_RESET  # after: the reset did not run to its end (tt-smi failed)
 
 # Where each chip of a reset is, as it goes (ChipProgress.stage), in the order they come.
-QUEUED = "queued"
-STOPPING = "stopping holders"
-RESETTING = "resetting"  # tt-smi runs
-WAIT_PCI = "waiting for PCI"  # the driver does not list the chip's device (yet)
-WAIT_HEARTBEAT = "waiting for heartbeat"  # back, but its firmware heartbeat does not move
-WAIT_LINKS = "waiting for links"  # alive, but Ethernet links of the set are down
-RETRYING = "retrying"  # the attempt did not recover the set; another follows
-DONE = "done"  # verified (or, heartbeat unknown, as far as can be told)
-FAILED = "failed"  # not recovered when the reset ended
+QUEUED = ResetStage.QUEUED
+STOPPING = ResetStage.STOPPING
+RESETTING = ResetStage.RESETTING  # tt-smi runs
+WAIT_PCI = ResetStage.WAIT_PCI  # the driver does not list the chip's device (yet)
+WAIT_HEARTBEAT = ResetStage.WAIT_HEARTBEAT  # back, but its firmware heartbeat does not move
+WAIT_LINKS = ResetStage.WAIT_LINKS  # alive, but Ethernet links of the set are down
+RETRYING = ResetStage.RETRYING  # the attempt did not recover the set; another follows
+DONE = ResetStage.DONE  # verified (or, heartbeat unknown, as far as can be told)
+FAILED = ResetStage.FAILED  # not recovered when the reset ended
 PROGRESS_EVERY = 0.25  # seconds: a progress callback hears at least this often
-WAITING_FOR = {GONE: WAIT_PCI, FROZEN: WAIT_HEARTBEAT, LINKS_DOWN: WAIT_LINKS}  # status -> stage
+WAITING_FOR: dict[str, str] = {
+    GONE: WAIT_PCI,
+    FROZEN: WAIT_HEARTBEAT,
+    LINKS_DOWN: WAIT_LINKS,
+}  # status -> stage
 
 
 @dataclass(frozen=True)

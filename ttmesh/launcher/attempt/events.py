@@ -19,20 +19,9 @@ import contextlib
 import json
 import os
 import struct
-from enum import StrEnum
 from typing import Any, Protocol
 
-
-class JobPhase(StrEnum):
-    CHECKING = "checking fabric"  # pre-flight: heartbeats, links, holders
-    RESETTING = "resetting"  # --auto-reset: tt-smi -r, then verify
-    STARTING = "starting"  # the ranks are starting (or not all ready yet)
-    READY = "ready"  # every rank said it is ready (ready file, --ready-pattern, a server's health)
-    RUNNING = "running"  # every rank started (nothing tells readiness)
-    STOPPING = "stopping"  # SIGTERM sent (a failure, a signal, a hang); the tree is swept
-    RECOVERING = "recovering"  # after an abnormal end: the job's chips checked, reset if needed
-    RESTARTING = "restarting"  # waiting before the next attempt (--max-restarts)
-    DONE = "done"  # the job ended; the detail says how
+from ttmesh.states import JobPhase
 
 
 class Observer(Protocol):

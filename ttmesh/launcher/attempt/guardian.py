@@ -2,9 +2,10 @@
 
 Two processes share the work:
 
-* the **front** is the ``ttmesh`` process the user started. It forks the guardian, forwards
-  signals to it, waits for it and returns its verdict. It is a child subreaper, so if the
-  guardian is killed, everything orphaned comes to it and is killed.
+* the **front** (:mod:`ttmesh.launcher.attempt.front`) is the ``ttmesh`` process the user
+  started. It forks the guardian, forwards signals to it, waits for it and returns its
+  verdict. It is a child subreaper, so if the guardian is killed, everything orphaned comes to
+  it and is killed.
 * the **guardian** (forked, in its own process group, a child subreaper) is the parent of every
   worker. Workers start through a :mod:`starter <ttmesh.launcher.attempt.starters>`; every orphaned
   descendant, even one that called ``setsid``, is re-parented to the guardian, so a sweep of its
@@ -12,124 +13,75 @@ Two processes share the work:
   disappears (even by SIGKILL), a pipe the front held closes and the guardian kills the tree,
   then finishes the job in its place (see :class:`ttmesh.launcher.job.run.JobRun`).
 
-The guardian is one loop over explicit phases (:class:`Phase`): STARTING -> RUNNING ->
-STOPPING (SIGTERM sent, SIGKILL at the end of the grace) -> DRAINING (no rank left: sweep every
-descendant, read the last output) -> DONE. The first failing rank, a stop signal or a job that
-never gets ready moves RUNNING to STOPPING; the last rank's end moves to DRAINING.
+The guardian is one loop over explicit phases (:class:`ttmesh.states.GuardianPhase`, changed
+only through its machine's door): STARTING -> RUNNING -> STOPPING (SIGTERM sent, SIGKILL at the
+end of the grace) -> DRAINING (no rank left: sweep every descendant, read the last output) ->
+DONE. The first failing rank, a stop signal or a job that never gets ready moves RUNNING to
+STOPPING; the last rank's end moves to DRAINING. The guardian coordinates; each concern is a
+module of its own: :mod:`signals <ttmesh.launcher.attempt.signals>` (what a signal does),
+:mod:`readiness <ttmesh.launcher.attempt.readiness>` (ready files, patterns, a server's health),
+:mod:`marks <ttmesh.launcher.attempt.marks>` (fabric marks), :mod:`record
+<ttmesh.launcher.attempt.record>` (the job record and the verdict).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
-import math
 import os
 import selectors
 import signal
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
-from ttmesh.launcher.attempt.events import EventReader, EventWriter, JobPhase, Observer
-from ttmesh.launcher.attempt.logs import LAUNCHER, Console
+from ttmesh.launcher.attempt import record
+from ttmesh.launcher.attempt.events import Observer
+from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.attempt.logspec import LogSpec
+from ttmesh.launcher.attempt.marks import FabricMarks
+from ttmesh.launcher.attempt.readiness import Readiness, job_phase
+from ttmesh.launcher.attempt.record import HUNG, AttemptResult
+from ttmesh.launcher.attempt.signals import (
+    PEER_STOP,
+    STOPPING,
+    Stop,
+    Wakeups,
+    react,
+    stop_reason,
+)
 from ttmesh.launcher.attempt.starters import RankExit, Starter, starter_for
-from ttmesh.launcher.planning.plan import LaunchPlan, RankPlan
-from ttmesh.patterns import compile_pattern
-from ttmesh.render import note, noun
+from ttmesh.launcher.attempt.view import AttemptView, DrainWords
+from ttmesh.launcher.planning.liveness import Liveness
+from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.runtime.leftovers import Leftovers
-from ttmesh.vocab import Layout, Source
+from ttmesh.states import (
+    GUARDIAN_MOVES,
+    AttemptEnd,
+    GuardianPhase,
+    JobPhase,
+    Machine,
+)
+from ttmesh.vocab import Source
 
-if TYPE_CHECKING:
-    from ttmesh.launcher.serving.server import Server
-
-FORWARDED = (
-    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-)  # fmt: skip
-# Signals sent to ttmesh that stop the job gracefully (exit 128 + signal): as torchrun's agent
-# does, the ranks get the signal that was sent (a rank's KeyboardInterrupt handler runs on
-# Ctrl-C), then SIGKILL when the grace ends. SIGUSR1/2 are passed on to the workers; SIGINT is
-# Ctrl-C (a second one kills at once).
-STOPPING: dict[int, str] = {
-    signal.SIGTERM: "terminated", signal.SIGHUP: "hangup", signal.SIGQUIT: "quit",
-}  # fmt: skip
-
-
-def stop_reason(sig: int) -> str:
-    """How a job stopped by a signal to ttmesh ends: "interrupted (SIGINT)", "terminated
-    (SIGTERM)", "hangup (SIGHUP)"."""
-    what = "interrupted" if sig == signal.SIGINT else STOPPING[sig]
-    return f"{what} ({procs.signal_name(sig)})"
-
-
-# From the launcher only: another host of the job failed, stop this host's ranks (gracefully).
-PEER_STOP = signal.SIGRTMIN + 1
+Phase = GuardianPhase  # the guardian's phases (ttmesh.states)
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
-HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
-TICK = 0.05  # the front's observer hears at least this often while an attempt runs
-LINE_WIDTH = 500  # characters of a rank's last line an observer is sent
 READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
-DRAIN_SAY = 5.0  # seconds between "draining, N s left" lines while a grace runs
 
-__all__ = ["STOPPING", "AttemptResult", "Options", "RankExit", "run_attempt", "stop_reason"]
-
-
-@dataclass
-class AttemptResult:
-    """How one attempt ended, sent from the guardian to the launcher as JSON."""
-
-    attempt: int
-    code: int
-    source: Source  # who decided the code
-    rank: int | None
-    reason: str
-    exits: list[RankExit] = field(default_factory=list)
-    fabric_ranks: list[int] = field(default_factory=list)  # ranks that brought the fabric up
-    interrupted: bool = False  # the user stopped the job: no restart
-    stderr_tail: list[str] = field(default_factory=list)
-    error_message: str | None = None
-    duration: float = 0.0
-    hung: bool = False  # no failure, but not ready in time: restartable
-    supervisor_lost: bool = False  # the guardian itself was killed: how the ranks ended is unknown
-    host: str | None = None  # the host of the failing rank, in a job over several hosts
-    # A known failure line in the output (ttmesh.launcher.attempt.failures.match), found on failure only.
-    diagnosis: dict[str, Any] | None = None
-    # [code, message, hint]: a check still running as the ranks started refused the job (a
-    # chip's heartbeat was frozen): nothing of the attempt counts, the launcher refuses.
-    refusal: list[Any] | None = None
-    # [message, hint]: a rank's program never ran (not found, not executable): nothing ran, the
-    # launcher refuses with this one line (code 127 or 126, as a shell), no restart.
-    unstarted: list[Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AttemptResult:
-        exits = [RankExit(**e) for e in data.pop("exits", [])]
-        return cls(**data, exits=exits)
-
-
-class Pending(Protocol):
-    """A check still under way when the ranks start (the chips' heartbeats, read while the
-    workers start rather than before: ``ttmesh.launcher.planning.liveness.Liveness``). The guardian asks
-    it on its own timer and ends no attempt before it is decided; when it refuses, every
-    worker is stopped and the attempt ends with the refusal."""
-
-    refusal: TTMeshError | None  # once decided: why the job may not run
-
-    def step(self) -> float | None:
-        """Work on it; seconds until it wants asking again, or None once decided."""
-        ...
+__all__ = [
+    "HUNG",
+    "PEER_STOP",
+    "STOPPING",
+    "AttemptResult",
+    "Guardian",
+    "Options",
+    "RankExit",
+    "stop_reason",
+]
 
 
 @dataclass
@@ -145,320 +97,13 @@ class Options:
     observer: Observer | None = None
 
 
-# --------------------------------------------------------------------------- front
-
-
-def run_attempt(
-    plan: LaunchPlan,
-    attempt: int,
-    options: Options,
-    base_env: dict[str, str],
-    orphaned: Callable[[AttemptResult], int] | None = None,
-    host: Host | None = None,
-    on_start: Callable[[int], None] | None = None,
-    pending: Pending | None = None,
-) -> AttemptResult:
-    """Run one attempt of the job (every rank once) and return how it ended.
-
-    ``orphaned``: what the guardian does with the attempt's result when the launcher was
-    killed while it ran (finish the job in its place); its return value is the exit code.
-    ``host`` hears the job's events (workers holding chips, fabric opened and ended).
-    ``pending``: a check the guardian completes while the ranks run (:class:`Pending`)."""
-    observer = options.observer
-    if observer is not None:
-        observer.attempt(attempt)
-        events_r, events_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # If the guardian itself dies, what it left is re-parented here and swept below.
-    procs.set_subreaper()
-    alive_r, alive_w = os.pipe()
-    result_r, result_w = os.pipe()
-    # The front says it has the result (a byte); until then the guardian stays, so a front
-    # killed between the verdict and taking it over is still a front gone: the guardian
-    # finishes the job in its place.
-    taken_r, taken_w = os.pipe()
-    # A signal for ttmesh that arrives around the fork waits (blocked, pending) until someone
-    # handles it: the front's forwarders below, the guardian's handlers (Guardian._signals).
-    # Unblocked, it would end the front before its forwarders exist, or the guardian before
-    # its own, with the front's handlers (a SIGTERM meant to stop the job gracefully).
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    try:
-        pid = os.fork()
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise
-    if pid == 0:  # the guardian
-        code = 1
-        try:
-            os.close(alive_w)
-            os.close(result_r)
-            os.close(taken_w)
-            writer = None
-            if observer is not None:
-                os.close(events_r)
-                writer = EventWriter(events_w)
-                # The guardian reports through the pipe; stream wrappers a view installed in
-                # the front (to print above its table) are the front's.
-                sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-            guardian = Guardian(
-                plan, attempt, options, base_env, alive_r, host or Host(plan.root), writer, pending
-            )
-            result = guardian.run()
-            code = result.code
-            if guardian.front_gone and orphaned is not None:
-                code = orphaned(result)
-            else:
-                try:
-                    _write_all(result_w, json.dumps(result.to_json()).encode())
-                    os.close(result_w)
-                    if writer is not None:
-                        writer.close()
-                    taken = _taken(taken_r)
-                except BrokenPipeError:
-                    taken = False
-                if not taken:
-                    # The front died after the ranks had ended (while the verdict was made, or
-                    # before it took the verdict over): finish the job in its place.
-                    if orphaned is None:
-                        raise BrokenPipeError("the launcher is gone")
-                    guardian.front_gone = True
-                    code = orphaned(result)
-        except BaseException as exc:
-            if not isinstance(exc, BrokenPipeError | SystemExit):
-                _report_crash(exc)
-            with contextlib.suppress(Exception):
-                _kill_tree(os.getpid())  # a broken guardian still leaves nothing behind
-        finally:
-            os._exit(code)
-    os.close(alive_r)
-    os.close(result_w)
-    os.close(taken_r)
-    if observer is not None:
-        os.close(events_w)
-    previous = {}
-    stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
-    continued: list[int] = []  # the front was stopped (SIGSTOP) and continued meanwhile
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, functools.partial(_forward, pid, stops))
-    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: continued.append(1))
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    try:
-        if on_start is not None:
-            on_start(pid)
-        if observer is not None:
-            try:
-                _relay(events_r, observer)
-            finally:
-                os.close(events_r)
-        data = _read_all(result_r)  # until the guardian has written it all, or died
-        if data:
-            with contextlib.suppress(OSError):
-                os.write(taken_w, b"k")
-        status = _wait(pid)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        os.close(result_r)
-        os.close(taken_w)
-        os.close(alive_w)
-    _kill_tree(os.getpid())  # whatever reached the front after the guardian ended
-    if data:
-        result = AttemptResult.from_json(json.loads(data))
-        if stops and result.code == 0 and not result.interrupted:
-            # Every rank had succeeded before the stop could be acted on (typically: it was
-            # sent while ttmesh itself was stopped, SIGSTOP, and every rank ended meanwhile).
-            # Nothing was left to stop: say so, rather than drop it silently.
-            why = " (sent while ttmesh was stopped)" if continued else ""
-            note(
-                f"{procs.signal_name(stops[0])}{why} came after every rank had ended: "
-                "nothing was left to stop"
-            )
-        if stops and result.code != 0 and not result.interrupted:
-            # A stop the guardian did not act on: it came as a failed attempt ended (the
-            # verdict was being made), or while a restartable stop (a hang) was under way.
-            # It is still the user's stop: the job ends as stopped, never restarted.
-            result = replace(
-                result, code=128 + stops[0], source=Source.TTMESH, rank=None,
-                reason=stop_reason(stops[0]), interrupted=True, hung=False,
-            )  # fmt: skip
-        return result
-    how = procs.describe_status(status)
-    return AttemptResult(
-        attempt,
-        procs.exit_code(status) or 1,
-        Source.TTMESH,
-        None,
-        f"the supervisor {how}",
-        supervisor_lost=True,
-    )
-
-
-def _relay(fd: int, observer: Observer) -> None:
-    """The guardian's events to ``observer``, until the guardian closes the pipe (it ended,
-    or was killed). A view that fails leaves the console plain for the rest of the attempt."""
-    reader = EventReader(observer)
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while True:
-            ready = selector.select(TICK)
-            try:
-                if ready:
-                    data = os.read(fd, 65536)
-                    if not data:
-                        break
-                    reader.feed(data)
-                reader.observer.tick()
-            except Exception as exc:
-                if isinstance(reader.observer, _Plain):
-                    raise
-                reader.observer = _Plain()
-                _report_crash(exc, "the live view")
-
-
-class _Plain:
-    """An observer that only writes the console's bytes, as if there were no view."""
-
-    def phase(self, phase: JobPhase, detail: str = "") -> None:
-        pass
-
-    def attempt(self, attempt: int) -> None:
-        pass
-
-    def rank_started(self, rank: int, pid: int) -> None:
-        pass
-
-    def rank_ready(self, rank: int) -> None:
-        pass
-
-    def rank_exited(self, rank: int, code: int, how: str, stopped: bool) -> None:
-        pass
-
-    def lines(self, last: dict[int, str]) -> None:
-        pass
-
-    def output(self, fd: int, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            _write_all(fd, data)
-
-    def tick(self) -> None:
-        pass
-
-
-def _report_crash(exc: BaseException, what: str = "supervisor") -> None:
-    """A bug in the guardian (or a view): one line (the traceback with TTMESH_DEBUG=1)."""
-    if os.environ.get("TTMESH_DEBUG"):
-        import traceback
-
-        text = f"ttmesh: {what} error:\n" + traceback.format_exc()
-    else:
-        text = f"ttmesh: {what} error: {type(exc).__name__}: {exc} (TTMESH_DEBUG=1 shows more)\n"
-    with contextlib.suppress(Exception):
-        os.write(2, text.encode())
-
-
-def _forward(pid: int, stops: list[int], sig: int, _frame: object = None) -> None:
-    stop = sig == signal.SIGINT or sig in STOPPING
-    if stop:
-        stops.append(sig)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-    if not stop:
-        return
-    # A stopped guardian (SIGSTOP) would hold the stop, pending, as long as it stays stopped:
-    # continue it, so the job stops (as systemd does after its SIGTERM, systemd.kill(5)).
-    state = procs.state(pid)
-    if state == "T":  # said first: once continued, the guardian's own lines follow at once
-        _say(f"the supervisor (pid {pid}) was stopped (SIGSTOP): continued it, to stop the job")
-        procs.continue_stopped(pid)
-    elif state == "t":
-        _say(f"the supervisor (pid {pid}) is held by a debugger: the stop waits for it")
-
-
-def _say(message: str) -> None:
-    """A line from a signal handler: straight to fd 2 (no stream buffer in between)."""
-    with contextlib.suppress(OSError):
-        os.write(2, f"ttmesh: {message}\n".encode())
-
-
-def _wait(pid: int) -> int:
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            return status
-        except ChildProcessError:
-            return 0
-        except InterruptedError:
-            continue
-
-
-def _taken(fd: int) -> bool:
-    """Did the front take the result over (a byte), rather than die (the pipe's end)?"""
-    try:
-        return os.read(fd, 1) == b"k"
-    except OSError:
-        return False
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _kill_tree(root: int) -> None:
-    """SIGKILL every descendant of ``root`` (this process, a subreaper) until none is left.
-
-    Orphans re-parent to it: a walk of the tree can read a dying child (mpirun once the
-    guardian is killed) as a zombie just as its children are handed over, and see nothing
-    alive. So an empty walk ends the sweep only when no child is left to reap either: a child
-    is reapable only once its exit, the hand-over of its children included, is complete."""
-    for _ in range(200):
-        left = procs.live_descendants(root)
-        if left:
-            procs.signal_pids(left, signal.SIGKILL)
-        procs.reap_all()
-        if not left and not procs.has_children():
-            break
-        time.sleep(0.01)
-    procs.reap_all()
-
-
 # --------------------------------------------------------------------------- guardian
 
 
-class Phase(StrEnum):
-    STARTING = "starting"  # the starter is starting the ranks
-    RUNNING = "running"  # ranks run: exits, signals and readiness are watched
-    STOPPING = "stopping"  # SIGTERM sent; SIGKILL when the grace ends
-    DRAINING = "draining"  # no rank left: sweep every descendant, read the last output
-    DONE = "done"
-
-
-@dataclass
-class Stop:
-    """Why ttmesh (not a failing rank) stops the attempt, and the code it ends with."""
-
-    reason: str
-    code: int
-    restartable: bool = (
-        False  # not ready in time, unhealthy: a restart may help (not a user's stop)
-    )
-    user: bool = False  # the user stopped the job (a signal to ttmesh)
-    quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
-    # What the ranks are sent first: the user's own signal (torchrun's agent passes it on), or
-    # SIGTERM when ttmesh stops them (a failure, a hang, another host).
-    sends: int = signal.SIGTERM
-
-
 class Guardian:
+    """One attempt's ranks, from their start to the last descendant's end: the coordination of
+    its parts (signals, readiness, fabric marks, the record) over one loop."""
+
     def __init__(
         self,
         plan: LaunchPlan,
@@ -468,23 +113,23 @@ class Guardian:
         alive_fd: int,
         host: Host,
         observer: Observer | None = None,
-        pending: Pending | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer  # the front's view, through the pipe (EventWriter)
-        self.pending = pending
-        self.pending_due = 0.0  # when to ask it next (monotonic)
+        self.liveness = liveness  # the chips' heartbeats, still being read
+        self.liveness_due = 0.0  # when to ask it next (monotonic)
         self.polled = 0.0  # when fabric marks and readiness were last looked at (monotonic)
         self.refusal: TTMeshError | None = None
         self.attempt = attempt
         self.options = options
-        self.host = host
         self.alive_fd = alive_fd
         self.pid = os.getpid()
         self.started = time.monotonic()
-        self.phase = Phase.STARTING
+        self.phases = Machine(Phase.STARTING, GUARDIAN_MOVES, "the guardian")
         self.starter: Starter = starter_for(plan)(plan, attempt, base_env, self.pid)
         self.selector = selectors.DefaultSelector()
+        self.wakeups: Wakeups | None = None
         self.console: Console | None = None
         self.open: dict[int, tuple[int, str]] = {}  # fd -> (owner, stream name) still open
         self.running: set[int] = set()
@@ -493,45 +138,37 @@ class Guardian:
         self.stop: Stop | None = None
         self.deadline: float | None = None  # when SIGTERM was sent: the end of the grace
         self.killed = False  # SIGKILL sent
-        # What the drain last said (docs/recovery.md: the words are stable): when, about what
-        # ("ranks" still running, or "leftovers" once they ended), and the live view's detail.
-        self.drain_said = 0.0
-        self.drain_kind = ""
-        self.drain_detail = ""
+        self.drain = DrainWords(self._emit)  # what the drain says (stable words)
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
-        self.fabric: set[int] = set()  # ranks that brought the fabric up
-        self.ready: set[int] = set()
-        self.registered = False  # the host heard which workers hold which chips
+        self.marks = FabricMarks(plan, host, self.pid)
+        self.readiness = Readiness(plan, self.started)
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
-        # RE2, linear in the line: a pattern that backtracks must not make the guardian deaf.
-        self.ready_re = compile_pattern(plan.ready_pattern) if plan.ready_pattern else None
-        self.server: Server | None = None
-        if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
-            from ttmesh.launcher.serving.server import Server
-
-            self.server = Server(plan.serving)
         # Taken before any rank starts: what a server's profile names that appears in shared
         # memory meanwhile is the server's, removed once nothing uses it. (Open MPI's segments
         # go to the job's run directory: plan.SEGMENT_VAR.)
         self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
-        # What the observer was told: ranks started and ready, the phase; lines not yet sent.
-        self.shown: dict[str, Any] = {"started": set(), "ready": set(), "phase": None}
-        self.last_lines: dict[int, str] = {}
+        # What the observer was told, and the lines not yet sent.
+        self.view = AttemptView(observer) if observer is not None else None
+
+    @property
+    def phase(self) -> GuardianPhase:
+        return self.phases.state
+
+    @property
+    def ready(self) -> set[int]:
+        return self.readiness.ready
+
+    @property
+    def server(self) -> Any:
+        return self.readiness.server
 
     # -- setup
 
     def _signals(self) -> None:
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
-        os.set_blocking(self.wake_r, False)
-        for sig in (*FORWARDED, signal.SIGCHLD, PEER_STOP):
-            signal.signal(sig, lambda *_: None)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        self.selector.register(self.wake_r, selectors.EVENT_READ, "signals")
+        self.wakeups = Wakeups()
+        self.selector.register(self.wakeups.read_fd, selectors.EVENT_READ, "signals")
         self.selector.register(self.alive_fd, selectors.EVENT_READ, "front")
-        # Blocked since the fork (run_attempt): what arrived meanwhile is delivered now, here.
-        # Before the first worker starts: a child inherits the mask, even across exec.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        self.wakeups.install()
 
     def _start(self) -> None:
         failed = self.starter.start()
@@ -543,7 +180,7 @@ class Guardian:
             self.running &= set(self.starter.pids)
         elif failed:  # mpirun never started: no rank runs (waiting for one would be forever)
             self.running = set()
-        self.phase = Phase.RUNNING
+        self.phases.change_state(Phase.RUNNING)
         if self.server is not None and 0 in self.starter.pids:
             wake = self.server.start(self.starter.pids[0])
             self.selector.register(wake, selectors.EVENT_READ, "serving")
@@ -554,9 +191,13 @@ class Guardian:
 
     # -- the loop
 
-    def run(self) -> AttemptResult:
-        os.setpgid(0, 0)
-        procs.set_subreaper()
+    def run(self, own_group: bool = True) -> AttemptResult:
+        """The attempt, to its end. ``own_group``: lead a process group of its own and be the
+        subreaper of what the ranks leave (the forked guardian); without it (a guardian run
+        inside another program: the tests), the process's signal handling is restored after."""
+        if own_group:
+            os.setpgid(0, 0)
+            procs.set_subreaper()
         self._signals()
         self.console = Console(
             len(self.plan.ranks),
@@ -571,13 +212,13 @@ class Guardian:
             local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
         )
         self.starter.console = self.console
-        if self.ready_re is not None or self.observer is not None:
+        if self.readiness.pattern is not None or self.observer is not None:
             self.console.on_line = self._on_line
-        self._report()
-        self._start()
-        self._register()
-        self._write_record()
         try:
+            self._report()
+            self._start()
+            self._register()
+            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
             self._step()  # a rank that never started may have ended the attempt already
             while self.phase is not Phase.DONE:
                 for key, _ in self.selector.select(self._timeout()):
@@ -592,38 +233,28 @@ class Guardian:
                 self._step()
         finally:
             self.console.shutdown()
-            self._keep_errors()
-            if self.server is not None:
-                self.server.close()
+            record.keep_errors(self.plan, self.attempt, self.options.logs)
+            self.readiness.close()
             self._report()
+            if not own_group and self.wakeups is not None:
+                self.wakeups.restore()
         return self._result()
-
-    def _keep_errors(self) -> None:
-        """Each rank's recorded exception into torchrun's log layout (logspec.keep_error)."""
-        spec = self.options.logs
-        if spec is None or spec.dir_fd is None:
-            return
-        for i, rank in enumerate(self.plan.ranks):
-            source = rank.env.get("TORCHELASTIC_ERROR_FILE")
-            if source:
-                with contextlib.suppress(OSError):  # a full disk loses the copy, not the job
-                    spec.keep_error(self.attempt, str(i), source)
 
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
-        self._ask_pending()
-        if not self.registered:
-            self._register()
+        self._ask_liveness()
+        self._register()
         now = time.monotonic()
         if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
             self.polled = now
-            self._poll_fabric()
+            self.marks.poll(self.running, self.starter.pids)
             if self.phase is Phase.RUNNING:
-                self._watch_ready()
-                if self.server is not None and 0 not in self.ready:
-                    progress = self.server.progress(time.monotonic() - self.started)
-                    if progress:
-                        self._emit(progress)
+                overdue = self.readiness.overdue(self.running)
+                if overdue is not None:
+                    self._emit(overdue[0])
+                    self._begin_stop(overdue[1])
+                if progress := self.readiness.progress():
+                    self._emit(progress)
         if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
             left = len(procs.live_descendants(self.pid))
             if left:
@@ -631,12 +262,12 @@ class Guardian:
             self._kill()
         if self.running:
             self._say_drain(len(self.running))
-        if not self.running and self.phase is not Phase.DRAINING:
-            self.phase = Phase.DRAINING
-        if self.phase is Phase.DRAINING and self._swept() and self.pending is None:
+        if not self.running and self.phase in (Phase.RUNNING, Phase.STOPPING):
+            self.phases.change_state(Phase.DRAINING)
+        if self.phase is Phase.DRAINING and self._swept() and self.liveness is None:
             self._drain(None)
             self._clean_leftovers()
-            self.phase = Phase.DONE
+            self.phases.change_state(Phase.DONE)
         self._report()
 
     def _clean_leftovers(self) -> None:
@@ -653,57 +284,44 @@ class Guardian:
             waits.append(POLL)  # rank PIDs, fabric marks, readiness
         if self.phase is Phase.DRAINING:
             waits.append(SWEEP_POLL)
-        if self.pending is not None:
-            waits.append(max(0.0, self.pending_due - now))
+        if self.liveness is not None:
+            waits.append(max(0.0, self.liveness_due - now))
         return min(waits) if waits else None
 
-    def _ask_pending(self) -> None:
-        """The check still running since the start: ask it when due; a refusal stops the job
-        (whatever the ranks did meanwhile, it decides the attempt). A stop the user asked for
-        does not wait for it."""
-        if self.pending is None:
+    def _ask_liveness(self) -> None:
+        """The chips' heartbeats, still being read since the start: ask when due; a refusal
+        stops the job (whatever the ranks did meanwhile, it decides the attempt). A stop the
+        user asked for does not wait for it. The guardian ends no attempt before it is decided."""
+        if self.liveness is None:
             return
         if self.front_gone or (self.stop is not None and self.stop.user):
-            self.pending = None
+            self.liveness = None
             return
-        if time.monotonic() < self.pending_due:
+        if time.monotonic() < self.liveness_due:
             return
-        wait = self.pending.step()
+        wait = self.liveness.step()
         if wait is not None:
-            self.pending_due = time.monotonic() + wait
+            self.liveness_due = time.monotonic() + wait
             return
-        self.refusal, self.pending = self.pending.refusal, None
+        self.refusal, self.liveness = self.liveness.refusal, None
         if self.refusal is not None:
             self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
 
     # -- events
 
     def _on_signals(self) -> None:
-        try:
-            data = os.read(self.wake_r, 1024)
-        except BlockingIOError:
-            data = b""
-        for sig in data:
-            if sig == signal.SIGINT:
-                if self.stop is not None or self.first_failure is not None:
-                    if self.stop is None:  # a failing rank's teardown: the user's stop wins,
-                        self.stop = Stop(stop_reason(sig), 130, user=True)  # as SIGTERM's does
-                        self._emit("interrupted while stopping: killing every worker now")
-                    else:
-                        self._emit("second interrupt: killing every worker now")
-                    self._kill()
-                else:
-                    self._emit("interrupted: stopping every worker (Ctrl-C again to kill at once)")
-                    self._begin_stop(Stop(stop_reason(sig), 130, user=True, sends=sig))
-            elif sig in STOPPING and self.stop is None:
-                why = stop_reason(sig)
-                self._emit(f"{why}: stopping every worker")
-                self._begin_stop(Stop(why, 128 + sig, user=True, sends=sig))
-            elif sig == PEER_STOP and self.stop is None and self.first_failure is None:
-                self._begin_stop(
-                    Stop("stopped: another host of the job failed", 128 + signal.SIGTERM)
-                )
-            elif sig in (signal.SIGUSR1, signal.SIGUSR2):
+        assert self.wakeups is not None
+        for sig in self.wakeups.heard():
+            reaction = react(sig, self.stop, self.first_failure is not None)
+            if reaction.say:
+                self._emit(reaction.say)
+            if reaction.kill:
+                if reaction.stop is not None and self.stop is None:
+                    self.stop = reaction.stop
+                self._kill()
+            elif reaction.stop is not None:
+                self._begin_stop(reaction.stop)
+            elif reaction.forward:
                 procs.signal_groups(self.starter.signal_targets(self.running), sig)
         self._reap()
 
@@ -717,14 +335,11 @@ class Guardian:
         for ended in batch:
             if ended.rank < 0:
                 continue  # the launcher itself (mpirun) failed: it stands for the job
-            self._check_fabric(self.plan.ranks[ended.rank])
             self.exits[ended.rank] = ended
-            if self.observer is not None:
-                self._send_lines()
-                self.observer.rank_exited(ended.rank, ended.code, ended.how, ended.stopped)
+            if self.view is not None:
+                self.view.exited(ended.rank, ended.code, ended.how, ended.stopped)
             self.running.discard(ended.rank)
-            if ended.rank in self.fabric and ended.pid > 0:
-                self.host.worker_ended(ended.pid, clean=ended.code == 0)
+            self.marks.ended(ended, self.starter.pids)
         failures = [e for e in batch if e.code != 0]
         if failures and self.first_failure is None and self.stop is None:
             self.first_failure = next((e for e in failures if not e.stopped), failures[0])
@@ -770,8 +385,8 @@ class Guardian:
                 ):
                     self._on_output(key.fd)
                 elif key.data == "signals":
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self.wake_r, 1024)
+                    assert self.wakeups is not None
+                    self.wakeups.heard()
                     if owner is None:
                         procs.reap_all()
                 elif key.data == "front" and owner is None:
@@ -785,7 +400,7 @@ class Guardian:
         if stop is not None and self.stop is None:
             self.stop = stop
         if self.phase is Phase.RUNNING:
-            self.phase = Phase.STOPPING
+            self.phases.change_state(Phase.STOPPING)
         if self.deadline is None:
             self.deadline = time.monotonic() + self.plan.grace
             self.signalled.update(
@@ -805,31 +420,16 @@ class Guardian:
 
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
-        assert self.server is not None
-        for event in self.server.events():
-            if event.kind == "listening":
-                self._emit(
-                    f"{self.server.name}: listening ({event.detail}), {self.server.phase(True)}"
-                )
-            elif event.kind == "foreign":  # not the server: it is not ready, waits on
-                self._emit(
-                    f"{self.server.name}: {event.detail}: not ready until the server answers"
-                )
-            elif event.kind == "ready":
-                self.ready.add(0)
-                took = event.at - self.started
-                self._emit(
-                    f"{self.server.name}: ready after {took:.1f} s at {self.server.spec.url}"
-                )
-                self._emit(f"try: {self.server.spec.curl()}")
-            elif self.stop is None and self.first_failure is None:
-                self._emit(f"{self.server.name}: {event.detail}: stopping it")
-                self._begin_stop(Stop(f"{event.kind}: {event.detail}", 1, restartable=True))
+        stopping = self.stop is not None or self.first_failure is not None
+        for line, stop in self.readiness.server_events(stopping):
+            self._emit(line)
+            if stop is not None:
+                self._begin_stop(stop)
 
     def _kill(self) -> None:
         self.killed = True
         if self.phase is Phase.RUNNING:
-            self.phase = Phase.STOPPING
+            self.phases.change_state(Phase.STOPPING)
         procs.signal_groups(self.starter.groups(), signal.SIGKILL)
         procs.signal_pids(procs.live_descendants(self.pid), signal.SIGKILL)
         self._reap()
@@ -856,172 +456,51 @@ class Guardian:
     # -- what a drain says (stable words: docs/recovery.md, "Stopping and draining")
 
     def _say_drain(self, ranks: int, leftovers: int = 0) -> None:
-        """While a grace runs: "draining, N s left" with what is waited for, when the drain
-        begins, when it moves from ranks to their leftovers, and every DRAIN_SAY seconds; the
-        live view's detail each second."""
+        """While a grace runs (view.DrainWords); a refusal's one line is all that is said."""
         if self.deadline is None or self.killed or not (ranks or leftovers):
             return
         if self.stop is not None and self.stop.quiet:
             return
-        now = time.monotonic()
-        left = max(0.0, self.deadline - now)
-        head = f"draining, {_seconds(left)} s left"
-        self.drain_detail = f"draining, {math.ceil(left)} s left"  # the view: once a second
-        kind = "ranks" if ranks else "leftovers"
-        if kind == self.drain_kind and now - self.drain_said < DRAIN_SAY:
-            return
-        self.drain_kind, self.drain_said = kind, now
-        if ranks:
-            what = f"{ranks} rank{'s' if ranks != 1 else ''} still running"
-        else:
-            what = f"{leftovers} leftover process{'es' if leftovers != 1 else ''}"
-        self._emit(f"{head} ({what})")
+        self.drain.draining(self.deadline, ranks, leftovers)
 
     def _say_grace_over(self, count: int) -> None:
         if self.stop is not None and self.stop.quiet:
             return
-        line = f"grace over: SIGKILL of {count} process{'es' if count != 1 else ''}"
-        self.drain_detail = line
-        self._emit(line)
-
-    # -- readiness (hang detection)
+        self.drain.grace_over(count)
 
     def _on_line(self, rank: int, line: str) -> None:
-        if (
-            rank >= 0
-            and self.ready_re is not None
-            and rank not in self.ready  # once ready, a rank's lines need no matching
-            and self.ready_re.search(line)
-        ):
-            self.ready.add(rank)
-        if rank >= 0 and self.observer is not None:
-            self.last_lines[rank] = line[:LINE_WIDTH]
+        self.readiness.on_line(rank, line)
+        if self.view is not None:
+            self.view.line(rank, line)
 
     # -- what the observer hears (a live view in the front)
 
     def _report(self) -> None:
         """Tell the observer what changed since the last step: ranks started and ready, their
-        last lines, the job's phase."""
-        observer = self.observer
-        if observer is None:
+        last lines, the job's phase (view.AttemptView: a person's phases only move on)."""
+        if self.view is None:
             return
-        started, ready = self.shown["started"], self.shown["ready"]
-        for rank, pid in sorted(self.starter.pids.items()):
-            if rank not in started:
-                started.add(rank)
-                observer.rank_started(rank, pid)
         if self.plan.ready_timeout is None and self.phase is Phase.RUNNING:
-            for rp in self.plan.ranks:  # ready files, watched for the view only
-                pending = rp.rank not in self.ready and rp.rank in self.running
-                if pending and os.path.exists(rp.env["TTMESH_READY_FILE"]):
-                    self.ready.add(rp.rank)
-        for rank in sorted(self.ready - ready):
-            ready.add(rank)
-            observer.rank_ready(rank)
-        self._send_lines()
-        phase = self._job_phase()
-        detail = self.drain_detail if phase in (JobPhase.STOPPING, None) else ""
+            self.readiness.files(self.running)  # ready files, watched for the view only
+        stopping = self.stop is not None or self.first_failure is not None
+        phase = job_phase(
+            self.phase, stopping, self.running, self.ready, set(self.starter.pids),
+            self.readiness.watched,
+        )  # fmt: skip
+        detail = self.drain.detail if phase in (JobPhase.STOPPING, None) else ""
         if detail and phase is None:  # leftovers of ranks that all succeeded: still a drain
             phase = JobPhase.STOPPING
-        shown = (phase, detail)
-        if phase is not None and shown != self.shown["phase"]:
-            self.shown["phase"] = shown
-            observer.phase(phase, detail)
-
-    def _send_lines(self) -> None:
-        if self.last_lines and self.observer is not None:
-            last, self.last_lines = self.last_lines, {}
-            self.observer.lines(last)
-
-    def _job_phase(self) -> JobPhase | None:
-        """The attempt's phase as a person sees it (None: no change worth saying)."""
-        if self.stop is not None or self.first_failure is not None:
-            return JobPhase.STOPPING
-        if self.phase is Phase.STARTING:
-            return JobPhase.STARTING
-        if self.phase is not Phase.RUNNING:
-            return None  # every rank ended by itself: the front says how the job ended
-        if not self.running:
-            return None
-        if self.running <= self.ready:
-            return JobPhase.READY
-        watched = (
-            self.plan.ready_timeout is not None
-            or self.ready_re is not None
-            or self.server is not None
-        )
-        if watched or not self.running <= set(self.starter.pids):
-            return JobPhase.STARTING
-        return JobPhase.RUNNING
-
-    def _watch_ready(self) -> None:
-        if self.plan.ready_timeout is None:
-            return
-        for rank in self.plan.ranks:
-            if rank.rank not in self.ready and os.path.exists(rank.env["TTMESH_READY_FILE"]):
-                self.ready.add(rank.rank)
-        waiting = sorted(self.running - self.ready)
-        if waiting and time.monotonic() >= self.started + self.plan.ready_timeout:
-            names = f"{noun(len(waiting), 'rank')} {', '.join(map(str, waiting))}"
-            after = f"{self.plan.ready_timeout:g} s"
-            why = self.server.not_ready() if self.server is not None else ""
-            after += f" ({why})" if why else ""
-            self._emit(f"{names} not ready after {after}: treating the job as hung in bring-up")
-            self._begin_stop(Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True))
+        self.view.report(self.starter.pids, self.ready, phase, detail)
 
     # -- what the host hears: workers holding chips, fabric opened
 
     def _register(self) -> None:
-        """Once every rank's PID is known: the workers hold their chips; a layout that joins
-        chips has brought their fabric up (one mark per worker, over every chip of the job
-        when the workers form one tt-metal world)."""
-        starter = self.starter
-        if self.registered or not self.running:
-            return
-        starter.discover()
-        if not starter.known():
-            return  # not all ranks started yet (MPI): try again on the next step
-        self.registered = True
-        pids = starter.pids
-        mine = [r for r in self.plan.ranks if r.rank in pids and r.chips]  # a chipless server: none
-        self.host.workers_started([(list(r.chips), pids[r.rank]) for r in mine])
-        world = Layout(self.plan.layout).one_world
-        joined = [r for r in mine if world or r.joins_chips]
-        marks = [(self.plan.all_chips() if world else list(r.chips), pids[r.rank]) for r in joined]
-        self.host.fabric_opened(marks, owner=self.plan.job, supervisor=self.pid)
-        self.fabric.update(r.rank for r in joined)
-        if starter.has_launcher:
-            self._write_record()
-
-    def _check_fabric(self, rank: RankPlan) -> None:
-        """A rank that created its TTMESH_FABRIC_FILE brought the fabric up."""
-        pid = self.starter.pids.get(rank.rank)
-        if rank.rank in self.fabric or pid is None or not rank.chips:
-            return  # a rank with no chip (a chipless server) opens no fabric
-        if os.path.exists(rank.env["TTMESH_FABRIC_FILE"]):
-            self.fabric.add(rank.rank)
-            self.host.fabric_opened(
-                [(self.plan.all_chips(), pid)], owner=self.plan.job, supervisor=self.pid
-            )
-
-    def _poll_fabric(self) -> None:
-        for rank in self.plan.ranks:
-            if rank.rank in self.running:
-                self._check_fabric(rank)
+        """Once every rank's PID is known: the host hears the workers and their fabric marks
+        (marks.FabricMarks.register); under mpirun, the job record learns the PIDs then."""
+        if self.marks.register(self.starter, self.running) and self.starter.has_launcher:
+            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
 
     # -- records and results
-
-    def _write_record(self) -> None:
-        from ttmesh.errors import TTMeshError
-        from ttmesh.runtime import jobs
-
-        pids = self.starter.pids
-        ranks = [
-            {"rank": r.rank, "pid": pids.get(r.rank), "bdfs": list(r.bdfs), "chips": list(r.chips)}
-            for r in self.plan.ranks
-        ]
-        with contextlib.suppress(OSError, TTMeshError):
-            jobs.update(self.plan.job, guardian=self.pid, attempt=self.attempt, ranks=ranks)
 
     def _emit(self, message: str) -> None:
         data = f"ttmesh: {message}\n".encode()
@@ -1032,43 +511,6 @@ class Guardian:
             os.write(2, data)
 
     def _result(self) -> AttemptResult:
-        result = self._verdict()
-        if self.refusal is not None:
-            r = self.refusal
-            return replace(
-                result, code=r.code, source=Source.TTMESH, rank=None, reason=f"refused: {r}",
-                interrupted=True, refusal=[r.code, r.message, r.hint],
-            )  # fmt: skip
-        if result.code != 0:
-            result.diagnosis = self._diagnose(result.rank)
-        return result
-
-    def _diagnose(self, rank: int | None) -> dict[str, Any] | None:
-        """A known failure line in the output that tells: the failing rank's, or every rank's
-        when ttmesh ended the attempt (a server is rank 0 of its plan); then mpirun's own. When
-        the failing rank's output knows none, the others' (a rank that aborted in a collective
-        because a peer failed: the peer says why)."""
-        from ttmesh.launcher.attempt import failures
-
-        assert self.console is not None
-        everyone = [r.rank for r in self.plan.ranks]
-        if self.starter.has_launcher:
-            everyone.append(LAUNCHER)
-        tries = [everyone] if rank is None else [[rank], [o for o in everyone if o != rank]]
-        if rank is not None and self.starter.has_launcher:
-            tries[0].append(LAUNCHER)
-        server = self.server.name if self.server is not None else None
-        try:
-            for owners in tries:
-                found = failures.match(failures.tails(owners, self.console.tail, server))
-                if found is not None:
-                    return found
-            return None
-        except Exception as exc:  # a broken table must not hide how the job ended
-            self._emit(f"the table of known failures could not be read: {exc}")
-            return None
-
-    def _verdict(self) -> AttemptResult:
         assert self.console is not None
         base = AttemptResult(
             attempt=self.attempt,
@@ -1076,66 +518,20 @@ class Guardian:
             source=Source.WORKER,
             rank=None,
             reason="every rank succeeded",
+            end=AttemptEnd.COMPLETED,
             exits=[self.exits[r] for r in sorted(self.exits)],
-            fabric_ranks=sorted(self.fabric),
+            fabric_ranks=sorted(self.marks.fabric),
             duration=time.monotonic() - self.started,
         )
-        if self.stop is not None:
-            return replace(
-                base, code=self.stop.code, source=Source.TTMESH, reason=self.stop.reason,
-                interrupted=not self.stop.restartable, hung=self.stop.code == HUNG,
-            )  # fmt: skip
-        if self.starter.launcher_error is not None:
-            return replace(
-                base, code=2, source=Source.TTMESH, interrupted=True,
-                reason=f"mpirun failed to start the ranks: {self.starter.launcher_error}",
-            )  # fmt: skip
-        failure = self.first_failure
-        if failure is None:
-            return base
-        if not failure.started:  # its program never ran: one line, no restart
-            rank = self.plan.ranks[failure.rank]
-            line = f"rank {failure.rank + self.plan.rank_offset}"
-            if rank.bdfs:
-                line += f" ({', '.join(rank.bdfs)})"
-            line += f" {failure.how}"
-            return replace(
-                base, code=failure.code, source=Source.TTMESH, rank=failure.rank, reason=line,
-                interrupted=True, unstarted=[line, failure.hint],
-            )  # fmt: skip
-        if failure.rank < 0:  # the launcher itself failed
-            return replace(
-                base, code=failure.code, source=Source.TTMESH, reason=failure.how,
-                stderr_tail=self.console.tail(LAUNCHER)[-10:],
-            )  # fmt: skip
-        # torch's @record file: a server (stock SGLang keeps no torchrun variable) has none,
-        # and its exit code and last stderr lines say why it failed.
-        error_file = self.plan.ranks[failure.rank].env.get("TORCHELASTIC_ERROR_FILE")
-        error = _error_message(error_file) if error_file else None
-        return replace(
-            base, code=failure.code, rank=failure.rank, reason=f"rank {failure.rank + self.plan.rank_offset} {failure.how}",  # global rank
-            stderr_tail=self.console.tail(failure.rank)[-10:], error_message=error,
-        )  # fmt: skip
-
-
-def _seconds(value: float) -> str:
-    """Seconds left as a person reads them, rounded up: "30", "2.5", "0"."""
-    if value >= 10:
-        return str(math.ceil(value - 1e-9))
-    return f"{math.ceil(value * 10 - 1e-9) / 10:.1f}".removesuffix(".0")
-
-
-def _error_message(path: str) -> str | None:
-    """The exception a worker recorded with torch's @record (TORCHELASTIC_ERROR_FILE)."""
-    from ttmesh import fileread
-
-    try:  # bounded: a rank may leave anything there (a FIFO would hang the guardian)
-        data = json.loads(fileread.read_bytes(path, fileread.MiB, "error file"))
-    except (OSError, ValueError):  # fileread.Refused is a ValueError
-        return None
-    if not isinstance(data, dict):
-        return None
-    message = data.get("message")
-    if isinstance(message, dict):
-        return str(message.get("message") or "") or None
-    return str(message) if message else None
+        tail = self.console.tail
+        result = record.verdict(
+            self.plan, base, self.stop, self.first_failure, self.starter.launcher_error, tail
+        )
+        if self.refusal is not None:
+            return record.refused(result, self.refusal)
+        if result.code != 0:
+            server = self.server.name if self.server is not None else None
+            result.diagnosis = record.diagnose(
+                self.plan, result.rank, tail, self.starter.has_launcher, server, self._emit
+            )
+        return result

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ttmesh.errors import TTMeshError, bad_input, refused
-from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note
+from ttmesh.states import AttemptEnd
 from ttmesh.vocab import Source
 
 
@@ -144,7 +145,7 @@ class Peers:
             self.stopped_for_peer = True
             why = self.coord.lost or _said(self.coord.peer_end)
             note(f"stopping this host's ranks: {why}")
-            from ttmesh.launcher.attempt.guardian import PEER_STOP
+            from ttmesh.launcher.attempt.signals import PEER_STOP
 
             try:
                 os.kill(self.guardian, PEER_STOP)
@@ -157,11 +158,11 @@ class Peers:
         self.guardian = None
         if self.coord.lost is not None and result.code != 0 and self.stopped_for_peer:
             return dataclasses.replace(result, code=1, source=Source.TTMESH, rank=None,
-                                       reason=self.coord.lost, interrupted=False)  # fmt: skip
+                                       reason=self.coord.lost, end=AttemptEnd.FAILED)  # fmt: skip
         rank = None if result.rank is None else self.offset + result.rank
         how = next((e.how for e in result.exits if e.rank == result.rank), None)
         mine = {
-            "interrupted": result.interrupted and not self.stopped_for_peer,
+            "interrupted": result.end.interrupted and not self.stopped_for_peer,
             "code": result.code,
             "rank": rank,
             "host": socket.gethostname(),
@@ -177,6 +178,7 @@ class Peers:
                 result,
                 code=result.code or 1,
                 reason=f"{result.reason}; the rendezvous store is gone ({exc})",
+                end=AttemptEnd.FAILED if result.end is AttemptEnd.COMPLETED else result.end,
             )
         own = first.get("node", self.mh.node_rank) == self.mh.node_rank
         if own or not first.get("code") or first.get("interrupted") or mine["interrupted"]:
@@ -188,7 +190,7 @@ class Peers:
             source=Source.WORKER if first.get("rank") is not None else Source.TTMESH,
             rank=first.get("rank"),
             reason=f"{_said(first)}",
-            interrupted=False,
+            end=AttemptEnd.FAILED,
             host=host,
         )
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.fabric.devices import discover
-from ttmesh.launcher.attempt.events import JobPhase, Observer
-from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.attempt.events import Observer
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
+from ttmesh.states import JobPhase
 
 if TYPE_CHECKING:
     pass

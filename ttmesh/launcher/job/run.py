@@ -16,14 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
-from ttmesh.launcher.attempt.events import JobPhase
-from ttmesh.launcher.attempt.guardian import (
-    STOPPING,
-    AttemptResult,
-    Options,
-    run_attempt,
-    stop_reason,
-)
+from ttmesh.launcher.attempt.front import run_attempt
+from ttmesh.launcher.attempt.guardian import Options
+from ttmesh.launcher.attempt.record import AttemptResult
+from ttmesh.launcher.attempt.signals import STOPPING, stop_reason
 from ttmesh.launcher.job import errorfile
 from ttmesh.launcher.job.preflight import run_preflight
 from ttmesh.launcher.job.recovery import Recovery, after_crash, rank_refused, recover_hosts
@@ -32,6 +28,7 @@ from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note
 from ttmesh.runtime import jobs, leases
+from ttmesh.states import AttemptEnd, JobPhase
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
@@ -225,7 +222,7 @@ class JobRun:
         reason = stop_reason(sig)
         note(f"{reason}: stopping the job")
         self.stop = AttemptResult(
-            len(self.results), 128 + sig, Source.TTMESH, None, reason, interrupted=True
+            len(self.results), 128 + sig, Source.TTMESH, None, reason, AttemptEnd.STOPPED
         )
 
     def _frozen_first(self, exc: TTMeshError, summary: bool = True) -> TTMeshError:
@@ -281,25 +278,23 @@ class JobRun:
             liveness, self.prepared.liveness = self.prepared.liveness, None
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self._guardian_started, pending=liveness,
+                on_start=self._guardian_started, liveness=liveness,
             )  # fmt: skip
-            if result.refusal is not None:
+            if result.end is AttemptEnd.REFUSED and result.error is not None:
                 # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
                 # chips as a stopped job does, then refuse as the heartbeats read first did.
                 after_crash(self.prepared, recovery, result)
-                code, message, hint = result.refusal
                 self.unrecorded = True
-                raise self._refuse(TTMeshError(message, hint, code))
-            if result.unstarted is not None:
+                raise self._refuse(result.error)
+            if result.end is AttemptEnd.UNSTARTED and result.error is not None:
                 # A rank's program never ran (not found, not executable): nothing to restart,
                 # one line as a shell gives, exit 127 or 126. Ranks started before it were
                 # stopped: their chips are checked as after any crash.
-                message, hint = result.unstarted
                 if any(e.pid > 0 for e in result.exits):
                     after_crash(self.prepared, recovery, result, observer=self.observer)
                 if attempt == 0:
-                    raise self._refuse(TTMeshError(message, hint, result.code))
-                note(f"not restarting: {message}")
+                    raise self._refuse(result.error)
+                note(f"not restarting: {result.error.message}")
                 self.results.append(result)
                 break
             why = rank_refused(result) if plan.hosts else None
@@ -319,11 +314,12 @@ class JobRun:
                 break
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
-            always = result.supervisor_lost or plan.serving is not None
+            lost = result.end is AttemptEnd.GUARDIAN_LOST
+            always = lost or plan.serving is not None
             left = after_crash(
                 self.prepared, recovery, result, always=always, observer=self.observer
             )
-            if result.interrupted or result.supervisor_lost:
+            if not result.end.restartable:  # the user's stop, mpirun, the guardian lost
                 break
             if attempt < plan.max_restarts and left is not None:
                 note(f"not restarting: {left}")
@@ -408,7 +404,8 @@ class JobRun:
             else:  # stopped before this host's first attempt: no end to wait for
                 self.peers.coord.close()
         if status is None:
-            status = SUPERVISOR_KILLED if final.supervisor_lost else final.reason
+            lost = final.end is AttemptEnd.GUARDIAN_LOST
+            status = SUPERVISOR_KILLED if lost else final.reason
         unwritten_error = errorfile.write(final, self.plan)  # the ranks' files go next
         self._release(status, final.code)
         if self.observer is not None:  # the final frame, above the summary

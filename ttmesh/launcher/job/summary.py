@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ttmesh import paths
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher.attempt.guardian import AttemptResult
+from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
 from ttmesh.vocab import Source

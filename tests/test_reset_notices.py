@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import alive, start_launch, wait_for, worker
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host
@@ -233,3 +234,57 @@ def test_an_attempt_stops_for_a_reset_of_its_chips_and_not_for_others(qb2: Path)
     finally:
         watch.close()
     assert not any((qb2 / umdnotice.LISTENER_DIR).iterdir())
+
+
+def _listening(root: Path) -> list[Path]:
+    where = root / umdnotice.LISTENER_DIR
+    return list(where.glob("client_*.sock")) if where.is_dir() else []
+
+
+def test_a_job_stops_when_another_tool_resets_its_chips(qb2: Path, tmp_path: Path) -> None:
+    """tt-smi -r on a chip of the running job: the ranks are stopped before its grace ends,
+    the job says who reset, exits 143, leaves the reset to that tool (no recovery of its own,
+    no restart) and leaves no process nor listener behind."""
+    go = tmp_path / "never"
+    proc = start_launch(
+        qb2, "--tp-size", "2", "--max-restarts", "2",
+        *worker(f"pids={tmp_path}", f"await={go}", "exit=0"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="the ranks")
+        wait_for(lambda: _listening(qb2), what="the guardian's listener")
+        plan_bdfs = [c.bdf for c in discover(open_host(qb2)).chips if c.bdf]
+        ranks = {int(p.read_text()) for p in tmp_path.glob("*.pid")}
+        # The job took the first two chips of the PCI order (healthy first on a QuietBox 2).
+        reset = _tt_smi_reset(qb2, plan_bdfs[0])
+        _out, err = proc.communicate(timeout=60)
+        assert reset.wait(30) == 0
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert f"reset notice: {plan_bdfs[0]} reset by tt-smi -r {plan_bdfs[0]} (pid {reset.pid}" in err
+    assert ": stopping every worker" in err
+    assert "ttmesh leaves them to it" in err
+    assert "restarting" not in err and "resetting its chips" not in err
+    assert not [p for p in ranks if alive(p)]
+    assert _listening(qb2) == []
+
+
+def test_a_reset_of_other_chips_is_said_and_the_job_goes_on(qb2: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    proc = start_launch(
+        qb2, "--chips", "0000:01:00.0", *worker(f"pids={tmp_path}", f"await={go}", "exit=0")
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 1, what="the rank")
+        wait_for(lambda: _listening(qb2), what="the guardian's listener")
+        other = [c.bdf for c in discover(open_host(qb2)).chips if c.bdf][-1]
+        assert other != "0000:01:00.0"
+        assert _tt_smi_reset(qb2, other).wait(30) == 0  # PRE and POST were both sent
+        go.touch()
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"a reset of other chips than the job's: tt-smi -r {other}" in err
+    assert "the job goes on" in err

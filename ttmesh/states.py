@@ -129,6 +129,9 @@ class AttemptEnd(StrEnum):
     GUARDIAN_LOST = (
         "guardian lost"  # the guardian itself was killed: how the ranks ended is unknown
     )
+    # Another tool announced a reset of the job's chips (tt-umd's notice): the ranks were
+    # stopped for it; that tool resets the chips, so ttmesh neither recovers nor restarts.
+    RESET_ELSEWHERE = "reset by another tool"
 
     @property
     def restartable(self) -> bool:
@@ -141,6 +144,7 @@ class AttemptEnd(StrEnum):
         that never ran, mpirun): no restart, and each host of a job says its own."""
         return self in (
             AttemptEnd.STOPPED,
+            AttemptEnd.RESET_ELSEWHERE,
             AttemptEnd.LAUNCHER_FAILED,
             AttemptEnd.REFUSED,
             AttemptEnd.UNSTARTED,

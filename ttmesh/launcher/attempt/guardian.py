@@ -44,6 +44,7 @@ from ttmesh.launcher.attempt.logspec import LogSpec
 from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
 from ttmesh.launcher.attempt.record import HUNG, AttemptResult
+from ttmesh.launcher.attempt.resetwatch import ResetWatch
 from ttmesh.launcher.attempt.signals import (
     PEER_STOP,
     STOPPING,
@@ -149,6 +150,9 @@ class Guardian:
         self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
         # What the observer was told, and the lines not yet sent.
         self.view = AttemptView(observer) if observer is not None else None
+        # tt-umd's reset notices, heard while the ranks run (chips on this host only).
+        self.host = host
+        self.resets: ResetWatch | None = None
 
     @property
     def phase(self) -> GuardianPhase:
@@ -189,6 +193,28 @@ class Guardian:
                 self._emit(f"rank {ended.rank}: {ended.how}")
         self._ended(failed)
 
+    def _listen_for_resets(self) -> None:
+        """Listen for tt-umd's reset notices from before the ranks start (a job over several
+        hosts: each rank's own host runs its chips; a chipless server has none)."""
+        if self.plan.chipless or self.plan.hosts:
+            return
+        bdfs = [b for r in self.plan.ranks for b in r.bdfs]
+        self.resets = ResetWatch(self.host, bdfs, os.getuid(), self._emit)
+        if self.resets.listening:
+            self.selector.register(self.resets.fileno(), selectors.EVENT_READ, "resets")
+
+    def _on_reset_notice(self) -> None:
+        """Another tool is about to reset the job's chips: stop the ranks now (the resetter
+        waits its grace, 2 s, then resets whatever still runs on them)."""
+        assert self.resets is not None
+        reason = self.resets.heard()
+        if reason is None or self.stop is not None or self.phase not in (
+            Phase.STARTING, Phase.RUNNING
+        ):  # fmt: skip
+            return
+        self._emit(f"{reason}: stopping every worker")
+        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
+
     # -- the loop
 
     def run(self, own_group: bool = True) -> AttemptResult:
@@ -216,6 +242,7 @@ class Guardian:
             self.console.on_line = self._on_line
         try:
             self._report()
+            self._listen_for_resets()
             self._start()
             self._register()
             record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
@@ -228,6 +255,8 @@ class Guardian:
                         self._on_front_gone()
                     elif key.data == "serving":
                         self._on_server()
+                    elif key.data == "resets":
+                        self._on_reset_notice()
                     else:
                         self._on_output(key.fd)
                 self._step()
@@ -235,6 +264,8 @@ class Guardian:
             self.console.shutdown()
             record.keep_errors(self.plan, self.attempt, self.options.logs)
             self.readiness.close()
+            if self.resets is not None:
+                self.resets.close()
             self._report()
             if not own_group and self.wakeups is not None:
                 self.wakeups.restore()

@@ -114,6 +114,8 @@ def keep_errors(plan: LaunchPlan, attempt: int, spec: LogSpec | None) -> None:
 def stop_end(stop: Stop) -> AttemptEnd:
     """How an attempt ttmesh stopped ends: a hang or an unhealthy server may be restarted;
     the user's signal, another host's failure, the launcher's death end the job."""
+    if stop.end is not None:
+        return stop.end
     if not stop.restartable:
         return AttemptEnd.STOPPED
     return AttemptEnd.HUNG if stop.code == HUNG else AttemptEnd.FAILED

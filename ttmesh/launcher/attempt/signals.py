@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.states import AttemptEnd
 
 FORWARDED = (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -51,6 +52,7 @@ class Stop:
     # What the ranks are sent first: the user's own signal (torchrun's agent passes it on), or
     # SIGTERM when ttmesh stops them (a failure, a hang, another host).
     sends: int = signal.SIGTERM
+    end: AttemptEnd | None = None  # how the attempt ends, when not what the flags above say
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,7 @@ class JobRun:
 
     def _attempts(self) -> None:
         plan, recovery = self.plan, self.recovery
-        base_env = dict(os.environ)
+        base_env = dict(plan.environ)  # what the plan (and --dry-run) was made from
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
             if self.peers is not None:
@@ -311,6 +311,12 @@ class JobRun:
                 result = self.peers.ended(attempt, result)
             self.results.append(result)
             if result.code == 0:
+                break
+            if result.end is AttemptEnd.RESET_ELSEWHERE:
+                # Another tool resets the chips now (its notice stopped the ranks): a reset of
+                # ttmesh's on top of it would race it. Its end is for `ttmesh check` to see.
+                note("the chips are being reset by another tool: ttmesh leaves them to it "
+                     "(see ttmesh check once it is done)")  # fmt: skip
                 break
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.

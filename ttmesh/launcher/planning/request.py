@@ -59,7 +59,8 @@ class LaunchRequest:
     ready_pattern: str | None = None  # a line of output that means "ready"
     binding: BindingFile | None = None  # a tt-run rank-binding file
     binding_units: list[tuple[Unit, ...]] = field(default_factory=list)  # each binding rank's
-    environ: dict[str, str] = field(default_factory=dict)  # for ${VAR} and TT_METAL_HOME
+    # The environment the request was made in (the ranks inherit it; ${VAR}, TT_METAL_HOME).
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     python: str = sys.executable
     cwd: str = ""
     serving: ServingSpec | None = None  # when the command is a server a profile knows

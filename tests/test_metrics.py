@@ -366,3 +366,34 @@ def test_ctrl_c_stops_it_with_exit_0(qb2: Path) -> None:
     _out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_another_tools_reset_notice_pauses_chip_reads_until_it_is_done(qb2: Path) -> None:
+    """tt-smi (not ttmesh) resets: its PRE_RESET notice pauses the chip reads, its POST_RESET
+    (sent when the reset ends, here when it is interrupted) resumes them."""
+    assert run_cli("sim", "fault", "--root", str(qb2), "reset-hangs", "120").code == 0
+    with serving(qb2) as url:
+        wait_for(lambda: list((qb2 / "tmp" / "tt_umd_listeners").glob("client_*.sock")),
+                 what="the metrics' listener")  # fmt: skip
+        assert scrape(url)["ttmesh_reset_in_progress"] == [({}, 0.0)]
+        tt_smi = subprocess.Popen(
+            [str(qb2 / "bin" / "tt-smi"), "-r"], stdout=subprocess.DEVNULL,
+            env={**os.environ, "TTMESH_SIM_ROOT": str(qb2)},
+        )  # fmt: skip
+        try:
+            got: Samples = {}
+
+            def paused() -> bool:
+                got.clear()
+                got.update(scrape(url))
+                return got["ttmesh_reset_in_progress"] == [({}, 1.0)]
+
+            wait_for(paused, timeout=HANG, what="the notice's pause")
+            assert not [name for name in got if name.startswith("ttmesh_chip")]
+        finally:
+            tt_smi.send_signal(signal.SIGINT)  # its reset ends: tt-smi says so (POST_RESET)
+            tt_smi.wait(timeout=HANG)
+        wait_for(lambda: scrape(url)["ttmesh_reset_in_progress"] == [({}, 0.0)],
+                 timeout=HANG, what="the end of the pause")  # fmt: skip
+        assert scrape(url)["ttmesh_chips"] == [({}, 4.0)]
+    assert not list((qb2 / "tmp" / "tt_umd_listeners").glob("client_*.sock"))

@@ -80,7 +80,7 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
       ttmesh metrics --sim quietbox2 --listen 127.0.0.1:0
     """
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
     except ImportError:
         raise bad_input(MISSING, MISSING_FIX) from None
     from ttmesh.fabric.devices import require_driver
@@ -88,11 +88,12 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
 
     require_driver(host)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HostCollector(host))
+    collector = HostCollector(host)
+    registry.register(collector)
     addr, port = listen
     shown = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
     try:
-        server, thread = start_http_server(port, addr, registry)
+        server, thread = _serve(port, addr, registry, collector)
     except socket.gaierror as exc:
         raise bad_input(f"--listen {shown}: cannot resolve {addr!r} ({exc.strerror})", LISTEN_FIX)
     except UnicodeError:  # a label the IDNA codec refuses (longer than 63 characters)
@@ -134,4 +135,16 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+        collector.close()
     return 0
+
+
+def _serve(port: int, addr: str, registry: Any, collector: Any) -> tuple[Any, Any]:
+    """prometheus-client's server; the collector's reset listener closed if it cannot start."""
+    from prometheus_client import start_http_server
+
+    try:
+        return start_http_server(port, addr, registry)
+    except BaseException:
+        collector.close()
+        raise

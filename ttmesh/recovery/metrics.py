@@ -4,7 +4,8 @@ A custom collector (:class:`HostCollector`): every scrape reads the host then, n
 timer. Chip telemetry comes from a :class:`~ttmesh.recovery.top.Sampler` in driver-only mode:
 the driver's files only (hwmon, ``tt_aiclk``, ``tt_heartbeat``), never tt-smi and never a chip
 opened (a poller that opens chips breaks resets: tt-smi#172). While a ttmesh reset runs
-(:mod:`ttmesh.runtime.resetmark`) no chip file is read at all and
+(:mod:`ttmesh.runtime.resetmark`), or another tool announced one with tt-umd's reset notice
+(:class:`ForeignResets`) and has not said it is done, no chip file is read at all and
 ``ttmesh_reset_in_progress`` is 1. Leases come from the lease directory, rank states from this
 user's job records (:mod:`ttmesh.runtime.jobs`).
 
@@ -14,8 +15,10 @@ before importing this module.
 
 from __future__ import annotations
 
+import selectors
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
+from ttmesh.host import umdnotice
 from ttmesh.host.base import Host
 from ttmesh.recovery.top import Sampler
 from ttmesh.runtime import jobs, resetmark
@@ -37,7 +41,8 @@ NO_LINKS = (
 
 # name -> help; docs/architecture.md ("Metrics") lists the same names.
 HELP = {
-    "ttmesh_reset_in_progress": "1 while a ttmesh reset runs on the host: no chip is read then.",
+    "ttmesh_reset_in_progress": "1 while a reset runs on the host (ttmesh's, or another tool's "
+    "announced by tt-umd's reset notice): no chip is read then.",
     "ttmesh_host_read_ok": "1 when this scrape read the chips; 0 when paused by a reset or "
     "the host's files could not be read (the reason is on ttmesh's stderr).",
     "ttmesh_chips": "Chips the driver shows (and, on a simulated host, their remote chips).",
@@ -62,6 +67,63 @@ def gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, HELP[name], labels=labels)
 
 
+class ForeignResets:
+    """Resets other tools announce (tt-umd's notices, :mod:`ttmesh.host.umdnotice`): from a
+    PRE_RESET to its POST_RESET a poller reads no chip, for at most :data:`BOUND` seconds and
+    only while the process that sent it lives (one killed in between sends no POST_RESET).
+    Anyone may send a notice: it only ever pauses this.
+
+    A thread answers the notices as they come, not at the next scrape: tt-umd's notifier
+    connects without a timeout, and a listener that left its backlog full would stall it."""
+
+    BOUND = 120.0
+
+    def __init__(self, host: Host) -> None:
+        self.until = 0.0  # monotonic end of the pause; 0: none
+        self.sender: tuple[int, int | None] = (0, None)  # (pid, start time) of the resetter
+        self.lock = threading.Lock()
+        self.listener, why = umdnotice.try_listen(host.root)
+        if self.listener is None:
+            _say(f"resets by other tools are not seen: {why}")
+            return
+        self.thread = threading.Thread(target=self._run, name="reset-notices", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        with selectors.DefaultSelector() as sel:
+            sel.register(listener.fileno(), selectors.EVENT_READ)
+            while self.listener is not None:
+                if not sel.select(0.5):
+                    continue
+                try:
+                    notices = listener.read()
+                except (OSError, ValueError):  # closed meanwhile
+                    return
+                for notice in notices:
+                    with self.lock:
+                        if notice.kind == "pre-reset":
+                            self.until = time.monotonic() + self.BOUND
+                            self.sender = (notice.pid, procs.start_time(notice.pid))
+                        else:
+                            self.until = 0.0
+
+    def active(self) -> bool:
+        with self.lock:
+            if time.monotonic() >= self.until:
+                return False
+            pid, start = self.sender
+            return procs.alive(pid, start)
+
+    def close(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            self.thread.join(timeout=2)
+            listener.close()
+
+
 class HostCollector(Collector):
     """Reads the host at every scrape (one scrape at a time: the heartbeat verdict is judged
     against the previous scrape's counters)."""
@@ -70,6 +132,10 @@ class HostCollector(Collector):
         self.host = host
         self.sampler = Sampler(host, first_wait=heartbeat_wait, driver_only=True)
         self.lock = threading.Lock()
+        self.foreign = ForeignResets(host)
+
+    def close(self) -> None:
+        self.foreign.close()
 
     def describe(self) -> list[Any]:
         return []  # nothing to read at registration: the first scrape reads the host
@@ -79,7 +145,7 @@ class HostCollector(Collector):
             yield from self._collect()
 
     def _collect(self) -> Iterator[GaugeMetricFamily]:
-        resetting = resetmark.running(self.host)
+        resetting = resetmark.running(self.host) or self.foreign.active()
         flag = gauge("ttmesh_reset_in_progress")
         flag.add_metric([], 1 if resetting else 0)
         yield flag

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import TAG, TW, alive, run_cli, start_launch, wait_for, worker
 
-from ttmesh.launcher.attempt.logs import LAUNCHER
+from ttmesh.launcher.hosts.mpi import LAUNCHER
 from ttmesh.launcher.hosts.mpi import Demux
 
 needs_mpirun = pytest.mark.skipif(

@@ -567,7 +567,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):
-        from ttmesh.launcher.attempt import logspec
+        from ttmesh.launcher.planning import logspec
         from ttmesh.render import note
 
         assert launch.logs is not None

@@ -40,7 +40,6 @@ from ttmesh.host.base import Host
 from ttmesh.launcher.attempt import record
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.logs import Console
-from ttmesh.launcher.attempt.logspec import LogSpec
 from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
 from ttmesh.launcher.attempt.record import HUNG, AttemptResult
@@ -56,6 +55,7 @@ from ttmesh.launcher.attempt.signals import (
 from ttmesh.launcher.attempt.starters import RankExit, Starter, starter_for
 from ttmesh.launcher.attempt.view import AttemptView, DrainWords
 from ttmesh.launcher.planning.liveness import Liveness
+from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.runtime.leftovers import Leftovers
 from ttmesh.states import (
@@ -92,7 +92,7 @@ class Options:
     ranks_filter: set[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
-    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.attempt.logspec).
+    # torchrun's --redirects/--tee, its log layout and line prefix (launcher.planning.logspec).
     logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.attempt.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None

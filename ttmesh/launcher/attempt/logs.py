@@ -4,7 +4,7 @@ The supervisor is the only writer to ttmesh's stdout and stderr while a job runs
 worker's pipes, cuts complete lines and writes each one with a single ``write`` call, prefixed
 ``[r0]`` (coloured on a terminal; ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` gives torchrun's
 own). ``--ranks-filter`` and ``--redirects`` limit what reaches the console; per-rank log files
-(``--log-dir``, laid out as torchrun's: :mod:`ttmesh.launcher.attempt.logspec`) always get everything,
+(``--log-dir``, laid out as torchrun's: :mod:`ttmesh.launcher.planning.logspec`) always get everything,
 without prefixes. The last lines of each stream are kept for the failure summary.
 """
 
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from ttmesh.launcher.attempt.logspec import LogSpec
+from ttmesh.launcher.hosts.mpi import LAUNCHER  # (mpirun's own output: its pseudo-rank)
+from ttmesh.launcher.planning.logspec import LogSpec
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 MAX_PARTIAL = 64 * 1024
-LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
 # The last lines of each stream, kept for the failure summary and to find a known failure line
 # (ttmesh.launcher.attempt.failures): tt-metal follows its error with a C++ backtrace of dozens of lines.
 TAIL_LINES = 100

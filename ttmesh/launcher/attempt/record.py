@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher.attempt.logs import LAUNCHER
-from ttmesh.launcher.attempt.logspec import LogSpec
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.attempt.starters import RankExit
+from ttmesh.launcher.hosts.mpi import LAUNCHER
+from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.states import AttemptEnd
 from ttmesh.vocab import Source

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ttmesh import procs
-from ttmesh.launcher.attempt.logs import LAUNCHER, Console
+from ttmesh.launcher.attempt.logs import Console
+from ttmesh.launcher.hosts.mpi import LAUNCHER
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env
 from ttmesh.vocab import StartMode

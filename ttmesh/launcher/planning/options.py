@@ -20,8 +20,8 @@ from ttmesh.vocab import MPI_LAYOUTS, JobMode, Layout, StartMode
 if TYPE_CHECKING:
     from ttmesh.host.base import Host
     from ttmesh.launcher.adapters.ttrun import BindingFile
-    from ttmesh.launcher.attempt.logspec import LogSpec
     from ttmesh.launcher.hosts.rendezvous import Endpoint
+    from ttmesh.launcher.planning.logspec import LogSpec
     from ttmesh.launcher.serving.args import ServerArgs
     from ttmesh.launcher.serving.profiles import Profile
     from ttmesh.launcher.serving.rules import Finding
@@ -321,7 +321,7 @@ def _workdir(value: str | None) -> str:
 
 def _log_dir(value: str | None) -> str | None:
     """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
-    makes it, and the job's directory in it (launcher.attempt.logspec.make_run_dir)."""
+    makes it, and the job's directory in it (launcher.planning.logspec.make_run_dir)."""
     if value is None:
         return None
     return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
@@ -329,7 +329,7 @@ def _log_dir(value: str | None) -> str | None:
 
 def _log_spec(redirects: str | None, tee: str | None) -> LogSpec:
     """torchrun's --redirects, --tee and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, checked."""
-    from ttmesh.launcher.attempt import logspec
+    from ttmesh.launcher.planning import logspec
 
     return logspec.LogSpec(
         redirects=logspec.parse_std(redirects, "--redirects"),

@@ -30,10 +30,10 @@ PREFIX = "TTMESH-HOST-REPORT "
 
 def make(host: Host) -> dict[str, Any]:
     """This host's report (reads it, changes nothing)."""
-    from ttmesh.launcher.planning.choose import unavailable_chips
+    from ttmesh.launcher.planning.choose import unavailable_and_beats
 
     inv = discover(host)
-    why, who = unavailable_chips(inv)
+    why, who, beats = unavailable_and_beats(inv)
     links_down = [
         {"what": p.what, "fix": p.fix, "chips": list(p.chips)}
         for p in health.preflight(inv, [c.asic_id for c in inv.chips], heartbeats=False)
@@ -51,7 +51,7 @@ def make(host: Host) -> dict[str, Any]:
         "links": [list(lk.key()) for lk in inv.links],
         "missing": inv.missing,
         "notes": inv.notes,
-        "beats": inv.beats,
+        "beats": beats,
         "descriptor": clusterdesc.to_plain(inv.descriptor) if inv.descriptor else None,
         "mock": clusterdesc.to_plain(mock) if mock is not None else None,
         "rank_env": host.rank_env([]),

@@ -20,6 +20,7 @@ from ttmesh.mesh import healthy
 from ttmesh.mesh import select as meshselect
 from ttmesh.render import plural
 from ttmesh.runtime import leases
+from ttmesh.states import ChipUnavailable
 from ttmesh.vocab import Layout, Role
 
 if TYPE_CHECKING:
@@ -64,10 +65,19 @@ def unavailable_chips(
     """(asic -> why it can't be used, asic -> who has it) for dead, held and leased chips.
 
     ``repairable``: dead chips stay usable (``--auto-reset`` recovers them before the start)."""
+    why, who, _beats = unavailable_and_beats(inv, repairable)
+    return why, who
+
+
+def unavailable_and_beats(
+    inv: Inventory, repairable: bool = False
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """:func:`unavailable_chips`, and the heartbeats it read (asic -> state) for whoever
+    passes them on (a host's report: pre-flight there need not poll them again)."""
     why, who = blocked_chips(inv)
     beats = heartbeat.poll(inv, [c for c in inv.chips if c.asic_id not in why])
-    inv.beats = beats  # seen alive now: pre-flight need not poll these again
-    return with_dead(why, who, beats, repairable)
+    why, who = with_dead(why, who, beats, repairable)
+    return why, who, beats
 
 
 def blocked_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
@@ -78,10 +88,10 @@ def blocked_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
     who: dict[str, str] = {}
     for asic, info in leases.probe(inv.host, [c.asic_id for c in inv.chips]).items():
         if info.role == Role.LEASE:
-            why[asic] = "leased"
+            why[asic] = ChipUnavailable.LEASED
             who[asic] = info.holder
         else:  # a process holds its lease file, and it is no ttmesh lease
-            why[asic] = "locked"
+            why[asic] = ChipUnavailable.LOCKED
             who[asic] = (
                 f"its lease file is held by {info.who}, not a ttmesh lease"
                 if info.pid
@@ -92,7 +102,7 @@ def blocked_chips(inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
             continue
         hs = holdermod.holders(inv, chip)
         if hs:
-            why[chip.asic_id] = "held"
+            why[chip.asic_id] = ChipUnavailable.HELD
             h = hs[0]
             who[chip.asic_id] = f"pid {h.pid} ({h.user}: {h.cmd})"
     return why, who
@@ -104,7 +114,7 @@ def with_dead(
     why, who = dict(why), dict(who)
     for asic, state in beats.items():
         if state == heartbeat.FROZEN and not repairable:
-            why[asic] = "dead"
+            why[asic] = ChipUnavailable.DEAD
             who[asic] = "its heartbeat is frozen"
     return why, who
 
@@ -113,7 +123,7 @@ def _unavailable_hint(inv: Inventory, why: dict[str, str]) -> str:
     """How to get the chips back: a reset for dead ones, patience for the others."""
     from ttmesh.fabric import health
 
-    dead = [a for a, w in why.items() if w == "dead"]
+    dead = [a for a, w in why.items() if w == ChipUnavailable.DEAD]
     if dead:
         fix = health.reset_fix(inv, dead, inv.links) or "ttmesh reset"
         return f"recover them: {fix}, or add --auto-reset"
@@ -179,7 +189,7 @@ def pick(
     labels = {c.asic_id: c.label for c in inv.chips}
     if chosen:
         for c in chosen:
-            if c.asic_id in why and why[c.asic_id] != "excluded":
+            if c.asic_id in why and why[c.asic_id] != ChipUnavailable.EXCLUDED:
                 raise refused(
                     f"chip {c.label} is {why[c.asic_id]}: {who[c.asic_id]}",
                     _unavailable_hint(inv, {c.asic_id: why[c.asic_id]}),
@@ -201,7 +211,7 @@ def pick(
             return exc.selection  # --auto-reset: pre-flight resets its broken pairs first
         raise NoHealthy(exc, _no_healthy(inv, req.tp_size, exc)) from None
     except Exception as exc:
-        blocked = {a: w for a, w in why.items() if w != "excluded"}
+        blocked = {a: w for a, w in why.items() if w != ChipUnavailable.EXCLUDED}
         if not blocked or getattr(exc, "code", None) != 2:
             raise
         # Would an idle host serve it? Then the chips in use are the reason: refuse (exit 3).
@@ -210,7 +220,7 @@ def pick(
                 inv,
                 req.tp_size,
                 shape=req.mesh_shape,
-                unavailable={a: w for a, w in why.items() if w == "excluded"},
+                unavailable={a: w for a, w in why.items() if w == ChipUnavailable.EXCLUDED},
             )
         except Exception:
             raise exc from None
@@ -295,7 +305,11 @@ def verdict_cannot_change(
     for asic in sorted(used):
         try:
             choose(
-                inv, req, chosen, {**why, asic: "dead"}, {**who, asic: "its heartbeat is frozen"}
+                inv,
+                req,
+                chosen,
+                {**why, asic: ChipUnavailable.DEAD},
+                {**who, asic: "its heartbeat is frozen"},
             )
         except TTMeshError:
             continue

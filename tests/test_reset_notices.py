@@ -288,3 +288,16 @@ def test_a_reset_of_other_chips_is_said_and_the_job_goes_on(qb2: Path, tmp_path:
     assert proc.returncode == 0, err
     assert f"a reset of other chips than the job's: tt-smi -r {other}" in err
     assert "the job goes on" in err
+
+
+def test_a_senders_command_line_is_shown_on_one_printable_line() -> None:
+    """Anyone may connect: what its command line holds never reaches a terminal raw."""
+    hostile = Notice(
+        "pre-reset", 7, 0, ("/usr/bin/python3", "-c", "x\n\x1b[31mred\x1b[0m" + "y" * 300)
+    )
+    shown = hostile.who()
+    assert "\n" not in shown and "\x1b" not in shown
+    assert shown.startswith("python3 -c x \\x1b[31mred") and shown.endswith("(pid 7, user root)")
+    assert len(shown) < 160
+    tool = Notice("pre-reset", 7, 0, ("/usr/bin/python3", "/usr/local/bin/tt-smi", "-r"))
+    assert tool.who() == "tt-smi -r (pid 7, user root)"

@@ -60,11 +60,16 @@ class Notice:
     def who(self) -> str:
         """``tt-smi -r 0000:03:00.0 (pid 412, user bob)``: the sender in a few words."""
         words = list(self.command)
-        if len(words) > 1 and os.path.basename(words[0]).startswith("python"):
-            words = words[1:]  # a Python tool's own name, not its interpreter's
+        if (
+            len(words) > 1
+            and os.path.basename(words[0]).startswith("python")
+            and not words[1].startswith("-")
+        ):
+            words = words[1:]  # a Python tool's own name (tt-smi), not its interpreter's
         if words:
             words[0] = os.path.basename(words[0])
-        shown = " ".join(words)[:120] or "a process"
+        # The sender chose its command line: one printable line, bounded, whatever it holds.
+        shown = procs.one_line(" ".join(words))[:120] or "a process"
         return f"{shown} (pid {self.pid}, user {procs.user_name(self.uid)})"
 
 

@@ -301,3 +301,34 @@ def test_a_senders_command_line_is_shown_on_one_printable_line() -> None:
     assert len(shown) < 160
     tool = Notice("pre-reset", 7, 0, ("/usr/bin/python3", "/usr/local/bin/tt-smi", "-r"))
     assert tool.who() == "tt-smi -r (pid 7, user root)"
+
+
+def test_with_pass_the_ranks_go_on_and_ttmesh_says_who_reset(qb2: Path, tmp_path: Path) -> None:
+    """--on-reset-notice pass: a tt-umd client that pauses and resumes on the notices it hears
+    itself keeps running; ttmesh only names the reset."""
+    go = tmp_path / "go"
+    proc = start_launch(
+        qb2, "--chips", "0000:01:00.0", "--on-reset-notice", "pass",
+        *worker(f"pids={tmp_path}", f"await={go}", "exit=0"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 1, what="the rank")
+        wait_for(lambda: _listening(qb2), what="the guardian's listener")
+        assert _tt_smi_reset(qb2, "0000:01:00.0").wait(30) == 0
+        go.touch()
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "reset notice: 0000:01:00.0 reset by tt-smi -r 0000:01:00.0" in err
+    assert "the ranks go on (--on-reset-notice pass)" in err
+
+
+def test_the_dry_run_says_what_a_reset_notice_does(qb2: Path, cli: Callable) -> None:
+    import json
+
+    plan = json.loads(cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--json",
+                          "--", "true").out)  # fmt: skip
+    assert plan["on_reset_notice"] == "stop"
+    bad = cli("launch", "--root", str(qb2), "--on-reset-notice", "pause", "--", "true")
+    assert bad.code == 2 and "--on-reset-notice" in bad.err and len(bad.err.splitlines()) == 1

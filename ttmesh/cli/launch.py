@@ -111,6 +111,15 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "profile gives its own, e.g. 30 for SGLang].",
 )
 @click.option(
+    "--on-reset-notice",
+    type=click.Choice(["stop", "pass"]),
+    default="stop",
+    show_default=True,
+    help="When another tool announces a reset of the job's chips (tt-umd's reset notice, as "
+    "tt-smi -r sends): stop every rank at once, or pass (the ranks get tt-umd's notice "
+    "themselves: a tt-umd client that pauses and resumes; ttmesh only says who reset).",
+)
+@click.option(
     "--ranks-filter",
     "--local-ranks-filter",
     "--local_ranks_filter",

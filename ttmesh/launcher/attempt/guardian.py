@@ -212,6 +212,9 @@ class Guardian:
             Phase.STARTING, Phase.RUNNING
         ):  # fmt: skip
             return
+        if self.plan.on_reset_notice == "pass":  # the ranks hear tt-umd's notice themselves
+            self._emit(f"{reason}: the ranks go on (--on-reset-notice pass)")
+            return
         self._emit(f"{reason}: stopping every worker")
         self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
 

@@ -47,6 +47,7 @@ class LaunchOptions:
     master_port: int
     max_restarts: int
     grace: float | None
+    on_reset_notice: str
     ranks_filter: str | None
     log_dir: str | None
     redirects: str | None
@@ -240,6 +241,7 @@ def _request(
         master_port=o.master_port,
         max_restarts=o.max_restarts,
         grace=grace,
+        on_reset_notice=o.on_reset_notice,
         job=job_id or "",  # checked by LaunchRequest itself
         strict_links=o.strict_links,
         nproc=o.nproc,

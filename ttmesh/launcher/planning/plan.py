@@ -68,6 +68,7 @@ class LaunchPlan:
     max_restarts: int
     grace: float
     cwd: str
+    on_reset_notice: str = "stop"  # another tool's reset notice: stop the ranks, or pass
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
     launcher: str = StartMode.DIRECT
@@ -122,6 +123,7 @@ class LaunchPlan:
             "host": {"root": self.root, "simulated": self.simulated},
             "master": {"addr": self.master_addr, "port": self.master_port},
             "grace": self.grace,
+            "on_reset_notice": self.on_reset_notice,
             "max_restarts": self.max_restarts,
             "grouping": self.grouping,
             "launcher": self.launcher,
@@ -358,6 +360,7 @@ def build(
         master_port=req.master_port,
         max_restarts=req.max_restarts,
         grace=req.grace,
+        on_reset_notice=req.on_reset_notice,
         cwd=req.cwd,
         user_env_keys=tuple(dict(req.env)),
         grouping=_grouping(job),

@@ -44,6 +44,7 @@ class LaunchRequest:
     master_port: int = 0
     max_restarts: int = 0
     grace: float = 5.0
+    on_reset_notice: str = "stop"  # another tool's reset notice: "stop" the ranks, or "pass"
     job: str = ""
     run_dir: str = ""
     # Where the ranks' Open MPI keeps its shared-memory segments: a directory of the job's, so
@@ -79,6 +80,8 @@ class LaunchRequest:
         --active``): made once, here."""
         if self.launcher not in tuple(StartMode):
             raise bad_input(f"--launcher {self.launcher!r}: use direct or mpi")
+        if self.on_reset_notice not in ("stop", "pass"):
+            raise bad_input(f"--on-reset-notice {self.on_reset_notice!r}: use stop or pass")
         if self.job:  # it names the run directory and the job's files: a name, never a path
             paths.safe_name(self.job, "--job-id")
 

@@ -242,7 +242,7 @@ def _request(
         max_restarts=o.max_restarts,
         grace=grace,
         on_reset_notice=o.on_reset_notice,
-        job=job_id or "",  # checked by LaunchRequest itself
+        job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",  # the one check
         strict_links=o.strict_links,
         nproc=o.nproc,
         launcher=o.launcher or (StartMode.MPI if one_world else StartMode.DIRECT),

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ttmesh import paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
 from ttmesh.vocab import Layout, StartMode
@@ -82,8 +81,6 @@ class LaunchRequest:
             raise bad_input(f"--launcher {self.launcher!r}: use direct or mpi")
         if self.on_reset_notice not in ("stop", "pass"):
             raise bad_input(f"--on-reset-notice {self.on_reset_notice!r}: use stop or pass")
-        if self.job:  # it names the run directory and the job's files: a name, never a path
-            paths.safe_name(self.job, "--job-id")
 
 
 # --------------------------------------------------------------------------- the command

@@ -28,7 +28,8 @@ class ResetWatch:
         self.host = host
         self.job_uid = job_uid
         self.say = say
-        self.chips = resetscope.targets(host, bdfs)
+        self.bdfs = bdfs
+        self._chips: list[resetscope.Target] | None = None  # read when a notice comes (rare)
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
             say(f"not listening for tt-umd's reset notices: {why}")
@@ -41,6 +42,13 @@ class ResetWatch:
     def listening(self) -> bool:
         return self.listener is not None
 
+    def chips(self) -> list[resetscope.Target]:
+        """The job's PCI devices as the driver lists them, read at the first notice (a launch
+        of 128 chips would otherwise read 128 sysfs links for a notice that may never come)."""
+        if self._chips is None:
+            self._chips = resetscope.targets(self.host, self.bdfs)
+        return self._chips
+
     def heard(self) -> str | None:
         """Read what arrived: the reason to stop the job, or None to go on."""
         if self.listener is None:
@@ -50,7 +58,7 @@ class ResetWatch:
             if notice.kind != "pre-reset":
                 self.say(f"tt-umd reset notice: the reset by {notice.who()} is done")
                 continue
-            verdict = resetscope.judge(self.host, notice, self.chips, self.job_uid)
+            verdict = resetscope.judge(self.host, notice, self.chips(), self.job_uid)
             if verdict.heed and stop is None:
                 stop = f"reset notice: {verdict.why}"
             elif not verdict.heed:

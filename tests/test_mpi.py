@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import TAG, TW, alive, run_cli, start_launch, wait_for, worker
 
-from ttmesh.launcher.hosts.mpi import LAUNCHER, Demux
+from ttmesh.launcher.hosts.mpi import Demux
+from ttmesh.vocab import LAUNCHER
 
 needs_mpirun = pytest.mark.skipif(
     shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"

@@ -137,3 +137,7 @@ class ChipProcess:
         if self.role == Role.UNKNOWN:
             return f"cannot tell which processes hold {name} (permissions)"
         return f"{name} is held by {self.who}"
+
+
+# The pseudo-rank of an external launcher's own output (mpirun's lines, beside the ranks').
+LAUNCHER = -1

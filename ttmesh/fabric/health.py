@@ -25,7 +25,7 @@ from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import bad_input
-from ttmesh.fabric import containercheck, heartbeat, holders, known_good, links, syscheck, umdlocks
+from ttmesh.fabric import heartbeat, holders, known_good, links, syscheck, umdlocks
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
@@ -431,6 +431,10 @@ HW_FIX = "install the hardware extra to read firmware telemetry: pip install 'tt
 def node_problem(inv: Inventory, chip: Chip, lead: Chip | None) -> Problem:
     """A chip the driver lists whose /dev/tenstorrent node is absent: in a container, most
     likely one a reset re-created on the host after the container started."""
+    from ttmesh.fabric import (
+        containercheck,  # (containers' signs: read only when a node is missing)
+    )
+
     node = f"{inv.host.path('dev/tenstorrent')}/{lead.dev_index if lead else '?'}"
     box = containercheck.detect(inv)
     fix = (
@@ -581,6 +585,10 @@ def check(
         problems.append(_no_topology_problem(inv, strict))
     sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
     problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in sys_found)
+    from ttmesh.fabric import (
+        containercheck,  # (ttmesh check only: a launch's pre-flight has no use)
+    )
+
     box_found, box_notes = containercheck.problems(inv, selected)
     problems.extend(replace(p, severity=_escalate(p.severity, strict)) for p in box_found)
     lock_found, lock_notes, locks = umdlocks.problems(inv, selected, _leasing_job(leased, owners))

@@ -43,7 +43,6 @@ from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
 from ttmesh.launcher.attempt.record import HUNG, AttemptResult
-from ttmesh.launcher.attempt.resetwatch import ResetWatch
 from ttmesh.launcher.attempt.signals import (
     PEER_STOP,
     STOPPING,
@@ -152,7 +151,7 @@ class Guardian:
         self.view = AttemptView(observer) if observer is not None else None
         # tt-umd's reset notices, heard while the ranks run (chips on this host only).
         self.host = host
-        self.resets: ResetWatch | None = None
+        self.resets: Any = None  # attempt.resetwatch.ResetWatch, once listening
 
     @property
     def phase(self) -> GuardianPhase:
@@ -194,10 +193,12 @@ class Guardian:
         self._ended(failed)
 
     def _listen_for_resets(self) -> None:
-        """Listen for tt-umd's reset notices from before the ranks start (a job over several
+        """Listen for tt-umd's reset notices while the ranks run (a job over several
         hosts: each rank's own host runs its chips; a chipless server has none)."""
         if self.plan.chipless or self.plan.hosts:
             return
+        from ttmesh.launcher.attempt.resetwatch import ResetWatch  # (in the guardian only)
+
         bdfs = [b for r in self.plan.ranks for b in r.bdfs]
         self.resets = ResetWatch(self.host, bdfs, os.getuid(), self._emit)
         if self.resets.listening:
@@ -245,8 +246,9 @@ class Guardian:
             self.console.on_line = self._on_line
         try:
             self._report()
-            self._listen_for_resets()
             self._start()
+            self._listen_for_resets()  # once the ranks are on their way (a notice in between
+            # those few milliseconds is not heard: the ranks have not opened their chips yet)
             self._register()
             record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
             self._step()  # a rank that never started may have ended the attempt already

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from ttmesh.launcher.hosts.mpi import LAUNCHER  # (mpirun's own output: its pseudo-rank)
 from ttmesh.launcher.planning.logspec import LogSpec
+from ttmesh.vocab import LAUNCHER
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 MAX_PARTIAL = 64 * 1024

@@ -20,11 +20,10 @@ from typing import Any
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.attempt.starters import RankExit
-from ttmesh.launcher.hosts.mpi import LAUNCHER
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.states import AttemptEnd
-from ttmesh.vocab import Source
+from ttmesh.vocab import LAUNCHER, Source
 
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 

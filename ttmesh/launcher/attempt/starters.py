@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 from ttmesh import procs
 from ttmesh.launcher.attempt.logs import Console
-from ttmesh.launcher.hosts.mpi import LAUNCHER
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env
-from ttmesh.vocab import StartMode
+from ttmesh.vocab import LAUNCHER, StartMode
 
 Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
 

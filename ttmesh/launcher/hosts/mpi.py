@@ -20,8 +20,7 @@ from ttmesh import procs
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
-
-LAUNCHER = -1  # the pseudo-rank of an external launcher's own messages (mpirun)
+from ttmesh.vocab import LAUNCHER
 
 # --tag-output: Open MPI 4 writes ``[1,0]<stdout>:text``, Open MPI 5 ``[1,0]<stdout>: text``.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")

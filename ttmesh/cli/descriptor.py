@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from ttmesh import numeric, paths
-from ttmesh.cli.options import CONTEXT, host_options, shape, whole
+from ttmesh.cli.options import CONTEXT, host_options, whole
 from ttmesh.errors import bad_input
+from ttmesh.launcher.planning.request import parse_shape
 from ttmesh.vocab import LAYOUTS, Layout
 
 
@@ -182,7 +183,7 @@ def _request(
         command=[],
         tp_size=tp_size,  # type: ignore[arg-type]
         layout=mesh_layout,
-        mesh_shape=shape(mesh_shape),
+        mesh_shape=parse_shape(mesh_shape),
         strict_links=strict_links,
         nproc=nproc,
         job="descriptor",

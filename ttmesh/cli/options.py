@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -57,16 +56,6 @@ def resolve_host(sim_name: str | None, root: str | None) -> Any:
     if host.simulated:
         sys.stderr.write(f"simulated host: {host.root}\n")
     return host
-
-
-def shape(value: str | None) -> tuple[int, int] | None:
-    """``--mesh-shape RxC``."""
-    if value is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
-    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
-    return int(match.group(1)), int(match.group(2))
 
 
 # --------------------------------------------------------------------------- numbers

@@ -73,7 +73,7 @@ def reset_targets(command: tuple[str, ...]) -> list[str] | None:
     args = list(command[tool + 1 :])
     for i, arg in enumerate(args):
         if arg in ("-r", "--reset"):
-            values = [a for a in args[i + 1 :]]
+            values = args[i + 1 :]
             values = values[: next((j for j, a in enumerate(values) if a.startswith("-")), None)]
             break
         if arg.startswith("--reset="):

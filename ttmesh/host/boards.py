@@ -113,3 +113,41 @@ def wh_galaxy_tray(bus_id: str | None) -> int | None:
         return WH_GALAXY_TRAY_OF_BUS[int(bus_id, 16) & 0xC0]
     except ValueError:
         return None
+
+
+# --------------------------------------------------------------------------- Ethernet training
+# How long links take to train after a reset, and how long to wait before calling one down.
+# Sources (../shared/reference/field.md): tt-umd's ETH_TRAINING_TIMEOUT is 900 s, and it waits
+# 60 s for Blackhole's links (tt-umd PR#531); on n300, links within a host train at once, while
+# external links (cables between hosts) take 40-180 s after an asymmetric reset and often fail
+# (tt-system-firmware#1271); users' multi-host runbooks reset both hosts of a cable together and
+# then wait about 90 s. Blackhole's external figures are not published: "unsure", taken as
+# Blackhole's 60 s timeout with twice the slack.
+
+
+@dataclass(frozen=True)
+class TrainingFacts:
+    """Ethernet training after a reset of both ends: ``typical`` seconds until the links are up,
+    ``timeout`` seconds after which a link that has not come up is down (bad cable, one end not
+    reset, firmware), and where the figures come from."""
+
+    typical: float
+    timeout: float
+    source: str
+
+
+TRAINING = {
+    ("wormhole_b0", False): TrainingFacts(1.0, 60.0, "n300 internal links train at once"),
+    ("wormhole_b0", True): TrainingFacts(
+        90.0, 180.0, "external links 40-180 s (tt-system-firmware#1271); runbooks wait 90 s"
+    ),
+    ("blackhole", False): TrainingFacts(3.0, 60.0, "tt-umd waits 60 s on Blackhole (PR#531)"),
+    ("blackhole", True): TrainingFacts(60.0, 120.0, "unsure: Blackhole's 60 s, doubled"),
+}
+
+
+def link_training(arch: str, *, external: bool) -> TrainingFacts:
+    """Training facts for links of ``arch`` within a host (``external=False``) or on cables
+    between hosts (``external=True``); unknown architectures get tt-umd's own 900 s bound."""
+    facts = TRAINING.get((normalize_arch(arch), external))
+    return facts or TrainingFacts(90.0, 900.0, "tt-umd's ETH_TRAINING_TIMEOUT (900 s)")

@@ -79,3 +79,39 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
 def pair_counts(specs: list[LinkSpec]) -> Counter:
     """Links per unordered chip pair."""
     return Counter(tuple(sorted((s.a, s.b))) for s in specs)
+
+
+def observe_cables(inv: Inventory) -> list[dict]:
+    """This host's end of every cable to another host (a link to a remote device in its
+    topology, as tt-umd writes ``ethernet_connections_to_remote_devices``): the local chip (its
+    PCI address, or its lead's for a chip reached through another), channel, the peer chip's
+    unique id and channel, and the state this end's firmware reports (``ETH_LIVE_STATUS``).
+    The other end is the peer host's to say: ``ttmesh ls --hosts`` joins both."""
+    cd = inv.descriptor
+    if cd is None or not cd.remote_links:
+        return []
+    known = {c.asic_id: c for c in inv.chips}
+    ids = {c.id: c.asic_id or "" for c in cd.chips.values()}
+    ends = [(ids.get(r.chip, ""), r) for r in cd.remote_links]
+    status = inv.host.eth_live_status(sorted({a for a, _r in ends if a in known}))
+    out = []
+    for asic, r in ends:
+        chip = known.get(asic)
+        lead = inv.lead(chip) if chip is not None else None
+        value = status.get(asic) if chip is not None else None
+        if chip is None:
+            state = DOWN  # the chip is gone
+        elif value is None:
+            state = UNKNOWN
+        else:
+            state = UP if value >> (16 + r.chan) & 1 else DOWN
+        out.append(
+            {
+                "asic_id": asic,
+                "bdf": lead.bdf if lead is not None else None,
+                "chan": r.chan,
+                "peer": {"asic_id": format(r.remote_unique_id, "016x"), "chan": r.remote_chan},
+                "state": state,
+            }
+        )
+    return out

@@ -435,7 +435,9 @@ def test_a_mesh_over_hosts_on_a_network_of_their_own(world: Path) -> None:
 @needs_mpirun
 def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world: Path) -> None:
     """Each rank brings up its host's links (a crash leaves them down, as on hardware); after
-    the failed attempt every host checks and resets its own chips, then all ranks restart."""
+    the failed attempt every host checks its chips and cable ends, both hosts reset together
+    (a T3K's reset takes its eight chips, so every cable's both ends), the cables train, every
+    cable is verified from both ends, then all ranks restart."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     crash_once = "exit $(( TORCHELASTIC_RESTART_COUNT == 0 ? 7 : 0 ))"
@@ -451,6 +453,11 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
         assert notes.index(recovered[0]) < next(
             i for i, n in enumerate(notes) if "restarting every rank" in n
         ), notes
+    together = [n for n in notes if "cables reset together at both ends and trained" in n]
+    assert len(together) == 1 and ": 8 between ttmh-0 and ttmh-1 (" in together[0], notes
+    assert notes.index(together[0]) < next(
+        i for i, n in enumerate(notes) if "restarting every rank" in n
+    ), notes
     assert "ttmesh: attempt 2: every rank succeeded (exit 0" in res.stderr
     after = _run(hosts, agent, "check", "--hosts", "HOSTS")
     assert after.returncode == 0, after.stdout + after.stderr
@@ -489,7 +496,7 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
     """The command exists on host 0 only: host 1's rank ends in its ttmesh before it runs
     ("not started on ttmh-1", 127). The job is refused with that line and code, with no restart
     though --max-restarts allows one; the rank that had started on host 0 was stopped, and that
-    host's chips were checked and recovered first."""
+    host's chips were checked and recovered first, host 1's ends of their cables with them."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     name = f"ttmesh-job-{os.getpid()}.sh"
@@ -509,10 +516,12 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
     assert notes[-1] == (
         f"ttmesh: not started on ttmh-1: cannot run /tmp/{name}: No such file or directory"
     ), notes
-    assert notes[-2].startswith("ttmesh: host ttmh-0: ") and notes[-2].endswith(
-        "chips reset and verified", 0, notes[-2].rindex(" (")
+    assert notes[0].startswith("ttmesh: host ttmh-0: ") and notes[0].endswith(
+        "chips reset and verified", 0, notes[0].rindex(" (")
     ), notes
-    assert len(notes) == 2 and "restarting" not in res.stderr, notes
+    assert notes[1].startswith("ttmesh: host ttmh-1: its cables' other ends are reset"), notes
+    assert notes[2].startswith("ttmesh: cables reset together at both ends and trained: 8 "), notes
+    assert len(notes) == 4 and "restarting" not in res.stderr, notes
     assert (world / "started-0").exists() and not (world / "started-1").exists()
 
 

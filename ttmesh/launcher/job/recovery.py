@@ -29,6 +29,7 @@ class Recovery:
     tt_smi: str | None = None
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
+    train_timeout: float | None = None  # cables between hosts, after a reset (None: the boards')
 
 
 def reset_chips(
@@ -89,15 +90,31 @@ def after_crash(
     result: AttemptResult,
     always: bool = False,
     observer: Observer | None = None,
+    peers: Any = None,
+    name: str = "recover",
 ) -> str | None:
     """A job that brought the fabric up and ended abnormally may have left links down.
 
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
     nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
-    on a host after every host recovered (a restart then does not happen), else None."""
+    on a host after every host recovered (a restart then does not happen), else None.
+    ``peers`` (c10d agents, ``launcher.hosts.multihost.Peers``): every host checks and
+    recovers together through the store, under ``name`` (unique in the job), whether its
+    own ranks brought the fabric up or not (a peer's did: its cables end here)."""
     plan = prepared.plan
     if result.code == 0 or plan.chipless:
         return None  # a chipless server leaves no chip to check
+    if peers is not None:
+        if observer is not None:
+            observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
+        prepared.inv = discover(prepared.inv.host)
+        left = peers.recover(
+            name, prepared.inv.host, plan.all_chips(), always=recovery.reset_on_failure,
+            timeout=recovery.timeout, retries=recovery.retries, tt_smi=recovery.tt_smi,
+            train_timeout=recovery.train_timeout, own_pids=recovery.own_pids,
+        )  # fmt: skip
+        prepared.inv = discover(prepared.inv.host)
+        return left
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
         return None
@@ -155,4 +172,5 @@ def recover_hosts(
         job=None if before_start else plan.job,
         grace=plan.grace,
         reachable=before_start,
+        train_timeout=recovery.train_timeout,
     )

@@ -323,8 +323,9 @@ class JobRun:
             lost = result.end is AttemptEnd.GUARDIAN_LOST
             always = lost or plan.serving is not None
             left = after_crash(
-                self.prepared, recovery, result, always=always, observer=self.observer
-            )
+                self.prepared, recovery, result, always=always, observer=self.observer,
+                peers=self.peers, name=f"recover{attempt}",
+            )  # fmt: skip
             if not result.end.restartable:  # the user's stop, mpirun, the guardian lost
                 break
             if attempt < plan.max_restarts and left is not None:

@@ -519,7 +519,9 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
     assert notes[0].startswith("ttmesh: host ttmh-0: ") and notes[0].endswith(
         "chips reset and verified", 0, notes[0].rindex(" (")
     ), notes
-    assert notes[1].startswith("ttmesh: host ttmh-1: its cables' other ends are reset"), notes
+    assert notes[1].startswith(
+        "ttmesh: host ttmh-1: its cables to ttmh-0 are reset at both ends"
+    ), notes
     assert notes[2].startswith("ttmesh: cables reset together at both ends and trained: 8 "), notes
     assert len(notes) == 4 and "restarting" not in res.stderr, notes
     assert (world / "started-0").exists() and not (world / "started-1").exists()

@@ -133,10 +133,12 @@ def decide(checks: Mapping[str, Any], always: bool = False) -> Decision:
     for h in checks:
         if need[h] and h not in why:
             n = down_here.get(h, 0)
+            far = sorted({c.b.host if c.a.host == h else c.a.host for c in together if c.b
+                          and h in (c.a.host, c.b.host)} - {h})  # fmt: skip
             why[h] = (
                 f"{plural(n, 'cable end')} down"
                 if n
-                else "its cables' other ends are reset: both ends together"
+                else f"its cables to {', '.join(far) or 'the other hosts'} are reset at both ends"
             )
     resets = {h: [a for a in checks[h].chips if a in need[h]] for h in checks}
     return Decision(resets, why, together)

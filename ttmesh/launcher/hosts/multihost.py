@@ -171,7 +171,7 @@ class Peers:
         at = max(c.clock for c in checks.values()) + hostrecovery.LEAD_MIN
         train = max(c.train_timeout for c in checks.values())
         me = labels[self.mh.node_rank]
-        note(f"resetting together with the other hosts: {decision.why.get(me, 'verifying')}")
+        note(f"resetting together with the other hosts ({decision.why.get(me, 'verifying')})")
         outcome = afterjob.reset_together(
             host, sorted(every), decision.resets[me], at=at, train_timeout=train,
             timeout=timeout, retries=retries, tt_smi=tt_smi,

@@ -107,14 +107,7 @@ def after_crash(
     if peers is not None:
         if observer is not None:
             observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
-        prepared.inv = discover(prepared.inv.host)
-        left = peers.recover(
-            name, prepared.inv.host, plan.all_chips(), always=recovery.reset_on_failure,
-            timeout=recovery.timeout, retries=recovery.retries, tt_smi=recovery.tt_smi,
-            train_timeout=recovery.train_timeout, own_pids=recovery.own_pids,
-        )  # fmt: skip
-        prepared.inv = discover(prepared.inv.host)
-        return left
+        return recover_with_peers(prepared, recovery, peers, name, recovery.reset_on_failure)
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
         return None
@@ -139,6 +132,21 @@ def after_crash(
     note(f"the job ended ({why}): resetting its chips")
     reset_chips(prepared, recovery, plan.all_chips(), observer)
     return None
+
+
+def recover_with_peers(
+    prepared: Prepared, recovery: Recovery, peers: Any, name: str, always: bool = False
+) -> str | None:
+    """c10d agents: this host's chips recovered with every other host's, through the store
+    (``launcher.hosts.multihost.Peers.recover``); the first problem anywhere, else None."""
+    host = prepared.inv.host
+    left: str | None = peers.recover(
+        name, host, prepared.plan.all_chips(), always=always, timeout=recovery.timeout,
+        retries=recovery.retries, tt_smi=recovery.tt_smi, train_timeout=recovery.train_timeout,
+        own_pids=recovery.own_pids,
+    )  # fmt: skip
+    prepared.inv = discover(host)  # a reset renumbers devices
+    return left
 
 
 def rank_refused(result: AttemptResult) -> str | None:

@@ -236,7 +236,8 @@ def reset_together(
             )
     if train_timeout is None:
         train_timeout = cables.training_timeout(inv, [e.chip for e in found])
-    now, waited = cables.wait_trained(lambda: discover(host), found, train_timeout, log)
+    inv = discover(host) if outcome is not None else inv  # a reset renumbers devices
+    now, waited = cables.wait_trained(inv, found, train_timeout, log)
     rows = [e.to_json() for e in now]
     seconds = time.monotonic() - start
     if outcome is None:

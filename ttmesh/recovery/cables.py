@@ -78,17 +78,18 @@ def training_timeout(inv: Inventory, chips: Iterable[str]) -> float:
 
 
 def wait_trained(
-    host_inv: Callable[[], Inventory],
+    inv: Inventory,
     found: list[CableEnd],
     timeout: float,
     log: Callable[[str], None] | None = None,
 ) -> tuple[list[CableEnd], float]:
     """Read the ends until every one is up or ``timeout`` seconds pass; the last reading and
-    the seconds waited. ``host_inv`` discovers the host again (a reset renumbers devices)."""
+    the seconds waited. ``inv``: the host as discovered after its reset (only the chips'
+    telemetry is read again: discovery on hardware opens every chip)."""
     start = time.monotonic()
     told = start
     while True:
-        now = read(host_inv(), found)
+        now = read(inv, found)
         waited = time.monotonic() - start
         down = [e for e in now if e.state != LinkState.UP]
         if not down or waited >= timeout:

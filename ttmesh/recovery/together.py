@@ -153,8 +153,10 @@ def _taken(checks: Mapping[str, Any], need: Mapping[str, set[str]]) -> dict[str,
 
 def verdict(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Cable]:
     """The job's cables that are down after the reset, read from both ends (``host ->
-    [CableEnd as JSON]``, every host's ends after its wait): a cable is up only when both are."""
-    return [c for c in cables(results) if c.down or c.b is None]
+    [CableEnd as JSON]``, every host's ends after its wait): a cable is up only when both are.
+    A cable whose far host did not answer is named only when its near end is down (that
+    host's own line says it did not answer)."""
+    return [c for c in cables(results) if c.down]
 
 
 def pairs(found: Sequence[Cable]) -> str:

@@ -33,6 +33,7 @@ from ttmesh.recovery import afterjob, together
 
 SLACK = 60.0  # seconds, beyond the resets themselves, for mpirun and each host's check
 LEAD_MIN, LEAD_MAX = 2.0, 30.0  # seconds between deciding and the agreed reset moment
+LATE = 1.0  # seconds after the agreed moment a host's reset is said to be late
 
 
 def lead_time(check_seconds: float) -> float:
@@ -135,6 +136,9 @@ def verified(
             why = decision.why.get(host) or outcome.problem or "--reset-on-failure"
             if outcome.state == afterjob.HEALTHY:
                 continue
+            if outcome.late > LATE and own in (None, host):
+                note(f"host {host}: started its reset {outcome.late:.1f} s after the moment "
+                     "the hosts agreed on (its clock or mpirun's start lags: check NTP on the hosts)")  # fmt: skip
             if outcome.state == afterjob.RECOVERED:
                 if own in (None, host):
                     note(f"host {host}: {why}: chips reset and verified ({outcome.seconds:.1f} s)")

@@ -161,11 +161,14 @@ class Peers:
         except TTMeshError as exc:
             return str(exc)
         labels = self._labels()
-        checks = {labels[n]: afterjob.HostCheck(**said[n]) for n in sorted(said)}
-        every = {a for c in checks.values() for a in c.chips}
-        for c in checks.values():  # the cables between the job's chips, now every host's known
-            c.ends = [e for e in c.ends if e["peer"] in every]
-        decision = together.decide(checks, always=always)
+        try:  # signed with the job's token, but maybe another ttmesh version's
+            checks = {labels[n]: afterjob.HostCheck(**said[n]) for n in sorted(said)}
+            every = {a for c in checks.values() for a in c.chips}
+            for c in checks.values():  # the cables between the job's chips, all now known
+                c.ends = [e for e in c.ends if e["peer"] in every]
+            decision = together.decide(checks, always=always)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"a host's check could not be read ({exc}): run the same ttmesh on every host"
         if not decision.needed:
             return None
         at = max(c.clock for c in checks.values()) + hostrecovery.LEAD_MIN
@@ -182,8 +185,11 @@ class Peers:
             after = self.coord.barrier(f"{name}/verify", asdict(outcome), budget)
         except TTMeshError as exc:
             return str(exc)
-        outcomes = {labels[n]: (afterjob.HostRecovery(**after[n]), "") for n in sorted(after)}
-        return hostrecovery.verified(outcomes, decision, note, own=me)
+        try:
+            outcomes = {labels[n]: (afterjob.HostRecovery(**after[n]), "") for n in sorted(after)}
+            return hostrecovery.verified(outcomes, decision, note, own=me)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"a host's reset could not be read ({exc}): run the same ttmesh on every host"
 
     def _labels(self) -> dict[int, str]:
         """How to name each node's host: its hostname (with its node rank when two agents

@@ -88,6 +88,32 @@ def test_two_t3ks_join_through_their_eight_cables(base: Path) -> None:
     assert [c.host_of[sel.grid[(0, col)]] for col in range(16)] == [0] * 8 + [1] * 8
 
 
+def test_a_cable_down_at_one_end_holds_the_start_naming_both_ends(base: Path) -> None:
+    """Host 0 reads one end of a cable down (it was reset alone): its report carries its cable
+    ends, and the plan's hosts not ready name that cable by host, PCI address and channel on
+    both sides, with the reset of both hosts as the fix."""
+    from ttmesh.cli.hosts import open_host
+
+    _reports(base, "dual-t3k")  # the two roots
+    h0 = open_host(base / "dual-t3k-0")
+    with h0.sim.change() as state:
+        a, ca, b, cb = h0.sim.remote_links()[0]
+        state["links_down"] = [h0.sim.link_key(a, ca, b, cb)]
+    reported = _reports(base, "dual-t3k")
+    assert [len(v.cable_ends) for v, _w, _h in reported] == [8, 8]
+    names = [view.name for view, _w, _h in reported]
+    req = LaunchRequest(command=[], tp_size=16, layout="mesh", nproc=1, job="mh-test",
+                        run_dir="/run-dir", cwd="/", strict_links=True)  # fmt: skip
+    prepared = meshhosts.plan_over(req, reported, _mh(names), descriptor_only=True)
+    assert len(prepared.hosts_not_ready) == 1, prepared.hosts_not_ready
+    host, what, fix = prepared.hosts_not_ready[0]
+    bdf = reported[0][0].inv.chip(a).bdf or ""
+    assert host == "h0" and what.startswith(f"cable h0 {bdf} chan {ca} <-> h1 "), what
+    assert what.endswith(f" chan {cb} is down") and fix == (
+        "reset both ends together: ttmesh reset --hosts h0,h1"
+    ), (what, fix)
+
+
 def test_four_galaxies_are_placed_by_their_wiring_not_their_order(base: Path) -> None:
     """Hosts named 0,2,1,3: the 8x16 torus still runs 0-1-2-3 along its ring (the cables say
     so); ranks are node-major in the given order, host ranks their place in the mesh."""

@@ -80,19 +80,69 @@ def test_a_cable_is_up_only_when_both_its_ends_say_so_and_one_down_is_named_by_b
 
 @pytest.fixture
 def t3ks(tmp_path: Path) -> Iterator[list]:
-    """The two hosts of dual-t3k, simulated in this process."""
+    """The two hosts of dual-t3k, simulated in this process, sharing their cables (both ends
+    of a cable change together; trained 0.3 s after both ends were reset within 20 s)."""
     from ttmesh.cli.hosts import open_host
     from ttmesh.sim import system
     from ttmesh.sim.create import create
 
     model = system.load_any("dual-t3k")
     assert isinstance(model, system.ClusterModel)
+    config = {"reset_seconds": 0.0, "cable_train_seconds": 0.3, "cable_window": 20.0}
     with scratch(tmp_path / "hosts") as base:
         hosts = []
         for i in range(2):
-            create(model.host(i), base / f"h{i}", config={"reset_seconds": 0.0})
+            create(model.host(i), base / f"h{i}", config=config, cables=base / "dual-t3k.cables")
             hosts.append(open_host(base / f"h{i}"))
         yield hosts
+
+
+def _together(t3ks: list, train_timeout: float = 5.0) -> tuple[dict, together.Decision, dict]:
+    """Both hosts' checks, the decision, and each host's reset at one agreed moment."""
+    every = _chips(t3ks[0]) + _chips(t3ks[1])
+    checks = {f"h{i}": afterjob.check_host(h, every, peers=every) for i, h in enumerate(t3ks)}
+    decision = together.decide(checks)
+    at = time.time() + 0.2
+    outcomes = {
+        h: afterjob.reset_together(host, every, decision.resets[h], at=at,
+                                   train_timeout=train_timeout)
+        for h, host in zip(("h0", "h1"), t3ks, strict=True)
+    }  # fmt: skip
+    return checks, decision, outcomes
+
+
+def test_one_host_reset_alone_leaves_the_cables_down_on_both_and_both_reset_together(
+    t3ks,
+) -> None:
+    """Host 0 reset alone (its ends reset without host 1's): every cable reads down from both
+    sides; the checks say which ends, both hosts reset together, and every cable trains."""
+    from ttmesh.recovery import reset
+
+    assert reset.recover(t3ks[0], None).recovered  # its own chips verify: the cables do not
+    checks, decision, outcomes = _together(t3ks)
+    for c in checks.values():
+        assert [e["state"] for e in c.ends] == ["down"] * 8, c.ends
+    assert decision.why == {"h0": "8 cable ends down", "h1": "8 cable ends down"}
+    assert len(decision.together) == 8
+    assert {o.state for o in outcomes.values()} == {afterjob.RECOVERED}
+    assert together.verdict({h: o.cables for h, o in outcomes.items()}) == []
+
+
+def test_a_bad_cable_stays_down_after_both_ends_are_reset_and_is_named_by_both(t3ks) -> None:
+    from ttmesh.sim import faults
+
+    a, ca, _b, _cb = t3ks[0].sim.remote_links()[0]
+    faults.bad_cable(t3ks[0], a, ca)
+    _checks, decision, outcomes = _together(t3ks, train_timeout=1.0)
+    assert len(decision.together) == 8
+    down = together.verdict({h: o.cables for h, o in outcomes.items()})
+    assert len(down) == 1, down
+    name0 = next(e["name"] for e in outcomes["h0"].cables if e["chip"] == a and e["chan"] == ca)
+    assert down[0].a.label() == f"h0 {name0} chan {ca}" and down[0].b is not None
+    assert down[0].b.host == "h1" and down[0].b.state == "down"
+    assert together.bad_cable_line(down[0], 1.0).endswith(
+        "reseat or replace that cable, then ttmesh reset --hosts h0,h1"
+    )
 
 
 def _chips(host) -> list[str]:
@@ -102,8 +152,9 @@ def _chips(host) -> list[str]:
 
 
 def test_each_host_checks_resets_at_the_agreed_moment_and_reports_its_cable_ends(t3ks) -> None:
-    """Host 0's end of a cable is down: each host's check reports its eight cable ends; the
-    decision resets both T3Ks; each resets at the agreed moment and reads its ends up after."""
+    """Host 0's end of a cable is down (a fault there): each host's check reports its eight
+    cable ends; the decision resets both T3Ks; each resets at the agreed moment and reads its
+    ends up after."""
     every = _chips(t3ks[0]) + _chips(t3ks[1])
     with t3ks[0].sim.change() as state:  # one end of the first cable reads down
         a, ca, b, cb = t3ks[0].sim.remote_links()[0]

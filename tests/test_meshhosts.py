@@ -489,6 +489,70 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
     assert after.returncode == 0, after.stdout + after.stderr
 
 
+@needs_hosts
+@needs_mpirun
+def test_a_bad_cable_is_named_by_both_ends_and_the_job_not_restarted(world: Path) -> None:
+    """Rank 0's first attempt makes one cable bad (it never trains again), then crashes: both
+    hosts reset together, the cable stays down after the training wait, and ttmesh names it by
+    host, PCI address and channel on both sides, with what to do; no restart, the rank's code."""
+    from ttmesh.sim.core import SimRoot
+
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    asic, chan, _peer, peer_chan = SimRoot(str(hosts[0].root)).remote_links()[0]
+    spoil = ('[ "$RANK" = 0 ] && "$0" -m ttmesh sim fault --root "$TTMESH_SIM_ROOT" bad-cable '
+             f'{asic} --channel {chan} >/dev/null; exit 7')  # fmt: skip
+    res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+               "--nproc-per-node", "1", "--tp-size", "16", "--max-restarts", "1",
+               "--train-timeout", "1", "--", "sh", "-c", spoil, sys.executable, TAG)  # fmt: skip
+    assert res.returncode == 7, res.stdout + res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    bad = [n for n in notes if n.startswith("ttmesh: cable ttmh-0 ")]
+    assert len(bad) == 1, notes
+    assert f" chan {chan} <-> ttmh-1 0000:" in bad[0] and bad[0].endswith(
+        f" chan {peer_chan} is still down after both ends were reset together and 1 s of "
+        "training: reseat or replace that cable, then ttmesh reset --hosts ttmh-0,ttmh-1"
+    ), bad
+    assert any(n.startswith("ttmesh: not restarting: cable ttmh-0 ") for n in notes), notes
+    assert "restarting every rank" not in res.stderr, notes
+    assert "cables reset together at both ends and trained: 7 between ttmh-0 and ttmh-1" in (
+        res.stderr
+    ), notes
+
+
+@needs_hosts
+@needs_mpirun
+def test_one_host_reset_alone_holds_the_start_until_auto_reset_resets_both(world: Path) -> None:
+    """Host 0 reset by itself downs every cable on both sides: a launch names one (by both
+    ends) and how many more, starting nothing (exit 3); --auto-reset resets both hosts
+    together, the cables train, and the job runs."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    alone = subprocess.run([sys.executable, "-m", "ttmesh", "reset", "--root", str(hosts[0].root)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    args = ["launch", "--hosts", "HOSTS", "--mesh-layout", "mesh", "--nproc-per-node", "1",
+            "--tp-size", "16"]  # fmt: skip
+    held = _run(hosts, agent, *args, "--", "true")
+    assert held.returncode == 3, held.stdout + held.stderr
+    last = held.stderr.strip().splitlines()[-1]
+    assert last.startswith("ttmesh: host ttmh-0 is not ready: pre-flight: cable ttmh-0 0000:"), last
+    assert (
+        " <-> ttmh-1 0000:" in last
+        and " is down (and 7 more) (on ttmh-0: reset both ends "
+        "together: ttmesh reset --hosts ttmh-0,ttmh-1, or add --auto-reset"
+        in last
+    ), last
+    ran = _run(hosts, agent, *args, "--auto-reset", "--", "true")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    notes = [ln for ln in ran.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    for host in ("ttmh-0", "ttmh-1"):
+        assert f"ttmesh: host {host}: 8 cable ends down: chips reset and verified" in (
+            "\n".join(notes)
+        ), notes
+    assert any(": 8 between ttmh-0 and ttmh-1 (" in n for n in notes), notes
+
+
 def test_a_hosts_recovery_first_ends_what_the_job_left_there() -> None:
     """A rank's child that outlived its ttmesh (SIGKILLed by mpirun) still holds the chips:
     the host's recovery finds the job's processes by their TTMESH_JOB_ID, gives them the grace

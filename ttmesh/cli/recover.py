@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
+from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
 from ttmesh.errors import bad_input
 
 
@@ -29,7 +29,10 @@ def _asics(text: str) -> list[str]:
 @click.option("--chips", "chips", required=True, help="The job's chips (asic ids), on any host.")
 @click.option("--check", "check", is_flag=True, help="Step 1: check, read the cable ends.")
 @click.option("--reset", "reset_chips", default=None, help="Step 2: the chips to reset, any host.")
-@click.option("--at", "at", type=float, default=None, help="Step 2: when (Unix time) to reset.")
+@click.option(
+    "--at", "at", type=Number(low=0, high=1e11, unit="seconds"), default=None,
+    help="Step 2: when (Unix time) to reset.",
+)  # fmt: skip
 @click.option("--train-timeout", type=seconds(), default=None)
 @click.option("--always", is_flag=True, help="Reset even when the check finds nothing wrong.")
 @click.option("--timeout", type=seconds(zero=False), default=120.0)

@@ -533,10 +533,7 @@ class Trial:
         before = {la.job for la in self.launches if (runs / la.job).exists()}
         for pid in self.holds:  # by design: a foreign holder is stopped by its owner
             kill(pid, signal.SIGKILL)
-        if self.hosts:
-            health = None
-        else:
-            health = self.cli_start("check", "--root", str(self.root), "--json")
+        health = None if self.hosts else self.cli_start("check", "--root", str(self.root), "--json")
         code, out, err = self.cli("ps", "--all", "--json")
         records = {}
         if code == 0:

@@ -85,6 +85,9 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--timeout", "{V}"], "--timeout", POSITIVE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--retries", "{V}"], "--retries", WHOLE),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--grace", "{V}"], "--grace", SECONDS),
+    ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--check", "--train-timeout", "{V}"], "--train-timeout", SECONDS),
+    ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--reset", "x", "--at", "{V}"], "--at", SECONDS),
+    ("launch", [*L, "--tp-size", "1", "--train-timeout", "{V}", "true"], "--train-timeout", POSITIVE),
 ]  # fmt: skip
 
 # What is wrong with each bad value, for a duration and for a count.

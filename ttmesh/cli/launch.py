@@ -291,6 +291,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     help="After an abnormal end, always reset the job's chips (default: only when links are down).",
 )
 @click.option(
+    "--train-timeout",
+    type=seconds(zero=False, example="180"),
+    metavar="S",
+    help="Over several hosts: after a reset, wait up to S seconds for the cables between hosts "
+    "to train (default: the boards', e.g. 180 s for Wormhole's external links); a cable still "
+    "down then is named and the job is not restarted.",
+)
+@click.option(
     "--ready-timeout",
     type=seconds(zero=False, example="600"),
     metavar="S",
@@ -572,7 +580,10 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
     options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
     recovery = Recovery(
-        auto_reset=o.auto_reset, reset_on_failure=o.reset_on_failure, tt_smi=o.tt_smi
+        auto_reset=o.auto_reset,
+        reset_on_failure=o.reset_on_failure,
+        tt_smi=o.tt_smi,
+        train_timeout=o.train_timeout,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

@@ -21,6 +21,12 @@ varies). A fault aimed at a moment waits for an observable event and then a rand
 * end: every rank of a failed attempt has ended, the guardian makes its verdict;
 * recovery: tt-smi is resetting the chips of a crashed fabric job (resets made slow).
 
+The cases over hosts (group ``hosts``, as root: scripts/emuhosts.py) run one tt-metal mesh over
+two emulated T3Ks whose 8 cables are one shared state (a cable trains only when both its ends
+are reset together); either host's ``ttmesh _rank`` or rank is SIGKILLed at start-up or while
+running. The job must restart and end 0, and afterwards every cable must be up from both ends
+(``ttmesh check --hosts``, given the cables' training time).
+
 Expected outcomes follow docs/architecture.md: a rank's code; 130/143 for SIGINT/SIGTERM to
 ttmesh at any moment (no restart after either); 137 and "launcher killed" when ttmesh is
 SIGKILLed while its guardian lives (the guardian finishes), "ttmesh killed (its processes are
@@ -73,6 +79,7 @@ HOSTS_SYSTEM = "dual-t3k"  # the cases over hosts: two T3Ks and the 8 cables bet
 SESSION = f"{os.getpid()}-{os.urandom(3).hex()}"
 LAUNCH_TIMEOUT = 90.0  # a ttmesh that has not exited by then is a violation
 SETTLE = 30.0  # after ttmesh exits: until a finishing guardian (or orphaned tt-smi) is gone
+CABLES_SETTLE = 15.0  # beyond their training time: until the hosts' cables must be up again
 
 # A worker for what tw.py can't do per rank: readiness by rank, a failure on the first
 # attempts only, a crash when the harness says so. Argv: TAG key=value ...
@@ -607,7 +614,7 @@ class Trial:
     def check_hosts(self) -> None:
         """Every host healthy and every cable between them up, from both ends (ttmesh check
         --hosts), once the cables had the time to train; else the first line of why."""
-        deadline = time.monotonic() + 10 * self.train + 15
+        deadline = time.monotonic() + 10 * self.train + CABLES_SETTLE
         while True:
             code, _out, err = self.cli("check", "--hosts", self.names(), timeout=180)
             if code == 0:
@@ -1104,6 +1111,13 @@ for _target, _sig in (
 # -- over emulated hosts: one mesh over two T3Ks ------------------------------------------
 
 
+def emuhosts_why() -> str | None:
+    """Why hosts cannot be emulated here (None: they can)."""
+    import emuhosts
+
+    return emuhosts.can_emulate() or (None if shutil.which("mpirun") else "needs mpirun")
+
+
 def _host_of(pid: int, t: Trial) -> int | None:
     """The index of the emulated host ``pid`` runs on (its TTMESH_ROOT), None: this machine."""
     for entry in environ(pid):
@@ -1193,6 +1207,10 @@ def run_one(c: Case, index: int, seed: str, base: Path) -> Outcome:
     t0 = time.monotonic()
     if c.needs and shutil.which(c.needs) is None:
         return Outcome(c.name, index, True, [], [], None, 0, 0.0, skipped=f"{c.needs} not found")
+    if c.group == "hosts":
+        why = emuhosts_why()
+        if why is not None:
+            return Outcome(c.name, index, True, [], [], None, 0, 0.0, skipped=why)
     t = Trial(c, index, seed, base)
     missed = None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,13 +103,22 @@ def _together(t3ks: list, train_timeout: float = 5.0) -> tuple[dict, together.De
     every = _chips(t3ks[0]) + _chips(t3ks[1])
     checks = {f"h{i}": afterjob.check_host(h, every, peers=every) for i, h in enumerate(t3ks)}
     decision = together.decide(checks)
+    return checks, decision, _reset_at_once(t3ks, every, decision, train_timeout)
+
+
+def _reset_at_once(t3ks: list, every: list[str], decision: together.Decision,
+                   train_timeout: float) -> dict:  # fmt: skip
+    """Each host's reset at one agreed moment, at once, as one mpirun's fan-out runs them:
+    each host waits for its cables to train, which they do only once the other host has reset
+    its ends too (one after the other, the first would wait out its timeout alone)."""
     at = time.time() + 0.2
-    outcomes = {
-        h: afterjob.reset_together(host, every, decision.resets[h], at=at,
-                                   train_timeout=train_timeout)
-        for h, host in zip(("h0", "h1"), t3ks, strict=True)
-    }  # fmt: skip
-    return checks, decision, outcomes
+    with ThreadPoolExecutor(2) as pool:
+        futures = {
+            h: pool.submit(afterjob.reset_together, host, every, decision.resets[h], at=at,
+                           train_timeout=train_timeout)
+            for h, host in zip(("h0", "h1"), t3ks, strict=True)
+        }  # fmt: skip
+        return {h: f.result() for h, f in futures.items()}
 
 
 def test_one_host_reset_alone_leaves_the_cables_down_on_both_and_both_reset_together(
@@ -169,10 +179,6 @@ def test_each_host_checks_resets_at_the_agreed_moment_and_reports_its_cable_ends
     assert [len(decision.resets[h]) for h in ("h0", "h1")] == [4, 4]
     assert checks["h0"].domains[decision.resets["h0"][0]] == checks["h0"].chips
     assert len(decision.together) == 8
-    at = time.time() + 0.2
-    outcomes = {
-        h: (afterjob.reset_together(host, every, decision.resets[h], at=at, train_timeout=5.0), "")
-        for h, host in zip(("h0", "h1"), t3ks, strict=True)
-    }
-    assert {o.state for o, _w in outcomes.values()} == {afterjob.RECOVERED}
-    assert together.verdict({h: o.cables for h, (o, _w) in outcomes.items()}) == []
+    outcomes = _reset_at_once(t3ks, every, decision, 5.0)
+    assert {o.state for o in outcomes.values()} == {afterjob.RECOVERED}
+    assert together.verdict({h: o.cables for h, o in outcomes.items()}) == []

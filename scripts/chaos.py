@@ -1173,6 +1173,7 @@ def _hosts_kill(t: Trial, target: str) -> None:
         raise Missed(f"the {target} on host {host} was gone")
     la.expect = Expect({0}, None)
     t.faults += 1
+    t.note(f"on host {host}")
     la.wait(LAUNCH_TIMEOUT + 60)
 
 

@@ -56,6 +56,18 @@ def runs_dir() -> Path:
     return base_dir() / "runs"
 
 
+# ``ttmesh stop --dump`` leaves this in the job's run directory before its SIGTERM: the
+# guardian dumps the ranks' stacks before it stops them.
+DUMP_REQUEST = "dump-request"
+
+
+def dumps_dir(job: str) -> Path:
+    """Where a job's stack dumps are kept (private, beside the run directories): the run
+    directory goes with the job, the dumps must outlive it to be read."""
+    paths.safe_name(job, "job id")
+    return _ensure(base_dir() / "dumps" / job)
+
+
 def _ensure(directory: Path) -> Path:
     paths.private_dir(base_dir(), HINT)
     paths.private_dir(directory, HINT)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from ttmesh.launcher.attempt.bringup import BringUp
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.vocab import LAUNCHER
 
@@ -76,6 +77,7 @@ class Console:
                 local = (local_ranks or {}).get(rank, rank)
                 self.prefixes[rank] = (spec.prefix(rank + offset, local) or "").encode()
         self.on_line: Callable[[int, str], None] | None = None
+        self.bringup: BringUp | None = None  # the fabric lines each block is searched for
         self.lost: set[int] = set()  # console fds that could not be written (see _lose)
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
@@ -116,6 +118,8 @@ class Console:
         else:
             self._settle(stream)
             stream.tail.extend(piece[:TAIL_BYTES] for piece in body.split(b"\n"))
+        if self.bringup is not None:
+            self.bringup.scan(stream.rank, body)
         if self.on_line is not None:
             for line in body.split(b"\n"):
                 self.on_line(stream.rank, line.decode(errors="replace"))

@@ -68,6 +68,8 @@ class LaunchPlan:
     max_restarts: int
     grace: float
     cwd: str
+    fabric_grace: float = 20.0  # beyond the grace, for a rank bringing up the fabric (0: none)
+    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS (rankenv.ttmesh_env)
     on_reset_notice: str = "stop"  # another tool's reset notice: stop the ranks, or pass
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
@@ -123,6 +125,8 @@ class LaunchPlan:
             "host": {"root": self.root, "simulated": self.simulated},
             "master": {"addr": self.master_addr, "port": self.master_port},
             "grace": self.grace,
+            "fabric_grace": self.fabric_grace,
+            "op_timeout": self.op_timeout,
             "on_reset_notice": self.on_reset_notice,
             "max_restarts": self.max_restarts,
             "grouping": self.grouping,
@@ -360,6 +364,8 @@ def build(
         master_port=req.master_port,
         max_restarts=req.max_restarts,
         grace=req.grace,
+        fabric_grace=req.fabric_grace,
+        op_timeout=req.op_timeout,
         on_reset_notice=req.on_reset_notice,
         cwd=req.cwd,
         user_env_keys=tuple(dict(req.env)),
@@ -583,7 +589,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         job=req.job, layout=Layout.SINGLE_PROCESS, mesh_shape=(0, 0), dim_types=("", ""),
         host_dims=(1, 1), symmetric_dram_mb=0, ranks=[rank], files={}, descriptors={},
         run_dir=run_dir, root="", simulated=False, master_addr="", master_port=0,
-        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd,
+        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd, op_timeout=req.op_timeout,
         user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
         ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
         chipless=True, environ=dict(req.environ),

@@ -43,6 +43,9 @@ class LaunchRequest:
     master_port: int = 0
     max_restarts: int = 0
     grace: float = 5.0
+    # Beyond the grace, for a rank still bringing up the fabric when it ends (0: none).
+    fabric_grace: float = 20.0
+    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS for the ranks
     on_reset_notice: str = "stop"  # another tool's reset notice: "stop" the ranks, or "pass"
     job: str = ""
     run_dir: str = ""

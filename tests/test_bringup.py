@@ -237,3 +237,30 @@ def test_without_py_spy_the_dumps_are_skipped_in_one_line(
         "py-spy not found: the ranks' Python stacks were not dumped (install it: pip install "
         "'ttmesh[debug]' (or pip install py-spy==0.4.3))"
     ]
+
+
+def test_ttmesh_stop_dump_dumps_the_stacks_before_the_stop(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    from conftest import start_launch
+
+    summary = tmp_path / "summary.json"
+    code = "print('started', flush=True)\n" + HUNG
+    proc = start_launch(qb2, "--tp-size", "1", "--grace", "1", "--no-live", "--job-id",
+                        "dumped", "--summary-json", str(summary), "--", sys.executable, "-c",
+                        code, env=USERS_SHELL)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the rank runs: its stack can be dumped
+        assert "started" in line, line
+        stop = run_cli("stop", "--dump", "dumped", env=USERS_SHELL)
+        assert stop.code == 0, stop.err
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    assert "stacks of 1 rank before killing them" in err
+    files = json.loads(summary.read_text())["dumps"]
+    assert len(files) == 1 and "stuck_in_bringup" in Path(files[0]).read_text()

@@ -207,14 +207,22 @@ def test_op_timeout_and_env_together_are_refused(qb2: Path, runtime: Path) -> No
 HUNG = "def stuck_in_bringup():\n    import time; time.sleep(60)\nstuck_in_bringup()\n"
 
 
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [
+        ("--ready-timeout", "rank 0 not ready after 0.5 s: treating the job as hung in bring-up"),
+        ("--hang-timeout", "no output from any rank for 0.5 s: treating the job as hung"),
+    ],
+)
 def test_a_hung_ranks_stack_dump_is_kept_and_named_in_the_summary(
-    qb2: Path, runtime: Path, tmp_path: Path
+    qb2: Path, runtime: Path, tmp_path: Path, flag: str, said: str
 ) -> None:
     summary = tmp_path / "summary.json"
     res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--grace", "1",
-                  "--ready-timeout", "0.5", "--summary-json", str(summary), "--",
+                  flag, "0.5", "--summary-json", str(summary), "--",
                   sys.executable, "-c", HUNG, env=USERS_SHELL)  # fmt: skip
     assert res.code == 124, res.err
+    assert f"ttmesh: {said}" in res.err
     files = json.loads(summary.read_text())["dumps"]
     assert len(files) == 1 and files[0].endswith("/rank0.txt")
     assert Path(files[0]).is_relative_to(runtime)  # the job's own, private dump directory
@@ -264,3 +272,14 @@ def test_ttmesh_stop_dump_dumps_the_stacks_before_the_stop(
     assert "stacks of 1 rank before killing them" in err
     files = json.loads(summary.read_text())["dumps"]
     assert len(files) == 1 and "stuck_in_bringup" in Path(files[0]).read_text()
+
+
+def test_output_keeps_a_job_from_being_hung(qb2: Path, runtime: Path) -> None:
+    """--hang-timeout counts from a rank's last output, not from the start: a rank that
+    prints every 0.1 s for twice the timeout is not hung (a hang guard of ten times the
+    cadence, not a timed assertion)."""
+    talks = "import time\nfor i in range(20):\n    print(i, flush=True); time.sleep(0.1)\n"
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--hang-timeout", "1",
+                  "--", sys.executable, "-c", talks, env=USERS_SHELL)  # fmt: skip
+    assert res.code == 0, res.err
+    assert "hung" not in res.err

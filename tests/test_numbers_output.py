@@ -59,6 +59,7 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("launch", [*L, "--tp-size", "1", "--ready-timeout", "{V}", "true"], "--ready-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--fabric-grace", "{V}", "true"], "--fabric-grace", SECONDS),
     ("launch", [*L, "--tp-size", "1", "--op-timeout", "{V}", "true"], "--op-timeout", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--hang-timeout", "{V}", "true"], "--hang-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--heartbeat-timeout", "{V}", "true"], "--heartbeat-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--rdzv-timeout", "{V}", "true"], "--rdzv-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--health-interval", "{V}", "true"], "--health-interval", POSITIVE),

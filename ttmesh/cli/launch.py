@@ -315,7 +315,16 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     type=seconds(zero=False, example="600"),
     metavar="S",
     help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
-    "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
+    "matching --ready-pattern), or the job is treated as hung: every rank's Python stacks are "
+    "dumped (py-spy), then it is stopped, recovered, restarted.",
+)
+@click.option(
+    "--hang-timeout",
+    type=seconds(zero=False, example="900"),
+    metavar="S",
+    help="A job whose ranks print nothing for S seconds is treated as hung: every rank's "
+    "Python stacks are dumped (py-spy), then it is stopped, recovered, restarted (exit 124 "
+    "when out of restarts). Default: off.",
 )
 @click.option(
     "--ready-pattern",

@@ -297,7 +297,10 @@ class Guardian:
             self.polled = now
             self.marks.poll(self.running, self.starter.pids)
             if self.phase is Phase.RUNNING:
-                overdue = self.readiness.overdue(self.running)
+                heard = (self.console.heard if self.console else 0.0) or self.started
+                overdue = self.readiness.overdue(self.running) or self.readiness.silent(
+                    self.running, heard
+                )
                 if overdue is not None:
                     self._emit(overdue[0])
                     self._dump()  # the stacks of a hung job, before it is stopped

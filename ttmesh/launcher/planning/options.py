@@ -72,6 +72,7 @@ class LaunchOptions:
     auto_reset: bool
     reset_on_failure: bool
     ready_timeout: float | None
+    hang_timeout: float | None
     ready_pattern: str | None
     tt_smi: str | None
     profile_name: str | None
@@ -261,6 +262,7 @@ def _request(
         environ=dict(os.environ),
         master_addr=o.torchrun_flags.master_addr or "127.0.0.1",
         ready_timeout=o.ready_timeout,
+        hang_timeout=o.hang_timeout,
         ready_pattern=o.ready_pattern,
         profile=server[0] if server else None,
         server_args=server[1] if server else None,

@@ -76,6 +76,7 @@ class LaunchPlan:
     launcher: str = StartMode.DIRECT
     mpirun: str = ""
     ready_timeout: float | None = None
+    hang_timeout: float | None = None  # no rank's output for this long: hung
     ready_pattern: str | None = None
     serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
@@ -132,6 +133,7 @@ class LaunchPlan:
             "grouping": self.grouping,
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
+            "hang_timeout": self.hang_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "hosts": list(self.hosts),
             "notes": list(self.notes),
@@ -373,6 +375,7 @@ def build(
         launcher=req.launcher,
         mpirun=req.mpirun,
         ready_timeout=req.ready_timeout,
+        hang_timeout=req.hang_timeout,
         ready_pattern=req.ready_pattern,
         serving=req.serving,
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
@@ -592,7 +595,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd, op_timeout=req.op_timeout,
         user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
         ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
-        chipless=True, environ=dict(req.environ),
+        hang_timeout=req.hang_timeout, chipless=True, environ=dict(req.environ),
     )  # fmt: skip
 
 

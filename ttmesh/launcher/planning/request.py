@@ -59,6 +59,7 @@ class LaunchRequest:
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
     ready_timeout: float | None = None  # every rank ready within this, or the job is hung
+    hang_timeout: float | None = None  # no rank's output for this long: the job is hung
     ready_pattern: str | None = None  # a line of output that means "ready"
     binding: BindingFile | None = None  # a tt-run rank-binding file
     binding_units: list[tuple[Unit, ...]] = field(default_factory=list)  # each binding rank's

@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
+from users import users_fixture  # noqa: F401
 
+from ttmesh.launcher.attempt import dumps
 from ttmesh.states import AttemptEnd
 
 # What tt-metal's logger prints as FabricFirmwareInitializer::init starts the fabric
@@ -213,6 +215,7 @@ HUNG = "def stuck_in_bringup():\n    import time; time.sleep(60)\nstuck_in_bring
         ("--ready-timeout", "rank 0 not ready after 0.5 s: treating the job as hung in bring-up"),
         ("--hang-timeout", "no output from any rank for 0.5 s: treating the job as hung"),
     ],
+    ids=["ready-timeout", "hang-timeout"],
 )
 def test_a_hung_ranks_stack_dump_is_kept_and_named_in_the_summary(
     qb2: Path, runtime: Path, tmp_path: Path, flag: str, said: str
@@ -283,3 +286,64 @@ def test_output_keeps_a_job_from_being_hung(qb2: Path, runtime: Path) -> None:
                   "--", sys.executable, "-c", talks, env=USERS_SHELL)  # fmt: skip
     assert res.code == 0, res.err
     assert "hung" not in res.err
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_each_user_dumps_its_own_hung_ranks(users: dict, who: str) -> None:
+    """py-spy reads the rank's memory: root may, and so may the rank's own user where the
+    kernel's Yama (ptrace_scope 1 or more) does not limit it to the rank's ancestors. py-spy
+    is found on this user's PATH (nobody's venv has none beside its Python)."""
+    import shutil
+    import tempfile
+
+    if who not in users:
+        pytest.skip("cannot switch to nobody here")
+    user = users[who]
+    tools = Path(tempfile.mkdtemp(dir=user.base))
+    tools.chmod(0o755)
+    spy = dumps.py_spy()
+    assert spy is not None, "py-spy is in the test extra"
+    shutil.copy(spy, tools / "py-spy")
+    (tools / "py-spy").chmod(0o755)
+    summary = Path(tempfile.mkdtemp(dir=user.base))
+    summary.chmod(0o777)
+    path = user.env.get("PATH", os.environ["PATH"])
+    res = user.run("launch", "--root", str(user.sim), "--tp-size", "1", "--grace", "1",
+                   "--ready-timeout", "0.5", "--job-id", f"dumps-{who}", "--summary-json",
+                   str(summary / "s.json"), "--", "/usr/bin/python3", "-c", HUNG,
+                   env={"PATH": f"{tools}:{path}", **USERS_SHELL})  # fmt: skip
+    assert res.returncode == 124, res.stderr
+    files = json.loads((summary / "s.json").read_text())["dumps"]
+    ptrace_scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    limited = ptrace_scope.exists() and ptrace_scope.read_text().strip() != "0"
+    text = Path(files[0]).read_text()
+    if who == "nobody" and limited:
+        assert "py-spy could not dump rank 0" in res.stderr
+    else:
+        assert "stuck_in_bringup" in text, text
+        assert "py-spy could not" not in res.stderr
+
+
+def test_tt_triage_runs_when_on_path_on_a_real_host(
+    qb2: Path, runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tt-metal's tt-triage (its console script) runs once, with the job's chips visible, its
+    output kept beside the stacks; on a simulated host it is not run (the chips are not the
+    machine's), and says so."""
+    from dataclasses import replace
+
+    fake = tmp_path / "bin" / "tt-triage"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "triage $* on $TT_VISIBLE_DEVICES"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(dumps, "py_spy", lambda: None)
+    plan = _prepare(qb2, "pass").plan
+    said: list[str] = []
+    assert dumps.take(plan, {0: os.getpid()}, 0, said.append) == []
+    assert "tt-triage: not run (a simulated host: its chips are not this machine's)" in said
+    said.clear()
+    files = dumps.take(replace(plan, simulated=False), {0: os.getpid()}, 1, said.append)
+    assert len(files) == 1 and files[0].endswith("/tt-triage.txt")
+    bdfs = ",".join(b for r in plan.ranks for b in r.bdfs)
+    assert Path(files[0]).read_text() == f"triage --disable-progress --disable-colors on {bdfs}\n"

@@ -347,3 +347,29 @@ def test_tt_triage_runs_when_on_path_on_a_real_host(
     assert len(files) == 1 and files[0].endswith("/tt-triage.txt")
     bdfs = ",".join(b for r in plan.ranks for b in r.bdfs)
     assert Path(files[0]).read_text() == f"triage --disable-progress --disable-colors on {bdfs}\n"
+
+
+def test_dumps_are_kept_as_job_records_are(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The dumps outlive their job, but not the history: the last TTMESH_JOB_HISTORY jobs'
+    (this one's among them) and none older than TTMESH_JOB_HISTORY_DAYS; a link planted among
+    them is left alone, never followed."""
+    from ttmesh.runtime import jobs
+
+    monkeypatch.setenv("TTMESH_JOB_HISTORY", "2")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    for age, job in ((30, "old"), (20, "older-still-kept"), (10, "newest")):
+        made = jobs.dumps_dir(job)
+        (made / "attempt0-x").mkdir()
+        os.utime(made, (made.stat().st_atime - age, made.stat().st_mtime - age))
+    (runtime / "ttmesh" / "dumps" / "planted").symlink_to(outside)
+    jobs.dumps_dir("this")
+    left = sorted(p.name for p in (runtime / "ttmesh" / "dumps").iterdir())
+    assert left == ["newest", "planted", "this"]  # a link is not a directory of dumps: left
+    assert (outside / "keep").exists()
+    monkeypatch.setenv("TTMESH_JOB_HISTORY_DAYS", "0")
+    jobs.dumps_dir("this")
+    assert sorted(p.name for p in (runtime / "ttmesh" / "dumps").iterdir()) == ["planted", "this"]

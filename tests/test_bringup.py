@@ -289,7 +289,7 @@ def test_output_keeps_a_job_from_being_hung(qb2: Path, runtime: Path) -> None:
 
 
 @pytest.mark.parametrize("who", ["root", "nobody"])
-def test_each_user_dumps_its_own_hung_ranks(users: dict, who: str) -> None:
+def test_each_user_dumps_its_own_hung_ranks(users: dict, who: str, tmp_path: Path) -> None:
     """py-spy reads the rank's memory: root may, and so may the rank's own user where the
     kernel's Yama (ptrace_scope 1 or more) does not limit it to the rank's ancestors. py-spy
     is found on this user's PATH (nobody's venv has none beside its Python)."""
@@ -308,10 +308,14 @@ def test_each_user_dumps_its_own_hung_ranks(users: dict, who: str) -> None:
     summary = Path(tempfile.mkdtemp(dir=user.base))
     summary.chmod(0o777)
     path = user.env.get("PATH", os.environ["PATH"])
+    own: dict[str, str] = {}
+    if who == "root":  # root's runtime directory is this test's (nobody's is its own already)
+        (tmp_path / "rt").mkdir(mode=0o700)
+        own["XDG_RUNTIME_DIR"] = str(tmp_path / "rt")
     res = user.run("launch", "--root", str(user.sim), "--tp-size", "1", "--grace", "1",
                    "--ready-timeout", "0.5", "--job-id", f"dumps-{who}", "--summary-json",
                    str(summary / "s.json"), "--", "/usr/bin/python3", "-c", HUNG,
-                   env={"PATH": f"{tools}:{path}", **USERS_SHELL})  # fmt: skip
+                   env={"PATH": f"{tools}:{path}", **USERS_SHELL, **own})  # fmt: skip
     assert res.returncode == 124, res.stderr
     files = json.loads((summary / "s.json").read_text())["dumps"]
     ptrace_scope = Path("/proc/sys/kernel/yama/ptrace_scope")

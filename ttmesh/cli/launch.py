@@ -111,6 +111,26 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "profile gives its own, e.g. 30 for SGLang].",
 )
 @click.option(
+    "--fabric-grace",
+    type=seconds(example="20"),
+    default=20.0,
+    show_default=True,
+    metavar="S",
+    help="A rank still bringing up the fabric when the job stops (it printed tt-metal's "
+    "'Initializing Fabric' and has not marked the fabric open: TTMESH_FABRIC_FILE, or "
+    "tt-metal's 'Devices initialized') gets up to S seconds beyond --grace to finish or abort "
+    "before SIGKILL: killed mid bring-up, Ethernet cores stay wedged ('Fabric Router Sync: "
+    "Timeout' in the next job). 0: no extra wait.",
+)
+@click.option(
+    "--op-timeout",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="Set TT_METAL_OPERATION_TIMEOUT_SECONDS=S for the ranks: a dispatch operation that "
+    "takes longer raises in the rank instead of hanging. It bounds dispatch operations, not "
+    "opening the mesh (the fabric's bring-up); see --ready-timeout for that. Default: off.",
+)
+@click.option(
     "--on-reset-notice",
     type=click.Choice(["stop", "pass"]),
     default="stop",
@@ -295,7 +315,16 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     type=seconds(zero=False, example="600"),
     metavar="S",
     help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
-    "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
+    "matching --ready-pattern), or the job is treated as hung: every rank's Python stacks are "
+    "dumped (py-spy), then it is stopped, recovered, restarted.",
+)
+@click.option(
+    "--hang-timeout",
+    type=seconds(zero=False, example="900"),
+    metavar="S",
+    help="A job whose ranks print nothing for S seconds is treated as hung: every rank's "
+    "Python stacks are dumped (py-spy), then it is stopped, recovered, restarted (exit 124 "
+    "when out of restarts). Default: off.",
 )
 @click.option(
     "--ready-pattern",

@@ -283,7 +283,10 @@ def test_the_wait_after_a_reset_is_the_boards_training_bound(
 @pytest.mark.parametrize("value", ["nan", "-1", "inf", "1e400"])
 def test_train_timeout_is_checked(qb2: Path, cli: Callable, value: str) -> None:
     res = cli("reset", "--root", str(qb2), "--train-timeout", value)
-    assert res.code == 2 and res.err.count("\n") == 1 and "--train-timeout" in res.err
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh: ")]
+    assert res.code == 2 and len(lines) == 1, res.err
+    assert lines[0].startswith(f"ttmesh: --train-timeout {value}: ")
+    assert lines[0].endswith("(give seconds from 0 to 2592000, e.g. --train-timeout 60)")
     assert resets(qb2) == []
 
 

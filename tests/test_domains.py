@@ -150,7 +150,7 @@ def test_reset_beside_another_job_leaves_the_unused_link_down(
     assert res.code == 3 and "left down by a reset" in res.err and f"{C01},{C05}" in res.err
     # ... and with --auto-reset resets both ends together, which clears the record.
     res = cli(
-        "launch", "--root", str(qb2), "--chips", f"{C01},{C05}", "--auto-reset", "--",
+        "launch", "--root", str(qb2), "--chips", f"{C01},{C05}", "--auto-reset", "--train-timeout", "5", "--",
         "python3", "-c", "pass",
     )  # fmt: skip
     assert res.code == 0, res.err
@@ -288,6 +288,15 @@ def test_train_timeout_is_checked(qb2: Path, cli: Callable, value: str) -> None:
     assert lines[0].startswith(f"ttmesh: --train-timeout {value}: ")
     assert lines[0].endswith("(give seconds from 0 to 2592000, e.g. --train-timeout 60)")
     assert resets(qb2) == []
+
+
+def test_launch_train_timeout_is_checked(qb2: Path, cli: Callable) -> None:
+    res = cli("launch", "--root", str(qb2), "--train-timeout", "nan", "--", "python3", "-c", "pass")
+    assert res.code == 2
+    assert res.err.splitlines()[-1] == (
+        "ttmesh: --train-timeout nan: not a number (give seconds from 0 to 2592000, "
+        "e.g. --train-timeout 60)"
+    )
 
 
 def test_train_timeout_is_used(qb2: Path, cli: Callable) -> None:

@@ -134,7 +134,7 @@ class Usage:
     leased: frozenset[str] = frozenset()
 
     def used(self, a: str, b: str) -> bool:
-        """Does a job's mesh use the link(s) between ``a`` and ``b``?"""
+        """Does a job's mesh use the links between ``a`` and ``b``?"""
         for end, other in ((a, b), (b, a)):
             if end in self.leased and (end not in self.uses or other in self.uses[end]):
                 return True
@@ -161,7 +161,7 @@ def usage_from(leases: dict[str, ChipProcess], own_pids: Iterable[int]) -> Usage
 
 
 def may_leave_down(usage: Usage, inside: str, outside: str) -> bool:
-    """May a reset of ``inside`` leave its link(s) to ``outside`` down? Only when ``outside``
+    """May a reset of ``inside`` leave its links to ``outside`` down? Only when ``outside``
     is another live job's chip and neither job's mesh uses those links: then neither job is
     harmed, and the next job that needs them resets both ends."""
     return outside in usage.jobs and not usage.used(inside, outside)

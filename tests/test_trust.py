@@ -27,6 +27,7 @@ import pytest
 from conftest import REPO, TAG, TW, alive, run_cli, start_launch, wait_for, worker
 from users import (
     NEEDS_NOBODY,
+    NOBODY_UID,
     User,
     users_fixture,  # noqa: F401  (the fixture "users")
     world_dir,
@@ -670,4 +671,51 @@ def test_a_link_planted_at_an_output_in_a_shared_directory_is_not_written_throug
         assert res.returncode == 2, res.stderr
     finally:
         shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(victim_dir, ignore_errors=True)
+
+
+def test_a_record_of_links_left_down_another_user_plants_is_never_believed(
+    two: dict[str, User], shared: Path, qb2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record of links a reset left down (``runtime.leftdown``) lives in the shared lease
+    directory: a link nobody planted at its name is replaced, never written through, by root's
+    reset; a record nobody wrote is not believed by root (it could make root's jobs refuse)."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric import domains
+    from ttmesh.fabric.devices import discover
+    from ttmesh.runtime import leases, leftdown
+
+    nobody = two["nobody"]
+    env = _env(shared)
+    victim_dir = Path(tempfile.mkdtemp(prefix="ttmesh-victim-"))
+    victim = victim_dir / "victim"
+    victim.write_text("root's own\n")
+    record = shared / leftdown.NAME
+    try:
+        planted = nobody.py("import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                            str(victim), str(record))  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        monkeypatch.setenv("TTMESH_RUNTIME_DIR", str(shared))
+        host = open_host(qb2)
+        inv = discover(host)
+        theirs = [inv.by_bdf()[b].asic_id for b in ("0000:05:00.0", "0000:07:00.0")]
+        with leases.acquire(host, theirs, "serve", cmd="serve",
+                            uses=domains.mesh_peers(inv, theirs)):  # fmt: skip
+            res = run_cli("reset", "--root", str(qb2), "--chips", "0000:01:00.0",
+                          "--backoff", "0", env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        assert victim.read_text() == "root's own\n"
+        st = record.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0
+        assert len(leftdown.read(host)) == 2
+        text = record.read_text()
+        record.unlink()
+        wrote = nobody.py("import sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+                          str(record), text)  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        assert record.stat().st_uid == NOBODY_UID
+        assert leftdown.read(host) == []
+        listed = run_cli("ls", "--json", "--root", str(qb2), env=env)
+        assert json.loads(listed.out)["links_left_down"] == []
+    finally:
         shutil.rmtree(victim_dir, ignore_errors=True)

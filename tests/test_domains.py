@@ -240,6 +240,31 @@ def test_planted_records_are_not_believed(qb2: Path, tmp_path: Path) -> None:
     assert leftdown.update(host, reset=[a, b]) is None and not path.exists()
 
 
+def test_updates_merge_and_a_reset_of_both_ends_clears(
+    qb2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    host = open_host(qb2)
+    a, b, c, d = (asic(qb2, x) for x in (C01, C05, C03, C07))
+    one = leftdown.LeftDown(a, b, ((3, 7),), 1.0, "a reset of x beside job j of user u")
+    two = leftdown.LeftDown(c, d, ((7, 3),), 2.0, "a reset of y beside job j of user u")
+    assert leftdown.update(host, [one]) is None
+    lease_dir = qb2 / "run/lock/ttmesh"
+    held = os.open(lease_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # another update holds the record: this one waits (here: not at all), then goes on
+        fcntl.flock(held, fcntl.LOCK_EX)
+        monkeypatch.setattr(leftdown, "LOCK_WAIT", 0.0)
+        assert leftdown.update(host, [two]) is None
+    finally:
+        os.close(held)
+    assert [e.pair for e in leftdown.read(host)] == [one.pair, two.pair]
+    assert leftdown.update(host, reset=[a, c]) is None  # one end of each: both kept
+    assert len(leftdown.read(host)) == 2
+    assert leftdown.update(host, reset=[a, b]) is None
+    assert [e.pair for e in leftdown.read(host)] == [two.pair]
+
+
 # --------------------------------------------------------------------------- the wait for training
 
 

@@ -13,6 +13,9 @@ Everyone may write in that directory, so the record is handled as the leases are
   (``O_NOFOLLOW``), and believed only when it is a regular file owned by root, the directory's
   owner or this user, at most :data:`LIMIT` bytes, in the :data:`SCHEMA` shape (anything
   else reads as no record: a planted file can neither hide a link nor invent one);
+* updates are one at a time (an exclusive ``flock`` on the directory, waited for at most
+  :data:`LOCK_WAIT`: anyone may hold it, which only delays an update), so two resets that
+  finish together both keep what they left down;
 * it is replaced whole: a new file (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0644) renamed
   over the old one, so no reader sees half a record and nothing is written through a name
   another user planted. Written as root, it is root's.
@@ -24,12 +27,14 @@ not stop the reset: the link is down either way, and pre-flight still refuses a 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +46,7 @@ NAME = "links-down.json"
 SCHEMA = "ttmesh.links-down/1"
 LIMIT = 256 * 1024  # bytes read at most (a record of every link of a host is well under it)
 MAX_ENTRIES = 1024
+LOCK_WAIT = 2.0  # seconds an update waits for another's to end
 ASIC_RE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -172,6 +178,33 @@ def _write(d: SharedDir, entries: list[LeftDown]) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _serialized(d: SharedDir) -> Iterator[None]:
+    """Two resets updating the record at once: one after the other (an exclusive ``flock``
+    on the directory itself, waited for at most :data:`LOCK_WAIT`). Anyone may lock the
+    directory: that only delays the update, then it goes ahead unserialized."""
+    fd = None
+    with contextlib.suppress(OSError):
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=d.fd)
+    try:
+        if fd is not None:
+            deadline = time.monotonic() + LOCK_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.01)
+                except OSError:
+                    break
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def update(host: LeaseHost, add: Iterable[LeftDown] = (), reset: Iterable[str] = ()) -> str | None:
     """After a reset: forget the links whose both ends were in ``reset`` (asic ids), record
     ``add``. None when done, else why the record could not be written (a note, never fatal)."""
@@ -183,7 +216,7 @@ def update(host: LeaseHost, add: Iterable[LeftDown] = (), reset: Iterable[str] =
         return f"cannot record the links left down: {exc}"
     if d is None:
         return None
-    with d:
+    with d, _serialized(d):
         current = _read(d)
         kept = [e for e in current if not (e.a in done and e.b in done)]
         pairs = {e.pair for e in wanted}

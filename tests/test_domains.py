@@ -112,6 +112,8 @@ def test_reset_beside_another_job_leaves_the_unused_link_down(
         assert [c["bdf"] for c in doc["chips"]] == [C01, C03]  # the free board only
         (done,) = resets(qb2)
         assert set(done["targets"]) == {asic(qb2, C01), asic(qb2, C03)}  # not the job's
+        # tt-smi does not re-detect (open) every chip after the reset: the job's neither
+        assert doc["attempts"][0]["argv"][1:] == ["-r", f"{C01},{C03}", "--no_reinit"]
         assert not set(theirs) & set(done["targets"])
         assert "leaving 4 links to job other-job of user" in err, err
         (warn,) = [p for p in doc["problems"] if "leaving" in p["what"]]

@@ -270,12 +270,20 @@ def pci_targets(inv: Inventory, chips: Iterable[str]) -> list[str]:
 
 
 def smi_argv(
-    tool: str, bdfs: Sequence[str], present: Iterable[str], *, galaxy: bool = False
+    tool: str,
+    bdfs: Sequence[str],
+    present: Iterable[str],
+    *,
+    galaxy: bool = False,
+    no_reinit: bool = False,
 ) -> list[str]:
     """``tt-smi -r A,B`` naming only existing, lower-case PCI addresses (ValueError otherwise).
 
     tt-smi resets EVERY device when none of its targets match (an unknown or upper-case
-    address, an empty list), so this refuses to build such a command.
+    address, an empty list), so this refuses to build such a command. ``no_reinit``: tt-smi
+    then skips its re-initialization after the reset (tt-smi's ``tt_smi.py`` runs
+    ``detect_chips_with_callback``, which opens every chip of the host: a live job's beside
+    the set too); ttmesh verifies the chips itself either way.
     """
     if galaxy:
         return [tool, "-glx_reset"]
@@ -290,7 +298,7 @@ def smi_argv(
             raise ValueError(f"{bdf!r} is not a lower-case PCI address tt-smi would match")
         if bdf not in existing:
             raise ValueError(f"{bdf} does not exist now; tt-smi would skip it")
-    return [tool, "-r", ",".join(chosen)]
+    return [tool, "-r", ",".join(chosen), *(["--no_reinit"] if no_reinit else [])]
 
 
 def blockers(
@@ -777,7 +785,10 @@ def execute(
             present = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
             targets = [b for b in pci_targets(current, p.chips) if b in present]
             try:
-                argv = smi_argv(tool, targets, present, galaxy=p.galaxy)
+                # Beside another live job, tt-smi must not open its chips after the reset.
+                argv = smi_argv(
+                    tool, targets, present, galaxy=p.galaxy, no_reinit=bool(p.left_down)
+                )
             except ValueError as exc:
                 attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
                 break

@@ -334,6 +334,15 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
 @click.option(
+    "--train-timeout",
+    "train_timeout",
+    type=seconds(example="60"),
+    metavar="S",
+    help="When ttmesh resets the job's chips (--auto-reset, after a crash), wait up to S "
+    "seconds for their links to train (default: the boards' bound, 60 s on Wormhole and "
+    "Blackhole; a reset that worked returns at once).",
+)
+@click.option(
     "--rank-binding",
     metavar="FILE.yaml",
     help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
@@ -572,7 +581,11 @@ def _check_planned(launch: Launch, prepared: Prepared) -> None:
     """The options that could only be checked against the plan."""
     o = launch.options
     if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
-        for flag, given in (("--reset-on-failure", o.reset_on_failure), ("--tt-smi", o.tt_smi)):
+        for flag, given in (
+            ("--reset-on-failure", o.reset_on_failure),
+            ("--tt-smi", o.tt_smi),
+            ("--train-timeout", o.train_timeout is not None),
+        ):
             if given:
                 assert prepared.plan.serving is not None
                 raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
@@ -601,7 +614,10 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
     options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
     recovery = Recovery(
-        auto_reset=o.auto_reset, reset_on_failure=o.reset_on_failure, tt_smi=o.tt_smi
+        auto_reset=o.auto_reset,
+        reset_on_failure=o.reset_on_failure,
+        tt_smi=o.tt_smi,
+        train_timeout=o.train_timeout,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

@@ -27,6 +27,9 @@ class Recovery:
     timeout: float = 120.0
     retries: int = 2
     tt_smi: str | None = None
+    train_timeout: float | None = (
+        None  # seconds for links to train after tt-smi (None: the boards')
+    )
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
 
@@ -57,6 +60,7 @@ def reset_chips(
             force=False,
             log=lambda m: note(f"reset: {m}"),
             tt_smi=recovery.tt_smi,
+            settle=recovery.train_timeout,
             own_pids=recovery.own_pids,
             progress=progress,
         )

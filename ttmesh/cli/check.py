@@ -110,6 +110,11 @@ def check_cmd(
 
         python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
     report = health.check(inv, selected, strict=strict, requires=requires)
+    from ttmesh.cli.onhosts import CABLES_META
+    from ttmesh.fabric.links import observe_cables
+
+    cables = observe_cables(inv)  # this host's ends; check --hosts joins both ends of each
+    click.get_current_context().meta[CABLES_META] = cables
     shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
     if (shm_note := shm.note()) is not None:
         report.notes.append(shm_note)
@@ -125,6 +130,7 @@ def check_cmd(
 
         data = report.to_json()
         data["shm"] = shm.to_json()
+        data["cables"] = cables
         if active:
             data["active"] = (
                 probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}

@@ -37,6 +37,9 @@ def ls_cmd(host: Any, as_json: bool) -> int:
             sys.stderr.write(f"ttmesh: {exc}\n")
             return exc.code
     data = listing.report(host)
+    from ttmesh.cli.onhosts import CABLES_META
+
+    click.get_current_context().meta[CABLES_META] = data["cables"]
     if as_json:
         from ttmesh.render import emit_json
 

@@ -164,3 +164,29 @@ def test_a_missed_fault_stops_the_job_it_never_reached(tmp_path: Path) -> None:
     outcome = chaos.run_one(chaos.Case("missed", "self", never, ""), 0, "1", tmp_path)
     assert outcome.missed == "the moment never came"
     assert outcome.ok, outcome.violations
+
+
+def test_chaos_over_hosts_sees_a_cable_left_down_and_none_after_a_kill(tmp_path: Path) -> None:
+    """Over two emulated T3Ks: a cable left down (one host reset alone) is a violation the
+    harness reports; SIGKILL of either host's ttmesh or of a rank is recovered on both hosts,
+    every cable up again from both ends, nothing left."""
+    chaos = _chaos()
+    if (why := chaos.emuhosts_why()) is not None:
+        pytest.skip(why)
+    chaos.CABLES_SETTLE = 0.0
+
+    def one_end(t) -> None:  # type: ignore[no-untyped-def]
+        t.create_hosts()
+        from ttmesh.sim import core
+
+        sim = core.SimRoot(str(t.hosts[0].root))
+        sim.reset([core.asic_hex(c["unique_id"]) for c in sim.chips() if c.get("bdf")])
+
+    left = chaos.run_one(chaos.Case("selftest", "hosts", one_end, ""), 0, "1", tmp_path)
+    assert not left.ok and "hosts unhealthy after the job" in "\n".join(left.violations)
+    assert "is down (and 7 more)" in "\n".join(left.violations), left.violations
+    chaos.CABLES_SETTLE = 15.0
+    for name in ("hosts-agent-sigkill", "hosts-rank-sigkill"):
+        case = next(c for c in chaos.CASES if c.name == name)
+        outcome = chaos.run_one(case, 0, "1", tmp_path)
+        assert outcome.ok and outcome.faults == 1, (outcome.violations, outcome.missed)

@@ -63,10 +63,10 @@ def ends(inv: Inventory, mine: Iterable[str], peers: Iterable[str] | None = None
 
 
 def read(inv: Inventory, found: list[CableEnd]) -> list[CableEnd]:
-    """``found`` with the state each end reports now (``fabric.links.observe_cables``)."""
-    states = {(e["asic_id"], e["chan"]): e["state"] for e in links.observe_cables(inv)}
-    return [CableEnd(e.chip, e.name, e.chan, e.peer, e.peer_chan,
-                     states.get((e.chip, e.chan), LinkState.DOWN)) for e in found]  # fmt: skip
+    """``found`` with the state each end reports now (``fabric.links.end_states``)."""
+    states = links.end_states(inv, [(e.chip, e.chan) for e in found])
+    return [CableEnd(e.chip, e.name, e.chan, e.peer, e.peer_chan, states[(e.chip, e.chan)])
+            for e in found]  # fmt: skip
 
 
 def training_timeout(inv: Inventory, chips: Iterable[str]) -> float:

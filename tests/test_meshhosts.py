@@ -621,8 +621,9 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
 def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     """Links down between the job's chips on one host (its report says so): the start is
     refused in one line naming that host, and nothing starts anywhere or is reset; with
-    --auto-reset that host's chips are reset before anything starts, the other host's left
-    alone."""
+    --auto-reset that host's chips are reset before anything starts, and, as a T3K's reset
+    takes its eight chips and so every cable's end, the other host's ends of the cables with
+    them, at the same moment."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     fault = subprocess.run([sys.executable, "-m", "ttmesh", "sim", "fault", "--root",
@@ -649,10 +650,12 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert marker.exists()
     notes = [ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host ")]
-    assert len(notes) == 1 and notes[0].startswith(
+    assert len(notes) == 2 and notes[1].startswith(
         "ttmesh: host ttmh-1: 2 of 2 links between 0000:31:00.0 and 0000:4b:00.0 are down"
     ), fixed.stderr
-    assert notes[0].split(": ")[-1].startswith("chips reset and verified")
+    assert notes[0].startswith("ttmesh: host ttmh-0: its cables to ttmh-1 are reset at both ends")
+    for n in notes:
+        assert n.split(": ")[-1].startswith("chips reset and verified"), notes
 
 
 # --------------------------------------------------------------------------- ls/check/reset --hosts

@@ -104,7 +104,7 @@ def after_crash(
     plan = prepared.plan
     if result.code == 0 or plan.chipless:
         return None  # a chipless server leaves no chip to check
-    if peers is not None:
+    if peers is not None and peers.coord.lost is None:  # a host gone: each recovers alone
         if observer is not None:
             observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
         return recover_with_peers(prepared, recovery, peers, name, recovery.reset_on_failure)

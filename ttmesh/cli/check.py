@@ -83,10 +83,16 @@ def check_cmd(
     finds all links up), so a link that vanished after a crash shows as down.
 
     \b
+    With --hosts, every cable between the hosts is shown with both ends (each end as its own
+    host's firmware reports it); a cable down from either end makes the check fail (exit 1),
+    naming it and the reset of both hosts together that brings it back.
+
+    \b
     Examples:
       ttmesh check --sim quietbox2
       ttmesh check --chips 0000:01:00.0,0000:03:00.0 --strict
       ttmesh check --json | jq '.problems[] | .fix'
+      ttmesh check --hosts node0,node1
     """
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover

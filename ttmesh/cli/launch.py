@@ -311,6 +311,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     help="After an abnormal end, always reset the job's chips (default: only when links are down).",
 )
 @click.option(
+    "--train-timeout",
+    type=seconds(zero=False, example="180"),
+    metavar="S",
+    help="Over several hosts: after a reset, wait up to S seconds for the cables between hosts "
+    "to train (default: the boards', e.g. 180 s for Wormhole's external links); a cable still "
+    "down then is named and the job is not restarted.",
+)
+@click.option(
     "--ready-timeout",
     type=seconds(zero=False, example="600"),
     metavar="S",

@@ -64,6 +64,20 @@ def ls_text(data: dict) -> str:
             out.append(
                 f"  {link['state']}: {a['asic_id']} ch{a['chan']} <-> {b['asic_id']} ch{b['chan']}"
             )
+    cables = data.get("cables") or []
+    if cables:
+        counts: dict[str, int] = {}
+        for c in cables:
+            counts[c["state"]] = counts.get(c["state"], 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        out.append(f"Cables to other hosts: {summary} (this end; ttmesh ls --hosts: both ends)")
+        for c in cables:
+            if c["state"] != "up":
+                peer = c["peer"]
+                out.append(
+                    f"  {c['state']}: {c['bdf'] or c['asic_id']} ch{c['chan']} <-> "
+                    f"{peer['asic_id']} ch{peer['chan']} (on another host)"
+                )
     out.extend(_domains_text(data, bdf_of))
     for note in data["notes"]:
         out.append(f"note: {note}")

@@ -24,6 +24,7 @@ def without_driver(host: Host, why: str) -> dict[str, Any]:
         "topology": "none",
         "chips": [],
         "links": [],
+        "cables": [],
         "missing": [],
         "notes": [why],
         "reset_domains": [],
@@ -70,6 +71,8 @@ def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
         "topology": inv.topology,
         "chips": chips,
         "links": [ls.to_json() for ls in links.observe(inv)],
+        # This host's end of each cable to another host (ls --hosts shows both ends).
+        "cables": links.observe_cables(inv),
         "missing": inv.missing,
         "notes": inv.notes,
         "reset_domains": [d.to_json() for d in domains.domains(inv)],

@@ -71,6 +71,7 @@ class LaunchOptions:
     rank_bindings_mapping: str | None
     auto_reset: bool
     reset_on_failure: bool
+    train_timeout: float | None
     ready_timeout: float | None
     hang_timeout: float | None
     ready_pattern: str | None

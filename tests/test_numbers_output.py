@@ -92,7 +92,6 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--grace", "{V}"], "--grace", SECONDS),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--check", "--train-timeout", "{V}"], "--train-timeout", SECONDS),
     ("_recover", ["_recover", "--root", "{ROOT}", "--chips", "x", "--reset", "x", "--at", "{V}"], "--at", SECONDS),
-    ("launch", [*L, "--tp-size", "1", "--train-timeout", "{V}", "true"], "--train-timeout", POSITIVE),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--cable-window", "{V}"], "--cable-window", SECONDS),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--cable-train-seconds", "{V}"], "--cable-train-seconds", SECONDS),
     ("sim create", ["sim", "create", "--system", "dual-t3k", "--host", "0", "--root", "{NEW}", "--cable-window", "{V}"], "--cable-window", SECONDS),

@@ -311,14 +311,6 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     help="After an abnormal end, always reset the job's chips (default: only when links are down).",
 )
 @click.option(
-    "--train-timeout",
-    type=seconds(zero=False, example="180"),
-    metavar="S",
-    help="Over several hosts: after a reset, wait up to S seconds for the cables between hosts "
-    "to train (default: the boards', e.g. 180 s for Wormhole's external links); a cable still "
-    "down then is named and the job is not restarted.",
-)
-@click.option(
     "--ready-timeout",
     type=seconds(zero=False, example="600"),
     metavar="S",
@@ -347,8 +339,10 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     type=seconds(example="60"),
     metavar="S",
     help="When ttmesh resets the job's chips (--auto-reset, after a crash), wait up to S "
-    "seconds for their links to train (default: the boards' bound, 60 s on Wormhole and "
-    "Blackhole; a reset that worked returns at once).",
+    "seconds for their links to train, and over several hosts for the cables between them "
+    "(default: the boards' bound: 60 s for links within a host, 180 s for Wormhole's cables "
+    "between hosts; a reset that worked returns as soon as they are up). A cable still down "
+    "then is named and the job is not restarted.",
 )
 @click.option(
     "--rank-binding",

@@ -27,12 +27,11 @@ class Recovery:
     timeout: float = 120.0
     retries: int = 2
     tt_smi: str | None = None
-    train_timeout: float | None = (
-        None  # seconds for links to train after tt-smi (None: the boards')
-    )
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
-    train_timeout: float | None = None  # cables between hosts, after a reset (None: the boards')
+    train_timeout: float | None = (
+        None  # links and cables to train after a reset (None: the boards')
+    )
 
 
 def reset_chips(

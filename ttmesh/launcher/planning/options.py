@@ -76,7 +76,6 @@ class LaunchOptions:
     hang_timeout: float | None
     ready_pattern: str | None
     tt_smi: str | None
-    train_timeout: float | None
     profile_name: str | None
     strict: bool
     health_interval: float | None

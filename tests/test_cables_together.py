@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,8 +43,8 @@ def test_either_end_down_resets_both_and_what_the_reset_takes_brings_the_far_end
     assert d.why == {"hostA": "its cables to hostB are reset at both ends",
                      "hostB": "1 cable end down"}  # fmt: skip
     assert [c.label() for c in d.together] == [
-        "hostA 0000:01:00.0 chan 8 <-> hostB 0000:31:00.0 chan 0",
-        "hostA 0000:02:00.0 chan 9 <-> hostB 0000:32:00.0 chan 1",
+        "hostA 0000:01:00.0 ch8 <-> hostB 0000:31:00.0 ch0",
+        "hostA 0000:02:00.0 ch9 <-> hostB 0000:32:00.0 ch1",
     ]
     assert together.pairs(d.together) == "2 between hostA and hostB"
 
@@ -63,17 +62,17 @@ def test_a_cable_is_up_only_when_both_its_ends_say_so_and_one_down_is_named_by_b
     assert together.verdict(after) == []
     after["hostA"] = [_end("a1", "0000:01:00.0", 8, "b1", 0, "down"), after["hostA"][1]]
     down = together.verdict(after)
-    assert [c.label() for c in down] == ["hostA 0000:01:00.0 chan 8 <-> hostB 0000:31:00.0 chan 0"]
+    assert [c.label() for c in down] == ["hostA 0000:01:00.0 ch8 <-> hostB 0000:31:00.0 ch0"]
     line = together.bad_cable_line(down[0], 180.0)
     assert line == (
-        "cable hostA 0000:01:00.0 chan 8 <-> hostB 0000:31:00.0 chan 0 is still down after both "
+        "cable hostA 0000:01:00.0 ch8 <-> hostB 0000:31:00.0 ch0 is still down after both "
         "ends were reset together and 180 s of training: reseat or replace that cable, then "
         "ttmesh reset --hosts hostA,hostB"
     )
     # A host that did not report its ends: a cable down at the other end is named by the far
     # chip's unique id; one up there is left to that host's own line ("no answer").
     only_a = together.verdict({"hostA": after["hostA"]})
-    assert [c.label() for c in only_a] == ["hostA 0000:01:00.0 chan 8 <-> chip b1 chan 0"]
+    assert [c.label() for c in only_a] == ["hostA 0000:01:00.0 ch8 <-> chip b1 ch0"]
 
 
 # --------------------------------------------------------------------------- simulated hosts
@@ -98,27 +97,34 @@ def t3ks(tmp_path: Path) -> Iterator[list]:
         yield hosts
 
 
+def _reset_at(hosts: list, every: list[str], chips: list[str], train_timeout: float) -> dict:
+    """Each host's step 2 (``ttmesh _recover --reset``) at one agreed moment, run at once as
+    mpirun runs them, each its own process; host -> its HostRecovery."""
+    import subprocess
+    import sys
+
+    at = f"{time.time() + 0.6:.3f}"  # both started by then (late: a note, not a failure)
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "ttmesh", "_recover", "--root", str(h.root), "--chips",
+         ",".join(every), "--reset", ",".join(chips) or ",", "--at", at, "--train-timeout",
+         str(train_timeout)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) for h in hosts]  # fmt: skip
+    out = {}
+    for i, p in enumerate(procs):
+        stdout, stderr = p.communicate(timeout=60)
+        outcome = afterjob.parse(stdout)
+        assert outcome is not None, stderr
+        out[f"h{i}"] = outcome
+    return out
+
+
 def _together(t3ks: list, train_timeout: float = 5.0) -> tuple[dict, together.Decision, dict]:
     """Both hosts' checks, the decision, and each host's reset at one agreed moment."""
     every = _chips(t3ks[0]) + _chips(t3ks[1])
     checks = {f"h{i}": afterjob.check_host(h, every, peers=every) for i, h in enumerate(t3ks)}
     decision = together.decide(checks)
-    return checks, decision, _reset_at_once(t3ks, every, decision, train_timeout)
-
-
-def _reset_at_once(t3ks: list, every: list[str], decision: together.Decision,
-                   train_timeout: float) -> dict:  # fmt: skip
-    """Each host's reset at one agreed moment, at once, as one mpirun's fan-out runs them:
-    each host waits for its cables to train, which they do only once the other host has reset
-    its ends too (one after the other, the first would wait out its timeout alone)."""
-    at = time.time() + 0.2
-    with ThreadPoolExecutor(2) as pool:
-        futures = {
-            h: pool.submit(afterjob.reset_together, host, every, decision.resets[h], at=at,
-                           train_timeout=train_timeout)
-            for h, host in zip(("h0", "h1"), t3ks, strict=True)
-        }  # fmt: skip
-        return {h: f.result() for h, f in futures.items()}
+    chips = [a for h in ("h0", "h1") for a in decision.resets[h]]
+    return checks, decision, _reset_at(t3ks, every, chips, train_timeout)
 
 
 def test_one_host_reset_alone_leaves_the_cables_down_on_both_and_both_reset_together(
@@ -148,7 +154,7 @@ def test_a_bad_cable_stays_down_after_both_ends_are_reset_and_is_named_by_both(t
     down = together.verdict({h: o.cables for h, o in outcomes.items()})
     assert len(down) == 1, down
     name0 = next(e["name"] for e in outcomes["h0"].cables if e["chip"] == a and e["chan"] == ca)
-    assert down[0].a.label() == f"h0 {name0} chan {ca}" and down[0].b is not None
+    assert down[0].a.label() == f"h0 {name0} ch{ca}" and down[0].b is not None
     assert down[0].b.host == "h1" and down[0].b.state == "down"
     assert together.bad_cable_line(down[0], 1.0).endswith(
         "reseat or replace that cable, then ttmesh reset --hosts h0,h1"
@@ -179,6 +185,6 @@ def test_each_host_checks_resets_at_the_agreed_moment_and_reports_its_cable_ends
     assert [len(decision.resets[h]) for h in ("h0", "h1")] == [4, 4]
     assert checks["h0"].domains[decision.resets["h0"][0]] == checks["h0"].chips
     assert len(decision.together) == 8
-    outcomes = _reset_at_once(t3ks, every, decision, 5.0)
+    outcomes = _reset_at(t3ks, every, [a for h in ("h0", "h1") for a in decision.resets[h]], 5.0)
     assert {o.state for o in outcomes.values()} == {afterjob.RECOVERED}
     assert together.verdict({h: o.cables for h, o in outcomes.items()}) == []

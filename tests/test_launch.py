@@ -6,6 +6,7 @@ the torchrun-contract test imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -315,23 +316,61 @@ def test_sigint_while_a_failure_stops_the_job_is_a_stop(qb2: Path, tmp_path: Pat
     assert not [p for p in read_pids(tmp_path, "pid").values() if alive(p)]
 
 
+def _stat_field(pid: int, index: int) -> str:
+    """Field ``index`` (0: the state) after the command name in /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[index]
+
+
+READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)
+
+
+def _waits_for_the_front(guardian: int, front: int) -> bool:
+    """The guardian blocks in read(2) on a pipe the front holds: its verdict is written and it
+    waits for the front to take it (attempt/front.py, ``taken``)."""
+    try:
+        fields = Path(f"/proc/{guardian}/syscall").read_text().split()
+        if not fields or fields[0] != str(READ_SYSCALL):
+            return False
+        pipe = os.readlink(f"/proc/{guardian}/fd/{int(fields[1], 16)}")
+        held = {os.readlink(f"/proc/{front}/fd/{fd}") for fd in os.listdir(f"/proc/{front}/fd")}
+    except OSError:
+        return False
+    return pipe.startswith("pipe:") and pipe in held
+
+
+@pytest.mark.skipif(READ_SYSCALL is None, reason="read(2)'s number on this machine is unknown")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_as_a_failed_attempt_ends_is_not_lost(qb2: Path, tmp_path: Path, sig: int) -> None:
     """A stop signal the moment every rank of a failed attempt has ended, while the guardian
     makes its verdict (found by scripts/chaos.py): the guardian no longer acts on signals,
-    yet the job ends as stopped (128 + signal) and is not restarted."""
+    yet the job ends as stopped (128 + signal) and is not restarted.
+
+    The window is held open, not raced: the front is stopped (SIGSTOP) while both ranks fail
+    and the guardian writes its verdict; the stop reaches the front after that, and only then
+    is the front continued (an order a loaded machine can give)."""
     summary = tmp_path / "summary.json"
+    go = tmp_path / "go"
     proc = start_launch(
         qb2, "--tp-size", "2", "--max-restarts", "1", "--summary-json", str(summary),
-        *worker(f"pids={tmp_path}", "fail-after=1:0.3:3"),
+        *worker(f"pids={tmp_path}", f"await={go}", "exit=3"),
     )  # fmt: skip
     try:
         wait_for(lambda: len(read_pids(tmp_path, "pid")) == 2, what="workers")
         ranks = list(read_pids(tmp_path, "pid").values())
-        wait_for(lambda: not any(alive(p) for p in ranks), what="the ranks' end")
-        proc.send_signal(sig)
+        parents = {int(_stat_field(p, 1)) for p in ranks}
+        assert len(parents) == 1 and proc.pid not in parents, parents
+        guardian = parents.pop()
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: _stat_field(proc.pid, 0) == "T", what="the front stopped")
+        go.touch()
+        wait_for(lambda: _waits_for_the_front(guardian, proc.pid), what="the guardian's verdict")
+        proc.send_signal(sig)  # pending in the stopped front
+        os.kill(proc.pid, signal.SIGCONT)
         _out, err = proc.communicate(timeout=30)
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
     assert proc.returncode == 128 + sig, err
     assert "restarting" not in err

@@ -108,8 +108,8 @@ def test_a_cable_down_at_one_end_holds_the_start_naming_both_ends(base: Path) ->
     assert len(prepared.hosts_not_ready) == 1, prepared.hosts_not_ready
     host, what, fix = prepared.hosts_not_ready[0]
     bdf = reported[0][0].inv.chip(a).bdf or ""
-    assert host == "h0" and what.startswith(f"cable h0 {bdf} chan {ca} <-> h1 "), what
-    assert what.endswith(f" chan {cb} is down") and fix == (
+    assert host == "h0" and what.startswith(f"cable h0 {bdf} ch{ca} <-> h1 "), what
+    assert what.endswith(f" ch{cb} is down") and fix == (
         "reset both ends together: ttmesh reset --hosts h0,h1"
     ), (what, fix)
 
@@ -509,8 +509,8 @@ def test_a_bad_cable_is_named_by_both_ends_and_the_job_not_restarted(world: Path
     notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
     bad = [n for n in notes if n.startswith("ttmesh: cable ttmh-0 ")]
     assert len(bad) == 1, notes
-    assert f" chan {chan} <-> ttmh-1 0000:" in bad[0] and bad[0].endswith(
-        f" chan {peer_chan} is still down after both ends were reset together and 1 s of "
+    assert f" ch{chan} <-> ttmh-1 0000:" in bad[0] and bad[0].endswith(
+        f" ch{peer_chan} is still down after both ends were reset together and 1 s of "
         "training: reseat or replace that cable, then ttmesh reset --hosts ttmh-0,ttmh-1"
     ), bad
     assert any(n.startswith("ttmesh: not restarting: cable ttmh-0 ") for n in notes), notes

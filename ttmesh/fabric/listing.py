@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ttmesh.fabric import heartbeat, holders, links
+from ttmesh.fabric import domains, heartbeat, holders, links
 from ttmesh.fabric.devices import Inventory, discover
 from ttmesh.host.base import Host
 
@@ -27,11 +27,13 @@ def without_driver(host: Host, why: str) -> dict[str, Any]:
         "cables": [],
         "missing": [],
         "notes": [why],
+        "reset_domains": [],
+        "links_left_down": [],
     }
 
 
 def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
-    from ttmesh.runtime import leases
+    from ttmesh.runtime import leases, leftdown
 
     beats = heartbeat.poll(inv, timeout=timeout)
     held = leases.probe(inv.host, [c.asic_id for c in inv.chips])
@@ -73,4 +75,6 @@ def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
         "cables": links.observe_cables(inv),
         "missing": inv.missing,
         "notes": inv.notes,
+        "reset_domains": [d.to_json() for d in domains.domains(inv)],
+        "links_left_down": [e.to_json() for e in leftdown.read(inv.host)],
     }

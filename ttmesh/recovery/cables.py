@@ -63,7 +63,7 @@ def ends(inv: Inventory, mine: Iterable[str], peers: Iterable[str] | None = None
 
 
 def read(inv: Inventory, found: list[CableEnd]) -> list[CableEnd]:
-    """``found`` with the state each end reports now."""
+    """``found`` with the state each end reports now (``fabric.links.end_states``)."""
     states = links.end_states(inv, [(e.chip, e.chan) for e in found])
     return [CableEnd(e.chip, e.name, e.chan, e.peer, e.peer_chan, states[(e.chip, e.chan)])
             for e in found]  # fmt: skip

@@ -35,7 +35,7 @@ class Side:
     state: str
 
     def label(self) -> str:
-        return f"{self.host} {self.name} chan {self.chan}"
+        return f"{self.host} {self.name} ch{self.chan}"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Cable:
         return LinkState.DOWN in (self.a.state, self.b.state if self.b else LinkState.UNKNOWN)
 
     def label(self) -> str:
-        other = self.b.label() if self.b else f"chip {self.peer[0]} chan {self.peer[1]}"
+        other = self.b.label() if self.b else f"chip {self.peer[0]} ch{self.peer[1]}"
         return f"{self.a.label()} <-> {other}"
 
 

@@ -155,7 +155,7 @@ class Peers:
 
         mine = afterjob.check_host(host, chips, peers=None, always=always,
                                    train_timeout=train_timeout)  # fmt: skip
-        wait = self.mh.heartbeat_timeout + 60.0
+        wait = self.mh.heartbeat_timeout + 30.0  # every host checks at once, in seconds
         try:
             said = self.coord.barrier(f"{name}/check", asdict(mine), wait)
         except TTMeshError as exc:

@@ -29,7 +29,9 @@ class Recovery:
     tt_smi: str | None = None
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
-    train_timeout: float | None = None  # cables between hosts, after a reset (None: the boards')
+    train_timeout: float | None = (
+        None  # links and cables to train after a reset (None: the boards')
+    )
 
 
 def reset_chips(
@@ -58,6 +60,7 @@ def reset_chips(
             force=False,
             log=lambda m: note(f"reset: {m}"),
             tt_smi=recovery.tt_smi,
+            settle=recovery.train_timeout,
             own_pids=recovery.own_pids,
             progress=progress,
         )
@@ -104,7 +107,7 @@ def after_crash(
     plan = prepared.plan
     if result.code == 0 or plan.chipless:
         return None  # a chipless server leaves no chip to check
-    if peers is not None:
+    if peers is not None and peers.coord.lost is None:  # a host gone: each recovers alone
         if observer is not None:
             observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
         return recover_with_peers(prepared, recovery, peers, name, recovery.reset_on_failure)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
+from ttmesh.fabric.domains import mesh_peers
 from ttmesh.launcher.attempt.front import run_attempt
 from ttmesh.launcher.attempt.guardian import Options
 from ttmesh.launcher.attempt.record import AttemptResult
@@ -148,6 +149,7 @@ class JobRun:
                     cmd=" ".join(plan.ranks[0].argv),
                     symmetric_dram_mb=plan.symmetric_dram_mb,
                     labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+                    uses=mesh_peers(self.prepared.inv, plan.all_chips()),
                 )
             except TTMeshError as exc:
                 raise self._frozen_first(exc) from None

@@ -498,7 +498,8 @@ def test_ps_shows_every_root_by_default(qb2: Path, make_sim, tmp_path: Path) -> 
         listed = json.loads(run_cli("ps", "--json").out)["jobs"]
         (mine,) = [j for j in listed if j["job"] == job]
         assert mine["root"] == str(qb2.resolve()) and mine["state"] == "running"
-        text = run_cli("ps").out
+        # Wide enough that no cell is cut, whatever other jobs run on this machine meanwhile.
+        text = run_cli("ps", env={"COLUMNS": "1000"}).out
         assert job in text and str(qb2.resolve()) in text
         assert job in run_cli("ps", "--root", str(qb2)).out
         assert job not in run_cli("ps", "--root", str(other)).out

@@ -142,6 +142,23 @@ def test_a_cable_state_another_user_could_change_is_refused(tmp_path: Path, plan
     assert "refusing" in str(err.value) or "another user's" in str(err.value), err.value
 
 
+def test_a_cables_directory_of_other_files_is_refused_and_nothing_made(tmp_path: Path, cli) -> None:
+    """``--cables`` naming a directory that holds other files (``../../etc``) is refused in one
+    line before anything is written there or the host's root is made."""
+    other = tmp_path / "settings"
+    other.mkdir()
+    (other / "keep.conf").write_text("mine\n")
+    root = tmp_path / "h0"
+    res = cli("sim", "create", "--system", SYSTEM, "--host", "0", "--root", str(root),
+              "--cables", str(other))  # fmt: skip
+    assert res.code == 2, res.err
+    assert res.err.strip() == (
+        f"ttmesh: {other} is not empty and holds no cables (give --cables an empty or new "
+        "directory, or the one the other hosts use)"
+    )
+    assert sorted(p.name for p in other.iterdir()) == ["keep.conf"] and not root.exists()
+
+
 # --------------------------------------------------------------------------- over emulated hosts
 
 WHY = can_emulate()

@@ -403,6 +403,18 @@ def create(directory: str, owner: int, data: dict[str, Any], *, replace: bool = 
     store = Store(directory, owner)
     fd = store._open_dir()
     try:
+        listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            names = set(os.listdir(listing))
+        finally:
+            os.close(listing)
+        if "cables.json" not in names and names - {"cables.lock"}:
+            # Never a directory of other files (``--cables /etc``): only a new or empty one,
+            # or the cables of these hosts already.
+            raise CableError(
+                f"{directory} is not empty and holds no cables",
+                "give --cables an empty or new directory, or the one the other hosts use",
+            )
         lock = _lock(fd, os.fstat(fd).st_uid, store)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -42,6 +42,33 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "one worker per chip (per board on n300 systems). Default: every chip of the host.",
 )
 @click.option(
+    "--replicas",
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="replicas", example="2"),
+    metavar="N",
+    help="A serving fleet: N copies of the server, each on its own --tp-size chips (N x T in "
+    "all, placed on disjoint connected sub-meshes, whole reset units each), on a free loopback "
+    "port of its own, behind SGLang's router at the server's --host:--port (pip install "
+    "'ttmesh[router]'). One replica that fails is taken out of the router, its chips alone "
+    "checked and reset, and restarted (--max-restarts each) while the others serve. 1: one "
+    "server, as without it. vLLM is refused (it assigns chips to its own data-parallel ranks).",
+)
+@click.option(
+    "--replicas-parallel",
+    is_flag=True,
+    help="With --replicas: start every replica at once (default: each after the previous is "
+    "ready, or after 120 s, as a first start compiles for minutes and takes host memory).",
+)
+@click.option(
+    "--router-arg",
+    "router_args",
+    multiple=True,
+    metavar="ARG",
+    help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
+    "--router-arg=round_robin, --router-arg=--prometheus-port=29001). Its policy and health "
+    "checks are SGLang's defaults otherwise.",
+)
+@click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
+@click.option(
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
@@ -467,12 +494,57 @@ def _this_host(launch: Launch) -> int:
     return _run(launch, plan, mh)
 
 
+def _fleet(launch: Launch) -> int:
+    """--replicas N: N servers on their own chips behind SGLang's router (launcher.fleet)."""
+    from ttmesh.launcher.fleet import place, router
+    from ttmesh.launcher.job.summary import write_refusal
+    from ttmesh.render import note
+
+    o = launch.options
+    try:
+        if not o.dry_run:
+            router.check_installed()  # before the host is read or anything is planned
+        fp = place.plan_fleet(launch, o.host)
+        if not o.dry_run:
+            from ttmesh.launcher.planning import ports
+
+            ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
+    except TTMeshError as exc:
+        if o.summary_json and not o.dry_run:
+            write_refusal(o.summary_json, exc)
+        raise
+    serving = fp.replicas[0].prepared.plan.serving
+    note(f"{serving.profile.name}: {serving.profile.title}")
+    for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
+        note(f"note: {n}")
+    for f in serving.findings:
+        note(f"{f.severity}: {f.message} (fix: {f.fix})")
+    for n in fp.notes:
+        note(f"note: {n}")
+    if o.dry_run:
+        from ttmesh.render import emit_json
+
+        if o.as_json:
+            emit_json(fp.to_json(o.show_env))
+        else:
+            from ttmesh.cli.views import fleet_text
+
+            click.echo(fleet_text(fp.to_json(o.show_env)))
+        return 0
+    from ttmesh.cli import streams
+    from ttmesh.launcher.fleet.run import Fleet
+
+    streams.job_code = True
+    return Fleet(o, o.host, fp).run()
+
+
 # How each mode starts (``Launch.mode``, decided once by launcher.planning.options).
 START: dict[JobMode, Callable[[Launch], int]] = {
     JobMode.ONE_HOST: _this_host,
     JobMode.C10D: _this_host,
     JobMode.HOSTS: _agents,
     JobMode.MESH_OVER_HOSTS: _mesh_over_hosts,
+    JobMode.FLEET: _fleet,
 }
 
 
@@ -572,7 +644,10 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
     options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
     recovery = Recovery(
-        auto_reset=o.auto_reset, reset_on_failure=o.reset_on_failure, tt_smi=o.tt_smi
+        auto_reset=o.auto_reset,
+        reset_on_failure=o.reset_on_failure,
+        tt_smi=o.tt_smi,
+        contained=o.fleet_of is not None,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

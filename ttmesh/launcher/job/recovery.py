@@ -29,6 +29,11 @@ class Recovery:
     tt_smi: str | None = None
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
+    # One replica of a fleet (--fleet-of): its reset stops at its own chips and their board
+    # peers. The links from them to another replica's chips are in no replica's mesh (each
+    # replica is its own sub-mesh), so leaving them down breaks no one; following them would
+    # reset (or be refused by) the replicas that keep serving.
+    contained: bool = False
 
 
 def reset_chips(
@@ -59,6 +64,7 @@ def reset_chips(
             tt_smi=recovery.tt_smi,
             own_pids=recovery.own_pids,
             progress=progress,
+            expand_set=not recovery.contained,
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")

@@ -161,6 +161,10 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
         _until(lines, seen, "replica 1: ready: routed to")
         wait_for(lambda: _serving(router) == 2, timeout=30, what="both replicas in the router")
         assert _ask(router) == " Amsterdam."
+        shown = run_cli("ps").out  # the fleet, its router and each replica
+        assert f"{job}/router" in shown and f"{job}/r0" in shown and f"{job}/r1" in shown
+        fleet = next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
+        assert [r["state"] for r in fleet["fleet"]["replicas"]] == ["serving", "serving"]
         tree = [proc.pid, *procs.descendants(proc.pid)]
         plan = json.loads(run_cli("sim", "show", "--root", str(qb2), "--json").out)
         asic = {c["bdf"]: c["asic_id"] for c in plan["chips"]}
@@ -179,7 +183,7 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
         assert "replica 0: its /health does not answer: taken out of the router" in text
         resets = _resets(qb2)[before:]
         mine = json.loads(run_cli("ps", "--json").out)
-        chips = {j["job"]: j["ranks"][0]["bdfs"] for j in mine["jobs"] if j["job"].startswith(job)}
+        chips = {j["job"]: j["ranks"][0]["bdfs"] for j in mine["jobs"] if j.get("ranks")}
         r0 = {asic[b] for b in chips[f"{job}-r0"]}
         r1 = {asic[b] for b in chips[f"{job}-r1"]}
         assert resets and all(targets <= r0 for targets in resets), resets

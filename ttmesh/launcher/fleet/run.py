@@ -120,6 +120,7 @@ class Fleet:
         self.stop_sig: int | None = None
         self.failed: str | None = None  # why the fleet stops itself (its router cannot run)
         self.probed = 0.0
+        self.started = 0.0
 
     # ------------------------------------------------------------------ output
 
@@ -146,6 +147,7 @@ class Fleet:
             start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         m.state, m.started = STARTING, time.monotonic()
+        self.record()
         chips = f" on {','.join(m.replica.bdfs)}" if m.replica.bdfs else ""
         self.say(f"replica {m.replica.index} ({m.replica.job}): starting{chips} at {m.replica.url}")
         assert m.proc.stdout is not None and m.proc.stderr is not None
@@ -180,14 +182,17 @@ class Fleet:
             m.state = SERVING
             self.say(f"replica {k}: ready: routed to at {m.replica.url}")
             self._route()
+            self.record()
         elif RESTARTING.search(line):
             m.restarts += 1
+            self.record()
 
     def _down(self, m: Member, why: str) -> None:
         m.state = DOWN
         self.say(f"replica {m.replica.index}: {why}: taken out of the router")
         if self.router.running():
             self.router.remove(m.replica.url)
+        self.record()
 
     def _probe(self) -> None:
         now = time.monotonic()
@@ -217,6 +222,7 @@ class Fleet:
                 for t in m.readers:
                     t.join(timeout=5)
                 self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
+                self.record()
 
     # ------------------------------------------------------------------ the router
 
@@ -236,6 +242,7 @@ class Fleet:
                     return
                 time.sleep(0.5)
             self.router.start(serving)
+            self.record()
             return
         self.router.reconcile(serving)
 
@@ -244,9 +251,36 @@ class Fleet:
     def _handler(self, sig: int, _frame: object) -> None:
         self.stop_sig = sig
 
+    def record(self) -> None:
+        """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
+        FLEET`` stops them all). Each replica's own job has its record too."""
+        from ttmesh.errors import TTMeshError
+        from ttmesh.runtime import jobs
+
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.write(
+                {
+                    "job": self.fp.job, "pid": os.getpid(), "guardian": None,
+                    "root": str(self.host.root), "layout": "fleet", "attempt": 0,
+                    "started": self.started, "command": list(self.o.command), "ranks": [],
+                    "fleet": self.state(),
+                }
+            )  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "router": {
+                "url": self.fp.url, "pid": self.router.pid, "running": self.router.running(),
+                "restarts": max(0, self.router.starts - 1),
+            },
+            "replicas": [m.to_json() for m in self.members],
+        }  # fmt: skip
+
     def run(self) -> int:
         stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._handler) for sig in stops}
+        self.started = time.time()
+        self.record()
         try:
             self._loop()
         finally:
@@ -330,6 +364,12 @@ class Fleet:
         if self.o.summary_json:
             with contextlib.suppress(OSError), open(self.o.summary_json, "w") as f:
                 json.dump(summary, f, indent=2)
+        from ttmesh.errors import TTMeshError
+        from ttmesh.runtime import jobs
+
+        self.record()
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.close(self.fp.job, reason, code)
         shutil.rmtree(self.dir, ignore_errors=True)
         self.say(f"fleet {self.fp.job}: exit {code}: {reason}")
         return code

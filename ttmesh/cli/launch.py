@@ -407,6 +407,15 @@ def launch_cmd(**options: Any) -> int:
     is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
+    --replicas N runs a serving fleet: N copies of the server, each on --tp-size chips of its
+    own (disjoint, whole boards), its own descriptor and a free loopback port, behind SGLang's
+    router at the server's own --host:--port (pip install 'ttmesh[router]'). Each replica is a
+    job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
+    chips alone checked and reset, restarted under --max-restarts and put back, while the
+    others serve. Ctrl-C stops the router, then every replica within --grace. vLLM is refused:
+    it assigns chips to its own data-parallel ranks.
+
+    \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
     leased, frozen or whose links are down, and a host tt-umd cannot run on: a driver older
     than 2.0.0, no 1 GiB hugepages on a chip's NUMA node (unless an IOMMU translates for it),
@@ -429,6 +438,7 @@ def launch_cmd(**options: Any) -> int:
       ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 4 ...
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
+      ttmesh launch --sim quietbox2 --replicas 2 --tp-size 2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 2 --host 0.0.0.0 --port 30000
     """
     from ttmesh.launcher.planning.options import Launch, LaunchOptions
 

@@ -199,5 +199,7 @@ def _notes(fp: FleetPlan) -> None:
         fp.whole_host_reset = True
         fp.notes.append(
             "this host's reset is the whole host (a Galaxy: tt-smi -glx_reset resets every chip): "
-            "recovering one replica drains every replica first"
+            "a replica can be recovered only with every replica drained, which ttmesh does not "
+            "do yet; one whose chips need a reset stays stopped, and the others keep serving, "
+            "until the fleet stops (its chips are then checked and reset together)"
         )

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 STAGGER_BOUND = 120.0  # s: the next replica starts after this even if the previous is not ready
 PROBE_EVERY = 0.5  # s between health probes of a serving replica
+PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on a busy host
+PROBE_FAILURES = 3  # in a row take a replica out of the router (a refused connection: one)
 ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot serve)
 READY = re.compile(r"ready after [\d.]+ s at http://")
 RESTARTING = re.compile(r"restarting every rank in")
@@ -58,6 +60,7 @@ class Member:
     last: str = ""
     started: float = 0.0
     code: int | None = None
+    failures: int = 0  # /health failures in a row
     readers: list[threading.Thread] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -119,7 +122,8 @@ class Fleet:
         self.lock = threading.Lock()
         self.stop_sig: int | None = None
         self.failed: str | None = None  # why the fleet stops itself (its router cannot run)
-        self.probed = 0.0
+        self.probes: queue.Queue[tuple[int, bool, bool]] = queue.Queue()
+        self.done = threading.Event()
         self.started = 0.0
 
     # ------------------------------------------------------------------ output
@@ -179,7 +183,7 @@ class Fleet:
         m = self.members[k]
         m.last = line[-200:]
         if READY.search(line) and m.state in (STARTING, DOWN):
-            m.state = SERVING
+            m.state, m.failures = SERVING, 0
             self.say(f"replica {k}: ready: routed to at {m.replica.url}")
             self._route()
             self.record()
@@ -194,23 +198,47 @@ class Fleet:
             self.router.remove(m.replica.url)
         self.record()
 
-    def _probe(self) -> None:
-        now = time.monotonic()
-        if now - self.probed < PROBE_EVERY:
+    def _prober(self) -> None:
+        """In a thread of its own (a slow /health must not hold up the others): every
+        serving or taken-out replica's /health, each answer queued for the main loop."""
+        while not self.done.wait(PROBE_EVERY):
+            for m in list(self.members):
+                if m.state not in (SERVING, DOWN):
+                    continue
+                serving = m.replica.prepared.plan.serving
+                path = (serving.profile.ready_path if serving is not None else None) or "/health"
+                refused = False
+                try:
+                    with urllib.request.urlopen(m.replica.url + path, timeout=PROBE_TIMEOUT) as r:
+                        ok = r.status == 200
+                except ConnectionRefusedError:
+                    ok, refused = False, True  # nothing listens: the server is gone
+                except OSError:  # an HTTP error, or no answer within the timeout
+                    ok = False
+                except ValueError:
+                    ok = False
+                self.probes.put((m.replica.index, ok, refused))
+
+    def _probed(self, k: int, ok: bool, refused: bool) -> None:
+        """A /health answer: ``PROBE_FAILURES`` failures in a row (or a refused connection)
+        take a serving replica out of the router; a taken-out one that answers goes back."""
+        m = self.members[k]
+        if ok:
+            m.failures = 0
+            if m.state == DOWN:
+                m.state = SERVING
+                self.say(f"replica {k}: ready: routed to at {m.replica.url} (its /health answers)")
+                self._route()
+                self.record()
             return
-        self.probed = now
-        for m in self.members:
-            if m.state != SERVING:
-                continue
-            path = m.replica.prepared.plan.serving.health_url or "/health"
-            url = path if path.startswith("http") else m.replica.url + path
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as reply:
-                    ok = reply.status == 200
-            except OSError:
-                ok = False
-            if not ok:
-                self._down(m, "its /health does not answer")
+        m.failures += 1
+        if m.state == SERVING and (refused or m.failures >= PROBE_FAILURES):
+            why = (
+                "nothing listens at its port"
+                if refused
+                else (f"its /health failed {m.failures} times in a row")
+            )
+            self._down(m, why)
 
     def _reap(self) -> None:
         for m in self.members:
@@ -281,9 +309,11 @@ class Fleet:
         previous = {sig: signal.signal(sig, self._handler) for sig in stops}
         self.started = time.time()
         self.record()
+        threading.Thread(target=self._prober, daemon=True).start()
         try:
             self._loop()
         finally:
+            self.done.set()
             try:
                 self._stop_all()
             finally:
@@ -301,7 +331,9 @@ class Fleet:
                 while True:
                     self._event(*self.events.get_nowait())
             self._reap()
-            self._probe()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._probed(*self.probes.get_nowait())
             if time.monotonic() - last_route > 1.0:
                 self._route()
                 last_route = time.monotonic()
@@ -340,8 +372,10 @@ class Fleet:
         first = self.fp.replicas[0].prepared
         if first.plan.chipless:
             return
+        from ttmesh.errors import TTMeshError
+
         asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
-        with contextlib.suppress(Exception):
+        try:
             first.inv = discover(self.host)
             down = [
                 p for p in health.preflight(first.inv, asics, (os.getpid(),), system=False)
@@ -350,6 +384,8 @@ class Fleet:
             if down:
                 self.say(f"the fleet's chips: {down[0].what}: resetting them together")
                 reset_chips(first, Recovery(tt_smi=self.o.tt_smi), asics)
+        except (OSError, TTMeshError) as exc:
+            self.say(f"the fleet's chips could not be checked: {exc} (see ttmesh check)")
 
     def _finish(self) -> int:
         if self.stop_sig is not None:
@@ -361,11 +397,17 @@ class Fleet:
             code = codes[0] if codes else 0
             reason = "every replica's job ended"
         summary = self.to_json(code, reason)
-        if self.o.summary_json:
-            with contextlib.suppress(OSError), open(self.o.summary_json, "w") as f:
-                json.dump(summary, f, indent=2)
-        from ttmesh.errors import TTMeshError
+        from ttmesh import paths
+        from ttmesh.errors import BAD_INPUT, TTMeshError
         from ttmesh.runtime import jobs
+
+        if self.o.summary_json:
+            try:  # never through a link another user planted (paths.write_text)
+                text = json.dumps(summary, indent=2) + "\n"
+                paths.write_text(self.o.summary_json, text, "--summary-json")
+            except TTMeshError as err:
+                self.say(str(err))  # said, never silent; a fleet that succeeded then ends 2
+                code = code or BAD_INPUT
 
         self.record()
         with contextlib.suppress(OSError, TTMeshError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ttmesh.errors import bad_input
+from ttmesh.render import plural
 
 if TYPE_CHECKING:
     from ttmesh.launcher.planning.options import LaunchOptions
@@ -68,7 +69,7 @@ def request(o: LaunchOptions, req: LaunchRequest) -> None:
         want = o.replicas * req.tp_size
         if len(named) != want:
             raise bad_input(
-                f"--chips names {len(named)} chips; --replicas {o.replicas} of "
-                f"{req.tp_size} chips take {want}",
+                f"--chips names {plural(len(named), 'chip')}; --replicas {o.replicas} of "
+                f"{plural(req.tp_size, 'chip')} take {want}",
                 f"name {want} chips (replica k takes the k-th {req.tp_size}), or drop --chips",
             )

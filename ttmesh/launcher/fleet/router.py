@@ -135,12 +135,19 @@ class Router:
 
     def last_line(self) -> str:
         """The last line of its log (for a router that died, and the summary)."""
-        with contextlib.suppress(OSError):
-            with open(self.log, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-            return _plain(lines[-1])[-200:] if lines else ""
-        return ""
+        try:  # its tail only: the log grows with every request (in the fleet's own 0700 dir)
+            fd = os.open(self.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return ""
+        try:
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, 4096, max(0, size - 4096))
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
+        lines = [ln for ln in tail.decode(errors="replace").splitlines() if ln.strip()]
+        return _plain(lines[-1])[-200:] if lines else ""
 
     def stop(self, grace: float) -> None:
         """SIGTERM (it stops taking requests and drains), SIGKILL after ``grace``."""

@@ -70,8 +70,11 @@ class Member:
             "state": self.state, "restarts": self.restarts, "pid": self.proc.pid if self.proc else None,
             "code": self.code, "last_line": self.last,
         }  # fmt: skip
-        with contextlib.suppress(OSError, ValueError), open(self.summary) as f:
-            out["outcome"] = json.load(f)
+        from ttmesh import fileread
+        from ttmesh.errors import TTMeshError
+
+        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
+            out["outcome"] = json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
         return out
 
 

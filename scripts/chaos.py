@@ -21,6 +21,12 @@ varies). A fault aimed at a moment waits for an observable event and then a rand
 * end: every rank of a failed attempt has ended, the guardian makes its verdict;
 * recovery: tt-smi is resetting the chips of a crashed fabric job (resets made slow).
 
+The cases over hosts (group ``hosts``, as root: scripts/emuhosts.py) run one tt-metal mesh over
+two emulated T3Ks whose 8 cables are one shared state (a cable trains only when both its ends
+are reset together); either host's ``ttmesh _rank`` or rank is SIGKILLed at start-up or while
+running. The job must restart and end 0, and afterwards every cable must be up from both ends
+(``ttmesh check --hosts``, given the cables' training time).
+
 Expected outcomes follow docs/architecture.md: a rank's code; 130/143 for SIGINT/SIGTERM to
 ttmesh at any moment (no restart after either); 137 and "launcher killed" when ttmesh is
 SIGKILLed while its guardian lives (the guardian finishes), "ttmesh killed (its processes are
@@ -51,6 +57,7 @@ import fnmatch
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,12 +71,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO / "scripts"))  # emuhosts: the emulated hosts' namespaces
 TW = REPO / "tests" / "workers" / "tw.py"
 TAG = "ttmesh-test-worker"
 SYSTEM = "quietbox2"  # 4 Blackhole chips in a ring: every link is between the job's chips
+HOSTS_SYSTEM = "dual-t3k"  # the cases over hosts: two T3Ks and the 8 cables between them
 SESSION = f"{os.getpid()}-{os.urandom(3).hex()}"
 LAUNCH_TIMEOUT = 90.0  # a ttmesh that has not exited by then is a violation
 SETTLE = 30.0  # after ttmesh exits: until a finishing guardian (or orphaned tt-smi) is gone
+CABLES_SETTLE = 15.0  # beyond their training time: until the hosts' cables must be up again
 
 # A worker for what tw.py can't do per rank: readiness by rank, a failure on the first
 # attempts only, a crash when the harness says so. Argv: TAG key=value ...
@@ -97,7 +107,7 @@ if attempt < int(opts.get("fail-attempts", "0")) and str(rank) == opts.get("fail
     time.sleep(float(opts.get("after", "0.2")))
     sys.stderr.write(f"rank {rank} failing on purpose (attempt {attempt})\n")
     sys.exit(int(opts["code"]))
-time.sleep(float(opts.get("sleep", "3600")))
+time.sleep(float(opts.get(f"sleep{attempt}", opts.get("sleep", "3600"))))
 """
 
 # Job records: how ttmesh says a job ended (ttmesh/launcher/job/run.py, attempt/guardian.py, runtime/jobs.py).
@@ -314,6 +324,8 @@ class Trial:
         self.reset_ok: str | None = None  # why a `ttmesh reset` may be needed (by design)
         self.holds: list[int] = []  # holder processes injected (killed by design before reset)
         self.reset_seconds = 0.0
+        self.hosts: list = []  # emulated hosts of a case over hosts (create_hosts)
+        self.train = 0.0  # their cables' training time
         env = {
             k: v
             for k, v in os.environ.items()
@@ -355,6 +367,53 @@ class Trial:
         self.bdfs = sorted(
             p.name for p in (self.root / "sys" / "bus" / "pci" / "devices").iterdir()
         )
+
+    def create_hosts(self, system: str = HOSTS_SYSTEM) -> None:
+        """Every host of ``system`` emulated (scripts/emuhosts.py: its own hostname, /tmp and
+        simulated root), their cables one shared state in the run's directory (training in
+        0.2-1 s, resets within 20 s of each other train it), mpirun reaching them through a
+        launch agent that enters a host's namespaces instead of ssh."""
+        import emuhosts
+
+        from ttmesh.sim.create import create
+        from ttmesh.sim.system import ClusterModel, load_any
+
+        self.dir.mkdir(parents=True)
+        self.xdg.mkdir(mode=0o700)
+        self.out.mkdir()
+        model = load_any(system)
+        assert isinstance(model, ClusterModel)
+        self.hosts = emuhosts.make_hosts(self.dir, len(model.hosts))
+        self.train = round(self.rng.uniform(0.2, 1.0), 2)
+        config = {"reset_seconds": 0.0, "cable_train_seconds": self.train, "cable_window": 20.0}
+        for i, host in enumerate(self.hosts):
+            create(model.host(i), host.root, config=config, cables=self.dir / f"{system}.cables")
+        agent = self.dir / "agent"
+        run = 'cd / && exec sh -c "$0"'  # COMMAND, as ssh hands it to the remote shell
+        table = "\n".join(
+            f"  {h.name}) exec env "
+            + " ".join(shlex.quote(f"{k}={v}") for k, v in h.env().items())
+            + " " + shlex.join(h.wrap(["sh", "-c", run])) + ' "$*" ;;'
+            for h in self.hosts
+        )  # fmt: skip
+        agent.write_text(
+            "#!/bin/bash\n"
+            'while [[ "$1" == -* ]]; do shift; done\n'
+            'host="$1"; shift\n'
+            f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
+        )
+        agent.chmod(0o755)
+        self.env.update(
+            OMPI_MCA_plm_rsh_agent=str(agent),
+            PRTE_MCA_plm_ssh_agent=str(agent),
+            OMPI_MCA_oob_tcp_if_include="lo",
+            OMPI_MCA_btl_tcp_if_include="lo",
+            OMPI_MCA_btl="self,tcp",
+            PYTHONPATH=str(REPO),
+        )
+
+    def names(self) -> str:
+        return ",".join(h.name for h in self.hosts)
 
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
         return self.cli_start(*args, env=env).result(timeout)
@@ -405,8 +464,9 @@ class Trial:
         else:
             command = [sys.executable, str(TW), TAG, f"pids={pid_dir}", *(worker or [])]
         err = self.out / f"{job}.err"
+        where = ["--hosts", self.names()] if self.hosts else ["--root", str(self.root)]
         argv = [
-            sys.executable, "-m", "ttmesh", "launch", "--root", str(self.root), "--job-id", job,
+            sys.executable, "-m", "ttmesh", "launch", *where, "--job-id", job,
             "--summary-json", str(self.out / f"{job}.summary.json"), *options, "--", *command,
         ]  # fmt: skip
         with err.open("w") as f:
@@ -480,7 +540,7 @@ class Trial:
         before = {la.job for la in self.launches if (runs / la.job).exists()}
         for pid in self.holds:  # by design: a foreign holder is stopped by its owner
             kill(pid, signal.SIGKILL)
-        health = self.cli_start("check", "--root", str(self.root), "--json")
+        health = None if self.hosts else self.cli_start("check", "--root", str(self.root), "--json")
         code, out, err = self.cli("ps", "--all", "--json")
         records = {}
         if code == 0:
@@ -496,10 +556,11 @@ class Trial:
         from ttmesh.host.base import Host
         from ttmesh.runtime import leases
 
-        lock_dir = self.root / "run" / "lock" / "ttmesh"
-        asics = [p.stem for p in lock_dir.glob("*.lock")]
-        for asic, holder in leases.probe(Host(self.root), asics).items():
-            self.violation(f"lease left on {asic}: job {holder.job} pid {holder.pid}")
+        for root in [h.root for h in self.hosts] or [self.root]:
+            lock_dir = root / "run" / "lock" / "ttmesh"
+            asics = [p.stem for p in lock_dir.glob("*.lock")]
+            for asic, holder in leases.probe(Host(root), asics).items():
+                self.violation(f"lease left on {asic}: job {holder.job} pid {holder.pid}")
         # Exit codes, job records, tracebacks.
         for la in self.launches:
             text = la.err.read_text(errors="replace")
@@ -530,6 +591,9 @@ class Trial:
             status = str(rec.get("status"))
             if exp.status is not None and not status.startswith(exp.status):
                 self.violation(f"record says {status!r}, expected {' or '.join(exp.status)!r}")
+        if health is None:
+            self.check_hosts()
+            return
         # The host: healthy, after a reset only where the case can't be recovered by design.
         code, out, err = health.result()
         if code != 0:
@@ -546,6 +610,21 @@ class Trial:
                     )
                 else:
                     self.note(f"reset needed ({self.reset_ok})")
+
+    def check_hosts(self) -> None:
+        """Every host healthy and every cable between them up, from both ends (ttmesh check
+        --hosts), once the cables had the time to train; else the first line of why."""
+        deadline = time.monotonic() + 10 * self.train + CABLES_SETTLE
+        while True:
+            code, _out, err = self.cli("check", "--hosts", self.names(), timeout=180)
+            if code == 0:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(self.train)
+        lines = [ln for ln in err.splitlines() if ln.startswith("ttmesh: ")]
+        self.violation(f"hosts unhealthy after the job (check --hosts exit {code}): "
+                       f"{(lines[-1] if lines else err.strip())[:400]}")  # fmt: skip
 
     def cleanup(self) -> None:
         for la in self.launches:
@@ -1029,6 +1108,84 @@ for _target, _sig in (
     case(f"mpi-{_target}-{_sig.lower()}", "mpi", needs="mpirun")(_mpi_run)
 
 
+# -- over emulated hosts: one mesh over two T3Ks ------------------------------------------
+
+
+def emuhosts_why() -> str | None:
+    """Why hosts cannot be emulated here (None: they can)."""
+    import emuhosts
+
+    return emuhosts.can_emulate() or (None if shutil.which("mpirun") else "needs mpirun")
+
+
+def _host_of(pid: int, t: Trial) -> int | None:
+    """The index of the emulated host ``pid`` runs on (its TTMESH_ROOT), None: this machine."""
+    for entry in environ(pid):
+        if entry.startswith(b"TTMESH_ROOT="):
+            root = entry.split(b"=", 1)[1].decode(errors="replace")
+            for i, h in enumerate(t.hosts):
+                if root == str(h.root):
+                    return i
+    return None
+
+
+def _agents(la: Launch) -> dict[int, int]:
+    """host index -> pid of the job's ttmesh there (``ttmesh _rank``, the rank's parent)."""
+    found = {}
+    for pid, cmd in marked([f"TTMESH_JOB_ID={la.job}"]).items():
+        if " -m ttmesh _rank" in f" {cmd}":
+            host = _host_of(pid, la.trial)
+            if host is not None:
+                found[host] = pid
+    return found
+
+
+def _hosts_kill(t: Trial, target: str) -> None:
+    """A mesh over two emulated T3Ks (one rank per host, all 16 chips, the fabric open on
+    every host): SIGKILL of ``target`` (``agent`` or ``rank``) on a random host at a random
+    moment of the first attempt. The job must restart and end 0 (attempt 2 exits at once);
+    after it every cable is up from both ends, and nothing of it is left."""
+    t.create_hosts()
+    host = t.rng.randrange(len(t.hosts))
+    moment = t.rng.choice(["startup", "running"])
+    la = t.launch("--grace", "1", "--mesh-layout", "mesh", "--nproc-per-node", "1",
+                  "--tp-size", "16", "--max-restarts", "1",
+                  inline={"sleep0": "60", "sleep": "0.2"}, n=2)  # fmt: skip
+
+    def pid_of() -> int | None:
+        if target == "agent":
+            return _agents(la).get(host)
+        pids = {r: p for r, p in la.workers().items() if _host_of(p, t) == host}
+        return next(iter(pids.values()), None)
+
+    if moment == "startup":  # as soon as it is there: the agent still does its host's duties
+        pid = t.until(f"the {target} on host {host}", pid_of, timeout=60, poll=0.002)
+        t.sleep(0, 0.05)
+        t.hit("startup" if la.started_workers() < la.n else "running")
+    else:
+        t.until("every worker", lambda: la.started_workers() == la.n, timeout=60)
+        t.sleep(0, 1.0)
+        pid = pid_of()
+        if pid is None:
+            raise Missed(f"the {target} on host {host} was gone")
+        t.hit("running")
+    if not kill(int(pid), signal.SIGKILL):  # type: ignore[arg-type]
+        raise Missed(f"the {target} on host {host} was gone")
+    la.expect = Expect({0}, None)
+    t.faults += 1
+    t.note(f"on host {host}")
+    la.wait(LAUNCH_TIMEOUT + 60)
+
+
+for _target in ("agent", "rank"):
+
+    def _hosts_run(t: Trial, target: str = _target) -> None:
+        _hosts_kill(t, target)
+
+    _hosts_run.__doc__ = f"over two emulated T3Ks: SIGKILL of the {_target} on either host"
+    case(f"hosts-{_target}-sigkill", "hosts", needs="mpirun")(_hosts_run)
+
+
 # =========================================================================== the matrix
 
 
@@ -1051,6 +1208,10 @@ def run_one(c: Case, index: int, seed: str, base: Path) -> Outcome:
     t0 = time.monotonic()
     if c.needs and shutil.which(c.needs) is None:
         return Outcome(c.name, index, True, [], [], None, 0, 0.0, skipped=f"{c.needs} not found")
+    if c.group == "hosts":
+        why = emuhosts_why()
+        if why is not None:
+            return Outcome(c.name, index, True, [], [], None, 0, 0.0, skipped=why)
     t = Trial(c, index, seed, base)
     missed = None
     try:

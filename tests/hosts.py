@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conftest import REPO, SESSION
 
@@ -96,8 +97,20 @@ def make_hosts(
     )
     hosts = [Host(**vars(h)) for h in emuhosts.plan_hosts(base, len(models), net)]
     for host, m in zip(hosts, models, strict=True):
-        create(m, host.root, config={"reset_seconds": 0.0})
+        create(m, host.root, config={"reset_seconds": 0.0, **CABLES}, cables=cables_dir(base, m))
     return hosts
+
+
+# The hosts' cables train in CABLES' time (not a Wormhole's 90 s) when both ends are reset
+# within its window: one mpirun's fan-out resets them nearly at once, on a loaded machine
+# seconds apart at most.
+CABLES = {"cable_train_seconds": 0.3, "cable_window": 20.0}
+
+
+def cables_dir(base: Path, model: Any) -> Path | None:
+    """Where the hosts of a multi-host system share their cables: in ``base``, which every
+    host sees (None: a single-host system, no cables)."""
+    return base / f"{model.name}.cables" if model.system_cables else None
 
 
 def launch_agent(base: Path, hosts: list[Host]) -> Path:

@@ -42,6 +42,7 @@ CHECK_KEYS = [
     "system",
     "umd_locks",
     "shm",
+    "cables",
 ]
 CHIP_KEYS = [
     "asic_id",

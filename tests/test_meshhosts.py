@@ -88,6 +88,32 @@ def test_two_t3ks_join_through_their_eight_cables(base: Path) -> None:
     assert [c.host_of[sel.grid[(0, col)]] for col in range(16)] == [0] * 8 + [1] * 8
 
 
+def test_a_cable_down_at_one_end_holds_the_start_naming_both_ends(base: Path) -> None:
+    """Host 0 reads one end of a cable down (it was reset alone): its report carries its cable
+    ends, and the plan's hosts not ready name that cable by host, PCI address and channel on
+    both sides, with the reset of both hosts as the fix."""
+    from ttmesh.cli.hosts import open_host
+
+    _reports(base, "dual-t3k")  # the two roots
+    h0 = open_host(base / "dual-t3k-0")
+    with h0.sim.change() as state:
+        a, ca, b, cb = h0.sim.remote_links()[0]
+        state["links_down"] = [h0.sim.link_key(a, ca, b, cb)]
+    reported = _reports(base, "dual-t3k")
+    assert [len(v.cable_ends) for v, _w, _h in reported] == [8, 8]
+    names = [view.name for view, _w, _h in reported]
+    req = LaunchRequest(command=[], tp_size=16, layout="mesh", nproc=1, job="mh-test",
+                        run_dir="/run-dir", cwd="/", strict_links=True)  # fmt: skip
+    prepared = meshhosts.plan_over(req, reported, _mh(names), descriptor_only=True)
+    assert len(prepared.hosts_not_ready) == 1, prepared.hosts_not_ready
+    host, what, fix = prepared.hosts_not_ready[0]
+    bdf = reported[0][0].inv.chip(a).bdf or ""
+    assert host == "h0" and what.startswith(f"cable h0 {bdf} ch{ca} <-> h1 "), what
+    assert what.endswith(f" ch{cb} is down") and fix == (
+        "reset both ends together: ttmesh reset --hosts h0,h1"
+    ), (what, fix)
+
+
 def test_four_galaxies_are_placed_by_their_wiring_not_their_order(base: Path) -> None:
     """Hosts named 0,2,1,3: the 8x16 torus still runs 0-1-2-3 along its ring (the cables say
     so); ranks are node-major in the given order, host ranks their place in the mesh."""
@@ -435,7 +461,9 @@ def test_a_mesh_over_hosts_on_a_network_of_their_own(world: Path) -> None:
 @needs_mpirun
 def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world: Path) -> None:
     """Each rank brings up its host's links (a crash leaves them down, as on hardware); after
-    the failed attempt every host checks and resets its own chips, then all ranks restart."""
+    the failed attempt every host checks its chips and cable ends, both hosts reset together
+    (a T3K's reset takes its eight chips, so every cable's both ends), the cables train, every
+    cable is verified from both ends, then all ranks restart."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     crash_once = "exit $(( TORCHELASTIC_RESTART_COUNT == 0 ? 7 : 0 ))"
@@ -451,9 +479,78 @@ def test_a_crash_over_hosts_is_recovered_on_every_host_before_all_restart(world:
         assert notes.index(recovered[0]) < next(
             i for i, n in enumerate(notes) if "restarting every rank" in n
         ), notes
+    together = [n for n in notes if "cables reset together at both ends and trained" in n]
+    assert len(together) == 1 and ": 8 between ttmh-0 and ttmh-1 (" in together[0], notes
+    assert notes.index(together[0]) < next(
+        i for i, n in enumerate(notes) if "restarting every rank" in n
+    ), notes
     assert "ttmesh: attempt 2: every rank succeeded (exit 0" in res.stderr
     after = _run(hosts, agent, "check", "--hosts", "HOSTS")
     assert after.returncode == 0, after.stdout + after.stderr
+
+
+@needs_hosts
+@needs_mpirun
+def test_a_bad_cable_is_named_by_both_ends_and_the_job_not_restarted(world: Path) -> None:
+    """Rank 0's first attempt makes one cable bad (it never trains again), then crashes: both
+    hosts reset together, the cable stays down after the training wait, and ttmesh names it by
+    host, PCI address and channel on both sides, with what to do; no restart, the rank's code."""
+    from ttmesh.sim.core import SimRoot
+
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    asic, chan, _peer, peer_chan = SimRoot(str(hosts[0].root)).remote_links()[0]
+    spoil = ('[ "$RANK" = 0 ] && "$0" -m ttmesh sim fault --root "$TTMESH_SIM_ROOT" bad-cable '
+             f'{asic} --channel {chan} >/dev/null; exit 7')  # fmt: skip
+    res = _run(hosts, agent, "launch", "--hosts", "HOSTS", "--mesh-layout", "mesh",
+               "--nproc-per-node", "1", "--tp-size", "16", "--max-restarts", "1",
+               "--train-timeout", "1", "--", "sh", "-c", spoil, sys.executable, TAG)  # fmt: skip
+    assert res.returncode == 7, res.stdout + res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    bad = [n for n in notes if n.startswith("ttmesh: cable ttmh-0 ")]
+    assert len(bad) == 1, notes
+    assert f" ch{chan} <-> ttmh-1 0000:" in bad[0] and bad[0].endswith(
+        f" ch{peer_chan} is still down after both ends were reset together and 1 s of "
+        "training: reseat or replace that cable, then ttmesh reset --hosts ttmh-0,ttmh-1"
+    ), bad
+    assert any(n.startswith("ttmesh: not restarting: cable ttmh-0 ") for n in notes), notes
+    assert "restarting every rank" not in res.stderr, notes
+    assert "cables reset together at both ends and trained: 7 between ttmh-0 and ttmh-1" in (
+        res.stderr
+    ), notes
+
+
+@needs_hosts
+@needs_mpirun
+def test_one_host_reset_alone_holds_the_start_until_auto_reset_resets_both(world: Path) -> None:
+    """Host 0 reset by itself downs every cable on both sides: a launch names one (by both
+    ends) and how many more, starting nothing (exit 3); --auto-reset resets both hosts
+    together, the cables train, and the job runs."""
+    hosts = make_hosts(world, "dual-t3k")
+    agent = launch_agent(world, hosts)
+    alone = subprocess.run([sys.executable, "-m", "ttmesh", "reset", "--root", str(hosts[0].root)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    args = ["launch", "--hosts", "HOSTS", "--mesh-layout", "mesh", "--nproc-per-node", "1",
+            "--tp-size", "16"]  # fmt: skip
+    held = _run(hosts, agent, *args, "--", "true")
+    assert held.returncode == 3, held.stdout + held.stderr
+    last = held.stderr.strip().splitlines()[-1]
+    assert last.startswith("ttmesh: host ttmh-0 is not ready: pre-flight: cable ttmh-0 0000:"), last
+    assert (
+        " <-> ttmh-1 0000:" in last
+        and " is down (and 7 more) (on ttmh-0: reset both ends "
+        "together: ttmesh reset --hosts ttmh-0,ttmh-1, or add --auto-reset"
+        in last
+    ), last
+    ran = _run(hosts, agent, *args, "--auto-reset", "--", "true")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    notes = [ln for ln in ran.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    for host in ("ttmh-0", "ttmh-1"):
+        assert f"ttmesh: host {host}: 8 cable ends down: chips reset and verified" in (
+            "\n".join(notes)
+        ), notes
+    assert any(": 8 between ttmh-0 and ttmh-1 (" in n for n in notes), notes
 
 
 def test_a_hosts_recovery_first_ends_what_the_job_left_there() -> None:
@@ -489,7 +586,7 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
     """The command exists on host 0 only: host 1's rank ends in its ttmesh before it runs
     ("not started on ttmh-1", 127). The job is refused with that line and code, with no restart
     though --max-restarts allows one; the rank that had started on host 0 was stopped, and that
-    host's chips were checked and recovered first."""
+    host's chips were checked and recovered first, host 1's ends of their cables with them."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     name = f"ttmesh-job-{os.getpid()}.sh"
@@ -509,10 +606,14 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
     assert notes[-1] == (
         f"ttmesh: not started on ttmh-1: cannot run /tmp/{name}: No such file or directory"
     ), notes
-    assert notes[-2].startswith("ttmesh: host ttmh-0: ") and notes[-2].endswith(
-        "chips reset and verified", 0, notes[-2].rindex(" (")
+    assert notes[0].startswith("ttmesh: host ttmh-0: ") and notes[0].endswith(
+        "chips reset and verified", 0, notes[0].rindex(" (")
     ), notes
-    assert len(notes) == 2 and "restarting" not in res.stderr, notes
+    # Host 0's rank died with the fabric open: its cables are down from both ends (the shared
+    # cable state), so host 1 resets its ends for them.
+    assert notes[1].startswith("ttmesh: host ttmh-1: 8 cable ends down: chips reset"), notes
+    assert notes[2].startswith("ttmesh: cables reset together at both ends and trained: 8 "), notes
+    assert len(notes) == 4 and "restarting" not in res.stderr, notes
     assert (world / "started-0").exists() and not (world / "started-1").exists()
 
 
@@ -521,8 +622,9 @@ def test_a_rank_not_started_on_its_host_refuses_the_job_after_the_others_recover
 def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     """Links down between the job's chips on one host (its report says so): the start is
     refused in one line naming that host, and nothing starts anywhere or is reset; with
-    --auto-reset that host's chips are reset before anything starts, the other host's left
-    alone."""
+    --auto-reset that host's chips are reset before anything starts, and the other host's
+    ends of the cables that reset takes with them (a cable trains only when both ends are reset
+    together)."""
     hosts = make_hosts(world, "dual-t3k")
     agent = launch_agent(world, hosts)
     fault = subprocess.run([sys.executable, "-m", "ttmesh", "sim", "fault", "--root",
@@ -548,11 +650,13 @@ def test_auto_reset_over_hosts_recovers_before_the_start(world: Path) -> None:
     fixed = _run(hosts, agent, *job, "--auto-reset", "--", "touch", str(marker))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert marker.exists()
-    notes = [ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host ")]
-    assert len(notes) == 1 and notes[0].startswith(
+    notes = sorted(ln for ln in fixed.stderr.splitlines() if ln.startswith("ttmesh: host "))
+    assert len(notes) == 2, fixed.stderr
+    assert notes[0].startswith("ttmesh: host ttmh-0: its cables to ttmh-1 are reset at both ends")
+    assert notes[1].startswith(
         "ttmesh: host ttmh-1: 2 of 2 links between 0000:31:00.0 and 0000:4b:00.0 are down"
     ), fixed.stderr
-    assert notes[0].split(": ")[-1].startswith("chips reset and verified")
+    assert all(n.split(": ")[-1].startswith("chips reset and verified") for n in notes)
 
 
 # --------------------------------------------------------------------------- ls/check/reset --hosts

@@ -383,3 +383,26 @@ def test_a_wrong_token_and_a_duplicate_node_rank_are_refused(two_qb2) -> None:
         for p in good:
             p.send_signal(signal.SIGINT)
         _finish(good, timeout=30)
+
+
+@needs_hosts
+def test_a_crash_over_nnodes_resets_both_hosts_cable_ends_together(world: Path) -> None:
+    """Two T3Ks by hand (--nnodes 2): rank 0 brings the fabric up and crashes once. Both agents
+    check, publish their cable ends through the store and take the same decision: both hosts
+    reset (a T3K's reset takes every chip, so every cable's both ends), the cables train and are
+    verified from both ends, then both restart together and exit 0."""
+    hosts = make_hosts(world, "dual-t3k")
+    crash_once = (f'{sys.executable} {TW} {TAG} fabric exit=0; '
+                  'exit $(( TORCHELASTIC_RESTART_COUNT == 0 && RANK == 0 ? 7 : 0 ))')  # fmt: skip
+    results = _finish(_agents(hosts, _port(), "--tp-size", "16", "--max-restarts", "1",
+                              "--", "sh", "-c", crash_once))  # fmt: skip
+    for code, _o, err in results:
+        assert code == 0, err
+    for (_c, _o, err), host in zip(results, ("ttmh-0", "ttmh-1"), strict=True):
+        notes = [ln for ln in err.splitlines() if ln.startswith("ttmesh: ")]
+        mine = [n for n in notes if n.startswith(f"ttmesh: host {host}: ")]
+        assert len(mine) == 1 and "chips reset and verified" in mine[0], notes
+        together = [n for n in notes if "cables reset together at both ends and trained" in n]
+        assert len(together) == 1 and ": 8 between ttmh-0 and ttmh-1 (" in together[0], notes
+        restart = next(i for i, n in enumerate(notes) if "restarting every rank" in n)
+        assert notes.index(together[0]) < restart, notes

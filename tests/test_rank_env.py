@@ -114,7 +114,9 @@ def _runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_direct_ranks_get_what_the_dry_run_shows(qb2: Path, tmp_path: Path) -> None:
     # --env wins over torchrun's one OpenMP thread, as over every default of ttmesh's.
-    _same_env(qb2, tmp_path, ["--tp-size", "2", "--env", "OMP_NUM_THREADS=4"], threads="4")
+    # --op-timeout reaches the ranks as the dry run shows it (TT_METAL_OPERATION_TIMEOUT_SECONDS).
+    _same_env(qb2, tmp_path, ["--tp-size", "2", "--env", "OMP_NUM_THREADS=4", "--op-timeout", "7.5"],
+              threads="4")  # fmt: skip
 
 
 @needs_mpirun

@@ -390,16 +390,16 @@ def test_a_hostile_host_of_another_user_is_one_line_for_root(users, tmp_path: Pa
 
 
 def test_recovery_after_a_crash_resets_nothing_for_the_system_software(build) -> None:
-    """A host's recovery after a job (``ttmesh _recover``, run on every host of a mesh over
-    several) resets chips when a reset can fix them: not for missing hugepages or an old
+    """A host's recovery after a job (``ttmesh _recover --check``, run on every host of a mesh
+    over several) calls for a reset when a reset can fix the chips: not for missing hugepages or an old
     driver, which pre-flight refuses before the next start instead."""
     root = build()
     fault(root, "no-hugepages")
     fault(root, "old-kmd")
     asic = "00008a26321e00c1"
-    res = run_cli("_recover", "--root", str(root), "--chips", asic)
+    res = run_cli("_recover", "--root", str(root), "--check", "--chips", asic)
     assert res.code == 0, res.err
-    line = next(ln for ln in res.out.splitlines() if ln.startswith("@@ttmesh-recover"))
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("@@ttmesh-check"))
     assert json.loads(line.split(" ", 1)[1])["state"] == "healthy", line
     shown = json.loads(run_cli("sim", "show", "--root", str(root), "--json").out)
     assert shown["resets"] == 0

@@ -595,7 +595,11 @@ def test_sim_create_builds_one_host_of_several(cli: Callable[..., Any], tmp_path
     root = tmp_path / "t3k-b"
     r = cli("sim", "create", "--system", "dual-t3k", "--host", "1", "--root", str(root))
     assert r.code == 0, r.err
-    assert r.out.strip() == f"simulated dual-t3k host 1 of 2 (8 chips) at {root}"
+    assert r.out.splitlines() == [
+        f"simulated dual-t3k host 1 of 2 (8 chips) at {root}",
+        f"cables to the other hosts: {tmp_path / 'dual-t3k.cables'} (give every host of dual-t3k "
+        "the same --cables DIR)",
+    ]
     assert json.loads((root / ".ttmesh-sim").read_text())["host"] == 1
     written = clusterdesc.load(root / "cluster_descriptor.yaml")
     theirs = clusterdesc.load(CAPTURES / "dual-t3k-host1.yaml")

@@ -27,6 +27,7 @@ import pytest
 from conftest import REPO, TAG, TW, alive, run_cli, start_launch, wait_for, worker
 from users import (
     NEEDS_NOBODY,
+    NOBODY_UID,
     User,
     users_fixture,  # noqa: F401  (the fixture "users")
     world_dir,
@@ -671,3 +672,89 @@ def test_a_link_planted_at_an_output_in_a_shared_directory_is_not_written_throug
     finally:
         shutil.rmtree(top, ignore_errors=True)
         shutil.rmtree(victim_dir, ignore_errors=True)
+
+
+HOLD_LEASES = (
+    "import sys\n"
+    "from ttmesh.cli.hosts import open_host\n"
+    "from ttmesh.fabric import domains\n"
+    "from ttmesh.fabric.devices import discover\n"
+    "from ttmesh.runtime import leases\n"
+    "host = open_host(sys.argv[1]); inv = discover(host)\n"
+    "chips = [inv.by_bdf()[b].asic_id for b in sys.argv[2:]]\n"
+    "held = leases.acquire(host, chips, 'serve', cmd='serve', uses=domains.mesh_peers(inv, chips))\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_reset_beside_another_users_job_and_the_record_it_leaves(
+    two: dict[str, User], shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root resets a free board of a QuietBox 2 while nobody's job runs on the other: the
+    reset stops at the links between them (neither job's mesh uses them) and never touches
+    nobody's chips. The record of those links lives in the shared lease directory: a link
+    nobody planted at its name is replaced, never written through; a record nobody wrote is
+    not believed by root (it could make root's jobs refuse)."""
+    from conftest import stock_model
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.runtime import leases, leftdown
+    from ttmesh.sim import core
+    from ttmesh.sim.create import create
+
+    nobody = two["nobody"]
+    env = _env(shared)
+    top = world_dir("ttmesh-beside-", 0o755)
+    qb2 = create(stock_model("quietbox2"), top / "qb2", config={"reset_seconds": 0.0})
+    subprocess.run(["chmod", "-R", "a+rX", str(top)], check=True)
+    victim_dir = Path(tempfile.mkdtemp(prefix="ttmesh-victim-"))
+    victim = victim_dir / "victim"
+    victim.write_text("root's own\n")
+    record = shared / leftdown.NAME
+    job = None
+    try:
+        planted = nobody.py("import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                            str(victim), str(record))  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        job = nobody.popen(
+            nobody.argv(nobody.python, "-c", HOLD_LEASES, str(qb2), "0000:05:00.0",
+                        "0000:07:00.0", env=env),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+        monkeypatch.setenv("TTMESH_RUNTIME_DIR", str(shared))
+        host = open_host(qb2)
+        theirs = {core.asic_hex(core.SimRoot(str(qb2)).chip_by_bdf(b)["unique_id"])
+                  for b in ("0000:05:00.0", "0000:07:00.0")}  # fmt: skip
+        found = leases.probe(host, sorted(theirs))
+        assert {i.user for i in found.values()} == {"nobody"} and all(
+            i.uses for i in found.values()
+        )
+        res = run_cli("reset", "--root", str(qb2), "--chips", "0000:01:00.0",
+                      "--backoff", "0", env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        assert "job serve of user nobody" in res.err
+        (done,) = core.SimRoot(str(qb2)).read_state()["resets"]
+        assert not theirs & set(done["targets"]) and len(done["targets"]) == 2
+        assert job.poll() is None and set(leases.probe(host, sorted(theirs))) == theirs
+        assert victim.read_text() == "root's own\n"
+        st = record.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0
+        assert len(leftdown.read(host)) == 2
+        seen = nobody.run("ls", "--json", "--root", str(qb2), env=env)
+        assert len(json.loads(seen.stdout)["links_left_down"]) == 2  # root's: believed by all
+        text = record.read_text()
+        record.unlink()
+        wrote = nobody.py("import sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+                          str(record), text)  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        assert record.stat().st_uid == NOBODY_UID
+        assert leftdown.read(host) == []
+        listed = run_cli("ls", "--json", "--root", str(qb2), env=env)
+        assert json.loads(listed.out)["links_left_down"] == []
+    finally:
+        if job is not None:
+            job.communicate(input="", timeout=30)
+        shutil.rmtree(victim_dir, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)

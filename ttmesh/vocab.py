@@ -97,6 +97,9 @@ class ChipProcess:
     uid: int | None = None  # the user it runs as (a lease: the user whose job it is)
     verified: bool = False  # a lease whose record, file owner and live holder agree
     related: tuple[int, ...] = ()  # a lease: every process of its job that holds it
+    # a lease: the chips its job's mesh reaches over Ethernet from this chip (None: the record
+    # does not say, so every link of the chip counts as used)
+    uses: tuple[str, ...] | None = None
 
     @property
     def who(self) -> str:

@@ -83,10 +83,16 @@ def check_cmd(
     finds all links up), so a link that vanished after a crash shows as down.
 
     \b
+    With --hosts, every cable between the hosts is shown with both ends (each end as its own
+    host's firmware reports it); a cable down from either end makes the check fail (exit 1),
+    naming it and the reset of both hosts together that brings it back.
+
+    \b
     Examples:
       ttmesh check --sim quietbox2
       ttmesh check --chips 0000:01:00.0,0000:03:00.0 --strict
       ttmesh check --json | jq '.problems[] | .fix'
+      ttmesh check --hosts node0,node1
     """
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
@@ -110,6 +116,11 @@ def check_cmd(
 
         python = activemod.find_ttnn_python(ttnn_python)  # no ttnn: exit 2 before anything
     report = health.check(inv, selected, strict=strict, requires=requires)
+    from ttmesh.cli.onhosts import CABLES_META
+    from ttmesh.fabric.links import observe_cables
+
+    cables = observe_cables(inv)  # this host's ends; check --hosts joins both ends of each
+    click.get_current_context().meta[CABLES_META] = cables
     shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
     if (shm_note := shm.note()) is not None:
         report.notes.append(shm_note)
@@ -125,6 +136,7 @@ def check_cmd(
 
         data = report.to_json()
         data["shm"] = shm.to_json()
+        data["cables"] = cables
         if active:
             data["active"] = (
                 probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}

@@ -138,6 +138,26 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "profile gives its own, e.g. 30 for SGLang].",
 )
 @click.option(
+    "--fabric-grace",
+    type=seconds(example="20"),
+    default=20.0,
+    show_default=True,
+    metavar="S",
+    help="A rank still bringing up the fabric when the job stops (it printed tt-metal's "
+    "'Initializing Fabric' and has not marked the fabric open: TTMESH_FABRIC_FILE, or "
+    "tt-metal's 'Devices initialized') gets up to S seconds beyond --grace to finish or abort "
+    "before SIGKILL: killed mid bring-up, Ethernet cores stay wedged ('Fabric Router Sync: "
+    "Timeout' in the next job). 0: no extra wait.",
+)
+@click.option(
+    "--op-timeout",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="Set TT_METAL_OPERATION_TIMEOUT_SECONDS=S for the ranks: a dispatch operation that "
+    "takes longer raises in the rank instead of hanging. It bounds dispatch operations, not "
+    "opening the mesh (the fabric's bring-up); see --ready-timeout for that. Default: off.",
+)
+@click.option(
     "--on-reset-notice",
     type=click.Choice(["stop", "pass"]),
     default="stop",
@@ -322,7 +342,16 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     type=seconds(zero=False, example="600"),
     metavar="S",
     help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
-    "matching --ready-pattern), or the job is treated as hung: stopped, recovered, restarted.",
+    "matching --ready-pattern), or the job is treated as hung: every rank's Python stacks are "
+    "dumped (py-spy), then it is stopped, recovered, restarted.",
+)
+@click.option(
+    "--hang-timeout",
+    type=seconds(zero=False, example="900"),
+    metavar="S",
+    help="A job whose ranks print nothing for S seconds is treated as hung: every rank's "
+    "Python stacks are dumped (py-spy), then it is stopped, recovered, restarted (exit 124 "
+    "when out of restarts). Default: off.",
 )
 @click.option(
     "--ready-pattern",
@@ -331,6 +360,17 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "lookaround; matched in linear time).",
 )
 @click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
+@click.option(
+    "--train-timeout",
+    "train_timeout",
+    type=seconds(example="60"),
+    metavar="S",
+    help="When ttmesh resets the job's chips (--auto-reset, after a crash), wait up to S "
+    "seconds for their links to train, and over several hosts for the cables between them "
+    "(default: the boards' bound: 60 s for links within a host, 180 s for Wormhole's cables "
+    "between hosts; a reset that worked returns as soon as they are up). A cable still down "
+    "then is named and the job is not restarted.",
+)
 @click.option(
     "--rank-binding",
     metavar="FILE.yaml",
@@ -625,7 +665,11 @@ def _check_planned(launch: Launch, prepared: Prepared) -> None:
     """The options that could only be checked against the plan."""
     o = launch.options
     if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
-        for flag, given in (("--reset-on-failure", o.reset_on_failure), ("--tt-smi", o.tt_smi)):
+        for flag, given in (
+            ("--reset-on-failure", o.reset_on_failure),
+            ("--tt-smi", o.tt_smi),
+            ("--train-timeout", o.train_timeout is not None),
+        ):
             if given:
                 assert prepared.plan.serving is not None
                 raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
@@ -657,7 +701,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         auto_reset=o.auto_reset,
         reset_on_failure=o.reset_on_failure,
         tt_smi=o.tt_smi,
-        contained=o.fleet_of is not None,
+        train_timeout=o.train_timeout,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

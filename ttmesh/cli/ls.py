@@ -22,7 +22,8 @@ def ls_cmd(host: Any, as_json: bool) -> int:
     \b
     Chips are named by unique id (ASIC) and PCI address; /dev/tenstorrent/N numbers are shown
     as they are now (they change across resets). Remote chips (the right half of an n300) have
-    no PCI address and are reached through their partner.
+    no PCI address and are reached through their partner. Cables to other hosts are listed by
+    this host's end; with --hosts, each cable once with both ends (down from either: down).
     """
     from ttmesh.fabric import listing
 
@@ -37,6 +38,9 @@ def ls_cmd(host: Any, as_json: bool) -> int:
             sys.stderr.write(f"ttmesh: {exc}\n")
             return exc.code
     data = listing.report(host)
+    from ttmesh.cli.onhosts import CABLES_META
+
+    click.get_current_context().meta[CABLES_META] = data["cables"]
     if as_json:
         from ttmesh.render import emit_json
 

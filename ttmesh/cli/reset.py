@@ -43,6 +43,16 @@ from ttmesh.render import plural
     help="Seconds one tt-smi run may take; then it is killed and the attempt failed.",
 )
 @click.option(
+    "--train-timeout",
+    "train_timeout",
+    type=seconds(example="60"),
+    default=None,
+    metavar="S",
+    help="Seconds to wait after tt-smi for the chips' links to train before calling the "
+    "attempt failed (default: the boards' bound, 60 s on Wormhole and Blackhole; polled, so "
+    "a reset that worked returns at once).",
+)
+@click.option(
     "--retries",
     type=whole(low=0, high=100, example="2"),
     default=2,
@@ -71,6 +81,7 @@ def reset_cmd(
     no_expand: bool,
     force: bool,
     timeout: float,
+    train_timeout: float | None,
     retries: int,
     tt_smi: str | None,
     as_json: bool,
@@ -80,16 +91,20 @@ def reset_cmd(
     """Reset chips safely with tt-smi, then verify they recovered.
 
     \b
-    1. The chips named grow to whole boards and to every chip Ethernet-linked to them,
+    1. The chips named grow to their reset domains (a PCI device and the chips behind it;
+       a Galaxy's whole host: see ttmesh ls) and to every chip Ethernet-linked to them,
        transitively (resetting one end of a link leaves the other failing to train); the
-       set is printed. --no-expand resets only the chips named, with a warning.
+       set is printed. It stops only at a link to another live job's chip that neither
+       job's mesh uses: that link is left down and recorded, and the next job that needs
+       it resets both ends first. --no-expand resets only the chips named, with a warning.
     2. Refuses (exit 3) while another ttmesh job leases a chip of the set, or a process
        holds one; --force stops such processes (never another job's workers).
     3. Runs `tt-smi -r <PCI addresses>`, naming only addresses that exist (tt-smi resets
        EVERY device when no target matches); on a Galaxy `tt-smi -glx_reset`.
     4. Ignores tt-smi's exit code and verifies: every chip back (found by PCI address and
        unique id, whatever its /dev/tenstorrent number), heartbeats advancing, links
-       between the chips up. Retries up to --retries times.
+       between the chips up, polled until right or --train-timeout passes. Retries up to
+       --retries times.
 
     \b
     On a terminal a live table shows each chip's stage as it goes (resetting, waiting for
@@ -130,6 +145,7 @@ def reset_cmd(
         expand_set=not no_expand,
         tt_smi=tt_smi,
         backoff=backoff,
+        settle=train_timeout,
         inv=inv,
     )
     from ttmesh.cli.live import enabled

@@ -73,12 +73,20 @@ def _recognised(spec: dict) -> str:
     "--wait", "wait_s", type=seconds(example="120"), default=120.0, show_default=True, metavar="S",
     help="Seconds to wait for the job to end (0: do not wait).",
 )  # fmt: skip
-def stop_cmd(job: str, wait_s: float) -> int:
+@click.option(
+    "--dump", is_flag=True,
+    help="Before stopping the ranks, write every rank's Python stacks (py-spy dump) and, when "
+    "tt-triage is on PATH, its report, to the job's dump directory; the job's summary and "
+    "--summary-json name the files. Needs py-spy: pip install 'ttmesh[debug]'.",
+)  # fmt: skip
+def stop_cmd(job: str, wait_s: float, dump: bool) -> int:
     """Stop a running job gracefully, from another terminal (as Ctrl-C would).
 
     \b
     The job's launcher gets SIGTERM: it stops every worker (a server drains first), checks and
-    recovers the chips, and exits 143. A launcher stopped with SIGSTOP or Ctrl-Z is continued
+    recovers the chips, and exits 143. A rank still bringing up the fabric gets --fabric-grace
+    more before SIGKILL. With --dump the ranks' stacks are written first (a hung job: "the
+    stack before you kill it"). A launcher stopped with SIGSTOP or Ctrl-Z is continued
     so that it can. Exit 0 once the job has ended, 1 if it is still running after --wait, 2
     when no such job of yours runs (see ttmesh ps).
     """
@@ -93,6 +101,8 @@ def stop_cmd(job: str, wait_s: float) -> int:
     target, target_start = pid, start
     if not procs.alive(pid, start):  # the launcher is gone: its guardian finishes the job
         target, target_start = int(record.get("guardian") or -1), record.get("guardian_start")
+    if dump:
+        _ask_dump(job)
     try:
         sent = procs.signal_if_same(target, target_start, signal.SIGTERM)
     except PermissionError:
@@ -120,3 +130,21 @@ def stop_cmd(job: str, wait_s: float) -> int:
     if wait_s > 0:
         raise failed(f"job {job} is still running after {wait_s:g} s", "see ttmesh ps")
     return 0
+
+
+def _ask_dump(job: str) -> None:
+    """Leave the dump request in the job's run directory (private, the user's), read by its
+    guardian when the SIGTERM comes."""
+    import os
+
+    from ttmesh.runtime import jobs
+
+    run_dir = jobs.runs_dir() / job
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        os.close(os.open(run_dir / jobs.DUMP_REQUEST, flags, 0o600))
+    except OSError as exc:
+        raise bad_input(
+            f"cannot ask job {job} for its stacks: {run_dir}: {exc.strerror or exc}",
+            "stop it without --dump",
+        )

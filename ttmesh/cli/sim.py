@@ -61,6 +61,25 @@ def sim_systems() -> None:
     help="How fast live chips' heartbeats advance (default: the firmware's, 10 Hz; "
     "Blackhole reports it, Wormhole's is not published).",
 )
+@click.option(
+    "--cables",
+    "cables_dir",
+    metavar="DIR",
+    help="Of a host of a system of several hosts: the directory every host of the system "
+    "shares its cables in (both ends of a cable change together). Default: beside --root, "
+    "named after the system (DIR/../SYSTEM.cables).",
+)
+@click.option(
+    "--cable-window",
+    type=seconds(example="5"),
+    help="How close together both ends of a cable must be reset for it to train (default 5 s).",
+)
+@click.option(
+    "--cable-train-seconds",
+    type=seconds(example="90"),
+    help="How long a cable takes to train after both ends were reset (default: the board's "
+    "external links, 90 s Wormhole, 60 s Blackhole).",
+)
 def sim_create(
     system: str | None,
     capture: str | None,
@@ -68,13 +87,19 @@ def sim_create(
     host_index: int | None,
     force: bool,
     heartbeat_hz: float | None,
+    cables_dir: str | None = None,
+    cable_window: float | None = None,
+    cable_train_seconds: float | None = None,
 ) -> None:
     """Build a simulated host under DIR: driver files, cluster descriptor, tt-smi stand-in.
 
     \b
     A system of several hosts is built one host per root: --host N builds host N, whose cluster
     descriptor has its own chips and, as tt-umd shows them on a real multi-host system, every
-    cable to another host as a link to a remote device (the peer chip's unique id).
+    cable to another host as a link to a remote device (the peer chip's unique id). The cables
+    are one state every host of the system shares (--cables DIR): resetting one end downs a
+    cable on both sides; it trains again only when both ends are reset within --cable-window
+    seconds, --cable-train-seconds after the later reset.
 
     \b
     --from-capture rebuilds the host a field capture saw (ttmesh doctor --capture): its chips
@@ -86,10 +111,13 @@ def sim_create(
     \b
     Examples:
       ttmesh sim create --system t3k --root /tmp/t3k
+      ttmesh sim create --system dual-t3k --host 0 --root /tmp/t3k-a
       ttmesh sim create --system dual-t3k --host 1 --root /tmp/t3k-b
+        (both share their cables in /tmp/dual-t3k.cables)
       ttmesh sim create --system t3k --heartbeat-hz 2 --root /tmp/t3k-slow
       ttmesh sim create --from-capture host.tar.gz --root /tmp/field
     """
+    import os
     from pathlib import Path
 
     from ttmesh.errors import bad_input
@@ -99,7 +127,15 @@ def sim_create(
             "give one of --system NAME and --from-capture FILE",
             "e.g. --system quietbox2 (see ttmesh sim systems)",
         )
+    cable_flags = {
+        "--cables": cables_dir,
+        "--cable-window": cable_window,
+        "--cable-train-seconds": cable_train_seconds,
+    }
     if capture is not None:
+        for flag, value in cable_flags.items():
+            if value is not None:
+                raise bad_input(f"{flag} goes with --system NAME --host N", f"drop {flag}")
         if host_index is not None:
             raise bad_input("--host goes with --system", "a capture is one host: drop --host")
         if heartbeat_hz is not None:
@@ -124,10 +160,32 @@ def sim_create(
 
     assert system is not None
     model = load_host(system, host_index)
-    config = None if heartbeat_hz is None else {"heartbeat_hz": float(heartbeat_hz)}
-    path = create(model, Path(root), force=force, config=config)
+    if not model.system_cables:
+        for flag, value in cable_flags.items():
+            if value is not None:
+                raise bad_input(
+                    f"{flag} goes with a host of a system of several hosts",
+                    f"drop {flag} ({model.name} has no cables between hosts)",
+                )
+    config: dict[str, float] = {}
+    if heartbeat_hz is not None:
+        config["heartbeat_hz"] = float(heartbeat_hz)
+    if cable_window is not None:
+        config["cable_window"] = float(cable_window)
+    if cable_train_seconds is not None:
+        config["cable_train_seconds"] = float(cable_train_seconds)
+    shared = Path(cables_dir) if cables_dir is not None else None
+    path = create(model, Path(root), force=force, config=config or None, cables=shared)
     which = "" if model.host is None else f" host {model.host} of {model.hosts}"
     click.echo(f"simulated {model.name}{which} ({plural(len(model.chips), 'chip')}) at {path}")
+    if model.system_cables:
+        from ttmesh.sim.create import default_cables_dir
+
+        where = Path(os.path.abspath(shared or default_cables_dir(model, Path(root))))
+        click.echo(
+            f"cables to the other hosts: {where} (give every host of {model.name} the same "
+            "--cables DIR)"
+        )
 
 
 @sim_group.group("fault", context_settings=CONTEXT)
@@ -139,6 +197,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
     \b
     Examples:
       ttmesh sim fault --sim quietbox2 link-down 0000:01:00.0 0000:05:00.0
+      ttmesh sim fault --root /tmp/t3k-a bad-cable 0000:ca:00.0 --channel 6
       ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
       ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
@@ -165,6 +224,30 @@ def fault_link_down(host: Any, chip_a: str, chip_b: str, channel: int | None) ->
 
     keys = faults.link_down(host, chip_a, chip_b, channel)
     click.echo(f"link-down: {plural(len(keys), 'link')} between {chip_a} and {chip_b}")
+
+
+@sim_fault.command("bad-cable", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.option(
+    "--channel",
+    type=whole(low=0, high=1023),
+    metavar="C",
+    help="Only the cable on the chip's channel C (default: every cable of the chip).",
+)
+@click.pass_obj
+def fault_bad_cable(host: Any, chip: str, channel: int | None) -> None:
+    """A cable from this host's chip BDF to another host never trains again, whatever is reset
+    (a bad cable, a dead port): both hosts see it down. ttmesh sim clear (on either host)
+    mends it."""
+    from ttmesh.sim import faults
+
+    done = faults.bad_cable(host, chip, channel)
+    for c in done:
+        a, b = c["ends"]
+        click.echo(
+            f"bad-cable: host {a['host']} {a['asic']} ch{a['chan']} <-> host {b['host']} "
+            f"{b['asic']} ch{b['chan']}"
+        )
 
 
 @sim_fault.command("chip-dead", context_settings=CONTEXT)
@@ -384,6 +467,23 @@ def sim_show(host: Any, as_json: bool) -> None:
     if f["permanent"]:
         armed.append("permanently dead: " + ", ".join(f["permanent"]))
     click.echo("armed: " + (", ".join(armed) or "none"))
+    shared = view.get("cables")
+    if shared is not None:
+        rows = shared["cables"]
+        up = sum(1 for c in rows if c["state"] == "up")
+        click.echo(
+            f"cables to other hosts: {up} of {len(rows)} up (shared in {shared['dir']}; "
+            f"window {shared['config']['cable_window']:g} s, training "
+            f"{shared['config']['cable_train_seconds']:g} s)"
+        )
+        for c in rows:
+            if c["state"] == "up":
+                continue
+            a, b = c["local"], c["remote"]
+            click.echo(
+                f"  host {a['host']} {a['bdf'] or a['asic']} ch{a['chan']} <-> host {b['host']} "
+                f"{b['asic']} ch{b['chan']}: {c['state']}" + (f" ({c['why']})" if c["why"] else "")
+            )
     for m in view["fabric_marks"]:
         status = "open" if m["alive"] else "ABANDONED (links down)"
         click.echo(f"fabric mark: pid {m['pid']} {status}: {', '.join(m['chips'])}")
@@ -410,9 +510,28 @@ def sim_show(host: Any, as_json: bool) -> None:
 @click.option(
     "--reset-seconds", type=seconds(example="0.5"), help="How long a simulated reset takes."
 )
-def sim_config(host: Any, heartbeat_hz: float | None, reset_seconds: float | None) -> None:
-    """Show or change a simulated host's timing."""
+@click.option(
+    "--cable-window",
+    type=seconds(example="5"),
+    help="How close together both ends of a cable must be reset for it to train (shared by "
+    "every host of the system).",
+)
+@click.option(
+    "--cable-train-seconds",
+    type=seconds(example="90"),
+    help="How long a cable takes to train after both ends were reset (shared by every host of "
+    "the system).",
+)
+def sim_config(
+    host: Any,
+    heartbeat_hz: float | None,
+    reset_seconds: float | None,
+    cable_window: float | None = None,
+    cable_train_seconds: float | None = None,
+) -> None:
+    """Show or change a simulated host's timing (and its system's cables')."""
     from ttmesh.sim import faults
 
-    config = faults.set_config(host, heartbeat_hz, reset_seconds)
+    cable = {"cable_window": cable_window, "cable_train_seconds": cable_train_seconds}
+    config = faults.set_config(host, heartbeat_hz, reset_seconds, cable)
     click.echo(", ".join(f"{k}={v:g}" for k, v in sorted(config.items())))

@@ -64,11 +64,53 @@ def ls_text(data: dict) -> str:
             out.append(
                 f"  {link['state']}: {a['asic_id']} ch{a['chan']} <-> {b['asic_id']} ch{b['chan']}"
             )
+    cables = data.get("cables") or []
+    if cables:
+        counts: dict[str, int] = {}
+        for c in cables:
+            counts[c["state"]] = counts.get(c["state"], 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        out.append(f"Cables to other hosts: {summary} (this end; ttmesh ls --hosts: both ends)")
+        for c in cables:
+            if c["state"] != "up":
+                peer = c["peer"]
+                out.append(
+                    f"  {c['state']}: {c['bdf'] or c['asic_id']} ch{c['chan']} <-> "
+                    f"{peer['asic_id']} ch{peer['chan']} (on another host)"
+                )
+    out.extend(_domains_text(data, bdf_of))
     for note in data["notes"]:
         out.append(f"note: {note}")
     for asic in data["missing"]:
         out.append(f"missing: chip {asic} is in the topology but not on the host")
     return "\n".join(out)
+
+
+def _domains_text(data: dict, bdf_of: dict) -> list[str]:
+    """``ttmesh ls``'s reset domains (what one reset takes, the links it downs) and the links
+    a reset left down beside another job."""
+    doms = data.get("reset_domains") or []
+    out = (
+        [f"\nReset domains ({len(doms)}): what one reset takes, and the links it downs"]
+        if doms
+        else []
+    )
+    for d in doms:
+        names = [bdf_of.get(a) or f"remote {a}" for a in d["chips"]]
+        border = sum(1 for lk in d["links"] if not lk["inside"])
+        inside = len(d["links"]) - border
+        chips = ", ".join(names) if len(names) <= 4 else f"{plural(len(names), 'chip')}"
+        out.append(
+            f"  {d['command']}: {chips}; downs {plural(inside, 'link')} inside, "
+            f"{plural(border, 'link')} to other chips"
+        )
+    for e in data.get("links_left_down") or []:
+        a, b = bdf_of.get(e["a"]) or e["a"], bdf_of.get(e["b"]) or e["b"]
+        out.append(
+            f"left down: {plural(len(e['chans']), 'link')} between {a} and {b} ({e['why']}): "
+            "the next job on both resets them first"
+        )
+    return out
 
 
 def plan_text(data: dict) -> str:

@@ -31,7 +31,7 @@ from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
-from ttmesh.runtime import leases
+from ttmesh.runtime import leases, leftdown
 from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.check/1"
@@ -335,11 +335,34 @@ def _escalate(severity: str, strict: bool) -> str:
     return ERROR if strict and severity == WARNING else severity
 
 
+def _left_down_problem(
+    inv: Inventory, what: str, left: leftdown.LeftDown, a: str, b: str
+) -> tuple[str, str]:
+    """A link down that a reset left down on purpose (``runtime.leftdown``): why, and the
+    reset of both its ends together that trains it again."""
+    bdfs = [
+        lead.bdf for x in (a, b) if (lead := pci_lead(inv, inv.chip(x))) is not None and lead.bdf
+    ]
+    fix = f"ttmesh reset{root_flag(inv.host)} --chips {','.join(dict.fromkeys(bdfs))}"
+    return (
+        f"{what}: left down by {left.why} (both ends must be reset together)",
+        fix,
+    )
+
+
+def _recorded(inv: Inventory, states: list[links.Observed]) -> dict[frozenset, Any]:
+    """The links recorded as left down, read only when a link is down."""
+    if not any(s.state == links.DOWN for s in states):
+        return {}
+    return {e.pair: e for e in leftdown.read(inv.host)}
+
+
 def _link_problems(
     inv: Inventory,
     states: list[links.Observed],
     exp: Expected,
     strict: bool,
+    recorded: dict[frozenset, Any] | None = None,
 ) -> list[Problem]:
     out: list[Problem] = []
     by_pair: dict[frozenset, list[links.Observed]] = {}
@@ -368,6 +391,9 @@ def _link_problems(
                     fix = f"power-cycle the host: the driver lost {chip_name(inv, lost[0], exp.names)}"
                 else:
                     fix = reset_fix(inv, [a, b], exp.links) or "ttmesh reset"
+                left = (recorded or {}).get(pair)
+                if left is not None and not lost:
+                    what, fix = _left_down_problem(inv, what, left, a, b)
                 out.append(Problem(ERROR, what, fix, "link-down", (a, b)))
             else:
                 fix = _unknown_fix(inv, [known[x] for x in (a, b) if x in known])
@@ -580,7 +606,7 @@ def check(
         report_chips.append(_missing_chip(asic, exp))
         problems.append(missing_problem(inv, asic, exp))
     states = links.observe(inv, specs)
-    problems.extend(_link_problems(inv, states, exp, strict))
+    problems.extend(_link_problems(inv, states, exp, strict, _recorded(inv, states)))
     if not specs and inv.topology == "none" and exp.vouched is not None and not exp.links:
         problems.append(_no_topology_problem(inv, strict))
     sys_found, sys_notes, sys_read = syscheck.problems(inv, selected, requires or syscheck.DEFAULT)
@@ -794,7 +820,7 @@ def preflight(
     specs = [lk for lk in exp.links if lk.a in inside and lk.b in inside]
     if specs:
         states = [s for s in links.observe(inv, specs)]
-        for p in _link_problems(inv, states, exp, strict=False):
+        for p in _link_problems(inv, states, exp, strict=False, recorded=_recorded(inv, states)):
             if p.kind in ("link-down", "link-unknown"):
                 problems.append(p)
 

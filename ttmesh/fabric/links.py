@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ttmesh.fabric.devices import Inventory, LinkSpec
+from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
 from ttmesh.vocab import LinkState
 
 UP, DOWN, UNKNOWN = LinkState.UP, LinkState.DOWN, LinkState.UNKNOWN
@@ -79,3 +79,58 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
 def pair_counts(specs: list[LinkSpec]) -> Counter:
     """Links per unordered chip pair."""
     return Counter(tuple(sorted((s.a, s.b))) for s in specs)
+
+
+def end_states(inv: Inventory, ends: list[tuple[str, int]]) -> dict[tuple[str, int], LinkState]:
+    """The state one end of each link reports, by its own chip's ``ETH_LIVE_STATUS``: a cable
+    to another host has only one end here (the other is the peer host's to read)."""
+    known = {c.asic_id: c for c in inv.chips}
+    asics = sorted({a for a, _c in ends if a in known})
+    status = inv.host.eth_live_status(asics) if asics else {}
+    out: dict[tuple[str, int], LinkState] = {}
+    for asic, chan in ends:
+        chip = known.get(asic)
+        value = status.get(asic)
+        if chip is None:
+            out[(asic, chan)] = DOWN  # the chip is gone
+        elif value is None or (value == 0 and not _fw_reports_links(_fw_of(inv, chip), chip.arch)):
+            out[(asic, chan)] = UNKNOWN
+        else:
+            out[(asic, chan)] = UP if value >> (16 + chan) & 1 else DOWN
+    return out
+
+
+def _fw_of(inv: Inventory, chip: Chip) -> str | None:
+    lead = inv.lead(chip)
+    if lead is None or lead.dev_index is None:
+        return None
+    return inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")
+
+
+def observe_cables(inv: Inventory) -> list[dict]:
+    """This host's end of every cable to another host (a link to a remote device in its
+    topology, as tt-umd writes ``ethernet_connections_to_remote_devices``): the local chip (its
+    PCI address, or its lead's for a chip reached through another), channel, the peer chip's
+    unique id and channel, and the state this end's firmware reports (:func:`end_states`).
+    The other end is the peer host's to say: ``ttmesh ls --hosts`` joins both."""
+    cd = inv.descriptor
+    if cd is None or not cd.remote_links:
+        return []
+    known = {c.asic_id: c for c in inv.chips}
+    ids = {c.id: c.asic_id or "" for c in cd.chips.values()}
+    ends = [(ids.get(r.chip, ""), r) for r in cd.remote_links]
+    states = end_states(inv, [(a, r.chan) for a, r in ends])
+    out = []
+    for asic, r in ends:
+        chip = known.get(asic)
+        lead = inv.lead(chip) if chip is not None else None
+        out.append(
+            {
+                "asic_id": asic,
+                "bdf": lead.bdf if lead is not None else None,
+                "chan": r.chan,
+                "peer": {"asic_id": format(r.remote_unique_id, "016x"), "chan": r.remote_chan},
+                "state": states[(asic, r.chan)],
+            }
+        )
+    return out

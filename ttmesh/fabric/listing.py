@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ttmesh.fabric import heartbeat, holders, links
+from ttmesh.fabric import domains, heartbeat, holders, links
 from ttmesh.fabric.devices import Inventory, discover
 from ttmesh.host.base import Host
 
@@ -24,13 +24,16 @@ def without_driver(host: Host, why: str) -> dict[str, Any]:
         "topology": "none",
         "chips": [],
         "links": [],
+        "cables": [],
         "missing": [],
         "notes": [why],
+        "reset_domains": [],
+        "links_left_down": [],
     }
 
 
 def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
-    from ttmesh.runtime import leases
+    from ttmesh.runtime import leases, leftdown
 
     beats = heartbeat.poll(inv, timeout=timeout)
     held = leases.probe(inv.host, [c.asic_id for c in inv.chips])
@@ -68,6 +71,10 @@ def build(inv: Inventory, timeout: float = 1.0) -> dict[str, Any]:
         "topology": inv.topology,
         "chips": chips,
         "links": [ls.to_json() for ls in links.observe(inv)],
+        # This host's end of each cable to another host (ls --hosts shows both ends).
+        "cables": links.observe_cables(inv),
         "missing": inv.missing,
         "notes": inv.notes,
+        "reset_domains": [d.to_json() for d in domains.domains(inv)],
+        "links_left_down": [e.to_json() for e in leftdown.read(inv.host)],
     }

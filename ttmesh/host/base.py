@@ -21,11 +21,13 @@ import os
 import re
 import shlex
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ttmesh import fileread
 from ttmesh.errors import TTMeshError, bad_input, from_os_error, owner_of
+from ttmesh.host import boards
 from ttmesh.paths import SharedDir, shared_dir
 
 if TYPE_CHECKING:
@@ -49,10 +51,18 @@ class Host:
 
     simulated = False
     records_known_good = False  # ``check`` records a last known-good topology (real hosts)
-    reset_settle = 0.0  # seconds chips may take to look healthy after ``tt-smi -r`` returns
     # Reading the topology, Ethernet status or remote heartbeats opens chips (tt-umd on
     # hardware); a poller that must never open one (``ttmesh metrics``) leaves them out.
     firmware_opens_chips = False
+
+    def train_timeout(self, archs: Iterable[str]) -> float:
+        """Seconds a reset waits, after tt-smi returns, for its chips' links to train: the
+        bound of the boards' links within a host (``boards.link_training``: 60 s on
+        Wormhole and Blackhole), the longest of ``archs``. The wait polls: a reset whose
+        chips look right returns at once, so this only bounds a reset that did not work."""
+        return max(
+            (boards.link_training(a, external=False).timeout for a in set(archs)), default=0.0
+        )
 
     def __init__(self, root: str | os.PathLike[str] = "/", flag: str | None = None) -> None:
         path = Path(root)

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 class RealHost(Host):
     records_known_good = True
-    reset_settle = 10.0  # Ethernet training after tt-smi returns can take seconds
     firmware_opens_chips = True  # tt-umd's topology discovery and telemetry open every chip
 
     def _scan_holders(self, dev: int) -> list[int] | None:

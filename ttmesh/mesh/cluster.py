@@ -43,6 +43,8 @@ class HostView:
     hostname: str = ""  # what the host calls itself
     # Links down between its chips, as its own pre-flight words them: (what, fix, chips).
     links_down: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+    # Its ends of the cables to other hosts, as it reads them (recovery.cables.CableEnd, JSON).
+    cable_ends: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -32,14 +32,13 @@ from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import bad_input, failed, refused
-from ttmesh.fabric import health, heartbeat, links
+from ttmesh.fabric import domains, health, heartbeat, links
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover
-from ttmesh.fabric.health import expand
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
 from ttmesh.render import plural
-from ttmesh.runtime import resetmark
+from ttmesh.runtime import leases, leftdown, resetmark
 from ttmesh.states import ResetStage, ResetStatus
 from ttmesh.vocab import ChipProcess, Role
 
@@ -49,6 +48,7 @@ DEFAULT_RETRIES = 2
 DEFAULT_BACKOFF = 1.0  # seconds before the first retry, doubling, at most MAX_BACKOFF
 MAX_BACKOFF = 30.0
 STOP_GRACE = 5.0  # SIGTERM -> SIGKILL
+MAX_TRAIN = 2592000.0  # seconds: --train-timeout at most (the house's 30 days)
 RELEASE_TIMEOUT = 10.0  # until the driver lists no holder after they were stopped
 
 Log = Callable[[str], None]
@@ -106,6 +106,9 @@ class ResetPlan:
     outside: tuple[LinkSpec, ...]  # expected links from the set to chips outside it
     warnings: tuple[Problem, ...] = ()
     names: dict[str, str] = field(default_factory=dict)  # asic -> how to name it
+    # links to another live job's chips neither job's mesh uses: left down, and recorded
+    left_down: tuple[LinkSpec, ...] = ()
+    beside: dict[str, str] = field(default_factory=dict)  # far end -> "job J of user U"
 
     def name(self, asic: str) -> str:
         return self.names.get(asic, asic)
@@ -113,11 +116,21 @@ class ResetPlan:
     def describe(self) -> str:
         """``resetting 4 chips: A (asked), B (Ethernet-linked to A), ...``"""
         parts = [f"{self.name(a)} ({self.why[a]})" for a in self.chips]
-        return f"resetting {plural(len(self.chips), 'chip')}: " + ", ".join(parts)
+        text = f"resetting {plural(len(self.chips), 'chip')}: " + ", ".join(parts)
+        if self.left_down:
+            jobs = ", ".join(dict.fromkeys(self.beside.values()))
+            text += (
+                f"; leaving {plural(len(self.left_down), 'link')} to {jobs} down (neither "
+                "job's mesh uses them; recorded, so the next job that needs them resets both ends)"
+            )
+        return text
+
+    def far_end(self, lk: LinkSpec) -> str:
+        """The end of a left-down link outside the set."""
+        return lk.b if lk.a in self.chips else lk.a
 
 
-def is_galaxy(inv: Inventory) -> bool:
-    return any(c.board_type.startswith("galaxy") for c in inv.chips)
+is_galaxy = domains.is_galaxy
 
 
 def plan(
@@ -126,8 +139,16 @@ def plan(
     *,
     no_expand: bool = False,
     link_specs: Sequence[LinkSpec] | None = None,
+    usage: domains.Usage | None = None,
 ) -> ResetPlan:
-    """The chips a reset of ``requested`` (asic ids; None = every chip) must take."""
+    """The chips a reset of ``requested`` (asic ids; None = every chip) must take.
+
+    Pure: plain data in and out, so a caller can plan one set's recovery alone (a serving
+    fleet's replica): ``usage`` (:func:`ttmesh.fabric.domains.usage_from` over the host's
+    leases) says which chips other live jobs lease and which links their meshes use; the set
+    then stops at a link between it and another job's chip that neither mesh uses, leaving it
+    down (``left_down``) instead of taking, and so being refused for, that job's chips.
+    Without ``usage`` every link is followed, as before there were such records."""
     if no_expand and requested is None:
         raise bad_input(
             "--no-expand needs --chips",
@@ -138,7 +159,7 @@ def plan(
     exp = health.expected(inv)
     specs = list(exp.links if link_specs is None else link_specs)
     asked = [c.asic_id for c in inv.chips] if requested is None else list(requested)
-    why = expand(inv, asked, specs, follow_links=not no_expand)
+    why, left = domains.expand(inv, asked, specs, follow_links=not no_expand, usage=usage)
     galaxy = is_galaxy(inv)
     warnings: list[Problem] = []
     if galaxy:
@@ -189,8 +210,49 @@ def plan(
                 (asic,),
             )
         )
+    left = [] if galaxy else left
+    beside = {}
+    for lk in left:
+        far = lk.b if lk.a in inside else lk.a
+        beside[far] = usage.jobs.get(far, "another job") if usage else "another job"
+    if left:
+        warnings.append(_left_down_warning(inv, left, inside, beside, names))
     return ResetPlan(
-        tuple(asked), chips, why, galaxy, not no_expand, between, outside, tuple(warnings), names
+        tuple(asked),
+        chips,
+        why,
+        galaxy,
+        not no_expand,
+        between,
+        outside,
+        tuple(warnings),
+        names,
+        tuple(left),
+        beside,
+    )
+
+
+def _left_down_warning(
+    inv: Inventory,
+    left: list[LinkSpec],
+    inside: set[str],
+    beside: dict[str, str],
+    names: dict[str, str],
+) -> Problem:
+    """Links a plan leaves down beside another job: what, and the reset that brings them back."""
+    ends = sorted({a for lk in left for a in (lk.a, lk.b)}, key=lambda a: names.get(a, a))
+    bdfs = pci_targets(inv, ends)
+    jobs = ", ".join(dict.fromkeys(beside.values()))
+    return Problem(
+        WARNING,
+        f"leaving {plural(len(left), 'link')} down between the reset chips and the chips of "
+        f"{jobs} (neither job's mesh uses "
+        f"{'it' if len(left) == 1 else 'them'}): recorded for the next job that needs "
+        f"{'it' if len(left) == 1 else 'them'}",
+        f"after that job ends: ttmesh reset{health.root_flag(inv.host)} --chips "
+        f"{','.join(bdfs)} (a launch with --auto-reset on those chips does it)",
+        "left-down",
+        tuple(ends),
     )
 
 
@@ -208,12 +270,20 @@ def pci_targets(inv: Inventory, chips: Iterable[str]) -> list[str]:
 
 
 def smi_argv(
-    tool: str, bdfs: Sequence[str], present: Iterable[str], *, galaxy: bool = False
+    tool: str,
+    bdfs: Sequence[str],
+    present: Iterable[str],
+    *,
+    galaxy: bool = False,
+    no_reinit: bool = False,
 ) -> list[str]:
     """``tt-smi -r A,B`` naming only existing, lower-case PCI addresses (ValueError otherwise).
 
     tt-smi resets EVERY device when none of its targets match (an unknown or upper-case
-    address, an empty list), so this refuses to build such a command.
+    address, an empty list), so this refuses to build such a command. ``no_reinit``: tt-smi
+    then skips its re-initialization after the reset (tt-smi's ``tt_smi.py`` runs
+    ``detect_chips_with_callback``, which opens every chip of the host: a live job's beside
+    the set too); ttmesh verifies the chips itself either way.
     """
     if galaxy:
         return [tool, "-glx_reset"]
@@ -228,7 +298,7 @@ def smi_argv(
             raise ValueError(f"{bdf!r} is not a lower-case PCI address tt-smi would match")
         if bdf not in existing:
             raise ValueError(f"{bdf} does not exist now; tt-smi would skip it")
-    return [tool, "-r", ",".join(chosen)]
+    return [tool, "-r", ",".join(chosen), *(["--no_reinit"] if no_reinit else [])]
 
 
 def blockers(
@@ -698,8 +768,8 @@ def execute(
     to_stop = check_blockers(inv, p, force=force, own_pids=own_pids)
     track.tell()
     stopped = _stop_holders(inv, p, to_stop, stop_grace, say, track) if to_stop else []
-    if settle is None:
-        settle = host.reset_settle
+    if settle is None:  # the boards' training bound, polled (a healthy reset returns at once)
+        settle = host.train_timeout({inv.chip(a).arch for a in p.chips if _listed(inv, a)})
     bdf_before = {a: inv.chip(a).bdf for a in p.chips}
     say("reading the chips' state before the reset")
     _, before, _, _ = observe(
@@ -715,7 +785,10 @@ def execute(
             present = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
             targets = [b for b in pci_targets(current, p.chips) if b in present]
             try:
-                argv = smi_argv(tool, targets, present, galaxy=p.galaxy)
+                # Beside another live job, tt-smi must not open its chips after the reset.
+                argv = smi_argv(
+                    tool, targets, present, galaxy=p.galaxy, no_reinit=bool(p.left_down)
+                )
             except ValueError as exc:
                 attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
                 break
@@ -745,7 +818,37 @@ def execute(
     chips = _chip_rows(p, bdf_before, before, after, attempts, recovered)
     _tell_end(track, chips, len(attempts))
     problems = _problems(host, p, current, attempts, after, notes, timeout)
+    if any(a.exit_code is not None for a in attempts):  # tt-smi ran: the links changed
+        trouble = _record_left_down(host, p)
+        if trouble:
+            say(f"warning: {trouble}")
+            problems.append(
+                Problem(WARNING, trouble, "none needed: pre-flight still checks the links")
+            )
     return ResetOutcome(p, recovered, chips, attempts, problems, time.monotonic() - t0, stopped)
+
+
+def _record_left_down(host: Host, p: ResetPlan) -> str | None:
+    """Record the links the plan left down beside other jobs, and forget those whose both
+    ends were just reset (``runtime.leftdown``); why it could not, or None."""
+    by_pair: dict[frozenset[str], list[LinkSpec]] = {}
+    for lk in p.left_down:
+        by_pair.setdefault(frozenset((lk.a, lk.b)), []).append(lk)
+    now = time.time()
+    add = []
+    for group in by_pair.values():
+        a, b = group[0].a, group[0].b
+        chans = tuple(
+            (lk.chan_a, lk.chan_b) if lk.a == a else (lk.chan_b, lk.chan_a) for lk in group
+        )
+        far = p.far_end(group[0])
+        why = f"a reset of {p.name(a if far == b else b)} beside {p.beside.get(far, 'another job')}"
+        add.append(leftdown.LeftDown(a, b, chans, now, why))
+    return leftdown.update(host, add, p.chips)
+
+
+def _listed(inv: Inventory, asic: str) -> bool:
+    return any(c.asic_id == asic for c in inv.chips)
 
 
 def _stop_holders(
@@ -804,7 +907,8 @@ def _settle(
     say: Log,
 ) -> tuple[Inventory, dict[str, ChipState], list[str], list[str]]:
     """After tt-smi: the chips observed again until all are right or ``deadline`` passes (the
-    host's settle time; chips come back and train their links a while after tt-smi exits)."""
+    boards' training bound, ``Host.train_timeout``, or ``--train-timeout``: chips come back and
+    train their links a while after tt-smi exits; polled, so a healthy reset returns at once)."""
     while True:
         current, after, wrong, notes = observe(
             host, p.chips, p.links, bdfs=bdf_before, timeout=heartbeat_timeout, names=p.names
@@ -905,7 +1009,8 @@ def _problems(
     for note in notes:
         out.append(Problem(WARNING, note, "install the hardware extra: pip install 'ttmesh[hw]'"))
     present = {c.asic_id for c in inv.chips}
-    reachable = [lk for lk in p.outside if lk.a in present and lk.b in present]
+    meant = set(p.left_down)  # left down on purpose: said in the plan's warning
+    reachable = [lk for lk in p.outside if lk.a in present and lk.b in present and lk not in meant]
     if reachable and last is not None:
         states = links.observe(inv, reachable)
         n = sum(1 for s in states if s.state == links.DOWN)
@@ -957,8 +1062,17 @@ def recover(
         raise bad_input(f"timeout {timeout}: must be positive")
     if retries < 0:
         raise bad_input(f"retries {retries}: cannot be negative")
+    if settle is not None and not 0 <= settle <= MAX_TRAIN:  # nan too
+        raise bad_input(
+            f"train timeout {settle}: not a number of seconds from 0 to {MAX_TRAIN:g}",
+            "e.g. --train-timeout 60",
+        )
     inv = inv or discover(host)
-    p = plan(inv, asics, no_expand=not expand_set)
+    own = {os.getpid(), *own_pids}
+    usage = None
+    if expand_set:
+        usage = domains.usage_from(leases.probe(host, [c.asic_id for c in inv.chips]), own)
+    p = plan(inv, asics, no_expand=not expand_set, usage=usage)
     tool = find_tt_smi(host, tt_smi)
     say = announce or log
     if say is not None:
@@ -976,6 +1090,6 @@ def recover(
         log=log,
         backoff=backoff,
         settle=settle,
-        own_pids={os.getpid(), *own_pids},
+        own_pids=own,
         progress=progress,
     )

@@ -56,6 +56,42 @@ def runs_dir() -> Path:
     return base_dir() / "runs"
 
 
+# ``ttmesh stop --dump`` leaves this in the job's run directory before its SIGTERM: the
+# guardian dumps the ranks' stacks before it stops them.
+DUMP_REQUEST = "dump-request"
+
+
+def dumps_dir(job: str) -> Path:
+    """Where a job's stack dumps are kept (private, beside the run directories): the run
+    directory goes with the job, the dumps must outlive it to be read. Kept as job records
+    are (the last ``TTMESH_JOB_HISTORY`` jobs' dumps, none older than
+    ``TTMESH_JOB_HISTORY_DAYS``): older ones are removed as a new one is made."""
+    paths.safe_name(job, "job id")
+    every = _ensure(base_dir() / "dumps")
+    _prune_dumps(every, job)
+    return _ensure(every / job)
+
+
+def _prune_dumps(every: Path, job: str) -> None:
+    """Remove the dumps of other jobs beyond the history kept (oldest first, never through a
+    link: ``paths.remove_tree`` removes only a real directory of this user's)."""
+    try:
+        keep = history()
+        found = []
+        for entry in os.scandir(every):
+            if entry.name != job and entry.is_dir(follow_symlinks=False):
+                found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+    except (OSError, TTMeshError):
+        return
+    found.sort()
+    now = time.time()
+    recent = [name for when, name in found if now - when <= keep.seconds]
+    kept = set(recent[max(0, len(recent) - max(keep.count - 1, 0)) :])  # this job's is one
+    for _, name in found:
+        if name not in kept:
+            paths.remove_tree(every / name)
+
+
 def _ensure(directory: Path) -> Path:
     paths.private_dir(base_dir(), HINT)
     paths.private_dir(directory, HINT)

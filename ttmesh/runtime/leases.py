@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,9 @@ from ttmesh.vocab import ChipProcess, Role
 SCHEMA = "ttmesh.lease/1"
 RECORD_MAX = 4096  # bytes of a record read (a record is written well under it)
 CMD_MAX = 1024  # characters of the command kept in a record
+LINKS_MAX = 64  # peers a record names (a chip has at most 16 Ethernet channels)
 TRIES = 8  # rounds of create / lock / remove a stale file before giving up
+ASIC_RE = re.compile(r"[0-9a-f]{16}")
 WAIT_FIX = "wait for it, pick other chips with --chips/--exclude, or see ttmesh ls"
 
 
@@ -65,6 +68,13 @@ class LeaseSet:
     inodes: dict[str, tuple[int, int]] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)
     dir: SharedDir | None = None
+    uses: dict[str, list[str]] | None = None  # chip -> the chips its mesh reaches from it
+
+    def record_of(self, asic: str) -> dict[str, Any]:
+        """Chip ``asic``'s record: the job's, and the links its mesh uses from that chip."""
+        if self.uses is None:
+            return self.record
+        return {**self.record, "links": sorted(self.uses.get(asic, []))[:LINKS_MAX]}
 
     def add_guardian(self, pid: int) -> None:
         """``pid`` (a forked guardian sharing these leases' descriptors) holds them too: named
@@ -74,8 +84,8 @@ class LeaseSet:
         if start is None or not self.fds:
             return
         self.record = {**self.record, "guardian": {"pid": pid, "start": start}}
-        data = _encode(self.record)
-        for fd in self.fds.values():
+        for asic, fd in self.fds.items():
+            data = _encode(self.record_of(asic))
             with contextlib.suppress(OSError):
                 # Overwrite, then cut: a reader never sees an empty record (the new one is
                 # the old one and more), so the lease never looks unverified meanwhile.
@@ -219,6 +229,17 @@ def _claims(record: dict[str, Any], uid: int) -> list[tuple[int, int]]:
     return out
 
 
+def _uses(record: dict[str, Any]) -> tuple[str, ...] | None:
+    """The chips the record's job's mesh reaches from its chip (``links``), or None when the
+    record does not say or says it in any other shape (then every link counts as used)."""
+    value = record.get("links")
+    if not isinstance(value, list) or len(value) > LINKS_MAX:
+        return None
+    if not all(isinstance(v, str) and ASIC_RE.fullmatch(v) for v in value):
+        return None
+    return tuple(value)
+
+
 def _live(pid: int, start: int, uid: int) -> bool:
     return procs.alive(pid, start) and procs.uid_of(pid) == uid
 
@@ -255,6 +276,7 @@ def identify(
             uid=uid,
             verified=True,
             related=tuple(pid for pid, _start in claims),
+            uses=_uses(record),
         )
     if not kernel_pid:
         return ChipProcess(None, asic=asic, role=Role.LOCK)
@@ -309,9 +331,13 @@ def acquire(
     cmd: str,
     symmetric_dram_mb: int | None = None,
     labels: dict[str, str] | None = None,
+    uses: dict[str, list[str]] | None = None,
 ) -> LeaseSet:
     """Lease every chip of ``asics`` or none: a chip leased by another job (or whose lease
-    file another process holds) refuses at once (exit 3), naming the holder."""
+    file another process holds) refuses at once (exit 3), naming the holder.
+
+    ``uses``: chip -> the chips the job's mesh reaches from it, kept in each chip's record
+    (``links``), so a reset beside the job may leave the links it does not use down."""
     directory = host.open_lease_dir(create=True)
     assert directory is not None
     uid = os.geteuid()
@@ -325,11 +351,11 @@ def acquire(
         "cmd": procs.one_line(cmd)[:CMD_MAX],
         "symmetric_dram_mb": symmetric_dram_mb,
     }
-    leases = LeaseSet(job, directory.path, record=record, dir=directory)
-    data = _encode(record)
+    leases = LeaseSet(job, directory.path, record=record, dir=directory, uses=uses)
     try:
         for asic in sorted(asics):
             label = (labels or {}).get(asic, asic)
+            data = _encode(leases.record_of(asic))
             fd, st = _take(directory, f"{asic}.lock", asic, label, data)
             leases.fds[asic] = fd
             leases.inodes[asic] = (st.st_dev, st.st_ino)

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -54,6 +55,12 @@ def sim_of(host: Host) -> SimRoot:
 
 class SimHost(Host):
     simulated = True
+
+    def train_timeout(self, archs: Iterable[str]) -> float:
+        """None to wait for: the simulator's links train when its tt-smi returns (both ends
+        reset together), so a reset that did not work fails at once instead of after the
+        boards' 60 s (``ttmesh reset --train-timeout`` still waits when asked)."""
+        return 0.0
 
     @cached_property
     def sim(self) -> SimRoot:

@@ -42,8 +42,10 @@ from typing import Any
 
 if __package__:
     from ttmesh import fileread
-else:  # the copy in a simulated root's bin/, next to the copy of the reader
+    from ttmesh.sim import cables as simcables
+else:  # the copies in a simulated root's bin/, next to the copy of the reader
     import _ttmesh_fileread as fileread  # type: ignore[import-not-found, no-redef]
+    import _ttmesh_simcables as simcables  # type: ignore[import-not-found, no-redef]
 
 MARKER = ".ttmesh-sim"
 SYSTEM_FILE = "sim/system.json"
@@ -232,6 +234,14 @@ def check_system(data: Any) -> str | None:
     for key in ("name", "driver_version", "fw_bundle_version"):
         if key in data and not isinstance(data[key], str):
             return f"{key} is not a string"
+    shared = data.get("cables")
+    if shared is not None and not (
+        isinstance(shared, dict)
+        and isinstance(shared.get("dir"), str)
+        and os.path.isabs(shared["dir"])
+        and _int(shared.get("host"))
+    ):
+        return "cables is not the shared cables' directory and this host's index"
     return _check_machine(data.get("machine", {}))
 
 
@@ -398,6 +408,7 @@ class SimRoot:
         self._ends: dict[str, list[tuple[int, tuple[str, int, str, int], bool]]] | None = None
         self._seen: tuple[tuple[int, int, int], dict[str, Any]] | None = None
         self._by_asic: dict[str, dict[str, Any]] | None = None
+        self._store: Any = None
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
@@ -470,6 +481,99 @@ class SimRoot:
                         ends.setdefault(b, []).append((cb, link, remote))
             self._ends = ends
         return self._ends
+
+    # -- the cables to other hosts (shared by every host of the system: sim/cables.py)
+
+    def host_index(self) -> int | None:
+        """This host's index in its system of several hosts (None: a single host)."""
+        host = self.system.get("host")
+        return host if _int(host) else None
+
+    def cable_store(self) -> Any:
+        """The system's shared cable state (``cables.Store``), or None where the root has
+        none (a single host; a host made before the cables were shared, or from a capture:
+        its links to remote devices come back with a reset of its own end, as before)."""
+        shared = self.system.get("cables")
+        if shared is None:
+            return None
+        if self._store is None:
+            owner = os.stat(self.root).st_uid
+            self._store = simcables.Store(shared["dir"], owner)
+        return self._store
+
+    @contextlib.contextmanager
+    def cable_errors(self) -> Iterator[None]:
+        """The shared cable state's complaints as the simulated host's (one line, exit 2)."""
+        try:
+            yield
+        except simcables.CableError as exc:
+            raise SimError(exc.message, exc.hint) from None
+
+    def cables_now(self) -> dict[str, Any] | None:
+        """The shared cable state as it is now (for reading only), or None (no shared state)."""
+        store = self.cable_store()
+        if store is None:
+            return None
+        with self.cable_errors():
+            return store.state_now()
+
+    def cable_of(self, data: dict[str, Any] | None, asic: str, chan: int) -> dict[str, Any] | None:
+        """The shared record of the cable on this host's chip ``asic``, channel ``chan``."""
+        if data is None:
+            return None
+        host = self.host_index()
+        for c in data["cables"]:
+            for e in c["ends"]:
+                if e["host"] == host and e["asic"] == asic and e["chan"] == chan:
+                    return c
+        return None
+
+    def remote_up(
+        self,
+        state: dict[str, Any],
+        link: tuple[str, int, str, int],
+        dead_marks: list[set[str]] | None = None,
+        cables: dict[str, Any] | None = None,
+    ) -> bool:
+        """Whether a link to a remote device (a cable to another host) is up, as this host
+        sees it: not taken down by a fault here, not under a fabric mark of a job that died
+        here (its Ethernet core is wedged), and, with the shared cable state, up there (both
+        ends trained, not bad)."""
+        a, ca, _b, _cb = link
+        if self.link_key(*link) in state["links_down"]:
+            return False
+        marks = self.dead_marked_chips(state) if dead_marks is None else dead_marks
+        if any(a in m for m in marks):
+            self._wedge_lazily(a)
+            return False
+        if self.cable_store() is None:
+            return True
+        data = self.cables_now() if cables is None else cables
+        cable = self.cable_of(data, a, ca)
+        return cable is None or simcables.is_up(cable)
+
+    def _wedge_lazily(self, asic: str) -> None:
+        """A job that died with the fabric open here has wedged this chip's cables: say so in
+        the shared state, so the other ends' hosts see them down too (as on hardware, where
+        the peer's link drops). Best effort, and only once: a reader who may not write the
+        state (another user) still sees them down here."""
+        store = self.cable_store()
+        host = self.host_index()
+        if store is None or host is None:
+            return
+        with contextlib.suppress(OSError, simcables.CableError):
+            data = store.state_now()
+            if not any(
+                simcables.end_of(c, host)[0]["asic"] == asic and c["trained"]
+                for c in simcables.of_host(data, host)
+            ):
+                return
+            if not os.access(store.directory, os.W_OK):
+                return
+            with store.change() as data:
+                simcables.wedge(
+                    data, host, {asic}, f"a job died with the fabric open on host {host}"
+                )
 
     # -- state
 
@@ -685,8 +789,10 @@ class SimRoot:
         return self.eth_live_statuses(state, [asic])[asic]
 
     def eth_live_statuses(self, state: dict[str, Any], asics: list[str]) -> dict[str, int]:
-        """:meth:`eth_live_status` of several chips (the fabric marks are looked at once)."""
+        """:meth:`eth_live_status` of several chips (the fabric marks and the shared cable
+        state are looked at once)."""
         marks: list[set[str]] | None = None
+        cables: dict[str, Any] | None = None
         out = {}
         for asic in asics:
             chip = state["chips"][asic]
@@ -694,11 +800,13 @@ class SimRoot:
             if chip["alive"] and chip["present"]:
                 for chan, link, remote in self._link_ends().get(asic, ()):
                     value |= 1 << chan
+                    if marks is None:
+                        marks = self.dead_marked_chips(state)
                     if remote:
-                        up = self.link_key(*link) not in state["links_down"]
+                        if cables is None:
+                            cables = self.cables_now() or {}
+                        up = self.remote_up(state, link, marks, cables or None)
                     else:
-                        if marks is None:
-                            marks = self.dead_marked_chips(state)
                         up = self.link_up(state, link, marks)
                     if up:
                         value |= 1 << (16 + chan)
@@ -788,11 +896,20 @@ class SimRoot:
             ]
 
     def abandon_fabric(self, pid: int) -> None:
-        """An abnormal end: the links between the process's chips are left down."""
+        """An abnormal end: the links between the process's chips are left down, and the
+        cables on them (on both sides: the shared cable state says so)."""
         with self.change() as state:
+            chips: set[str] = set()
             for m in state["fabric_marks"]:
                 if m["pid"] == pid:
                     m["abandoned"] = True
+                    chips |= set(m["chips"])
+            store, host = self.cable_store(), self.host_index()
+            if chips and store is not None and host is not None:
+                with self.cable_errors(), store.change() as shared:
+                    simcables.wedge(
+                        shared, host, chips, f"a job died with the fabric open on host {host}"
+                    )
 
     # -- the reset a tt-smi -r performs
 
@@ -852,6 +969,11 @@ class SimRoot:
                     down.discard(key)
                 elif a in reset_set or b in reset_set:
                     down.add(key)
+            # Cables to other hosts: this end is reset. With the shared cable state the cable
+            # trains only if the other host resets its end too, within the window (cables.py);
+            # without one (an older root, a capture), this end alone brings it back.
+            store = self.cable_store()
+            wedged: set[str] = set()
             for a, ca, b, cb in self.remote_links():
                 if a in reset_set:
                     down.discard(self.link_key(a, ca, b, cb))
@@ -866,11 +988,21 @@ class SimRoot:
                             and ((a in reset_set) != (b in reset_set))
                         ):
                             down.add(self.link_key(a, ca, b, cb))
+                    wedged |= {c for c in m["chips"] if c not in reset_set}
                 rest = [c for c in m["chips"] if c not in reset_set]
                 if len(rest) >= 2:
                     marks.append({**m, "chips": rest})
             state["fabric_marks"] = marks
             state["links_down"] = sorted(down)
+            host = self.host_index()
+            if store is not None and host is not None:
+                # Under the state lock, then the cables' (always in this order: no deadlock).
+                with self.cable_errors(), store.change() as shared:
+                    record["cable_ends"] = simcables.reset_ends(shared, host, reset_set, now)
+                    if wedged:
+                        simcables.wedge(
+                            shared, host, wedged, f"a job died with the fabric open on host {host}"
+                        )
             if faults.get("reset_renumbers"):
                 faults["reset_renumbers"] = False
                 self._renumber(state, targets)

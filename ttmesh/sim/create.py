@@ -12,12 +12,14 @@ from pathlib import Path
 from ttmesh import __version__
 from ttmesh.errors import bad_input
 from ttmesh.host import clusterdesc
+from ttmesh.sim import cables as simcables
 from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel
 
 HERE = Path(__file__).resolve().parent
 TOOLS = {
     "_ttmesh_simcore.py": HERE / "core.py",
+    "_ttmesh_simcables.py": HERE / "cables.py",
     "_ttmesh_fileread.py": HERE.parent / "fileread.py",
     "tt-smi": HERE / "tt_smi.py",
 }
@@ -34,10 +36,33 @@ MANAGED = (
 )
 
 
+def default_cables_dir(model: SystemModel, root: Path) -> Path:
+    """Where the cables of ``model``'s system are shared by default: beside the root, named
+    after the system, so hosts made side by side (``/tmp/t3k-a``, ``/tmp/t3k-b``) share them."""
+    return Path(os.path.abspath(root)).parent / f"{model.name}.cables"
+
+
 def create(
-    model: SystemModel, root: Path, *, force: bool = False, config: dict | None = None
+    model: SystemModel,
+    root: Path,
+    *,
+    force: bool = False,
+    config: dict | None = None,
+    cables: Path | None = None,
 ) -> Path:
-    """Write a simulated host of ``model`` under ``root``; refuses to touch anything else."""
+    """Write a simulated host of ``model`` under ``root``; refuses to touch anything else.
+
+    A host of a system of several hosts shares its cables with the others in ``cables``
+    (default: :func:`default_cables_dir`): made there by the first host created, kept by the
+    others (``config``'s ``cable_window`` and ``cable_train_seconds`` set on it either way).
+    """
+    config = dict(config or {})
+    cable_config = {k: float(config.pop(k)) for k in simcables.CONFIG_KEYS if k in config}
+    if cables is not None and not model.system_cables:
+        raise bad_input(
+            "--cables goes with a host of a system of several hosts",
+            "drop --cables (this system has no cables between hosts)",
+        )
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise bad_input(f"{root} exists and is not a directory", "choose another --root")
@@ -57,9 +82,16 @@ def create(
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
+    shared = None
+    if model.system_cables and model.host is not None:
+        shared = Path(os.path.abspath(cables or default_cables_dir(model, root)))
+        _share_cables(model, shared, cable_config, force)
     root.mkdir(parents=True, exist_ok=True)
     (root / "sim").mkdir()
-    (root / "sim" / "system.json").write_text(json.dumps(model.to_dict(), indent=1) + "\n")
+    data = model.to_dict()
+    if shared is not None:
+        data["cables"] = {"dir": str(shared), "host": model.host}
+    (root / "sim" / "system.json").write_text(json.dumps(data, indent=1) + "\n")
     sim = core.SimRoot(str(root))
     state = sim.initial_state(config)
     sim._write_state(state)
@@ -81,6 +113,26 @@ def create(
         marker["host"] = model.host
     (root / core.MARKER).write_text(json.dumps(marker) + "\n")
     return root
+
+
+def _share_cables(model: SystemModel, where: Path, config: dict, force: bool) -> None:
+    """The system's shared cable state in ``where``: made, or kept when it holds these cables
+    (another host of the system made it); then ``config`` set on it. Training takes what it
+    takes on hardware unless told (ttmesh.host.boards.link_training: external links)."""
+    from ttmesh.host.boards import link_training
+
+    train = config.get("cable_train_seconds", link_training(model.arch, external=True).typical)
+    window = config.get("cable_window", simcables.DEFAULT_WINDOW)
+    ends = [(ha, core.asic_hex(ua), ca, hb, core.asic_hex(ub), cb)
+            for ha, ua, ca, hb, ub, cb in model.system_cables]  # fmt: skip
+    data = simcables.new_state(model.name, ends, train, window)
+    try:
+        simcables.create(str(where), os.geteuid(), data, replace=force)
+        if config:
+            with simcables.Store(str(where), os.geteuid()).change() as shared:
+                shared["config"].update(config)
+    except simcables.CableError as exc:
+        raise bad_input(exc.message, exc.hint) from None
 
 
 def install_tools(root: Path) -> None:

@@ -4,6 +4,9 @@ Every fault is validated in full before the state changes, so bad input leaves t
 was. Faults model what goes wrong on real machines:
 
 * ``link-down A B [--channel C]`` - Ethernet links between two chips stop training;
+* ``bad-cable X [--channel C]`` - a cable from chip X to another host (all of X's, or the one on
+  channel C) never trains again, whatever is reset, on both sides (the shared cable state:
+  sim/cables.py);
 * ``chip-dead X [--permanent]`` - firmware hangs (heartbeat frozen); a reset revives it unless
   permanent, in which case the chip does not come back from the reset at all;
 * ``reset-fails [--times N]`` - tt-smi -r changes nothing yet still exits 0;
@@ -37,6 +40,7 @@ from typing import Any
 from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.host.base import Host
+from ttmesh.sim import cables as simcables
 from ttmesh.sim import core
 from ttmesh.sim.backend import sim_of
 
@@ -87,6 +91,52 @@ def link_down(host: Host, a: str, b: str, channel: int | None = None) -> list[st
     with sim.change() as state:
         state["links_down"] = sorted(set(state["links_down"]) | set(keys))
     return keys
+
+
+def _shared(sim: core.SimRoot) -> tuple[Any, int]:
+    """The shared cable state of a host of a system of several hosts, and its index."""
+    store, index = sim.cable_store(), sim.host_index()
+    if store is None or index is None:
+        raise bad_input(
+            f"{sim.root} has no cables to other hosts",
+            "make the hosts of a multi-host system: ttmesh sim create --system dual-t3k --host N",
+        )
+    return store, index
+
+
+def bad_cable(host: Host, ref: str, channel: int | None = None) -> list[dict[str, Any]]:
+    """The cables of chip ``ref`` (the one on ``channel``) go down and never train again
+    until ``sim clear`` (on either host): a bad cable or a dead port. Both hosts see it."""
+    sim = sim_of(host)
+    store, index = _shared(sim)
+    chip = _chip(sim, ref)
+    asic = core.asic_hex(chip["unique_id"])
+    chans = sorted(lk[1] for lk in sim.remote_links() if lk[0] == asic)
+    if not chans:
+        with_cables = sorted({
+            c.get("bdf") or core.asic_hex(c["unique_id"])
+            for c in sim.chips()
+            if any(lk[0] == core.asic_hex(c["unique_id"]) for lk in sim.remote_links())
+        })  # fmt: skip
+        raise bad_input(
+            f"chip {ref} has no cable to another host",
+            f"chips with cables here: {', '.join(with_cables) or 'none'}",
+        )
+    if channel is not None and channel not in chans:
+        raise bad_input(
+            f"chip {ref} has no cable on channel {channel}",
+            f"its cables' channels: {', '.join(map(str, chans))}",
+        )
+    wanted = chans if channel is None else [channel]
+    out = []
+    with sim.cable_errors(), store.change() as data:
+        for c in simcables.of_host(data, index):
+            mine, _other = simcables.end_of(c, index)
+            if mine["asic"] == asic and mine["chan"] in wanted:
+                c["bad"] = True
+                c["why"] = "a bad cable (sim fault bad-cable)"
+                out.append(c)
+    return out
 
 
 def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
@@ -281,7 +331,24 @@ def old_kmd(host: Host, version: str = "1.34.0") -> None:
         sim.render_system(state)
 
 
-def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | None) -> dict:
+def set_config(
+    host: Host,
+    heartbeat_hz: float | None,
+    reset_seconds: float | None,
+    cable: dict[str, float | None] | None = None,
+) -> dict:
+    """Change the host's timing (and the cables', shared by every host of the system: their
+    ``cable_window`` and ``cable_train_seconds``); returns every setting as it is now."""
+    cable = {k: v for k, v in (cable or {}).items() if v is not None}
+    for key, value in cable.items():
+        cable[key] = float(numeric.seconds(value, "--" + key.replace("_", "-")))
+    sim = sim_of(host)
+    store = sim.cable_store()
+    if cable and store is None:
+        raise bad_input(
+            f"{sim.root} has no cables to other hosts",
+            "the cable settings are for a host of a multi-host system (sim create --host N)",
+        )
     # nan or inf would break every reader of the state; 0 Hz is no heartbeat.
     if heartbeat_hz is not None:
         heartbeat_hz = numeric.number(
@@ -299,7 +366,15 @@ def set_config(host: Host, heartbeat_hz: float | None, reset_seconds: float | No
             state["config"]["heartbeat_hz"] = float(heartbeat_hz)
         if reset_seconds is not None:
             state["config"]["reset_seconds"] = float(reset_seconds)
-        return dict(state["config"])
+        config = dict(state["config"])
+    if store is not None:
+        with sim.cable_errors():
+            if cable:
+                with store.change() as data:
+                    simcables.settle(data, time.time())  # trained by the old times stays so
+                    data["config"].update(cable)
+            config.update(store.read()["config"])
+    return config
 
 
 def clear(host: Host) -> dict[str, int]:
@@ -343,8 +418,23 @@ def clear(host: Host) -> dict[str, int]:
         }
         sim.prune(state)
         sim.render(state)
+        cleared += _clear_cables(sim)
     uncontainer(sim.root)
     return {"holders_killed": killed, "cleared": cleared}
+
+
+def _clear_cables(sim: core.SimRoot) -> int:
+    """This host's cables up again, none bad (as ``clear`` brings its links up)."""
+    store, index = sim.cable_store(), sim.host_index()
+    if store is None or index is None:
+        return 0
+    count = 0
+    with sim.cable_errors(), store.change() as data:
+        for c in simcables.of_host(data, index):
+            if c["bad"] or not c["trained"]:
+                count += 1
+            c.update(bad=False, trained=True, train_at=None, why="")
+    return count
 
 
 def _own_lock_dir(host: Host) -> Any:
@@ -419,6 +509,7 @@ def show(host: Host) -> dict[str, Any]:
             )
     return {
         "schema": "ttmesh.simstate-view/1",
+        "cables": cable_view(sim, state, dead_marks),
         "root": sim.root,
         "system": sim.system["name"]
         + (f" host {sim.system['host']}" if sim.system.get("host") is not None else ""),
@@ -431,3 +522,45 @@ def show(host: Host) -> dict[str, Any]:
         "capture": capture_info(sim.root),
         "container": os.path.lexists(os.path.join(sim.root, ".dockerenv")),
     }
+
+
+def cable_view(
+    sim: core.SimRoot, state: dict[str, Any], dead_marks: list[set[str]]
+) -> dict[str, Any] | None:
+    """This host's cables as ``sim show`` shows them: each with both ends, its state as this
+    host sees it (``up``, ``training``, ``down``) and why; None without shared cables."""
+    store, index = sim.cable_store(), sim.host_index()
+    if store is None or index is None:
+        return None
+    with sim.cable_errors():
+        data = store.state_now()
+    now = time.time()
+    rows = []
+    for c in simcables.of_host(data, index):
+        mine, other = simcables.end_of(c, index)
+        link = next(
+            (lk for lk in sim.remote_links() if (lk[0], lk[1]) == (mine["asic"], mine["chan"])),
+            None,
+        )
+        shared = simcables.state_of(c, now)
+        seen = shared
+        why = c.get("why") or ""
+        if (
+            link is not None
+            and shared == simcables.UP
+            and not sim.remote_up(state, link, dead_marks, data)
+        ):
+            seen = simcables.DOWN
+            why = "down on this host (a fault, or a job died with the fabric open here)"
+        chip = sim.chip_by_asic(mine["asic"])
+        rows.append(
+            {
+                "local": {**mine, "bdf": chip.get("bdf")},
+                "remote": dict(other),
+                "state": seen,
+                "bad": c["bad"],
+                "train_at": c.get("train_at"),
+                "why": why,
+            }
+        )
+    return {"dir": store.directory, "host": index, "config": data["config"], "cables": rows}

@@ -22,7 +22,8 @@ def cache_root() -> Path:
     return Path(xdg_dir("XDG_CACHE_HOME", ".cache") or ".") / "ttmesh" / "sim"
 
 
-TOOL_NAMES = ("_ttmesh_simcore.py", "_ttmesh_fileread.py", "tt-smi")  # in bin/ (sim.create)
+# in bin/ (sim.create)
+TOOL_NAMES = ("_ttmesh_simcore.py", "_ttmesh_fileread.py", "tt-smi", "_ttmesh_simcables.py")
 
 
 def refresh_tools(root: Path) -> None:
@@ -32,10 +33,11 @@ def refresh_tools(root: Path) -> None:
     marker = read_marker(root)
     if not marker:  # none, or garbled: nothing to refresh (a garbled one is refused later)
         return
-    # A root made before the core had a reader of its own has the core without it.
-    core_alone = (root / "bin" / TOOL_NAMES[0]).is_file() and not (
-        root / "bin" / TOOL_NAMES[1]
-    ).is_file()
+    # A root made before the core had a reader (or the cables) of its own has the core
+    # without it.
+    core_alone = (root / "bin" / TOOL_NAMES[0]).is_file() and not all(
+        (root / "bin" / name).is_file() for name in (TOOL_NAMES[1], TOOL_NAMES[3])
+    )
     stale = marker.get("ttmesh") != __version__ or core_alone
     try:
         mine = os.lstat(root).st_uid == os.getuid()

@@ -61,6 +61,11 @@ class SystemModel:
     # The machine around the chips (NUMA nodes, 1 GiB hugepages, IOMMU, per-device firmware and
     # NUMA node), as ``sim.core.SimRoot.render_system`` writes it; {}: its defaults.
     machine: dict[str, Any] = field(default_factory=dict)
+    # Every cable of the system this host is part of, by host index, chip unique id and
+    # channel (host_a, unique_id_a, chan_a, host_b, unique_id_b, chan_b): the shared cable
+    # state (sim/cables.py) is made from it. Not in to_dict: the root's system.json names the
+    # shared state's directory instead.
+    system_cables: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
 
     @property
     def arch(self) -> str:
@@ -389,7 +394,13 @@ class ClusterModel:
             fw_bundle_version=base.fw_bundle_version,
             host=index,
             hosts=len(self.hosts),
+            system_cables=[self._by_unique_id(c) for c in self.cables],
         )
+
+    def _by_unique_id(self, c: Cable) -> tuple[int, int, int, int, int, int]:
+        uid_a = self.hosts[c.host_a].chip(c.chip_a).unique_id
+        uid_b = self.hosts[c.host_b].chip(c.chip_b).unique_id
+        return (c.host_a, uid_a, c.chan_a, c.host_b, uid_b, c.chan_b)
 
     def to_dict(self) -> dict[str, Any]:
         hosts = []

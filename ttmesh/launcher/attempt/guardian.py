@@ -37,7 +37,8 @@ from typing import Any
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
-from ttmesh.launcher.attempt import record
+from ttmesh.launcher.attempt import dumps, record
+from ttmesh.launcher.attempt.bringup import BringUp
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.attempt.marks import FabricMarks
@@ -138,6 +139,16 @@ class Guardian:
         self.stop: Stop | None = None
         self.deadline: float | None = None  # when SIGTERM was sent: the end of the grace
         self.killed = False  # SIGKILL sent
+        # Ranks bringing up the fabric (tt-metal's lines, their fabric marks); when the grace
+        # ends with some in it, they get --fabric-grace more (fabric_wait: until when).
+        self.bringup: BringUp | None = None
+        if plan.fabric_grace > 0 and not plan.chipless:
+            self.bringup = BringUp(
+                (r.rank for r in plan.ranks if r.chips),
+                {r.rank: r.env.get("TTMESH_FABRIC_FILE", "") for r in plan.ranks},
+            )
+        self.fabric_wait: float | None = None
+        self.dumped: list[str] = []  # the files the stacks were dumped to (attempt.dumps)
         self.drain = DrainWords(self._emit)  # what the drain says (stable words)
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
         self.marks = FabricMarks(plan, host, self.pid)
@@ -242,6 +253,7 @@ class Guardian:
             local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
         )
         self.starter.console = self.console
+        self.console.bringup = self.bringup
         if self.readiness.pattern is not None or self.observer is not None:
             self.console.on_line = self._on_line
         try:
@@ -285,13 +297,20 @@ class Guardian:
             self.polled = now
             self.marks.poll(self.running, self.starter.pids)
             if self.phase is Phase.RUNNING:
-                overdue = self.readiness.overdue(self.running)
+                heard = (self.console.heard if self.console else 0.0) or self.started
+                overdue = self.readiness.overdue(self.running) or self.readiness.silent(
+                    self.running, heard
+                )
                 if overdue is not None:
                     self._emit(overdue[0])
+                    self._dump()  # the stacks of a hung job, before it is stopped
                     self._begin_stop(overdue[1])
                 if progress := self.readiness.progress():
                     self._emit(progress)
-        if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
+        if self.fabric_wait is not None and not self.killed and not self._in_bringup():
+            self.deadline = now  # no rank is bringing up the fabric any more: kill now
+        due = self.deadline is not None and not self.killed and time.monotonic() >= self.deadline
+        if due and not self._wait_for_fabric():
             left = len(procs.live_descendants(self.pid))
             if left:
                 self._say_grace_over(left)
@@ -356,6 +375,8 @@ class Guardian:
                     self.stop = reaction.stop
                 self._kill()
             elif reaction.stop is not None:
+                if reaction.stop.user and self.stop is None and dumps.asked(self.plan):
+                    self._dump()  # ttmesh stop --dump: the stacks first
                 self._begin_stop(reaction.stop)
             elif reaction.forward:
                 procs.signal_groups(self.starter.signal_targets(self.running), sig)
@@ -453,6 +474,38 @@ class Guardian:
                 first = self.stop.sends if self.stop is not None else signal.SIGTERM
                 procs.signal_groups(self.starter.groups(), first)
                 procs.signal_groups(self.starter.groups(), signal.SIGCONT)
+
+    def _in_bringup(self) -> list[int]:
+        return self.bringup.ranks(self.running) if self.bringup is not None else []
+
+    def _wait_for_fabric(self) -> bool:
+        """The grace is over: a rank still bringing up the fabric gets --fabric-grace more to
+        finish or abort (killed mid bring-up it leaves the Ethernet cores wedged); the other
+        ranks are killed now. Under mpirun the world is one: every rank waits with them.
+        True when the kill waits."""
+        holding = self._in_bringup()
+        if self.fabric_wait is not None or not holding or self.front_gone:
+            return False
+        assert self.bringup is not None
+        now = time.monotonic()
+        self.fabric_wait = self.deadline = now + self.plan.fabric_grace
+        others = self.running - set(holding)
+        if others and not self.starter.has_launcher:
+            groups = self.starter.signal_targets(others)
+            self._say_grace_over(len(groups))
+            procs.signal_groups(groups, signal.SIGKILL)
+        for rank in holding:
+            self._emit(
+                f"rank {rank + self.plan.rank_offset} is bringing up the fabric: waiting up to "
+                f"{self.plan.fabric_grace:g} s before killing it"
+            )
+        return True
+
+    def _dump(self) -> None:
+        """Every running rank's Python stacks (py-spy) and tt-triage, before a hung job is
+        killed (attempt.dumps)."""
+        pids = {r: p for r, p in self.starter.pids.items() if r in self.running}
+        self.dumped.extend(dumps.take(self.plan, pids, self.attempt, self._emit))
 
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
@@ -558,6 +611,7 @@ class Guardian:
             exits=[self.exits[r] for r in sorted(self.exits)],
             fabric_ranks=sorted(self.marks.fabric),
             duration=time.monotonic() - self.started,
+            dumps=list(self.dumped),
         )
         tail = self.console.tail
         result = record.verdict(

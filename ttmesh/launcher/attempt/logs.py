@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from ttmesh.launcher.attempt.bringup import BringUp
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.vocab import LAUNCHER
 
@@ -76,6 +78,8 @@ class Console:
                 local = (local_ranks or {}).get(rank, rank)
                 self.prefixes[rank] = (spec.prefix(rank + offset, local) or "").encode()
         self.on_line: Callable[[int, str], None] | None = None
+        self.bringup: BringUp | None = None  # the fabric lines each block is searched for
+        self.heard = 0.0  # when a rank last printed (monotonic; 0: not yet): --hang-timeout
         self.lost: set[int] = set()  # console fds that could not be written (see _lose)
         self.streams: dict[tuple[int, str], Stream] = {}
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
@@ -116,6 +120,10 @@ class Console:
         else:
             self._settle(stream)
             stream.tail.extend(piece[:TAIL_BYTES] for piece in body.split(b"\n"))
+        if stream.rank != LAUNCHER:  # a rank's, mpirun's output demultiplexed (not its own)
+            self.heard = time.monotonic()
+            if self.bringup is not None:
+                self.bringup.scan(stream.rank, body)
         if self.on_line is not None:
             for line in body.split(b"\n"):
                 self.on_line(stream.rank, line.decode(errors="replace"))

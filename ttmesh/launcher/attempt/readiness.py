@@ -4,7 +4,8 @@ A rank is ready when it creates its TTMESH_READY_FILE, prints a line matching
 --ready-pattern, or (a server, rank 0) answers its health check. With --ready-timeout, ranks
 still not ready when it runs out mean a job hung in bring-up (:data:`HUNG`, restartable); a
 server that fails its health checks afterwards is stopped too (restartable). Without a
-timeout, ready files are still watched, for the live view only.
+timeout, ready files are still watched, for the live view only. With --hang-timeout, a job
+whose ranks printed nothing for that long is hung too (:meth:`Readiness.silent`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ class Readiness:
         after += f" ({why})" if why else ""
         line = f"{names} not ready after {after}: treating the job as hung in bring-up"
         return line, Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True)
+
+    def silent(
+        self, running: set[int], heard: float, now: float | None = None
+    ) -> tuple[str, Stop] | None:
+        """With --hang-timeout: when no rank has printed anything since ``heard`` (monotonic,
+        the last output of any rank, or the start) for that long, the line to say and the
+        attempt's stop (hung)."""
+        timeout = self.plan.hang_timeout
+        if timeout is None or not running:
+            return None
+        if (time.monotonic() if now is None else now) < heard + timeout:
+            return None
+        line = f"no output from any rank for {timeout:g} s: treating the job as hung"
+        return line, Stop(f"hung: no output from any rank for {timeout:g} s", HUNG, True)
 
     def progress(self) -> str:
         """A server not ready yet: a line saying how its start goes, now and then ("" if not)."""

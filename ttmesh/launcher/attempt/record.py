@@ -51,6 +51,8 @@ class AttemptResult:
     host: str | None = None  # the host of the failing rank, in a job over several hosts
     # A known failure line in the output (ttmesh.launcher.attempt.failures.match), found on failure only.
     diagnosis: dict[str, Any] | None = None
+    # The files the ranks' stacks were written to before a hung job was killed (attempt.dumps).
+    dumps: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         error, self.error = self.error, None

@@ -4,14 +4,13 @@ so every flag that spans hosts, names ranks or fixes one port for all is refused
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ttmesh.errors import bad_input
 from ttmesh.render import plural
 
-if TYPE_CHECKING:
-    from ttmesh.launcher.planning.options import LaunchOptions
-    from ttmesh.launcher.planning.request import LaunchRequest
+# ``o``: planning.options.LaunchOptions and ``req``: planning.request.LaunchRequest, untyped
+# here, as planning.options calls this module (no import circle, even for the type checker).
 
 # Flags a fleet cannot take: (option field, the flag, why).
 _NOT_IN_A_FLEET = (
@@ -25,7 +24,7 @@ _NOT_IN_A_FLEET = (
 )
 
 
-def mode(o: LaunchOptions, rank_binding: str | None, tt_metal_world: bool) -> None:
+def mode(o: Any, rank_binding: str | None, tt_metal_world: bool) -> None:
     """The flags that no fleet takes, refused before anything else is read."""
     given = {"rank_binding": rank_binding}
     for name, flag, why in _NOT_IN_A_FLEET:
@@ -49,7 +48,7 @@ def mode(o: LaunchOptions, rank_binding: str | None, tt_metal_world: bool) -> No
         )
 
 
-def request(o: LaunchOptions, req: LaunchRequest) -> None:
+def request(o: Any, req: Any) -> None:
     """The command is a server ttmesh knows, whose stack lets ttmesh assign its chips."""
     profile = req.profile
     if profile is None:

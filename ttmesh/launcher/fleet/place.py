@@ -5,7 +5,8 @@ Each replica is planned as a launch of its own would be (``Launch.from_options``
 descriptor), one after the other, every chip an earlier replica took (with the rest of its
 boards: ``LaunchPlan.all_chips``) excluded from the next: the replicas are disjoint and each
 is whole reset units (a chip and its board peers), so a reset of one replica's chips that stops
-at its own links (``Recovery.contained``) touches no chip of another. Pure: starts nothing.
+at the links no other mesh uses (``fabric.domains``) touches no chip of another. Pure: starts
+nothing.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ as the ranks will be) and prints one line, ``TTMESH-HOST-REPORT {json}``: the ho
 discovery finds them there, the links between them, its topology (whose links to remote devices
 are the cables to other hosts), on a simulated host the cluster tt-metal maps in mock mode, the
 environment its ranks get from the host, which chips cannot be used now (leased, held,
-dead) and by whom, and which links between its chips are down (with the fix to run
-there). The launching ttmesh plans the whole job from these reports.
+dead) and by whom, which links between its chips are down (with the fix to run there), and
+its ends of the cables to other hosts with the state each reads. The launching ttmesh plans the whole job from these reports.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def make(host: Host) -> dict[str, Any]:
         for p in health.preflight(inv, [c.asic_id for c in inv.chips], heartbeats=False)
         if p.kind == "link-down"
     ]
+    from ttmesh.recovery import cables
+
+    every = [c.asic_id for c in inv.chips]
+    ends = [e.to_json() for e in cables.read(inv, cables.ends(inv, every))]
     mock = host.mock_cluster()
     return {
         "schema": SCHEMA,
@@ -58,6 +62,7 @@ def make(host: Host) -> dict[str, Any]:
         "unavailable": why,
         "who": who,
         "links_down": links_down,
+        "cable_ends": ends,
     }
 
 
@@ -96,5 +101,10 @@ def parse(data: Any, name: str) -> tuple[HostView, dict[str, str], dict[str, str
         for d in data.get("links_down") or []
         if isinstance(d, dict) and {"what", "fix", "chips"} <= set(d)
     ]
-    view = HostView(name, inv, mock, str(data.get("hostname") or ""), down)
+    ends = [
+        e
+        for e in data.get("cable_ends") or []
+        if isinstance(e, dict) and {"chip", "name", "chan", "peer", "peer_chan", "state"} <= set(e)
+    ]
+    view = HostView(name, inv, mock, str(data.get("hostname") or ""), down, ends)
     return view, dict(data.get("unavailable") or {}), dict(data.get("who") or {})

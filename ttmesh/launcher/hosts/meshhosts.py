@@ -212,8 +212,30 @@ def _finish(
         for view in cluster.hosts
         for what, fix, chips in view.links_down
         if set(chips) <= job
-    ]
+    ] + _cables_down(cluster, job)
     return prepared
+
+
+def _cables_down(cluster: meshcluster.Cluster, job: set[str]) -> list[tuple[str, str, str]]:
+    """The job's cables either end reads down (one host reset alone, a job that died with the
+    fabric open), as a host not ready: the first named by both ends, and how many more."""
+    from ttmesh.recovery import together
+
+    ends = {
+        v.name: [e for e in v.cable_ends if e["chip"] in job and e["peer"] in job]
+        for v in cluster.hosts
+    }
+    try:
+        down = [c for c in together.cables(ends) if c.down]
+    except (KeyError, TypeError, ValueError):
+        return []  # a report's ends malformed: its host's own recovery reads them again
+    if not down:
+        return []
+    first = down[0]
+    more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+    hosts = ",".join(dict.fromkeys([first.a.host] + ([first.b.host] if first.b else [])))
+    what = f"cable {first.label()} is down{more}"
+    return [(first.a.host, what, f"reset both ends together: ttmesh reset --hosts {hosts}")]
 
 
 def _binding(

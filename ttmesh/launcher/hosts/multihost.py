@@ -127,6 +127,77 @@ class Peers:
                     "fix it there; nothing started anywhere",
                 )
 
+    # -- recovery after a failed attempt, every host together
+
+    def recover(
+        self,
+        name: str,
+        host: Any,
+        chips: list[str],
+        *,
+        always: bool,
+        timeout: float,
+        retries: int,
+        tt_smi: str | None,
+        train_timeout: float | None,
+        own_pids: tuple[int, ...] = (),
+    ) -> str | None:
+        """This host's part in recovering the job's chips with every other host, through the
+        store (``name``: this recovery's, unique in the job): each host checks its chips and
+        reads its cable ends, all publish; each takes the same decision from the same records
+        (``recovery.together``), resets its chips at the agreed moment, waits for its cables to
+        train, and publishes every end; each then judges every cable from both its ends. The
+        first problem anywhere (every host finds the same), else None: no host restarts alone."""
+        from dataclasses import asdict
+
+        from ttmesh.launcher.hosts import hostrecovery
+        from ttmesh.recovery import afterjob, together
+
+        mine = afterjob.check_host(host, chips, peers=None, always=always,
+                                   train_timeout=train_timeout)  # fmt: skip
+        wait = self.mh.heartbeat_timeout + 30.0  # every host checks at once, in seconds
+        try:
+            said = self.coord.barrier(f"{name}/check", asdict(mine), wait)
+        except TTMeshError as exc:
+            return str(exc)
+        labels = self._labels()
+        try:  # signed with the job's token, but maybe another ttmesh version's
+            checks = {labels[n]: afterjob.HostCheck(**said[n]) for n in sorted(said)}
+            every = {a for c in checks.values() for a in c.chips}
+            for c in checks.values():  # the cables between the job's chips, all now known
+                c.ends = [e for e in c.ends if e["peer"] in every]
+            decision = together.decide(checks, always=always)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"a host's check could not be read ({exc}): run the same ttmesh on every host"
+        if not decision.needed:
+            return None
+        at = max(c.clock for c in checks.values()) + hostrecovery.LEAD_MIN
+        train = max(c.train_timeout for c in checks.values())
+        me = labels[self.mh.node_rank]
+        note(f"resetting together with the other hosts ({decision.why.get(me, 'verifying')})")
+        outcome = afterjob.reset_together(
+            host, sorted(every), decision.resets[me], at=at, train_timeout=train,
+            timeout=timeout, retries=retries, tt_smi=tt_smi,
+            log=lambda m: note(f"reset: {m}"), own_pids=own_pids,
+        )  # fmt: skip
+        budget = timeout * (retries + 1) + train + wait
+        try:
+            after = self.coord.barrier(f"{name}/verify", asdict(outcome), budget)
+        except TTMeshError as exc:
+            return str(exc)
+        try:
+            outcomes = {labels[n]: (afterjob.HostRecovery(**after[n]), "") for n in sorted(after)}
+            return hostrecovery.verified(outcomes, decision, note, own=me)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"a host's reset could not be read ({exc}): run the same ttmesh on every host"
+
+    def _labels(self) -> dict[int, str]:
+        """How to name each node's host: its hostname (with its node rank when two agents
+        share a machine)."""
+        names = {n: node.hostname for n, node in self.coord.nodes.items()}
+        shared = {h for h in names.values() if list(names.values()).count(h) > 1}
+        return {n: f"{h} (node {n})" if h in shared else h for n, h in names.items()}
+
     # -- during an attempt
 
     def watch(self, attempt: int) -> None:

@@ -29,11 +29,9 @@ class Recovery:
     tt_smi: str | None = None
     preflight: bool = True
     own_pids: tuple[int, ...] = ()  # more processes whose leases and holders are the job's own
-    # One replica of a fleet (--fleet-of): its reset stops at its own chips and their board
-    # peers. The links from them to another replica's chips are in no replica's mesh (each
-    # replica is its own sub-mesh), so leaving them down breaks no one; following them would
-    # reset (or be refused by) the replicas that keep serving.
-    contained: bool = False
+    train_timeout: float | None = (
+        None  # links and cables to train after a reset (None: the boards')
+    )
 
 
 def reset_chips(
@@ -62,9 +60,9 @@ def reset_chips(
             force=False,
             log=lambda m: note(f"reset: {m}"),
             tt_smi=recovery.tt_smi,
+            settle=recovery.train_timeout,
             own_pids=recovery.own_pids,
             progress=progress,
-            expand_set=not recovery.contained,
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
@@ -95,15 +93,24 @@ def after_crash(
     result: AttemptResult,
     always: bool = False,
     observer: Observer | None = None,
+    peers: Any = None,
+    name: str = "recover",
 ) -> str | None:
     """A job that brought the fabric up and ended abnormally may have left links down.
 
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
     nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
-    on a host after every host recovered (a restart then does not happen), else None."""
+    on a host after every host recovered (a restart then does not happen), else None.
+    ``peers`` (c10d agents, ``launcher.hosts.multihost.Peers``): every host checks and
+    recovers together through the store, under ``name`` (unique in the job), whether its
+    own ranks brought the fabric up or not (a peer's did: its cables end here)."""
     plan = prepared.plan
     if result.code == 0 or plan.chipless:
         return None  # a chipless server leaves no chip to check
+    if peers is not None and peers.coord.lost is None:  # a host gone: each recovers alone
+        if observer is not None:
+            observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
+        return recover_with_peers(prepared, recovery, peers, name, recovery.reset_on_failure)
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
         return None
@@ -128,6 +135,21 @@ def after_crash(
     note(f"the job ended ({why}): resetting its chips")
     reset_chips(prepared, recovery, plan.all_chips(), observer)
     return None
+
+
+def recover_with_peers(
+    prepared: Prepared, recovery: Recovery, peers: Any, name: str, always: bool = False
+) -> str | None:
+    """c10d agents: this host's chips recovered with every other host's, through the store
+    (``launcher.hosts.multihost.Peers.recover``); the first problem anywhere, else None."""
+    host = prepared.inv.host
+    left: str | None = peers.recover(
+        name, host, prepared.plan.all_chips(), always=always, timeout=recovery.timeout,
+        retries=recovery.retries, tt_smi=recovery.tt_smi, train_timeout=recovery.train_timeout,
+        own_pids=recovery.own_pids,
+    )  # fmt: skip
+    prepared.inv = discover(host)  # a reset renumbers devices
+    return left
 
 
 def rank_refused(result: AttemptResult) -> str | None:
@@ -161,4 +183,5 @@ def recover_hosts(
         job=None if before_start else plan.job,
         grace=plan.grace,
         reachable=before_start,
+        train_timeout=recovery.train_timeout,
     )

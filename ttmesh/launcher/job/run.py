@@ -16,13 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
+from ttmesh.fabric.domains import mesh_peers
 from ttmesh.launcher.attempt.front import run_attempt
 from ttmesh.launcher.attempt.guardian import Options
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import STOPPING, stop_reason
 from ttmesh.launcher.job import errorfile
 from ttmesh.launcher.job.preflight import run_preflight
-from ttmesh.launcher.job.recovery import Recovery, after_crash, rank_refused, recover_hosts
+from ttmesh.launcher.job.recovery import (
+    Recovery,
+    after_crash,
+    rank_refused,
+    recover_hosts,
+    recover_with_peers,
+)
 from ttmesh.launcher.job.summary import explain, summarize, write_refusal, write_summary
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.prepare import Prepared
@@ -142,6 +149,7 @@ class JobRun:
                     cmd=" ".join(plan.ranks[0].argv),
                     symmetric_dram_mb=plan.symmetric_dram_mb,
                     labels={c.asic_id: c.label for c in self.prepared.inv.chips},
+                    uses=mesh_peers(self.prepared.inv, plan.all_chips()),
                 )
             except TTMeshError as exc:
                 raise self._frozen_first(exc) from None
@@ -165,6 +173,7 @@ class JobRun:
                 self._record()
                 if self.recovery.preflight or self.peers is not None:
                     try:
+                        self._together_first()
                         if self.recovery.preflight:
                             self._agree(
                                 "start",
@@ -188,6 +197,22 @@ class JobRun:
             if not ok:
                 self._release(self.status or "ttmesh failed before the job ended", None)
         return self.finish()
+
+    def _together_first(self) -> None:
+        """c10d agents with --auto-reset: before the start, every host checks its chips and
+        cable ends and they reset together what needs it (a host's pre-flight alone would
+        reset its cables' ends without their far ends); one that stays wrong refuses the start
+        on every host."""
+        if self.peers is None or not (self.recovery.auto_reset and self.recovery.preflight):
+            return
+        if self.observer is not None:
+            self.observer.phase(JobPhase.CHECKING, "checking the chips with every host")
+        left = recover_with_peers(self.prepared, self.recovery, self.peers, "recover-start")
+        if left is not None:
+            raise refused(
+                f"pre-flight: {left}",
+                "see ttmesh check on each host, then reset them together; nothing started anywhere",
+            )
 
     def _hosts_ready(self) -> None:
         """A mesh over several hosts, before anything starts anywhere: links down between the
@@ -323,8 +348,9 @@ class JobRun:
             lost = result.end is AttemptEnd.GUARDIAN_LOST
             always = lost or plan.serving is not None
             left = after_crash(
-                self.prepared, recovery, result, always=always, observer=self.observer
-            )
+                self.prepared, recovery, result, always=always, observer=self.observer,
+                peers=self.peers, name=f"recover{attempt}",
+            )  # fmt: skip
             if not result.end.restartable:  # the user's stop, mpirun, the guardian lost
                 break
             if attempt < plan.max_restarts and left is not None:

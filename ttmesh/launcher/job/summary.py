@@ -5,6 +5,7 @@ known failure and its fix.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING
 
 from ttmesh import paths
@@ -41,6 +42,10 @@ def summarize(
     signal between attempts)."""
     final = final if final is not None else results[-1]
     plan = prepared.plan
+    for r in results:  # where the stacks of a hung attempt went, before anything else is said
+        if r.dumps:  # one directory per attempt (attempt.dumps)
+            where = ", ".join(dict.fromkeys(os.path.dirname(f) for f in r.dumps))
+            note(f"attempt {r.attempt + 1}: the stacks taken before the kill are in {where}")
     if final.code == 0 and len(results) == 1:
         return
     if len(results) > 1:
@@ -85,6 +90,7 @@ def write_refusal(path: str, exc: TTMeshError) -> None:
         "reason": str(exc),
         "attempts": [],
         "diagnosis": None,
+        "dumps": [],
     }
     unwritten = _write_json(path, data)
     if unwritten is not None:
@@ -118,5 +124,7 @@ def write_summary(
             for r in results
         ],
         "diagnosis": diagnosis.to_json() if diagnosis else None,
+        # The stack dumps taken before a hung attempt was killed (py-spy, tt-triage), every attempt's.
+        "dumps": [f for r in results for f in r.dumps],
     }
     return _write_json(path, data)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttmesh import numeric, paths
 from ttmesh.errors import bad_input
+from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
 from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
 from ttmesh.vocab import MPI_LAYOUTS, JobMode, Layout, StartMode
 
@@ -47,6 +48,8 @@ class LaunchOptions:
     master_port: int
     max_restarts: int
     grace: float | None
+    fabric_grace: float
+    op_timeout: float | None
     on_reset_notice: str
     ranks_filter: str | None
     log_dir: str | None
@@ -68,7 +71,9 @@ class LaunchOptions:
     rank_bindings_mapping: str | None
     auto_reset: bool
     reset_on_failure: bool
+    train_timeout: float | None
     ready_timeout: float | None
+    hang_timeout: float | None
     ready_pattern: str | None
     tt_smi: str | None
     profile_name: str | None
@@ -246,6 +251,11 @@ def _request(
         grace = server[0].grace if server is not None else 5.0
     if o.as_json and not o.dry_run:
         raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
+    if o.op_timeout is not None and any(k == OP_TIMEOUT_VAR for k, _ in env):
+        raise bad_input(
+            f"--op-timeout and --env {OP_TIMEOUT_VAR} both set the ranks' operation timeout",
+            "give one of them",
+        )
     one_world = mesh_layout in MPI_LAYOUTS or binding is not None
     request = LaunchRequest(
         command=list(o.command),
@@ -259,6 +269,8 @@ def _request(
         master_port=o.master_port,
         max_restarts=o.max_restarts,
         grace=grace,
+        fabric_grace=o.fabric_grace,
+        op_timeout=o.op_timeout,
         on_reset_notice=o.on_reset_notice,
         job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",  # the one check
         strict_links=o.strict_links,
@@ -269,6 +281,7 @@ def _request(
         environ=dict(os.environ),
         master_addr=o.torchrun_flags.master_addr or "127.0.0.1",
         ready_timeout=o.ready_timeout,
+        hang_timeout=o.hang_timeout,
         ready_pattern=o.ready_pattern,
         profile=server[0] if server else None,
         server_args=server[1] if server else None,

@@ -68,12 +68,15 @@ class LaunchPlan:
     max_restarts: int
     grace: float
     cwd: str
+    fabric_grace: float = 20.0  # beyond the grace, for a rank bringing up the fabric (0: none)
+    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS (rankenv.ttmesh_env)
     on_reset_notice: str = "stop"  # another tool's reset notice: stop the ranks, or pass
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
     launcher: str = StartMode.DIRECT
     mpirun: str = ""
     ready_timeout: float | None = None
+    hang_timeout: float | None = None  # no rank's output for this long: hung
     ready_pattern: str | None = None
     serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
@@ -123,11 +126,14 @@ class LaunchPlan:
             "host": {"root": self.root, "simulated": self.simulated},
             "master": {"addr": self.master_addr, "port": self.master_port},
             "grace": self.grace,
+            "fabric_grace": self.fabric_grace,
+            "op_timeout": self.op_timeout,
             "on_reset_notice": self.on_reset_notice,
             "max_restarts": self.max_restarts,
             "grouping": self.grouping,
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
+            "hang_timeout": self.hang_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "hosts": list(self.hosts),
             "notes": list(self.notes),
@@ -176,10 +182,13 @@ class LaunchPlan:
             "host": None,
             "master": None,
             "grace": self.grace,
+            "fabric_grace": self.fabric_grace,
+            "op_timeout": self.op_timeout,
             "max_restarts": self.max_restarts,
             "grouping": "",
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
+            "hang_timeout": self.hang_timeout,
             "serving": self.serving.to_json(),
             "hosts": [],
             "ranks": [
@@ -360,6 +369,8 @@ def build(
         master_port=req.master_port,
         max_restarts=req.max_restarts,
         grace=req.grace,
+        fabric_grace=req.fabric_grace,
+        op_timeout=req.op_timeout,
         on_reset_notice=req.on_reset_notice,
         cwd=req.cwd,
         user_env_keys=tuple(dict(req.env)),
@@ -367,6 +378,7 @@ def build(
         launcher=req.launcher,
         mpirun=req.mpirun,
         ready_timeout=req.ready_timeout,
+        hang_timeout=req.hang_timeout,
         ready_pattern=req.ready_pattern,
         serving=req.serving,
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
@@ -583,10 +595,11 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         job=req.job, layout=Layout.SINGLE_PROCESS, mesh_shape=(0, 0), dim_types=("", ""),
         host_dims=(1, 1), symmetric_dram_mb=0, ranks=[rank], files={}, descriptors={},
         run_dir=run_dir, root="", simulated=False, master_addr="", master_port=0,
-        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd,
+        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd, op_timeout=req.op_timeout,
+        fabric_grace=req.fabric_grace,
         user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
         ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
-        chipless=True, environ=dict(req.environ),
+        hang_timeout=req.hang_timeout, chipless=True, environ=dict(req.environ),
     )  # fmt: skip
 
 

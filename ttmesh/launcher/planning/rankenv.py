@@ -33,6 +33,11 @@ RANK_VARS = (
 RANK_PREFIXES = ("TT_MESH_", "TORCHELASTIC_", "TTMESH_", "TT_RUN_SUBCONTEXT_")
 
 
+# tt-metal's bound on a dispatch operation (tt_metal/llrt/rtoptions.cpp, a float of seconds):
+# a hung operation raises instead of waiting forever. It does not bound opening the mesh (the
+# fabric's bring-up). Set by --op-timeout.
+OP_TIMEOUT_VAR = "TT_METAL_OPERATION_TIMEOUT_SECONDS"
+
 # Open MPI 5's MCA parameter for btl/sm's backing directory (opal/mca/btl/sm); ttnn bundles it.
 SEGMENT_VAR = "OMPI_MCA_btl_sm_backing_directory"
 
@@ -113,6 +118,7 @@ class _Rank(Protocol):
 
 class _Plan(Protocol):
     serving: Any
+    op_timeout: float | None
 
 
 def inherited(environ: Mapping[str, str]) -> dict[str, str]:
@@ -134,9 +140,12 @@ def ttmesh_env(
     variables, ``--env``), then, unless the launcher's environment or ``--env`` sets them,
     ``PYTHONUNBUFFERED`` (:func:`unbuffered`) and, for a worker (a server sizes its own
     threads and has no torchrun contract), one OpenMP thread and the attempt's
-    ``TORCHELASTIC_RESTART_COUNT``. ``--dry-run`` prints this as a rank's ``env``."""
+    ``TORCHELASTIC_RESTART_COUNT``; with ``--op-timeout``, tt-metal's operation timeout.
+    ``--dry-run`` prints this as a rank's ``env``."""
     env = dict(environ)
     out = {**rank.env, **unbuffered(env, rank.env)}
+    if plan.op_timeout is not None:  # the flag wins over the shell's (--env is refused with it)
+        out[OP_TIMEOUT_VAR] = f"{plan.op_timeout:g}"
     if plan.serving is None:
         out["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
         out.update({k: v for k, v in threads(env).items() if k not in rank.env})

@@ -43,6 +43,9 @@ class LaunchRequest:
     master_port: int = 0
     max_restarts: int = 0
     grace: float = 5.0
+    # Beyond the grace, for a rank still bringing up the fabric when it ends (0: none).
+    fabric_grace: float = 20.0
+    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS for the ranks
     on_reset_notice: str = "stop"  # another tool's reset notice: "stop" the ranks, or "pass"
     job: str = ""
     run_dir: str = ""
@@ -56,6 +59,7 @@ class LaunchRequest:
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
     ready_timeout: float | None = None  # every rank ready within this, or the job is hung
+    hang_timeout: float | None = None  # no rank's output for this long: the job is hung
     ready_pattern: str | None = None  # a line of output that means "ready"
     binding: BindingFile | None = None  # a tt-run rank-binding file
     binding_units: list[tuple[Unit, ...]] = field(default_factory=list)  # each binding rank's

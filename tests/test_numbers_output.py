@@ -70,6 +70,7 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("launch", [*L, "--tp-size", "1", "--max-restarts", "{V}", "true"], "--max-restarts", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--node-rank", "{V}", "true"], "--node-rank", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--health-failures", "{V}", "true"], "--health-failures", WHOLE),
+    ("launch", [*L, "--tp-size", "1", "--replicas", "{V}", "true"], "--replicas", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--train-timeout", "{V}", "true"], "--train-timeout", SECONDS),
     ("descriptor", ["descriptor", "--root", "{ROOT}", "--tp-size", "{V}"], "--tp-size", WHOLE),
     ("descriptor", ["descriptor", "--root", "{ROOT}", "--nproc-per-node", "{V}"], "--nproc-per-node", WHOLE),

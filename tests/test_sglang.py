@@ -214,3 +214,59 @@ def test_real_sglang_scheduler_killed(qb2: Path, sglang_dir: Path, tmp_path: Pat
     _remove(left)
     assert left == [], "the server's files left in /dev/shm"
     del summary
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TTMESH_FLEET_RIG"),
+    reason="two real SGLang starts behind the real router take ~150 s on 2 cores, over the CI "
+    "budget: set TTMESH_FLEET_RIG=1 to run it (test_fleet covers the fleet with the stand-in)",
+)
+def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -> None:
+    """Two replicas of the real SGLang (one process each) behind sglang-router at the user's
+    --host:--port: /generate and /v1/chat/completions answered there; Ctrl-C leaves nothing."""
+    before = _shm()
+    port = _port()
+    argv = [
+        str(sglang_dir / "venv" / "bin" / "python"), "-m", "sglang.launch_server",
+        "--model-path", str(sglang_dir / "tiny"), "--device", "cpu", "--host", "127.0.0.1",
+        "--port", str(port), "--attention-backend", "torch_native", "--disable-cuda-graph",
+        "--max-total-tokens", "2048", "--skip-server-warmup", "--sleep-on-idle",
+    ]  # fmt: skip
+    proc = start_launch(qb2, "--replicas", "2", "--replicas-parallel", "--job-id",
+                        f"fleet-rig-{os.getpid()}", "--grace", str(GRACE), "--", *argv,
+                        env={"SGLANG_USE_CPU_ENGINE": "1"})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    tree: list[int] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if sum("ready: routed to" in ln for ln in lines) == 2:
+                break
+        wait_for(lambda: _workers(url) == 2, timeout=60, what="both replicas in the router")
+        assert len(_generate(url)["output_ids"]) == 4
+        chat = json.dumps({"model": "tiny", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()  # fmt: skip
+        req = urllib.request.Request(f"{url}/v1/chat/completions", chat,
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.loads(r.read())["choices"][0]["message"]["role"] == "assistant"
+        tree = [proc.pid, *procs.descendants(proc.pid)]
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=GRACE + 90)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 130, "".join(lines)
+    wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every process gone")
+    assert _shm() - before == set(), "SGLang files left in /dev/shm"
+    assert "Traceback" not in err
+
+
+def _workers(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/workers", timeout=2) as r:
+            return len(json.loads(r.read())["workers"])
+    except (OSError, ValueError):
+        return -1

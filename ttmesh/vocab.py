@@ -45,6 +45,7 @@ class JobMode(StrEnum):
     C10D = "c10d"  # one agent per host, joined through the rendezvous (--nnodes, Slurm)
     HOSTS = "hosts"  # --hosts: mpirun starts one agent (a c10d launch) per host
     MESH_OVER_HOSTS = "mesh-over-hosts"  # --hosts with a tt-metal world: one MPMD mpirun
+    FLEET = "fleet"  # --replicas N > 1: N servers on their own chips behind SGLang's router
 
 
 class Heartbeat(StrEnum):

@@ -42,6 +42,33 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "one worker per chip (per board on n300 systems). Default: every chip of the host.",
 )
 @click.option(
+    "--replicas",
+    type=whole(low=1, high=numeric.MAX_CHIPS, unit="replicas", example="2"),
+    metavar="N",
+    help="A serving fleet: N copies of the server, each on its own --tp-size chips (N x T in "
+    "all, placed on disjoint connected sub-meshes, whole reset units each), on a free loopback "
+    "port of its own, behind SGLang's router at the server's --host:--port (pip install "
+    "'ttmesh[router]'). One replica that fails is taken out of the router, its chips alone "
+    "checked and reset, and restarted (--max-restarts each) while the others serve. 1: one "
+    "server, as without it. vLLM is refused (it assigns chips to its own data-parallel ranks).",
+)
+@click.option(
+    "--replicas-parallel",
+    is_flag=True,
+    help="With --replicas: start every replica at once (default: each after the previous is "
+    "ready, or after 120 s, as a first start compiles for minutes and takes host memory).",
+)
+@click.option(
+    "--router-arg",
+    "router_args",
+    multiple=True,
+    metavar="ARG",
+    help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
+    "--router-arg=round_robin, --router-arg=--prometheus-port=29001). Its policy and health "
+    "checks are SGLang's defaults otherwise.",
+)
+@click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
+@click.option(
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
@@ -420,6 +447,15 @@ def launch_cmd(**options: Any) -> int:
     is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
 
     \b
+    --replicas N runs a serving fleet: N copies of the server, each on --tp-size chips of its
+    own (disjoint, whole boards), its own descriptor and a free loopback port, behind SGLang's
+    router at the server's own --host:--port (pip install 'ttmesh[router]'). Each replica is a
+    job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
+    chips alone checked and reset, restarted under --max-restarts and put back, while the
+    others serve. Ctrl-C stops the router, then every replica within --grace. vLLM is refused:
+    it assigns chips to its own data-parallel ranks.
+
+    \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
     leased, frozen or whose links are down, and a host tt-umd cannot run on: a driver older
     than 2.0.0, no 1 GiB hugepages on a chip's NUMA node (unless an IOMMU translates for it),
@@ -442,6 +478,7 @@ def launch_cmd(**options: Any) -> int:
       ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 4 ...
       ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
+      ttmesh launch --sim quietbox2 --replicas 2 --tp-size 2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 2 --host 0.0.0.0 --port 30000
     """
     from ttmesh.launcher.planning.options import Launch, LaunchOptions
 
@@ -507,12 +544,57 @@ def _this_host(launch: Launch) -> int:
     return _run(launch, plan, mh)
 
 
+def _fleet(launch: Launch) -> int:
+    """--replicas N: N servers on their own chips behind SGLang's router (launcher.fleet)."""
+    from ttmesh.launcher.fleet import place, router
+    from ttmesh.launcher.job.summary import write_refusal
+    from ttmesh.render import note
+
+    o = launch.options
+    try:
+        if not o.dry_run:
+            router.check_installed()  # before the host is read or anything is planned
+        fp = place.plan_fleet(launch, o.host)
+        if not o.dry_run:
+            from ttmesh.launcher.planning import ports
+
+            ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
+    except TTMeshError as exc:
+        if o.summary_json and not o.dry_run:
+            write_refusal(o.summary_json, exc)
+        raise
+    serving = fp.replicas[0].prepared.plan.serving
+    note(f"{serving.profile.name}: {serving.profile.title}")
+    for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
+        note(f"note: {n}")
+    for f in serving.findings:
+        note(f"{f.severity}: {f.message} (fix: {f.fix})")
+    for n in fp.notes:
+        note(f"note: {n}")
+    if o.dry_run:
+        from ttmesh.render import emit_json
+
+        if o.as_json:
+            emit_json(fp.to_json(o.show_env))
+        else:
+            from ttmesh.cli.views import fleet_text
+
+            click.echo(fleet_text(fp.to_json(o.show_env)))
+        return 0
+    from ttmesh.cli import streams
+    from ttmesh.launcher.fleet.run import Fleet
+
+    streams.job_code = True
+    return Fleet(o, o.host, fp).run()
+
+
 # How each mode starts (``Launch.mode``, decided once by launcher.planning.options).
 START: dict[JobMode, Callable[[Launch], int]] = {
     JobMode.ONE_HOST: _this_host,
     JobMode.C10D: _this_host,
     JobMode.HOSTS: _agents,
     JobMode.MESH_OVER_HOSTS: _mesh_over_hosts,
+    JobMode.FLEET: _fleet,
 }
 
 

@@ -68,6 +68,10 @@ def ps_cmd(
                 " ".join(r.get("command", [])),
             ]
         )
+        fleet = r.get("fleet") if not r.get("ended") else None
+        if isinstance(fleet, dict):
+            rows[-1][3] = len(fleet.get("replicas") or [])
+            rows += fleet_rows(fleet, r["job"])
     if not rows:
         click.echo(
             "no ttmesh jobs" + ("" if show_all else " running") + (f" on {only}" if only else "")
@@ -77,3 +81,23 @@ def ps_cmd(
     # fits the terminal (a pipe: COLUMNS, else 160); --json keeps every value whole.
     headers = ["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"]
     click.echo(table(headers, rows, fitted=True, keep=[0]))
+
+
+def fleet_rows(fleet: dict, job: str) -> list[list[object]]:
+    """A fleet's router and replicas under its own row: state, restarts, port, last line."""
+    rows: list[list[object]] = []
+    router = fleet.get("router") or {}
+    state = "serving" if router.get("running") else "waiting"
+    restarts = router.get("restarts") or 0
+    rows.append([f"{job}/router", state, router.get("pid"), "-", "-", "-", "-",
+                 f"{router.get('url')}, restarted {restarts} times"])  # fmt: skip
+    for rep in fleet.get("replicas") or []:
+        rows.append(
+            [
+                f"{job}/r{rep.get('replica')}", rep.get("state"), rep.get("pid"), 1,
+                ",".join(rep.get("chips") or []) or "-", "-", "-",
+                f"port {rep.get('port')}, {rep.get('restarts')} restarts: "
+                f"{rep.get('last_line') or ''}",
+            ]
+        )  # fmt: skip
+    return rows

@@ -384,3 +384,20 @@ def top_text(data: dict) -> str:
     ]
     out += [f"note: {n}" for n in data["notes"]]
     return "\n".join(out)
+
+
+def fleet_text(data: dict) -> str:
+    """``ttmesh launch --replicas N --dry-run``: the router, then each replica's chips, port,
+    rewritten command and descriptor."""
+    router = data["router"]
+    lines = [
+        f"fleet {data['job']}: {plural(len(data['replicas']), 'replica')} behind SGLang's router "
+        f"at {router['url']}"
+    ]
+    for r in data["replicas"]:
+        chips = ",".join(r["chips"]) or "no Tenstorrent chip"
+        lines.append(f"replica {r['replica']} (job {r['job']}): {chips}, at {r['url']}")
+        lines.append(f"  command: {' '.join(r['argv'])}")
+        for name, path in r["descriptors"].items():
+            lines.append(f"  descriptor {name}: {path}")
+    return "\n".join(lines)

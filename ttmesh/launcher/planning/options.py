@@ -92,6 +92,10 @@ class LaunchOptions:
     launch_agent: str | None
     tcp_interface: str | None
     torchrun_flags: Any  # cli.torchrun.Flags: what the plan takes from torchrun's flags
+    replicas: int | None = None  # --replicas: a serving fleet (launcher.fleet)
+    replicas_parallel: bool = False
+    router_args: tuple[str, ...] = ()
+    fleet_of: str | None = None  # hidden: this job is one replica of that fleet
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,15 @@ class Launch:
         log_dir = _log_dir(o.log_dir)
         logs = _log_spec(o.redirects, o.tee)
         request, job_tp = _request(o, rank_binding, join, job_id, workdir)
+        if mode is JobMode.FLEET:
+            from ttmesh.launcher.fleet import check
+
+            check.request(o, request)
+        elif o.replicas_parallel or o.router_args:
+            flag = "--replicas-parallel" if o.replicas_parallel else "--router-arg"
+            raise bad_input(
+                f"{flag} goes with --replicas N (N > 1)", f"add --replicas, or drop {flag}"
+            )
         return cls(mode, o, request, join, job_tp, rdzv_job, _ranks(o.ranks_filter), logs, log_dir)
 
 
@@ -183,6 +196,11 @@ def job_mode(o: LaunchOptions, rank_binding: str | None) -> tuple[JobMode, Join 
                     f"{flag} goes with --hosts and a tt-metal mesh",
                     "add --mesh-layout mesh (or drop it)",
                 )
+    if o.replicas is not None and o.replicas > 1:
+        from ttmesh.launcher.fleet import check
+
+        check.mode(o, rank_binding, tt_metal_world)
+        return JobMode.FLEET, None
     hosts = None if mesh_over_hosts else o.hosts
     if mesh_over_hosts and _nnodes(o.nnodes) not in (None, 1):
         # One mpirun starts the mesh on every host: no agent of one host joins another's.

@@ -263,7 +263,11 @@ def _load(path: Path) -> Profile:
             notes=tuple(str(n) for n in data.get("notes") or ()),
             part_note=str(data.get("part_note", "")),
             path=str(path),
-            extra={k: v for k, v in data.items() if k in ("mesh_device", "failures")},
+            extra={
+                k: v
+                for k, v in data.items()
+                if k in ("mesh_device", "failures", "replicas", "ports")
+            },
             flags=_table_path(path, data.get("flags")),
             budget=_budget(data.get("budget")),
             nnodes_flag=data.get("nnodes_flag"),

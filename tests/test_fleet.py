@@ -1,0 +1,241 @@
+"""A serving fleet (issue 25): ``--replicas N`` runs N servers on disjoint chips behind SGLang's
+router, each recovered alone. The SGLang-TorchTPU stand-in (tests/fakes) on a simulated
+QuietBox 2, and the real router (sglang-router, the ``router`` extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import alive, run_cli, start_launch, wait_for
+from test_serving import ENV, SGLANG, _free_port, seed
+
+from ttmesh import procs
+
+
+def _fleet_plan(root: Path, *args: str, tp: int = 2) -> dict:
+    res = run_cli("launch", "--root", str(root), "--replicas", "2", "--tp-size", str(tp),
+                  "--dry-run", "--json", *args, "--", *SGLANG,
+                  *seed(tp, host="0.0.0.0", port="31000"), env=ENV)  # fmt: skip
+    assert res.code == 0, res.err
+    return json.loads(res.out)
+
+
+def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb2: Path) -> None:
+    data = _fleet_plan(qb2)
+    assert data["router"] == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
+    r0, r1 = data["replicas"]
+    assert len(r0["chips"]) == len(r1["chips"]) == 2
+    assert not set(r0["chips"]) & set(r1["chips"])
+    ports = set()
+    for r in (r0, r1):
+        argv = r["argv"]
+        # The user's --host and --port are the router's; each replica listens on its own.
+        assert argv[-4:] == ["--host", "127.0.0.1", "--port", str(r["port"])]
+        assert "0.0.0.0" not in argv and "31000" not in argv
+        ports.add(r["port"])
+        env = r["plan"]["ranks"][0]["env"]
+        assert env["TT_VISIBLE_DEVICES"] == ",".join(r["chips"])
+        assert env["TT_MESH_GRAPH_DESC_PATH"] == r["descriptors"]["mesh"]
+    assert len(ports) == 2 and 31000 not in ports
+    assert r0["descriptors"]["mesh"] != r1["descriptors"]["mesh"]
+
+
+def test_one_replica_is_one_server_as_without_it(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--replicas", "1", "--dry-run", "--json", "--",
+                  *SGLANG, *seed(2, port="31000"), env=ENV)  # fmt: skip
+    assert res.code == 0, res.err
+    data = json.loads(res.out)
+    assert data["schema"] == "ttmesh.plan/1"
+    assert data["serving"]["url"] == "http://127.0.0.1:31000"
+
+
+def test_a_galaxy_says_its_reset_is_the_whole_host_before_the_start(
+    make_sim: Callable[..., Path],
+) -> None:
+    data = _fleet_plan(make_sim("galaxy-bh"), tp=4)
+    assert data["whole_host_reset"] is True
+    assert "this host's reset is the whole host" in data["notes"][0]
+    r0, r1 = data["replicas"]
+    assert len(r0["chips"]) == 4 and not set(r0["chips"]) & set(r1["chips"])
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--replicas", "3", "--tp-size", "2"],
+         "--replicas 3 of 2 chips: this host gives 2 replicas"),
+        (["--replicas", "0"], "--replicas 0: too small"),
+        (["--replicas", "-1"], "--replicas -1: too small"),
+        (["--replicas", "nan"], "--replicas nan: not a number"),
+        (["--replicas", "99999999999999"], "--replicas 99999999999999: too large"),
+        (["--router-arg", "--policy"], "--router-arg goes with --replicas N"),
+        (["--replicas", "2", "--master-port", "29500"], "--replicas with --master-port"),
+    ],
+)  # fmt: skip
+def test_what_a_fleet_refuses_is_one_line(qb2: Path, args: list[str], said: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", *args, "--", *SGLANG, *seed(2),
+                  env=ENV)  # fmt: skip
+    assert res.code == 2, res.err
+    lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host:")]
+    assert len(lines) == 1 and lines[0].startswith(f"ttmesh: {said}"), res.err
+
+
+def test_vllm_refuses_replicas_with_the_reason(qb2: Path) -> None:
+    res = run_cli("launch", "--root", str(qb2), "--replicas", "2", "--dry-run", "--",
+                  "vllm", "serve", "m", env=ENV)  # fmt: skip
+    assert res.code == 2
+    assert "assigns chips to its own data-parallel ranks (tenstorrent/vllm PR #430)" in res.err
+
+
+def test_a_missing_router_is_one_line_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from ttmesh.errors import TTMeshError
+    from ttmesh.launcher.fleet import router
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TTMeshError) as caught:
+        router.check_installed()
+    assert caught.value.hint == "pip install 'ttmesh[router]'"
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _ask(url: str, path: str = "/generate") -> str | None:
+    body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
+    req = urllib.request.Request(url + path, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read()).get("text")
+    except (OSError, ValueError):
+        return None
+
+
+def _lines(proc: subprocess.Popen) -> queue.Queue[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _until(lines: queue.Queue[str], seen: list[str], text: str, timeout: float = 60) -> None:
+    while not any(text in ln for ln in seen):
+        seen.append(lines.get(timeout=timeout))
+
+
+def _serving(router: str) -> int:
+    try:
+        with urllib.request.urlopen(router + "/workers", timeout=2) as r:
+            return len(json.loads(r.read())["workers"])
+    except (OSError, ValueError):
+        return -1
+
+
+def _scheduler_of(job: str) -> int:
+    listed = json.loads(run_cli("ps", "--json").out)
+    record = next(j for j in listed["jobs"] if j["job"] == job)
+    rank = record["ranks"][0]["pid"]
+    return next(p for p in procs.descendants(rank)
+                if (procs.command_line(p) or "").startswith("sglang::scheduler_TP0"))  # fmt: skip
+
+
+def _resets(root: Path) -> list[set[str]]:
+    state = json.loads((root / "sim" / "state.json").read_text())
+    return [set(r["targets"]) for r in state["resets"]]
+
+
+def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
+    qb2: Path, tmp_path: Path
+) -> None:
+    port, metrics = _free_port(), _free_port()
+    job = f"fleet-{os.getpid()}"
+    summary = tmp_path / "fleet.json"
+    proc = start_launch(
+        qb2, "--replicas", "2", "--tp-size", "2", "--max-restarts", "1", "--job-id", job,
+        "--summary-json", str(summary), f"--router-arg=--prometheus-port={metrics}",
+        "--", *SGLANG, *seed(2, port=str(port)), env={**ENV, "FAKE_REPORT": str(tmp_path)},
+    )  # fmt: skip
+    router = f"http://127.0.0.1:{port}"
+    lines, seen = _lines(proc), []
+    tree: list[int] = []
+    try:
+        _until(lines, seen, "replica 1: ready: routed to")
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="both replicas in the router")
+        assert _ask(router) == " Amsterdam."
+        shown = run_cli("ps").out  # the fleet, its router and each replica
+        assert f"{job}/router" in shown and f"{job}/r0" in shown and f"{job}/r1" in shown
+        fleet = next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
+        assert [r["state"] for r in fleet["fleet"]["replicas"]] == ["serving", "serving"]
+        tree = [proc.pid, *procs.descendants(proc.pid)]
+        plan = json.loads(run_cli("sim", "show", "--root", str(qb2), "--json").out)
+        asic = {c["bdf"]: c["asic_id"] for c in plan["chips"]}
+        before = len(_resets(qb2))
+        os.kill(_scheduler_of(f"{job}-r0"), signal.SIGKILL)
+        answered = failed = 0
+        deadline = time.monotonic() + 60
+        while not sum("replica 0: ready: routed to" in ln for ln in seen) >= 2:
+            assert time.monotonic() < deadline, "".join(seen)
+            if _ask(router) == " Amsterdam.":
+                answered += 1
+            else:
+                failed += 1
+            while not lines.empty():
+                seen.append(lines.get_nowait())
+        assert answered > 0 and failed <= 3, (answered, failed)
+        text = "".join(seen)
+        assert re.search(
+            r"replica 0: (nothing listens|its /health failed).*: taken out of the router", text
+        )
+        resets = _resets(qb2)[before:]
+        mine = json.loads(run_cli("ps", "--json").out)
+        chips = {j["job"]: j["ranks"][0]["bdfs"] for j in mine["jobs"] if j.get("ranks")}
+        r0 = {asic[b] for b in chips[f"{job}-r0"]}
+        r1 = {asic[b] for b in chips[f"{job}-r1"]}
+        assert resets and all(targets <= r0 for targets in resets), resets
+        assert not any(targets & r1 for targets in resets)
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="replica 0 back in the router")
+        # The router holds no chip: one that dies is started again with the serving replicas.
+        fleet = next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
+        os.kill(fleet["fleet"]["router"]["pid"], signal.SIGKILL)
+        _until(lines, seen, "router: died")
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="the router back with both")
+        assert _ask(router) == " Amsterdam."
+        tree = sorted({*tree, *procs.descendants(proc.pid)})
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every process gone")
+    for p in (port, metrics, *(r["port"] for r in json.loads(summary.read_text())["replicas"])):
+        with socket.socket() as s:  # nothing listens there any more (closed ones may linger)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p))
+    data = json.loads(summary.read_text())
+    assert data["code"] == 130
+    assert [r["restarts"] for r in data["replicas"]] == [1, 0]
+    assert data["router"]["restarts"] == 1
+    assert not [p for p in Path("/dev/shm").glob(f"ttmesh-*/runs/{job}*")]
+    assert run_cli("check", "--root", str(qb2)).code == 0

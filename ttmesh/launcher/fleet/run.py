@@ -1,0 +1,436 @@
+"""A fleet running: one ``ttmesh launch`` per replica, SGLang's router in front of them.
+
+Each replica is a job of its own (``<fleet>-rK``: its leases, pre-flight, readiness, bounded
+drain, recovery of its own chips and restarts under ``--max-restarts``, seen by ``ttmesh ps``),
+started as a child ``ttmesh launch --chips ... --fleet-of FLEET`` in a session of its own, so a
+terminal's Ctrl-C reaches only this process, which stops the router first. This process
+relays their output (``[replicaK]`` before each line), says which replicas serve (a replica is
+added to the router when its job says it is ready, taken out the moment its ``/health`` stops
+answering, put back when its job says it is ready again), restarts the router if it dies, and
+stops everything in order on a stop: the router, then every replica's drain within --grace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+from ttmesh.launcher.fleet.router import Router, die_with_parent
+from ttmesh.render import note
+from ttmesh.vocab import Source
+
+if TYPE_CHECKING:
+    from ttmesh.host.base import Host
+    from ttmesh.launcher.fleet.place import FleetPlan, Replica
+    from ttmesh.launcher.planning.options import LaunchOptions
+
+STAGGER_BOUND = 120.0  # s: the next replica starts after this even if the previous is not ready
+PROBE_EVERY = 0.5  # s between health probes of a serving replica
+PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on a busy host
+PROBE_FAILURES = 3  # in a row take a replica out of the router (a refused connection: one)
+ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot serve)
+READY = re.compile(r"ready after [\d.]+ s at http://")
+RESTARTING = re.compile(r"restarting every rank in")
+
+WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
+
+
+@dataclass
+class Member:
+    """One replica's job as the fleet sees it."""
+
+    replica: Replica
+    summary: str
+    proc: subprocess.Popen[bytes] | None = None
+    state: str = WAITING
+    restarts: int = 0
+    last: str = ""
+    started: float = 0.0
+    code: int | None = None
+    failures: int = 0  # /health failures in a row
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.replica
+        out: dict[str, Any] = {
+            "replica": r.index, "job": r.job, "chips": r.bdfs, "url": r.url, "port": r.port,
+            "state": self.state, "restarts": self.restarts, "pid": self.proc.pid if self.proc else None,
+            "code": self.code, "last_line": self.last,
+        }  # fmt: skip
+        from ttmesh import fileread
+        from ttmesh.errors import TTMeshError
+
+        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
+            out["outcome"] = json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
+        return out
+
+
+def child_argv(o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str) -> list[str]:
+    """``ttmesh launch`` of one replica: the user's options that apply to one server, its
+    chips, its job, and the server's command rewritten for it."""
+    argv = [sys.executable, "-u", "-m", "ttmesh", "launch", "--no-live", "--fleet-of", fp.job]
+    if host.root != "/":
+        argv += ["--root", str(host.root)]
+    argv += ["--job-id", r.job, "--summary-json", summary]
+    if r.bdfs:
+        argv += ["--chips", ",".join(r.bdfs)]
+    if o.tp_size is not None:
+        argv += ["--tp-size", str(o.tp_size)]
+    valued = (
+        ("--max-restarts", o.max_restarts), ("--grace", o.grace),
+        ("--on-reset-notice", o.on_reset_notice), ("--symmetric-dram-mb", o.symmetric_dram_mb),
+        ("--profile", o.profile_name), ("--health-interval", o.health_interval),
+        ("--health-failures", o.health_failures), ("--ready-timeout", o.ready_timeout),
+        ("--ready-pattern", o.ready_pattern), ("--tt-smi", o.tt_smi),
+        ("--mesh-shape", o.mesh_shape), ("--log-dir", o.log_dir), ("--workdir", o.workdir),
+        ("--launcher", o.launcher),
+    )  # fmt: skip
+    for flag, value in valued:
+        if value is not None:
+            argv.append(f"{flag}={value}")
+    for item in o.env_items:
+        argv.append(f"--env={item}")
+    flags = (
+        ("--strict", o.strict), ("--strict-links", o.strict_links), ("--auto-reset", o.auto_reset),
+        ("--reset-on-failure", o.reset_on_failure), ("--show-env", o.show_env),
+        ("--quiet", o.quiet), ("--module", o.module), ("--no-python", o.no_python),
+    )  # fmt: skip
+    argv += [flag for flag, given in flags if given]
+    return [*argv, "--", *r.argv]
+
+
+class Fleet:
+    """The replicas' jobs and the router, from the first start to the last stop."""
+
+    def __init__(self, o: LaunchOptions, host: Host, fp: FleetPlan) -> None:
+        self.o, self.host, self.fp = o, host, fp
+        self.dir = tempfile.mkdtemp(prefix=f"ttmesh-fleet-{fp.job[:40]}-")
+        self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
+        self.router = Router(fp.host, fp.port, list(o.router_args),
+                             os.path.join(self.dir, "router.log"), self.say)  # fmt: skip
+        self.events: queue.Queue[tuple[int, str]] = queue.Queue()
+        self.lock = threading.Lock()
+        self.stop_sig: int | None = None
+        self.failed: str | None = None  # why the fleet stops itself (its router cannot run)
+        self.probes: queue.Queue[tuple[int, bool, bool]] = queue.Queue()
+        self.done = threading.Event()
+        self.started = 0.0
+
+    # ------------------------------------------------------------------ output
+
+    def say(self, message: str) -> None:
+        with self.lock:
+            note(message)
+
+    def _relay(self, k: int, stream: IO[bytes], out: IO[str]) -> None:
+        """One stream of replica ``k``'s job, line by line, prefixed; its events queued."""
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self.lock, contextlib.suppress(OSError, ValueError):
+                out.write(f"[replica{k}] {line}\n")
+                out.flush()
+            self.events.put((k, line))
+        stream.close()
+
+    # ------------------------------------------------------------------ replicas
+
+    def _start(self, m: Member) -> None:
+        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary)
+        m.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        m.state, m.started = STARTING, time.monotonic()
+        self.record()
+        chips = f" on {','.join(m.replica.bdfs)}" if m.replica.bdfs else ""
+        self.say(f"replica {m.replica.index} ({m.replica.job}): starting{chips} at {m.replica.url}")
+        assert m.proc.stdout is not None and m.proc.stderr is not None
+        for stream, out in ((m.proc.stdout, sys.stdout), (m.proc.stderr, sys.stderr)):
+            t = threading.Thread(
+                target=self._relay, args=(m.replica.index, stream, out), daemon=True
+            )
+            t.start()
+            m.readers.append(t)
+
+    def _next_to_start(self) -> None:
+        waiting = [m for m in self.members if m.state == WAITING]
+        if not waiting:
+            return
+        if self.o.replicas_parallel:
+            for m in waiting:
+                self._start(m)
+            return
+        started = [m for m in self.members if m.state != WAITING]
+        last = started[-1] if started else None
+        if (
+            last is None
+            or last.state in (SERVING, EXITED)
+            or (time.monotonic() - last.started > STAGGER_BOUND)
+        ):
+            self._start(waiting[0])
+
+    def _event(self, k: int, line: str) -> None:
+        m = self.members[k]
+        m.last = line[-200:]
+        if READY.search(line) and m.state in (STARTING, DOWN):
+            m.state, m.failures = SERVING, 0
+            self.say(f"replica {k}: ready: routed to at {m.replica.url}")
+            self._route()
+            self.record()
+        elif RESTARTING.search(line):
+            m.restarts += 1
+            self.record()
+
+    def _down(self, m: Member, why: str) -> None:
+        m.state = DOWN
+        self.say(f"replica {m.replica.index}: {why}: taken out of the router")
+        if self.router.running():
+            self.router.remove(m.replica.url)
+        self.record()
+
+    def _prober(self) -> None:
+        """In a thread of its own (a slow /health must not hold up the others): every
+        serving or taken-out replica's /health, each answer queued for the main loop."""
+        while not self.done.wait(PROBE_EVERY):
+            for m in list(self.members):
+                if m.state not in (SERVING, DOWN):
+                    continue
+                serving = m.replica.prepared.plan.serving
+                path = (serving.profile.ready_path if serving is not None else None) or "/health"
+                refused = False
+                try:
+                    with urllib.request.urlopen(m.replica.url + path, timeout=PROBE_TIMEOUT) as r:
+                        ok = r.status == 200
+                except ConnectionRefusedError:
+                    ok, refused = False, True  # nothing listens: the server is gone
+                except OSError:  # an HTTP error, or no answer within the timeout
+                    ok = False
+                except ValueError:
+                    ok = False
+                self.probes.put((m.replica.index, ok, refused))
+
+    def _probed(self, k: int, ok: bool, refused: bool) -> None:
+        """A /health answer: ``PROBE_FAILURES`` failures in a row (or a refused connection)
+        take a serving replica out of the router; a taken-out one that answers goes back."""
+        m = self.members[k]
+        if ok:
+            m.failures = 0
+            if m.state == DOWN:
+                m.state = SERVING
+                self.say(f"replica {k}: ready: routed to at {m.replica.url} (its /health answers)")
+                self._route()
+                self.record()
+            return
+        m.failures += 1
+        if m.state == SERVING and (refused or m.failures >= PROBE_FAILURES):
+            why = (
+                "nothing listens at its port"
+                if refused
+                else (f"its /health failed {m.failures} times in a row")
+            )
+            self._down(m, why)
+
+    def _reap(self) -> None:
+        for m in self.members:
+            if m.proc is not None and m.state != EXITED and m.proc.poll() is not None:
+                m.code = m.proc.returncode
+                if m.state == SERVING and self.router.running():
+                    self.router.remove(m.replica.url)
+                m.state = EXITED
+                for t in m.readers:
+                    t.join(timeout=5)
+                self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
+                self.record()
+
+    # ------------------------------------------------------------------ the router
+
+    def _serving(self) -> list[str]:
+        return [m.replica.url for m in self.members if m.state == SERVING]
+
+    def _route(self) -> None:
+        serving = self._serving()
+        if not self.router.running():
+            code = self.router.died()
+            if code is None and not serving:
+                return  # started when the first replica is ready
+            if code is not None:
+                self.say(f"router: died (exit {code}: {self.router.last_line() or 'no output'})")
+                if self.router.starts >= ROUTER_STARTS:
+                    self.failed = f"the router died {self.router.starts} times"
+                    return
+                time.sleep(0.5)
+            self.router.start(serving)
+            self.record()
+            return
+        self.router.reconcile(serving)
+
+    # ------------------------------------------------------------------ the whole
+
+    def _handler(self, sig: int, _frame: object) -> None:
+        self.stop_sig = sig
+
+    def record(self) -> None:
+        """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
+        FLEET`` stops them all). Each replica's own job has its record too."""
+        from ttmesh.errors import TTMeshError
+        from ttmesh.runtime import jobs
+
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.write(
+                {
+                    "job": self.fp.job, "pid": os.getpid(), "guardian": None,
+                    "root": str(self.host.root), "layout": "fleet", "attempt": 0,
+                    "started": self.started, "command": list(self.o.command), "ranks": [],
+                    "fleet": self.state(),
+                }
+            )  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "router": {
+                "url": self.fp.url, "pid": self.router.pid, "running": self.router.running(),
+                "restarts": max(0, self.router.starts - 1),
+            },
+            "replicas": [m.to_json() for m in self.members],
+        }  # fmt: skip
+
+    def run(self) -> int:
+        stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._handler) for sig in stops}
+        self.started = time.time()
+        self.record()
+        threading.Thread(target=self._prober, daemon=True).start()
+        try:
+            self._loop()
+        finally:
+            self.done.set()
+            try:
+                self._stop_all()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        return self._finish()
+
+    def _loop(self) -> None:
+        last_route = 0.0
+        while self.stop_sig is None and self.failed is None:
+            self._next_to_start()
+            with contextlib.suppress(queue.Empty):
+                k, line = self.events.get(timeout=0.2)
+                self._event(k, line)
+                while True:
+                    self._event(*self.events.get_nowait())
+            self._reap()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._probed(*self.probes.get_nowait())
+            if time.monotonic() - last_route > 1.0:
+                self._route()
+                last_route = time.monotonic()
+            if all(m.state == EXITED for m in self.members):
+                break
+
+    def _stop_all(self) -> None:
+        """The router first (no request reaches a replica that drains), then every replica's
+        job, each draining its server within --grace and checking its chips."""
+        if self.router.proc is not None:
+            self.say("router: stopping (it takes no more requests)")
+        self.router.stop(grace=5.0)
+        alive = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
+        sig = self.stop_sig or signal.SIGTERM
+        for m in alive:
+            with contextlib.suppress(ProcessLookupError):
+                m.proc.send_signal(signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM)  # type: ignore[union-attr]
+        for m in alive:
+            assert m.proc is not None
+            m.proc.wait()
+        self._reap()
+        with contextlib.suppress(queue.Empty):
+            while True:  # the last lines relayed: each replica's last line is its job's end
+                k, line = self.events.get_nowait()
+                self.members[k].last = line[-200:]
+        self._links_between()
+
+    def _links_between(self) -> None:
+        """Once every replica is stopped: each reset only its own chips, so a link between two
+        replicas' chips may be down (it was in no replica's mesh). Now no replica runs, the
+        fleet's chips are checked together and reset together where a link is still down."""
+        from ttmesh.fabric import health
+        from ttmesh.fabric.devices import discover
+        from ttmesh.launcher.job.recovery import Recovery, reset_chips
+
+        first = self.fp.replicas[0].prepared
+        if first.plan.chipless:
+            return
+        from ttmesh.errors import TTMeshError
+
+        asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
+        try:
+            first.inv = discover(self.host)
+            down = [
+                p for p in health.preflight(first.inv, asics, (os.getpid(),), system=False)
+                if p.severity == "error"
+            ]  # fmt: skip
+            if down:
+                self.say(f"the fleet's chips: {down[0].what}: resetting them together")
+                reset_chips(first, Recovery(tt_smi=self.o.tt_smi), asics)
+        except (OSError, TTMeshError) as exc:
+            self.say(f"the fleet's chips could not be checked: {exc} (see ttmesh check)")
+
+    def _finish(self) -> int:
+        if self.stop_sig is not None:
+            code, reason = 128 + self.stop_sig, f"stopped ({signal.Signals(self.stop_sig).name})"
+        elif self.failed is not None:
+            code, reason = 1, self.failed
+        else:
+            codes = [m.code for m in self.members if m.code]
+            code = codes[0] if codes else 0
+            reason = "every replica's job ended"
+        summary = self.to_json(code, reason)
+        from ttmesh import paths
+        from ttmesh.errors import BAD_INPUT, TTMeshError
+        from ttmesh.runtime import jobs
+
+        if self.o.summary_json:
+            try:  # never through a link another user planted (paths.write_text)
+                text = json.dumps(summary, indent=2) + "\n"
+                paths.write_text(self.o.summary_json, text, "--summary-json")
+            except TTMeshError as err:
+                self.say(str(err))  # said, never silent; a fleet that succeeded then ends 2
+                code = code or BAD_INPUT
+
+        self.record()
+        with contextlib.suppress(OSError, TTMeshError):
+            jobs.close(self.fp.job, reason, code)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.say(f"fleet {self.fp.job}: exit {code}: {reason}")
+        return code
+
+    def to_json(self, code: int, reason: str) -> dict[str, Any]:
+        return {
+            "schema": "ttmesh.fleet/1",
+            "job": self.fp.job,
+            "source": str(Source.TTMESH) if self.stop_sig or self.failed else "worker",
+            "code": code,
+            "reason": reason,
+            "router": {
+                "url": self.fp.url,
+                "starts": self.router.starts,
+                "restarts": max(0, self.router.starts - 1),
+                "last_line": self.router.last_line(),
+            },
+            "replicas": [m.to_json() for m in self.members],
+        }

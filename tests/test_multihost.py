@@ -84,19 +84,18 @@ def two_qb2(world: Path):
     return make_hosts(world, "quietbox2", 2)
 
 
-@pytest.fixture
-def slurm_qb2(two_qb2, world: Path):
-    """The two QuietBox 2s as the nodes of a throwaway Slurm cluster (skipped, saying why,
-    when Slurm or root is missing here; a cluster that does not come up though every program
-    is there fails, with the daemons' logs)."""
+def _slurm(hosts, world: Path):
+    """``hosts`` as the nodes of a throwaway Slurm cluster (skipped, saying why, when Slurm or
+    root is missing here; a cluster that does not come up though every program is there fails,
+    with the daemons' logs)."""
     why = can_slurm()
     if why is not None:
         pytest.skip(why)
     # Under srun node 0 listens on ttmesh's default port, 29400: on addresses of this test's own.
     net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
-    for i, host in enumerate(two_qb2):
+    for i, host in enumerate(hosts):
         host.addr = f"{net}.{2 + i}"
-    cluster = SlurmCluster(world / "slurm", two_qb2)
+    cluster = SlurmCluster(world / "slurm", hosts)
     try:
         cluster.up()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
@@ -106,6 +105,18 @@ def slurm_qb2(two_qb2, world: Path):
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture
+def slurm_qb2(two_qb2, world: Path):
+    """The two QuietBox 2s as the nodes of a throwaway Slurm cluster."""
+    yield from _slurm(two_qb2, world)
+
+
+@pytest.fixture
+def slurm_t3k(world: Path):
+    """Two cabled T3Ks (dual-t3k, one cable state) as the nodes of a throwaway Slurm cluster."""
+    yield from _slurm(make_hosts(world, "dual-t3k"), world)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -305,6 +316,26 @@ def test_two_hosts_started_by_slurm(slurm_qb2: SlurmCluster, two_qb2, world: Pat
                 sys.executable, TW, TAG, "fail-after=6:1:7")  # fmt: skip
     assert res.returncode == 7, res.stdout + res.stderr
     assert "exit 7: rank 6's exit code (on host ttmh-1)" in res.stderr, res.stderr
+
+
+@needs_hosts
+def test_a_crash_under_slurm_resets_both_t3ks_cable_ends_together(slurm_t3k: SlurmCluster) -> None:
+    """srun's two agents over two cabled T3Ks: rank 0 opens the fabric and crashes once. The
+    agents agree through their store (as with --nnodes): both hosts reset their cables' ends
+    at one moment, the 8 cables train and are verified from both ends, then both restart."""
+    crash_once = (f'{sys.executable} {TW} {TAG} fabric exit=0; '
+                  'exit $(( TORCHELASTIC_RESTART_COUNT == 0 && RANK == 0 ? 7 : 0 ))')  # fmt: skip
+    res = _srun(slurm_t3k, "--tp-size", "16", "--max-restarts", "1", "--", "sh", "-c", crash_once)
+    assert res.returncode == 0, res.stdout + res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("ttmesh: ")]
+    together = [n for n in notes if "cables reset together at both ends and trained" in n]
+    assert len(together) == 2 and all(": 8 between ttmh-0 and ttmh-1 (" in n for n in together)
+    for host in ("ttmh-0", "ttmh-1"):
+        mine = [n for n in notes if n.startswith(f"ttmesh: host {host}: ")]
+        assert mine and all("chips reset and verified" in n for n in mine), notes
+    assert notes.index(together[0]) < next(
+        i for i, n in enumerate(notes) if "restarting every rank" in n
+    ), notes
 
 
 @needs_hosts

@@ -34,6 +34,16 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   building argparse from it, and reading the seed's command with it
   (``ttmesh.launcher.serving.flags``), for each stock table (the module's import apart); and the
   ``--dry-run`` of a stock SGLang command against the same dry run of ``true``.
+* ``fleet`` (not in the default set, ~60 s a run: ``--only fleet``): the SGLang-TorchTPU
+  stand-in (tests/fakes) on a simulated QuietBox 2 with the real router (sglang-router).
+  Requests/s through H:P from 4 client threads (one request at a time each, a new connection
+  per request) for 5 s: ``--replicas 2 --tp-size 2`` behind the router against one server
+  ``--tp-size 2`` at H:P; the stand-in answers at once (it has no latency knob), so this is
+  the router's and HTTP's cost, not the replicas' parallelism. Then, under the same load, the
+  seconds from SIGKILL of replica 0's first scheduler until the launcher says "replica 0:
+  ready: routed to" again and the router lists both workers, and the requests answered and
+  failed meanwhile. Each fleet is stopped with SIGINT and checked: exit 130, no process of its
+  tree alive, no port of it still listening.
 * ``fan-in``: 4 ranks writing 50 MB together (100-byte lines) to the launcher's stdout, a pipe
   this script drains. ttmesh cuts every line and prefixes it with its rank; torchrun and bare
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
@@ -50,16 +60,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 BENCHES = ("launch", "start", "preflight", "metal", "failure", "help", "rss", "fanin", "flags")
+SLOW = ("fleet",)  # not in the default set: ~60 s a run (--only fleet)
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
@@ -666,6 +682,278 @@ def bench_flags(b: Bench) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- fleet
+
+FAKES = Path(__file__).resolve().parent.parent / "tests" / "fakes"
+SEED = [
+    "--model-path", "Qwen/Qwen3-8B", "--device", "tpu", "--tp-size", "2", "--dtype", "bfloat16",
+    "--kv-cache-dtype", "bfloat16", "--mem-fraction-static", "0.75", "--max-total-tokens", "16384",
+    "--enable-torch-compile", "--page-size", "64", "--context-length", "2048",
+    "--chunked-prefill-size", "64", "--torch-compile-max-bs", "4", "--tpu-compile-bs", "1", "4",
+    "--tpu-compile-tokens", "64", "--grammar-backend", "none",
+]  # fmt: skip
+FLEET_THREADS = 4  # concurrent client threads, each one request at a time
+FLEET_SECONDS = 5.0  # how long the load runs per measurement
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ask(url: str) -> bool:
+    """One /generate through ``url``; True when the stand-in's answer came back."""
+    body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
+    req = urllib.request.Request(url + "/generate", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read()).get("text") == " Amsterdam."
+    except (OSError, ValueError):
+        return False
+
+
+def _workers(url: str) -> int:
+    """How many workers the router lists (-1: it does not answer)."""
+    try:
+        with urllib.request.urlopen(url + "/workers", timeout=2) as r:
+            return len(json.loads(r.read())["workers"])
+    except (OSError, ValueError):
+        return -1
+
+
+class _Load:
+    """FLEET_THREADS clients sending requests back to back until stopped; counts each outcome."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.ok, self.failed = url, 0, 0
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._run) for _ in range(FLEET_THREADS)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            good = _ask(self.url)
+            with self.lock:
+                if good:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.ok, self.failed
+
+    def __enter__(self) -> _Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+class _Fleet:
+    """``ttmesh launch [--replicas 2] --tp-size 2`` of the stand-in at 127.0.0.1:PORT, its
+    stderr read line by line (the launcher's own events), stopped with SIGINT as Ctrl-C does."""
+
+    def __init__(self, b: Bench, replicas: int) -> None:
+        self.port, self.replicas = _free_port(), replicas
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.job = f"bench-fleet-{os.getpid()}-{replicas}"
+        report = b.work / "fleet-report"
+        report.mkdir(exist_ok=True)
+        env = {**b.env, "PYTHONPATH": str(FAKES), "PYTHONUNBUFFERED": "1",
+               "FAKE_REPORT": str(report)}  # fmt: skip
+        many = ["--replicas", str(replicas), "--max-restarts", "100"] if replicas > 1 else []
+        self.summary = b.work / f"fleet-{replicas}.json"
+        argv = [
+            *b.ttmesh_bin, "launch", "--root", str(b.roots["fleet"]), *many, "--tp-size", "2",
+            "--job-id", self.job, "--summary-json", str(self.summary), "--",
+            b.py, "-m", "sglang.launch_server", *SEED, "--host", "127.0.0.1",
+            "--port", str(self.port),
+        ]  # fmt: skip
+        self.env = env
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.seen: list[str] = []
+        self.stamps: list[float] = []  # when each line of ``seen`` was read (perf_counter)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.tree: set[int] = {self.proc.pid}
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put((time.perf_counter(), line))
+
+    def until(self, text: str, count: int = 1, timeout: float = 120) -> None:
+        """Wait for the launcher's ``count``-th line with ``text`` (an event, not a sleep)."""
+        deadline = time.monotonic() + timeout
+        while sum(text in ln for ln in self.seen) < count:
+            left = deadline - time.monotonic()
+            if left <= 0 or (self.proc.poll() is not None and self.lines.empty()):
+                sys.exit(f"fleet: no {text!r}: {''.join(self.seen)[-3000:]}")
+            try:
+                stamp, line = self.lines.get(timeout=min(left, 1))
+            except queue.Empty:
+                continue
+            self.stamps.append(stamp)
+            self.seen.append(line)
+
+    def when(self, text: str, after: float) -> float | None:
+        """When the first line with ``text`` read after ``after`` was read."""
+        return next(
+            (t for t, ln in zip(self.stamps, self.seen, strict=True) if t >= after and text in ln),
+            None,
+        )
+
+    def ready(self) -> None:
+        if self.replicas > 1:
+            self.until(f"replica {self.replicas - 1}: ready: routed to")
+            deadline = time.monotonic() + 60
+            while _workers(self.url) != self.replicas:
+                if time.monotonic() > deadline:
+                    sys.exit(f"fleet: the router never listed {self.replicas} workers")
+                time.sleep(0.05)
+        else:
+            deadline = time.monotonic() + 120
+            while not _ask(self.url):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    sys.exit(f"server: never answered: {''.join(self.seen)[-3000:]}")
+                time.sleep(0.05)
+        self.tree |= set(_children(self.proc.pid))
+
+    def scheduler_of(self, replica: int) -> int:
+        """The pid of replica ``replica``'s first scheduler (its rank's child, as in SGLang)."""
+        out = subprocess.run(
+            [*self.ttmesh_cmd(), "ps", "--json"], env=self.env, capture_output=True, text=True
+        ).stdout
+        record = next(j for j in json.loads(out)["jobs"] if j["job"] == f"{self.job}-r{replica}")
+        for pid in _children(record["ranks"][0]["pid"]):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"sglang::scheduler_TP0"):
+                        return pid
+            except OSError:
+                continue
+        sys.exit(f"fleet: no scheduler in replica {replica}")
+
+    def ttmesh_cmd(self) -> list[str]:
+        return list(self.proc.args[: self.proc.args.index("launch")])  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Ctrl-C, then check that every process and port of it is gone."""
+        self.tree |= set(_children(self.proc.pid))
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            sys.exit("fleet: still running 90 s after SIGINT")
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in self.tree):
+            if time.monotonic() > deadline:
+                sys.exit(f"fleet: left {[p for p in self.tree if alive(p)]} after SIGINT")
+            time.sleep(0.01)
+        ports = [self.port]
+        if self.summary.exists():
+            ports += [r["port"] for r in json.loads(self.summary.read_text()).get("replicas", [])]
+        for p in ports:
+            with socket.socket() as s:  # nothing listens any more (closed ones may linger)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    sys.exit(f"fleet: port {p} still taken after SIGINT")
+        if code != 130:
+            sys.exit(f"fleet: exit {code} after SIGINT: {''.join(self.seen)[-3000:]}")
+
+
+def _rps(b: Bench, replicas: int) -> float:
+    fleet = _Fleet(b, replicas)
+    try:
+        fleet.ready()
+        with _Load(fleet.url) as load:
+            t0 = time.perf_counter()
+            time.sleep(FLEET_SECONDS)  # the load's duration (what is measured runs meanwhile)
+            ok, failed = load.counts()
+            seconds = time.perf_counter() - t0
+        if failed:
+            sys.exit(f"fleet: {failed} of {ok + failed} requests failed under steady load")
+        return ok / seconds
+    finally:
+        if fleet.proc.poll() is None:
+            fleet.stop()
+
+
+def _recovery(b: Bench) -> tuple[float, int, int]:
+    """Seconds from SIGKILL of replica 0's scheduler until the launcher says it is routed to
+    again and the router lists both; requests answered and failed meanwhile."""
+    fleet = _Fleet(b, 2)
+    try:
+        fleet.ready()
+        victim = fleet.scheduler_of(0)
+        with _Load(fleet.url) as load:
+            before = load.counts()
+            t0 = time.perf_counter()
+            os.kill(victim, signal.SIGKILL)
+            fleet.until("replica 0: ready: routed to", count=2)
+            while _workers(fleet.url) != 2:
+                if time.perf_counter() - t0 > 120:
+                    sys.exit("fleet: replica 0 never back in the router")
+                time.sleep(0.01)
+            seconds = time.perf_counter() - t0
+            after = load.counts()
+        out = fleet.when("replica 0: ", t0)  # its first line after the kill
+        taken = fleet.when("taken out of the router", t0)
+        first = fleet.when("replica 0: ready: routed to", t0)
+        stages = {
+            "first line": out - t0 if out else None,
+            "taken out": taken - t0 if taken else None,
+            "ready again": first - t0 if first else None,
+        }
+        what = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items() if v is not None)
+        print(f"  fleet recovery: {what}, router lists both {seconds:.1f} s", flush=True)
+        return seconds, after[0] - before[0], after[1] - before[1]
+    finally:
+        if fleet.proc.poll() is None:
+            fleet.stop()
+
+
+def bench_fleet(b: Bench) -> list[dict]:
+    if "fleet" not in b.roots:
+        b.sim("fleet", "quietbox2")
+    answered: list[int] = []
+    failed: list[int] = []
+
+    took: list[float] = []
+
+    def recovery() -> float:
+        seconds, ok, bad = _recovery(b)
+        took.append(round(seconds, 1))
+        answered.append(ok)
+        failed.append(bad)
+        return seconds
+
+    med = interleaved(
+        b.runs, {"two": lambda: _rps(b, 2), "one": lambda: _rps(b, 1), "back": recovery}
+    )
+    load = f"{FLEET_THREADS} client threads for {FLEET_SECONDS:g} s"
+    stand_in = "stand-in answers at once (no latency knob): router + HTTP cost"
+    return [
+        row("fleet: 2 replicas x tp 2, router", "req/s", {"ttmesh": med["two"]},
+            lower=False, note=f"{load}; {stand_in}"),
+        row("fleet: 1 server tp 2, no router", "req/s", {"ttmesh": med["one"]},
+            lower=False, note=f"same stand-in, same load ({load}), straight to the server"),
+        row("fleet: replica killed -> routed to again", "s", {"ttmesh": med["back"]},
+            lower=True,
+            note=f"per run: {took} s; requests meanwhile answered {answered}, failed {failed}"),
+    ]  # fmt: skip
+
+
 def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:
     t, tr, bare = med["ttmesh"], med.get("torchrun"), med.get("bare")
     out = {
@@ -711,7 +999,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, metavar="K", help="runs per job (median)")
     parser.add_argument("--json", metavar="FILE", help="write the results to FILE")
-    parser.add_argument("--only", metavar="NAME,...", help="some of: " + ", ".join(BENCHES))
+    parser.add_argument(
+        "--only",
+        metavar="NAME,...",
+        help="some of: "
+        + ", ".join(BENCHES + SLOW)
+        + " (default: all but "
+        + ", ".join(SLOW)
+        + ", which takes ~60 s a run)",
+    )
     parser.add_argument(
         "--ttmesh", metavar="PATH", help="the ttmesh to measure (default: this Python's)"
     )
@@ -724,7 +1020,7 @@ def main() -> int:
     if args.compare:
         LAUNCHERS.append("before")
     only = args.only.split(",") if args.only else list(BENCHES)
-    unknown = [n for n in only if n not in BENCHES]
+    unknown = [n for n in only if n not in BENCHES + SLOW]
     if unknown or args.runs < 1:
         parser.error(f"unknown benchmark {unknown}" if unknown else "--runs must be positive")
     # In memory, like the test suite's simulated roots: on a real host the driver's files and

@@ -916,7 +916,8 @@ def _recovery(b: Bench) -> tuple[float, int, int]:
             "ready again": first - t0 if first else None,
         }
         what = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items() if v is not None)
-        print(f"  fleet recovery: {what}, router lists both {seconds:.1f} s", flush=True)
+        why = next((ln.strip() for ln in fleet.seen if "taken out of the router" in ln), "")
+        print(f"  fleet recovery: {what}, router lists both {seconds:.1f} s ({why})", flush=True)
         return seconds, after[0] - before[0], after[1] - before[1]
     finally:
         if fleet.proc.poll() is None:

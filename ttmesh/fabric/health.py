@@ -25,7 +25,7 @@ from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import bad_input
-from ttmesh.fabric import heartbeat, holders, known_good, links, syscheck, umdlocks
+from ttmesh.fabric import domains, heartbeat, holders, known_good, links, syscheck, umdlocks
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
@@ -186,33 +186,11 @@ def expand(
 
     Board peers are the chips behind the same PCI device (an n300's remote chip); they are
     always reset with it. A p300's two chips are separate PCI devices: they join through their
-    Ethernet links. Returns asic -> why, in the inventory's order.
+    Ethernet links. Returns asic -> why, in the inventory's order: the reset-domain rule
+    (:func:`ttmesh.fabric.domains.expand`) with no record of who uses which link, so it stops
+    at none.
     """
-    order = {c.asic_id: i for i, c in enumerate(inv.chips)}
-    adjacent: dict[str, list[str]] = {}
-    for lk in link_specs:
-        if lk.a in order and lk.b in order and lk.a != lk.b:
-            adjacent.setdefault(lk.a, []).append(lk.b)
-            adjacent.setdefault(lk.b, []).append(lk.a)
-    why: dict[str, str] = {}
-    queue: list[str] = []
-    for asic in asics:
-        if asic in order and asic not in why:
-            why[asic] = "asked"
-            queue.append(asic)
-    while queue:
-        asic = queue.pop(0)
-        name = chip_name(inv, asic)
-        for peer in inv.board_peers(inv.chip(asic)):
-            if peer.asic_id not in why:
-                why[peer.asic_id] = f"same board as {name}"
-                queue.append(peer.asic_id)
-        if follow_links:
-            for other in adjacent.get(asic, []):
-                if other not in why:
-                    why[other] = f"Ethernet-linked to {name}"
-                    queue.append(other)
-    return dict(sorted(why.items(), key=lambda kv: order[kv[0]]))
+    return domains.expand(inv, asics, link_specs, follow_links=follow_links)[0]
 
 
 def reset_fix(inv: Inventory, asics: Iterable[str], link_specs: Sequence[LinkSpec]) -> str | None:

@@ -57,7 +57,6 @@ import fnmatch
 import json
 import os
 import random
-import shlex
 import shutil
 import signal
 import subprocess
@@ -388,21 +387,7 @@ class Trial:
         config = {"reset_seconds": 0.0, "cable_train_seconds": self.train, "cable_window": 20.0}
         for i, host in enumerate(self.hosts):
             create(model.host(i), host.root, config=config, cables=self.dir / f"{system}.cables")
-        agent = self.dir / "agent"
-        run = 'cd / && exec sh -c "$0"'  # COMMAND, as ssh hands it to the remote shell
-        table = "\n".join(
-            f"  {h.name}) exec env "
-            + " ".join(shlex.quote(f"{k}={v}") for k, v in h.env().items())
-            + " " + shlex.join(h.wrap(["sh", "-c", run])) + ' "$*" ;;'
-            for h in self.hosts
-        )  # fmt: skip
-        agent.write_text(
-            "#!/bin/bash\n"
-            'while [[ "$1" == -* ]]; do shift; done\n'
-            'host="$1"; shift\n'
-            f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
-        )
-        agent.chmod(0o755)
+        agent = emuhosts.write_agent(self.dir / "agent", self.hosts)
         self.env.update(
             OMPI_MCA_plm_rsh_agent=str(agent),
             PRTE_MCA_plm_ssh_agent=str(agent),

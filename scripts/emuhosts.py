@@ -259,3 +259,27 @@ def make_hosts(
             "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
         )
     return hosts
+
+
+def write_agent(agent: Path, hosts: Iterable[Host]) -> Path:
+    """mpirun's launch agent (instead of ssh) at ``agent``: ``AGENT [options] HOST COMMAND...``
+    runs COMMAND on that emulated host, entered as :meth:`Host.wrap` enters it, with its
+    environment (each host's ``env()``). Like ssh, it starts COMMAND in a directory of that host
+    (``/``), not in mpirun's (tests/hosts.py ``launch_agent`` says why)."""
+    run = 'cd / && exec sh -c "$0"'  # COMMAND, as ssh hands it to the remote shell
+    table = "\n".join(
+        f"  {shlex.quote(h.name)}) exec env "
+        + " ".join(shlex.quote(f"{k}={v}") for k, v in h.env().items())
+        + " "
+        + shlex.join(h.wrap(["sh", "-c", run]))
+        + ' "$*" ;;'
+        for h in hosts
+    )
+    agent.write_text(
+        "#!/bin/bash\n"
+        'while [[ "$1" == -* ]]; do shift; done\n'
+        'host="$1"; shift\n'
+        f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
+    )
+    agent.chmod(0o755)
+    return agent

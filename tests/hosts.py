@@ -120,24 +120,7 @@ def launch_agent(base: Path, hosts: list[Host]) -> Path:
     under the launcher's /tmp is hidden there by the host's own /tmp, and Open MPI 5's daemon
     dies when its working directory is one it cannot reach ("PRTE has lost communication with a
     remote daemon"); 4.x's did not mind."""
-    run = 'cd / && exec sh -c "$0"'  # COMMAND, as ssh hands it to the remote shell
-    table = "\n".join(
-        f"  {shlex.quote(h.name)}) exec env "
-        + " ".join(shlex.quote(f"{k}={v}") for k, v in h.env().items())
-        + " "
-        + shlex.join(h.wrap(["sh", "-c", run]))
-        + ' "$*" ;;'
-        for h in hosts
-    )
-    agent = base / "agent"
-    agent.write_text(
-        "#!/bin/bash\n"
-        'while [[ "$1" == -* ]]; do shift; done\n'
-        'host="$1"; shift\n'
-        f'case "$host" in\n{table}\n  *) echo "no emulated host $host" >&2; exit 1 ;;\nesac\n'
-    )
-    agent.chmod(0o755)
-    return agent
+    return emuhosts.write_agent(base / "agent", hosts)
 
 
 def mpi_env(agent: Path, net: Network | None = None) -> dict[str, str]:

@@ -232,3 +232,22 @@ def test_a_given_prometheus_port_is_kept_and_the_plan_says_the_metrics_url(qb2: 
     assert res.code == 0, res.err
     url = re.search(r"router metrics \(Prometheus\): http://127\.0\.0\.1:(\d+)/metrics", res.out)
     assert url and int(url.group(1)) != 29000, res.out  # not the router's default
+
+
+def test_a_given_metrics_port_that_is_taken_is_refused_before_the_start() -> None:
+    """Else the router would die at each of its starts, minutes later (after the first replica
+    is ready), and the fleet would end with the router dead."""
+    import socket
+
+    from ttmesh.launcher.fleet import routeropts
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        given = routeropts.RouterOptions(metrics_host="127.0.0.1", metrics_port=port,
+                                         metrics_given=True)  # fmt: skip
+        with pytest.raises(TTMeshError) as err:
+            routeropts.check_free(given)
+        assert err.value.message.startswith(f"the router's --prometheus-port {port} is already")
+        routeropts.check_free(routeropts.RouterOptions(metrics_port=port))  # ttmesh's: free

@@ -572,6 +572,10 @@ def _fleet(launch: Launch) -> int:
             from ttmesh.launcher.planning import ports
 
             ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
+            if fp.router_opts is not None:
+                from ttmesh.launcher.fleet import routeropts
+
+                routeropts.check_free(fp.router_opts)  # its metrics port, when given
     except TTMeshError as exc:
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)

@@ -162,6 +162,11 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
                                 ported))  # fmt: skip
     fp = FleetPlan(fleet, where, router_port, replicas, router_opts=router_opts)
     _notes(fp)
+    if router_opts.read_by is None and router_opts.args:  # a dry run only: a launch needs it
+        fp.notes.append(
+            "the router's options were not read by its own parser (sglang-router is not "
+            "installed: pip install 'ttmesh[router]'); a launch reads them before it starts"
+        )
     _memory(fp, launch, host)
     return fp
 

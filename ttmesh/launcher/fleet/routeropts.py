@@ -134,6 +134,23 @@ def read(profile: Any, user: tuple[str, ...], router_port: int, taken: set[int])
     return ro
 
 
+def check_free(ro: RouterOptions) -> None:
+    """A metrics port the user gave is free now (before the start: a router that cannot bind it
+    would die at each start, minutes later, once the first replica is ready)."""
+    from ttmesh.launcher.planning import ports
+
+    if not ro.metrics_given:
+        return
+    try:
+        ports.check_server_port(ro.metrics_host, ro.metrics_port)
+    except ports.PortTaken as exc:
+        taken = exc.message.split(" is already in use on ", 1)[-1]
+        raise bad_input(
+            f"the router's --prometheus-port {ro.metrics_port} is already in use on {taken}",
+            "give the metrics another --prometheus-port, or drop it: a free one is picked",
+        ) from None
+
+
 def fleets_metrics_ports() -> set[int]:
     """The metrics ports the fleets of this user that run now were given (their records)."""
     from ttmesh.errors import TTMeshError

@@ -128,8 +128,9 @@ def test_an_estimate_that_cannot_be_made_is_said_never_silent(
 # ---------------------------------------------------------------------------- router options
 
 
-def _profile_dir(tmp_path: Path, router: str) -> Path:
-    """A user profile: the stock SGLang-TorchTPU one, first, with a ``router:`` section."""
+def _profile_dir(tmp_path: Path, router: str, key: str = "router") -> Path:
+    """A user profile: the stock SGLang-TorchTPU one, first, with a ``router:`` section (or
+    another ``key``'s)."""
     from ttmesh.launcher.serving import profiles
 
     stock = (profiles.profiles_dir() / "sglang-torchtpu.yaml").read_text()
@@ -137,7 +138,9 @@ def _profile_dir(tmp_path: Path, router: str) -> Path:
     text = re.sub(r"(?m)^priority: .*$", "priority: 90", text)
     mine = tmp_path / "profiles"
     mine.mkdir()
-    (mine / "mine.yaml").write_text(f"{text}\nflags: sglang-torchtpu\nrouter: {router}\n")
+    if key != "router":
+        text = re.sub(rf"(?m)^{key}: .*$", "", text)
+    (mine / "mine.yaml").write_text(f"{text}\nflags: sglang-torchtpu\n{key}: {router}\n")
     return mine
 
 
@@ -173,6 +176,15 @@ def test_a_bad_router_section_is_one_line_naming_the_profile_and_key(
     said_lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
     assert len(said_lines) == 1 and json.loads(res.out)["schema"] == "ttmesh.error/1", res.err
     assert f"profile {mine / 'mine.yaml'}" in res.err and re.search(said, res.err), res.err
+
+
+def test_a_bad_host_memory_section_is_one_line_naming_the_profile_and_key(
+    qb2: Path, tmp_path: Path
+) -> None:
+    mine = _profile_dir(tmp_path, "{model_flag: --model-path, starting: .nan}", "host_memory")
+    res = _dry(qb2, env={"TTMESH_PROFILES": str(mine)})
+    assert res.code == 2, res.out
+    assert f"profile {mine / 'mine.yaml'}: host_memory.starting .nan: not a number" in res.err
 
 
 @pytest.mark.parametrize(

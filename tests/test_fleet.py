@@ -35,7 +35,8 @@ def _fleet_plan(root: Path, *args: str, tp: int = 2) -> dict:
 
 def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb2: Path) -> None:
     data = _fleet_plan(qb2)
-    assert data["router"] == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
+    router = {k: data["router"][k] for k in ("host", "port", "url")}
+    assert router == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
     r0, r1 = data["replicas"]
     assert len(r0["chips"]) == len(r1["chips"]) == 2
     assert not set(r0["chips"]) & set(r1["chips"])
@@ -187,6 +188,10 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
         assert f"{job}/router" in shown and f"{job}/r0" in shown and f"{job}/r1" in shown
         fleet = next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
         assert [r["state"] for r in fleet["fleet"]["replicas"]] == ["serving", "serving"]
+        # The metrics port the user gave is kept, shown, and the router serves it there.
+        assert fleet["fleet"]["router"]["metrics"]["port"] == metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
+            assert r.status == 200
         tree = [proc.pid, *procs.descendants(proc.pid)]
         plan = json.loads(run_cli("sim", "show", "--root", str(qb2), "--json").out)
         asic = {c["bdf"]: c["asic_id"] for c in plan["chips"]}
@@ -237,5 +242,6 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
     assert data["code"] == 130
     assert [r["restarts"] for r in data["replicas"]] == [1, 0]
     assert data["router"]["restarts"] == 1
+    assert data["router"]["metrics"]["url"] == f"http://127.0.0.1:{metrics}/metrics"
     assert not [p for p in Path("/dev/shm").glob(f"ttmesh-*/runs/{job}*")]
     assert run_cli("check", "--root", str(qb2)).code == 0

@@ -64,8 +64,18 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     multiple=True,
     metavar="ARG",
     help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
-    "--router-arg=round_robin, --router-arg=--prometheus-port=29001). Its policy and health "
-    "checks are SGLang's defaults otherwise.",
+    "--router-arg=round_robin, --router-arg=--prometheus-port=29001), after the profile's "
+    "router.args, read by the router's own parser before anything starts; its --host, --port "
+    "and --worker-urls are ttmesh's. Its policy and health checks are SGLang's defaults "
+    "otherwise; its Prometheus metrics get a free port unless one is given.",
+)
+@click.option(
+    "--no-memory-check",
+    "no_memory_check",
+    is_flag=True,
+    help="With --replicas: start even when the host memory the replicas need at their peak "
+    "(the model's weight files on disk times the profile's host_memory factors) is more than "
+    "MemAvailable.",
 )
 @click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
 @click.option(
@@ -453,7 +463,10 @@ def launch_cmd(**options: Any) -> int:
     job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
     chips alone checked and reset, restarted under --max-restarts and put back, while the
     others serve. Ctrl-C stops the router, then every replica within --grace. vLLM is refused:
-    it assigns chips to its own data-parallel ranks.
+    it assigns chips to its own data-parallel ranks. The host memory the replicas need at their
+    peak (their model's weight files on disk times the profile's host_memory factors) is
+    checked against MemAvailable before anything starts (--no-memory-check skips it); the
+    router's metrics get a free Prometheus port unless --router-arg gives one.
 
     \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
@@ -559,6 +572,10 @@ def _fleet(launch: Launch) -> int:
             from ttmesh.launcher.planning import ports
 
             ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
+            if fp.router_opts is not None:
+                from ttmesh.launcher.fleet import routeropts
+
+                routeropts.check_free(fp.router_opts)  # its metrics port, when given
     except TTMeshError as exc:
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
@@ -571,6 +588,8 @@ def _fleet(launch: Launch) -> int:
         note(f"{f.severity}: {f.message} (fix: {f.fix})")
     for n in fp.notes:
         note(f"note: {n}")
+    if fp.router_opts is not None:
+        note(f"router: Prometheus metrics at {fp.router_opts.metrics_url}")
     if o.dry_run:
         from ttmesh.render import emit_json
 

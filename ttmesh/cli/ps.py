@@ -89,8 +89,12 @@ def fleet_rows(fleet: dict, job: str) -> list[list[object]]:
     router = fleet.get("router") or {}
     state = "serving" if router.get("running") else "waiting"
     restarts = router.get("restarts") or 0
+    metrics = router.get("metrics") or {}
+    shown = (
+        f", metrics {metrics['url']}" if isinstance(metrics, dict) and metrics.get("url") else ""
+    )
     rows.append([f"{job}/router", state, router.get("pid"), "-", "-", "-", "-",
-                 f"{router.get('url')}, restarted {restarts} times"])  # fmt: skip
+                 f"{router.get('url')}{shown}, restarted {restarts} times"])  # fmt: skip
     for rep in fleet.get("replicas") or []:
         rows.append(
             [

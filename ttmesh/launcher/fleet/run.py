@@ -119,7 +119,8 @@ class Fleet:
         self.o, self.host, self.fp = o, host, fp
         self.dir = tempfile.mkdtemp(prefix=f"ttmesh-fleet-{fp.job[:40]}-")
         self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
-        self.router = Router(fp.host, fp.port, list(o.router_args),
+        extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
+        self.router = Router(fp.host, fp.port, extra,
                              os.path.join(self.dir, "router.log"), self.say)  # fmt: skip
         self.events: queue.Queue[tuple[int, str]] = queue.Queue()
         self.lock = threading.Lock()
@@ -298,11 +299,15 @@ class Fleet:
                 }
             )  # fmt: skip
 
+    def _metrics(self) -> dict[str, Any] | None:
+        ro = self.fp.router_opts
+        return ro.to_json() if ro is not None else None
+
     def state(self) -> dict[str, Any]:
         return {
             "router": {
                 "url": self.fp.url, "pid": self.router.pid, "running": self.router.running(),
-                "restarts": max(0, self.router.starts - 1),
+                "restarts": max(0, self.router.starts - 1), "metrics": self._metrics(),
             },
             "replicas": [m.to_json() for m in self.members],
         }  # fmt: skip
@@ -431,6 +436,7 @@ class Fleet:
                 "starts": self.router.starts,
                 "restarts": max(0, self.router.starts - 1),
                 "last_line": self.router.last_line(),
+                "metrics": self._metrics(),
             },
             "replicas": [m.to_json() for m in self.members],
         }

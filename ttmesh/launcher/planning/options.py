@@ -95,6 +95,7 @@ class LaunchOptions:
     replicas: int | None = None  # --replicas: a serving fleet (launcher.fleet)
     replicas_parallel: bool = False
     router_args: tuple[str, ...] = ()
+    no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
 
 
@@ -163,8 +164,11 @@ class Launch:
             from ttmesh.launcher.fleet import check
 
             check.request(o, request)
-        elif o.replicas_parallel or o.router_args:
-            flag = "--replicas-parallel" if o.replicas_parallel else "--router-arg"
+        elif o.replicas_parallel or o.router_args or o.no_memory_check:
+            flag = (
+                "--replicas-parallel" if o.replicas_parallel
+                else "--router-arg" if o.router_args else "--no-memory-check"
+            )  # fmt: skip
             raise bad_input(
                 f"{flag} goes with --replicas N (N > 1)", f"add --replicas, or drop {flag}"
             )

@@ -582,10 +582,16 @@ def _fleet(launch: Launch) -> int:
             click.echo(fleet_text(fp.to_json(o.show_env)))
         return 0
     from ttmesh.cli import streams
+    from ttmesh.cli.live import enabled
     from ttmesh.launcher.fleet.run import Fleet
 
     streams.job_code = True
-    return Fleet(o, o.host, fp).run()
+    if not enabled(sys.stdout, o.no_live):
+        return Fleet(o, o.host, fp).run()  # the replicas' lines, plain
+    from ttmesh.cli.fleetview import FleetView
+
+    with FleetView(fp.job) as view:
+        return Fleet(o, o.host, fp, view).run()
 
 
 # How each mode starts (``Launch.mode``, decided once by launcher.planning.options).

@@ -61,6 +61,18 @@ class Router:
         return f"http://{host}:{self.port}"
 
     @property
+    def metrics_url(self) -> str | None:
+        """Where its Prometheus metrics are read, when ``--router-arg`` names their port (the
+        live view and ``ttmesh ps`` show it); None when the user did not pass one."""
+        port = _value(self.extra, "--prometheus-port")
+        if port is None:
+            return None
+        host = _value(self.extra, "--prometheus-host") or "0.0.0.0"
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/metrics"
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
@@ -165,6 +177,17 @@ class Router:
                 proc.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # anything it left in its group
+
+
+def _value(args: list[str], flag: str) -> str | None:
+    """The last value of ``flag`` in ``args`` (``--flag=V`` or ``--flag V``), as argparse takes it."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+        elif arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+    return found
 
 
 def _plain(line: str) -> str:

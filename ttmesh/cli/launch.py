@@ -200,7 +200,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--no-live",
     is_flag=True,
     help="On a terminal, print the ranks' prefixed lines only, without the live table of ranks "
-    "and phases (as in a pipe, or with CI set).",
+    "and phases, or of a fleet's replicas and router (as in a pipe, or with CI set).",
 )
 @click.option(
     "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
@@ -453,7 +453,9 @@ def launch_cmd(**options: Any) -> int:
     job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
     chips alone checked and reset, restarted under --max-restarts and put back, while the
     others serve. Ctrl-C stops the router, then every replica within --grace. vLLM is refused:
-    it assigns chips to its own data-parallel ranks.
+    it assigns chips to its own data-parallel ranks. On a terminal a live table of the replicas
+    (job, chips, URL, state, restarts, last line) and the router (state, PID, restarts, metrics
+    URL) stays under their [replicaK] lines.
 
     \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,

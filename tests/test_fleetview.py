@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import run_cli
 from test_live import Terminal, ttmesh
 from test_serving import ENV, SGLANG, _free_port, seed
@@ -22,6 +23,9 @@ HOSTILE = (
 )
 SHOWN = r"red \x07\x08 \x202eend"  # what a cell shows of it: its controls spelled out
 RAW = ("\x1b]", "\x1b[2J", "\x1b[5A", "\x9b", "\x07", "\x08", "\r", "\u202e")  # none may show
+
+
+METRICS = _free_port()
 
 
 def _replica(k: int, state: str = "serving", last: str = "", **more: Any) -> dict[str, Any]:
@@ -105,29 +109,33 @@ def test_the_view_of_a_long_line_64_replicas_and_a_narrow_terminal() -> None:
 
 
 def _fleet(root: Path, term: Callable[..., Terminal], *flags: str) -> tuple[int, str, Terminal]:
-    """Two one-chip replicas that crash once ready (no restarts): the fleet ends by itself."""
+    """Two one-chip replicas that crash once ready (no restarts): the fleet ends by itself.
+    The router's metrics on a port of its own (SGLang's default, 29000, may be another's)."""
     env = {**ENV, "FAKE_MODE": "crash", "FAKE_SAY": HOSTILE, "COLUMNS": "160",
            "FAKE_READY_AFTER": "0", "FAKE_FAIL_AFTER": "0"}  # fmt: skip
-    env.pop("PYTHONUNBUFFERED")  # users' shells do not set it
+    env.pop("PYTHONUNBUFFERED")  # users' shells do not set it (nor does this environment now)
     argv = ttmesh("launch", "--root", str(root), "--replicas", "2", "--tp-size", "1",
-                  "--replicas-parallel", "--job-id", f"fv-{os.getpid()}", *flags, "--", *SGLANG,
+                  "--replicas-parallel", "--job-id", f"fv-{os.getpid()}",
+                  f"--router-arg=--prometheus-port={METRICS}", *flags, "--", *SGLANG,
                   *seed(1, port=str(_free_port())))  # fmt: skip
-    t = term(argv, env={**os.environ, **env})
+    t = term(argv, env)
     code = t.finish(timeout=90)
     return code, t.text(), t
 
 
 def test_a_terminal_gets_the_view_and_no_live_or_a_pipe_the_plain_lines(
-    qb2: Path, tmp_path: Path
+    qb2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     code, text, term = _fleet(qb2, Terminal)
     assert code == 3, text[-3000:]
     assert "ttmesh fleet fv-" in text and "REPLICA" in text  # the view, at the bottom
     final = text.rsplit("ttmesh fleet fv-", 1)[1]
     assert re.search(r"\n0 .*exited 3 +0 ", final) and re.search(r"\n1 .*exited 3 +0 ", final)
-    assert "router http://" in final
+    assert f"metrics http://127.0.0.1:{METRICS}/metrics" in final  # the router's line
     assert "[replica0] " in text.split(final)[0]  # the replicas' lines still shown above it
-    for bad in ("\x1b]0;pwned", "\x1b]52", "\x1b[2J", "\x1b[5A", "\x9b", "\x08"):
+    for bad in ("\x1b]0;pwned", "\x1b]52", "\x1b[2J", "\x1b[5A", "\x9b", "\x08", "\u202e"):
         assert bad.encode() not in term.raw  # not in a cell, nor in the lines above
     code, text, term = _fleet(qb2, Terminal, "--no-live")
     assert code == 3 and "ttmesh fleet fv-" not in text and "REPLICA" not in text, text[-3000:]
@@ -135,7 +143,7 @@ def test_a_terminal_gets_the_view_and_no_live_or_a_pipe_the_plain_lines(
     assert "[replica0] " in text and "[replica1] " in text
     out = tmp_path / "stdout"
     with out.open("w") as f:
-        code, text, term = _fleet(qb2, lambda argv, env: Terminal(argv, env, stdout=f.fileno()))
+        code, text, term = _fleet(qb2, lambda argv, env: Terminal(argv, env, f.fileno()))
     assert code == 3 and "ttmesh fleet fv-" not in text + out.read_text()
     assert "[replica0] " in out.read_text() + text
 

@@ -174,15 +174,16 @@ def _chips(chips: object) -> str:
 
 _SEQUENCE = re.compile(
     r"\x1b\[[0-9;?<=>]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?"
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"  # and bidi overrides
 )
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def above(text: str) -> str:
     """Relayed lines as they go above the table: their colours kept (as without a view), any
-    other escape or control character dropped. The view owns the cursor: a line that moved it,
-    cleared the screen or retitled the window would break the table, or worse."""
+    other escape, control character or bidi override dropped. The view owns the cursor: a
+    line that moved it, cleared the screen or retitled the window would break the table, or
+    worse (OSC 52 writes the clipboard)."""
     return _SEQUENCE.sub(lambda m: m.group() if _COLOUR.fullmatch(m.group()) else "", text)
 
 

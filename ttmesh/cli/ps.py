@@ -71,6 +71,8 @@ def ps_cmd(
         fleet = r.get("fleet") if not r.get("ended") else None
         if isinstance(fleet, dict):
             rows[-1][3] = len(fleet.get("replicas") or [])
+            every = [b for rep in fleet.get("replicas") or [] for b in rep.get("chips") or []]
+            rows[-1][4] = printable(",".join(every)) or "-"  # the fleet's chips: its replicas'
             rows += fleet_rows(fleet, r["job"])
     if not rows:
         click.echo(

@@ -182,7 +182,7 @@ def test_ps_shows_a_fleet_its_router_and_each_replica(runtime: Path) -> None:
     assert fleet["router"]["metrics_url"] == "http://127.0.0.1:29555/metrics"
     assert [r["last_line"] for r in fleet["replicas"]] == ["line of r0", "[/x] " + HOSTILE]
     # On a terminal the table is rich's: a "[/x]" in a line is text, not markup (no traceback).
-    term = Terminal(ttmesh("ps"), env={"XDG_RUNTIME_DIR": str(runtime)})
+    term = Terminal(ttmesh("ps"), env={"XDG_RUNTIME_DIR": str(runtime), "COLUMNS": "300"})
     assert term.finish() == 0, term.text()
     assert (
         "last: [/x] r" in term.text()
@@ -199,3 +199,26 @@ def test_the_router_says_its_metrics_url_when_given_a_port() -> None:
     assert url() is None
     assert url("--prometheus-port=29555") == "http://127.0.0.1:29555/metrics"
     assert url("--prometheus-port", "1", "--prometheus-host", "::1") == "http://[::1]:1/metrics"
+
+
+def test_a_view_that_raises_turns_the_fleet_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watcher.show must not raise: a bug in drawing stops the view, not the fleet."""
+    from ttmesh.cli import fleetview
+
+    out = io.StringIO()
+    out.isatty = lambda: True  # type: ignore[method-assign]
+    view = fleetview.FleetView("fl", out)
+    with view:
+        view.screen.refreshed = -1e9  # each show below redraws at once
+        view.show(_state([_replica(0)]))
+        assert "fleet fl · 1 of 1 serving" in out.getvalue()
+
+        def broken(*args: object) -> object:
+            raise ValueError("a bug")
+
+        monkeypatch.setattr(fleetview, "render", broken)
+        view.screen.refreshed = -1e9  # its next show redraws at once
+        view.show(_state([_replica(0, "down")]))  # does not raise
+        assert not view.screen.running
+        view.screen.write("[replica0] plain again\n")
+    assert out.getvalue().endswith("[replica0] plain again\n")

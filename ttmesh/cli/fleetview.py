@@ -18,6 +18,7 @@ never reach the terminal. A fleet taller than the terminal shows the replicas wo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import shutil
@@ -243,8 +244,9 @@ class FleetView:
     def __exit__(self, kind: object, *exc: object) -> None:
         if kind is not None:  # refused or broken before the end: its one line stands alone
             self.screen.live.transient = True
-        try:
-            self.screen.stop()  # what is held printed, the last frame left below it
+        try:  # what is held printed, the last frame left below it; a bug of the view's
+            with contextlib.suppress(Exception):  # must not replace the fleet's exit code
+                self.screen.stop()
         finally:
             for name, real in self.saved.items():
                 lines = getattr(sys, name)
@@ -256,11 +258,20 @@ class FleetView:
     # -- the watcher
 
     def show(self, state: dict[str, Any]) -> None:
-        """The fleet's state now: redrawn on the next tick when it changed."""
-        if state != self.state:
-            self.state = state
-            self.screen.changed()
-        self.screen.tick()
+        """The fleet's state now: redrawn on the next tick when it changed. A view that raises
+        stops drawing and the rest of the fleet's lines are plain (the fleet runs on)."""
+        if not self.screen.running:
+            return
+        try:
+            if state != self.state:
+                self.state = state
+                self.screen.changed()
+            self.screen.tick()
+        except Exception:  # a bug of the view must not stop the replicas
+            self.screen.live.transient = True  # no half-drawn frame left behind
+            with contextlib.suppress(Exception):
+                self.screen.stop()
+            self.screen.running = False
 
     # -- drawing
 

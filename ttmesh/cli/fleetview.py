@@ -5,15 +5,15 @@ line for SGLang's router (URL, state, PID, restarts, metrics URL), kept at the b
 terminal by :class:`ttmesh.cli.live.Screen` while the replicas' ``[replicaK]`` lines and
 ttmesh's own messages scroll above it, as they would without a view. Drawn under the same
 rule as a single job's view (:func:`ttmesh.cli.live.enabled`: a terminal, not ``--no-live``,
-no ``CI``, not ``TERM=dumb``); otherwise this module is not imported and the lines are plain.
+no ``CI``, not ``TERM=dumb``); otherwise no view is made and the lines are plain.
 
 The fleet (:class:`ttmesh.launcher.fleet.run.Fleet`) knows nothing of the drawing: it hands
-its state, the same JSON its job record carries for ``ttmesh ps``, to :meth:`FleetView.show`
-and ticks it, both under the lock its relayed lines are written under, so a frame is never
-drawn while a line is half written. What another program wrote (a server's last line, the
-router's log) goes into a cell only through :func:`ttmesh.render.printable`: its escapes
-never reach the terminal. A fleet taller than the terminal shows the replicas worth a look
-(not serving) first and counts the rest; a narrow one drops the columns it can do without.
+its state, the same JSON its job record carries for ``ttmesh ps``, to :meth:`FleetView.show`;
+the view's ticker prints the lines held and redraws. What another program wrote (a server's
+last line, the router's log) goes into a cell only through :func:`ttmesh.render.printable`,
+and into the lines above only through :func:`above`: its escapes never reach the terminal. A
+fleet taller than the terminal shows the replicas worth a look (not serving) first and counts
+the rest; a narrow terminal gets each replica on two lines instead of a row.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import io
 import re
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import IO, Any
 
 from ttmesh.cli.live import Screen, clock, enabled
@@ -189,12 +191,12 @@ def above(text: str) -> str:
 
 
 class _Lines(io.TextIOBase):
-    """sys.stdout or sys.stderr while the view is drawn: whole lines go above the table, at
-    most every ``Screen.FLUSH`` seconds (a busy fleet's lines must not redraw its table once
-    each); what is held is printed on the next line, tick or the end."""
+    """sys.stdout or sys.stderr while the view is drawn: whole lines are held for above the
+    table and printed by the view's ticker, at most every ``Screen.FLUSH`` seconds (a busy
+    fleet's lines must not redraw its table once each, nor wait for the next one)."""
 
-    def __init__(self, screen: Screen, real: IO[str]) -> None:
-        self.screen = screen
+    def __init__(self, view: FleetView, real: IO[str]) -> None:
+        self.view = view
         self.real = real
         self.partial = ""
 
@@ -202,9 +204,8 @@ class _Lines(io.TextIOBase):
         head, newline, tail = (self.partial + text).rpartition("\n")
         self.partial = tail
         if newline:
-            self.screen.write(above(head) + "\n")
-            if time.monotonic() - self.screen.printed >= Screen.FLUSH:
-                self.screen.flush()
+            with self.view.lock:
+                self.view.screen.write(above(head) + "\n")
         return len(text)
 
     def flush(self) -> None:
@@ -223,12 +224,21 @@ class _Lines(io.TextIOBase):
 
 class FleetView:
     """``ttmesh launch --replicas N`` on a terminal: the fleet's watcher
-    (:class:`ttmesh.launcher.fleet.run.Watcher`)."""
+    (:class:`ttmesh.launcher.fleet.run.Watcher`).
+
+    Unlike a single job's view it has a thread of its own, the ticker: the fleet's main thread
+    blocks while its replicas drain, and their lines must still go out (and the clock move).
+    The fleet forks only to exec (``subprocess``), so a lock the ticker holds at a fork is never
+    needed in the child. One lock orders everything that draws: the ticker, ``show`` and the
+    lines written by the fleet's relays."""
 
     def __init__(self, job: str, stream: IO[str] | None = None) -> None:
         self.job = job
         self.state: dict[str, Any] = {"router": {}, "replicas": []}
         self.t0 = time.monotonic()
+        self.lock = threading.RLock()
+        self.done = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, name="fleet-view", daemon=True)
         self.screen = Screen(stream or sys.stdout, self.render, capture=())
         self.saved: dict[str, IO[str]] = {}
 
@@ -237,15 +247,18 @@ class FleetView:
             real = getattr(sys, name)
             if enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
                 self.saved[name] = real
-                setattr(sys, name, _Lines(self.screen, real))
+                setattr(sys, name, _Lines(self, real))
         self.screen.start()
+        self.ticker.start()
         return self
 
     def __exit__(self, kind: object, *exc: object) -> None:
+        self.done.set()
+        self.ticker.join()
         if kind is not None:  # refused or broken before the end: its one line stands alone
             self.screen.live.transient = True
         try:  # what is held printed, the last frame left below it; a bug of the view's
-            with contextlib.suppress(Exception):  # must not replace the fleet's exit code
+            with self.lock, contextlib.suppress(Exception):  # must not replace the exit code
                 self.screen.stop()
         finally:
             for name, real in self.saved.items():
@@ -255,23 +268,38 @@ class FleetView:
                     real.write(lines.partial)
             self.saved.clear()
 
-    # -- the watcher
+    def _tick(self) -> None:
+        while not self.done.wait(Screen.FLUSH):
+            with self.lock:
+                self._guarded(self.screen.tick)
 
-    def show(self, state: dict[str, Any]) -> None:
-        """The fleet's state now: redrawn on the next tick when it changed. A view that raises
-        stops drawing and the rest of the fleet's lines are plain (the fleet runs on)."""
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """``step`` of the drawing; one that raises stops the view, and the rest of the fleet's
+        lines are plain (a bug of the view must not stop the replicas)."""
         if not self.screen.running:
             return
         try:
-            if state != self.state:
-                self.state = state
-                self.screen.changed()
-            self.screen.tick()
-        except Exception:  # a bug of the view must not stop the replicas
+            step()
+        except Exception:
             self.screen.live.transient = True  # no half-drawn frame left behind
             with contextlib.suppress(Exception):
                 self.screen.stop()
             self.screen.running = False
+
+    # -- the watcher
+
+    def show(self, state: dict[str, Any]) -> None:
+        """The fleet's state now: drawn by the ticker when it changed (at most every
+        ``Screen.REFRESH`` seconds)."""
+
+        def step() -> None:
+            if state != self.state:
+                self.state = state
+                self.screen.changed()
+            self.screen.tick()
+
+        with self.lock:
+            self._guarded(step)
 
     # -- drawing
 

@@ -210,7 +210,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--no-live",
     is_flag=True,
     help="On a terminal, print the ranks' prefixed lines only, without the live table of ranks "
-    "and phases (as in a pipe, or with CI set).",
+    "and phases, or of a fleet's replicas and router (as in a pipe, or with CI set).",
 )
 @click.option(
     "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
@@ -466,7 +466,9 @@ def launch_cmd(**options: Any) -> int:
     it assigns chips to its own data-parallel ranks. The host memory the replicas need at their
     peak (their model's weight files on disk times the profile's host_memory factors) is
     checked against MemAvailable before anything starts (--no-memory-check skips it); the
-    router's metrics get a free Prometheus port unless --router-arg gives one.
+    router's metrics get a free Prometheus port unless --router-arg gives one. On a terminal a live table of the replicas
+    (job, chips, URL, state, restarts, last line) and the router (state, PID, restarts, metrics
+    URL) stays under their [replicaK] lines.
 
     \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
@@ -601,10 +603,16 @@ def _fleet(launch: Launch) -> int:
             click.echo(fleet_text(fp.to_json(o.show_env)))
         return 0
     from ttmesh.cli import streams
+    from ttmesh.cli.live import enabled
     from ttmesh.launcher.fleet.run import Fleet
 
     streams.job_code = True
-    return Fleet(o, o.host, fp).run()
+    if not enabled(sys.stdout, o.no_live):
+        return Fleet(o, o.host, fp).run()  # the replicas' lines, plain
+    from ttmesh.cli.fleetview import FleetView
+
+    with FleetView(fp.job) as view:
+        return Fleet(o, o.host, fp, view).run()
 
 
 # How each mode starts (``Launch.mode``, decided once by launcher.planning.options).

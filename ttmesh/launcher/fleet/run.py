@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.render import note
@@ -43,9 +43,20 @@ PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on 
 PROBE_FAILURES = 3  # in a row take a replica out of the router (a refused connection: one)
 ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot serve)
 READY = re.compile(r"ready after [\d.]+ s at http://")
+LAST_WIDTH = 200  # characters of a replica's last line kept: its head, as a person reads it
 RESTARTING = re.compile(r"restarting every rank in")
 
 WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
+
+
+class Watcher(Protocol):
+    """A live view of the fleet (``ttmesh.cli.fleetview`` draws one on a terminal; without one
+    the lines are plain). Called in the main thread under the lock relayed lines are written
+    under; must not raise."""
+
+    def show(self, state: dict[str, Any]) -> None:
+        """The fleet's state (:meth:`Fleet.state`, as its job record has it) now: on each change,
+        and about 5 times a second at least while the fleet runs (its clock, its lines)."""
 
 
 @dataclass
@@ -115,8 +126,10 @@ def child_argv(o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary:
 class Fleet:
     """The replicas' jobs and the router, from the first start to the last stop."""
 
-    def __init__(self, o: LaunchOptions, host: Host, fp: FleetPlan) -> None:
-        self.o, self.host, self.fp = o, host, fp
+    def __init__(
+        self, o: LaunchOptions, host: Host, fp: FleetPlan, view: Watcher | None = None
+    ) -> None:
+        self.o, self.host, self.fp, self.view = o, host, fp, view
         self.dir = tempfile.mkdtemp(prefix=f"ttmesh-fleet-{fp.job[:40]}-")
         self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
         extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
@@ -185,7 +198,7 @@ class Fleet:
 
     def _event(self, k: int, line: str) -> None:
         m = self.members[k]
-        m.last = line[-200:]
+        m.last = line[:LAST_WIDTH]
         if READY.search(line) and m.state in (STARTING, DOWN):
             m.state, m.failures = SERVING, 0
             self.say(f"replica {k}: ready: routed to at {m.replica.url}")
@@ -285,10 +298,11 @@ class Fleet:
 
     def record(self) -> None:
         """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
-        FLEET`` stops them all). Each replica's own job has its record too."""
+        FLEET`` stops them all), and the live view. Each replica's own job has its record too."""
         from ttmesh.errors import TTMeshError
         from ttmesh.runtime import jobs
 
+        self._show()
         with contextlib.suppress(OSError, TTMeshError):
             jobs.write(
                 {
@@ -303,11 +317,26 @@ class Fleet:
         ro = self.fp.router_opts
         return ro.to_json() if ro is not None else None
 
+    def _show(self) -> None:
+        """The live view told the state now (it draws only what changed, on its own time)."""
+        if self.view is not None:
+            state = self.state()
+            with self.lock:
+                self.view.show(state)
+
+    def _router_state(self) -> str:
+        """waiting (for the first replica), running, down (died: started again), stopped."""
+        r = self.router
+        if r.running():
+            return "running"
+        return "down" if r.proc is not None else "stopped" if r.starts else "waiting"
+
     def state(self) -> dict[str, Any]:
         return {
             "router": {
                 "url": self.fp.url, "pid": self.router.pid, "running": self.router.running(),
-                "restarts": max(0, self.router.starts - 1), "metrics": self._metrics(),
+                "state": self._router_state(), "restarts": max(0, self.router.starts - 1),
+                "metrics": self._metrics(), "metrics_url": (self._metrics() or {}).get("url"),
             },
             "replicas": [m.to_json() for m in self.members],
         }  # fmt: skip
@@ -347,6 +376,7 @@ class Fleet:
                 last_route = time.monotonic()
             if all(m.state == EXITED for m in self.members):
                 break
+            self._show()  # the last lines, and its clock
 
     def _stop_all(self) -> None:
         """The router first (no request reaches a replica that drains), then every replica's
@@ -366,7 +396,7 @@ class Fleet:
         with contextlib.suppress(queue.Empty):
             while True:  # the last lines relayed: each replica's last line is its job's end
                 k, line = self.events.get_nowait()
-                self.members[k].last = line[-200:]
+                self.members[k].last = line[:LAST_WIDTH]
         self._links_between()
 
     def _links_between(self) -> None:

@@ -54,6 +54,32 @@ def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb
     assert r0["descriptors"]["mesh"] != r1["descriptors"]["mesh"]
 
 
+def test_one_chip_replicas_on_n300_cards_each_start_on_one_chip_of_their_card(
+    make_sim: Callable[..., Path],
+) -> None:
+    """A T3K's card (n300) is two chips behind one PCI address: a replica of one chip is given
+    its card by that address (``--chips BDF --tp-size 1``), and its job runs on one chip of it,
+    not refused for naming two."""
+    t3k = make_sim("t3k")
+    res = run_cli("launch", "--root", str(t3k), "--replicas", "4", "--tp-size", "1",
+                  "--dry-run", "--json", "--no-memory-check", "--", *SGLANG, *seed(1), env=ENV)  # fmt: skip
+    assert res.code == 0, res.err
+    seen: set[str] = set()
+    for r in json.loads(res.out)["replicas"]:
+        (bdf,) = r["chips"]
+        child = run_cli("launch", "--root", str(t3k), "--chips", bdf, "--tp-size", "1",
+                        "--dry-run", "--json", "--", *r["argv"], env=ENV)  # fmt: skip
+        assert child.code == 0, child.err
+        (rank,) = json.loads(child.out)["ranks"]
+        assert len(rank["chips"]) == 1 and rank["env"]["TT_VISIBLE_DEVICES"] == bdf
+        assert not seen & set(rank["chips"])
+        seen |= set(rank["chips"])
+    # More chips than the cards named have is still one line.
+    res = run_cli("launch", "--root", str(t3k), "--chips", "0000:01:00.0", "--tp-size", "3",
+                  "--dry-run", "--", "true")  # fmt: skip
+    assert res.code == 2 and "--chips names 2 chips but --tp-size is 3" in res.err, res.err
+
+
 def test_one_replica_is_one_server_as_without_it(qb2: Path) -> None:
     res = run_cli("launch", "--root", str(qb2), "--replicas", "1", "--dry-run", "--json", "--",
                   *SGLANG, *seed(2, port="31000"), env=ENV)  # fmt: skip

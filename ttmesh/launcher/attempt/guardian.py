@@ -581,7 +581,7 @@ class Guardian:
             phase = JobPhase.STOPPING
         told = self.view.phase
         if phase is JobPhase.STOPPING and (told is None or told.state is not JobPhase.STOPPING):
-            detail = self._stopping_why() or detail  # the stop's first word is why it stops
+            detail = self._stopping_why() or detail  # its first stopping report says why
         self.view.report(self.starter.pids, self.ready, phase, detail)
 
     def _stopping_why(self) -> str:

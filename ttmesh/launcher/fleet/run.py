@@ -5,9 +5,11 @@ drain, recovery of its own chips and restarts under ``--max-restarts``, seen by 
 started as a child ``ttmesh launch --chips ... --fleet-of FLEET`` in a session of its own, so a
 terminal's Ctrl-C reaches only this process, which stops the router first. This process
 relays their output (``[replicaK]`` before each line), says which replicas serve (a replica is
-added to the router when its job says it is ready, taken out the moment its ``/health`` stops
-answering, put back when its job says it is ready again), restarts the router if it dies, and
-stops everything in order on a stop: the router, then every replica's drain within --grace.
+added to the router when its job says it is ready, taken out the moment its job says it is
+down or its ``/health`` stops answering, put back when its job says it is ready again),
+restarts the router if it dies, and stops everything in order on a stop: the router, then
+every replica's drain within --grace. What a replica's job says comes on a pipe of its own
+(``launcher.job.feed``: one JSON line per change), never from its output.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ttmesh.launcher.fleet.router import Router, die_with_parent
+from ttmesh.launcher.job import feed
 from ttmesh.render import note
 from ttmesh.vocab import Source
 
@@ -42,9 +44,7 @@ PROBE_EVERY = 0.5  # s between health probes of a serving replica
 PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on a busy host
 PROBE_FAILURES = 3  # in a row take a replica out of the router (a refused connection: one)
 ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot serve)
-READY = re.compile(r"ready after [\d.]+ s at http://")
 LAST_WIDTH = 200  # characters of a replica's last line kept: its head, as a person reads it
-RESTARTING = re.compile(r"restarting every rank in")
 
 WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
 
@@ -72,6 +72,7 @@ class Member:
     started: float = 0.0
     code: int | None = None
     failures: int = 0  # /health failures in a row
+    held_out: bool = False  # its job said it is down: out of the router until it says ready
     readers: list[threading.Thread] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -89,10 +90,14 @@ class Member:
         return out
 
 
-def child_argv(o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str) -> list[str]:
+def child_argv(
+    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str, events_fd: int = -1
+) -> list[str]:
     """``ttmesh launch`` of one replica: the user's options that apply to one server, its
-    chips, its job, and the server's command rewritten for it."""
+    chips, its job, the pipe its events come back on, and the server's command rewritten."""
     argv = [sys.executable, "-u", "-m", "ttmesh", "launch", "--no-live", "--fleet-of", fp.job]
+    if events_fd >= 0:
+        argv.append(f"--events-fd={events_fd}")
     if host.root != "/":
         argv += ["--root", str(host.root)]
     argv += ["--job-id", r.job, "--summary-json", summary]
@@ -135,7 +140,8 @@ class Fleet:
         extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
         self.router = Router(fp.host, fp.port, extra,
                              os.path.join(self.dir, "router.log"), self.say)  # fmt: skip
-        self.events: queue.Queue[tuple[int, str]] = queue.Queue()
+        # A replica's relayed line (its last line) or an event its job sent (launcher.job.feed).
+        self.events: queue.Queue[tuple[int, str | dict[str, Any]]] = queue.Queue()
         self.lock = threading.Lock()
         self.stop_sig: int | None = None
         self.failed: str | None = None  # why the fleet stops itself (its router cannot run)
@@ -150,7 +156,8 @@ class Fleet:
             note(message)
 
     def _relay(self, k: int, stream: IO[bytes], out: IO[str]) -> None:
-        """One stream of replica ``k``'s job, line by line, prefixed; its events queued."""
+        """One stream of replica ``k``'s job, line by line, prefixed; each line is only its
+        last line for ``ps`` (what it says of its state comes on its event channel)."""
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with self.lock, contextlib.suppress(OSError, ValueError):
@@ -159,14 +166,33 @@ class Fleet:
             self.events.put((k, line))
         stream.close()
 
+    def _intake(self, k: int, fd: int) -> None:
+        """Replica ``k``'s event channel (the pipe this fleet made for it), until its job and
+        every process holding the write end have closed it; junk is said and ignored."""
+        feed.read_events(
+            fd,
+            lambda event: self.events.put((k, event)),
+            lambda why: self.say(f"replica {k}: ignoring a line on its event channel: {why}"),
+        )
+
     # ------------------------------------------------------------------ replicas
 
     def _start(self, m: Member) -> None:
-        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary)
-        m.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+        read, write = os.pipe()  # its events: only this pipe, made here, is believed
+        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, write)
+        try:
+            m.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=die_with_parent, pass_fds=(write,),
+            )  # fmt: skip
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)  # the child's end: its end of the channel is the job's end
+        intake = threading.Thread(target=self._intake, args=(m.replica.index, read), daemon=True)
+        intake.start()
+        m.readers.append(intake)
         m.state, m.started = STARTING, time.monotonic()
         self.record()
         chips = f" on {','.join(m.replica.bdfs)}" if m.replica.bdfs else ""
@@ -196,15 +222,28 @@ class Fleet:
         ):
             self._start(waiting[0])
 
-    def _event(self, k: int, line: str) -> None:
+    def _event(self, k: int, item: str | dict[str, Any]) -> None:
+        """A relayed line (replica ``k``'s last line) or an event from its job."""
         m = self.members[k]
-        m.last = line[:LAST_WIDTH]
-        if READY.search(line) and m.state in (STARTING, DOWN):
-            m.state, m.failures = SERVING, 0
+        if isinstance(item, str):
+            m.last = item[:LAST_WIDTH]
+            return
+        event = item["event"]
+        if event == "ready" and item["url"] != m.replica.url:
+            self.say(f"replica {k}: ignoring its ready at {item['url'][:100]}: it serves at "
+                     f"{m.replica.url}")  # fmt: skip
+        elif event == "ready" and m.state in (STARTING, DOWN):
+            m.state, m.failures, m.held_out = SERVING, 0, False
             self.say(f"replica {k}: ready: routed to at {m.replica.url}")
             self._route()
             self.record()
-        elif RESTARTING.search(line):
+        elif event == "ready":
+            m.held_out = False
+        elif event == "down" and m.state in (STARTING, SERVING, DOWN):
+            m.held_out = True  # out until its job says ready again, whatever /health says
+            if m.state == SERVING:
+                self._down(m, f"its job says it is down ({item['why'][:200]})")
+        elif event == "restarting":
             m.restarts += 1
             self.record()
 
@@ -242,7 +281,7 @@ class Fleet:
         m = self.members[k]
         if ok:
             m.failures = 0
-            if m.state == DOWN:
+            if m.state == DOWN and not m.held_out:
                 m.state = SERVING
                 self.say(f"replica {k}: ready: routed to at {m.replica.url} (its /health answers)")
                 self._route()
@@ -396,7 +435,8 @@ class Fleet:
         with contextlib.suppress(queue.Empty):
             while True:  # the last lines relayed: each replica's last line is its job's end
                 k, line = self.events.get_nowait()
-                self.members[k].last = line[:LAST_WIDTH]
+                if isinstance(line, str):
+                    self.members[k].last = line[:LAST_WIDTH]
         self._links_between()
 
     def _links_between(self) -> None:

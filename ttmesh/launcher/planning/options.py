@@ -97,6 +97,7 @@ class LaunchOptions:
     router_args: tuple[str, ...] = ()
     no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
+    events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,11 @@ class Launch:
         log_dir = _log_dir(o.log_dir)
         logs = _log_spec(o.redirects, o.tee)
         request, job_tp = _request(o, rank_binding, join, job_id, workdir)
+        if o.events_fd is not None and o.fleet_of is None:
+            raise bad_input(
+                "--events-fd goes with --fleet-of: it is a replica's pipe to its fleet",
+                "ttmesh's fleet (--replicas N) sets both; drop --events-fd",
+            )
         if mode is JobMode.FLEET:
             from ttmesh.launcher.fleet import check
 

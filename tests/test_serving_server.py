@@ -171,6 +171,22 @@ def test_a_server_on_another_port_says_where_it_listens(qb2: Path, tmp_path: Pat
     assert _last(err) == f"ttmesh: exit 124: hung in bring-up: {want}"
 
 
+def test_a_server_that_listens_on_its_port_and_never_answers_says_so(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """A server whose port takes connections that no answer comes to: the line that gives up
+    on it says it listens there, not that it listens somewhere else than its port."""
+    port = _port()
+    env = _env(tmp_path, FAKE_MODE="mute")
+    proc = start_launch(qb2, "--ready-timeout", "8", "--", *CPU, "--port", str(port), env=env)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124, err
+    want = (f"rank 0 not ready after 8 s (http://127.0.0.1:{port}/health never answered; the "
+            f"server listens on 127.0.0.1:{port} but no request there got an answer)")  # fmt: skip
+    assert _last(err) == f"ttmesh: exit 124: hung in bring-up: {want}", err
+    assert "not on port" not in err, err
+
+
 def test_listeners_are_attributed_to_their_process_tree() -> None:
     from ttmesh.launcher.serving import listeners
 

@@ -16,7 +16,8 @@ sgl_jax.launch_server`` with ``tests/fakes`` on PYTHONPATH. What it does, as the
 
 ``$FAKE_MODE`` makes it misbehave: ``crash`` (exit 3 after ready), ``crash-tree`` (after ready,
 SIGKILL to its whole process group, itself included, as SGLang's SIGQUIT handler does when a
-scheduler dies), ``hang`` (never ready),
+scheduler dies), ``hang`` (never ready), ``mute`` (listens on its port, never takes a
+connection: every probe times out),
 ``unhealthy`` (``/health`` 503 after ready), ``child-dies`` (a child exits after ready),
 ``ignore-term`` (ignores SIGTERM). ``$FAKE_READY_AFTER`` seconds to ready (0.3). ``$FAKE_SAY``: a
 line it prints on stderr once it has started (what a failing libtt or tt-metal would say).
@@ -181,7 +182,8 @@ def main(stack: str) -> None:
     # Threads inherit the mask they are started with: the server's, and each request's, block
     # SIGTERM, so the kernel hands it to the main thread, whose sleep it interrupts.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if mode != "mute":  # mute: it listens on its port and never takes a connection
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def stop(*_: object) -> None:

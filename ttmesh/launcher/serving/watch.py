@@ -169,11 +169,20 @@ class Watch(threading.Thread):
             return f"{self.url} answers, but {self.answered}"
         from ttmesh.launcher.serving import listeners
 
-        elsewhere = listeners.tree_ports(self._tree()) if procs.alive(self.server) else []
-        if elsewhere and self.where is not None:
+        found = listeners.tree_ports(self._tree()) if procs.alive(self.server) else []
+        if found and self.where is not None:
+            port = str(self.where[1])
+            if any(w.rsplit(":", 1)[-1] == port for w in found):
+                # It listens on its port and took no request within the probe's timeout: busy
+                # (loading, compiling) or its accept loop stuck, not a wrong port.
+                return (
+                    f"{self.url} never answered; the server listens on "
+                    f"{', '.join(w for w in found if w.rsplit(':', 1)[-1] == port)} but no "
+                    "request there got an answer"
+                )
             return (
                 f"{self.url} never answered; the server's processes listen on "
-                f"{', '.join(elsewhere)}, not on port {self.where[1]}"
+                f"{', '.join(found)}, not on port {port}"
             )
         return f"{self.url} never answered"
 

@@ -452,8 +452,11 @@ def launch_cmd(**options: Any) -> int:
     router at the server's own --host:--port (pip install 'ttmesh[router]'). Each replica is a
     job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
     chips alone checked and reset, restarted under --max-restarts and put back, while the
-    others serve. Ctrl-C stops the router, then every replica within --grace. vLLM is refused:
-    it assigns chips to its own data-parallel ranks.
+    others serve. On a Galaxy one reset is the whole host (tt-smi -glx_reset): a replica whose
+    chips need one makes the fleet take every replica out of the router, drain them within
+    --grace, reset the host once (verified) and restart them all; that replica counts a
+    restart, the others a drain. Ctrl-C stops the router, then every replica within --grace.
+    vLLM is refused: it assigns chips to its own data-parallel ranks.
 
     \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
@@ -702,6 +705,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         reset_on_failure=o.reset_on_failure,
         tt_smi=o.tt_smi,
         train_timeout=o.train_timeout,
+        fleet_of=o.fleet_of,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

@@ -394,6 +394,8 @@ def fleet_text(data: dict) -> str:
         f"fleet {data['job']}: {plural(len(data['replicas']), 'replica')} behind SGLang's router "
         f"at {router['url']}"
     ]
+    if data.get("recovery"):
+        lines.append(f"recovery: {data['recovery']}")
     for r in data["replicas"]:
         chips = ",".join(r["chips"]) or "no Tenstorrent chip"
         lines.append(f"replica {r['replica']} (job {r['job']}): {chips}, at {r['url']}")

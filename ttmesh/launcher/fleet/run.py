@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.render import note
 from ttmesh.vocab import Source
@@ -46,6 +47,7 @@ READY = re.compile(r"ready after [\d.]+ s at http://")
 RESTARTING = re.compile(r"restarting every rank in")
 
 WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
+DRAINING = "draining"  # stopped by the fleet for a whole-host reset (fleet.drain)
 
 
 @dataclass
@@ -62,25 +64,38 @@ class Member:
     code: int | None = None
     failures: int = 0  # /health failures in a row
     readers: list[threading.Thread] = field(default_factory=list)
+    drains: int = 0  # restarts the fleet made for another replica's whole-host reset
+    needs: dict[str, Any] | None = None  # its job ended needing the whole-host reset
+
+    def outcome(self) -> Any:
+        """Its job's --summary-json as written (None: not written, or unreadable)."""
+        from ttmesh import fileread
+        from ttmesh.errors import TTMeshError
+
+        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
+            return json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
+        return None
 
     def to_json(self) -> dict[str, Any]:
         r = self.replica
         out: dict[str, Any] = {
             "replica": r.index, "job": r.job, "chips": r.bdfs, "url": r.url, "port": r.port,
             "state": self.state, "restarts": self.restarts, "pid": self.proc.pid if self.proc else None,
-            "code": self.code, "last_line": self.last,
+            "code": self.code, "last_line": self.last, "drains": self.drains,
         }  # fmt: skip
-        from ttmesh import fileread
-        from ttmesh.errors import TTMeshError
-
-        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
-            out["outcome"] = json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
+        outcome = self.outcome()
+        if outcome is not None:
+            out["outcome"] = outcome
         return out
 
 
-def child_argv(o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str) -> list[str]:
+def child_argv(
+    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str,
+    max_restarts: int | None = None,
+) -> list[str]:  # fmt: skip
     """``ttmesh launch`` of one replica: the user's options that apply to one server, its
-    chips, its job, and the server's command rewritten for it."""
+    chips, its job, and the server's command rewritten for it. ``max_restarts``: what is left
+    of the replica's --max-restarts (a job after a whole-host reset: ``fleet.drain``)."""
     argv = [sys.executable, "-u", "-m", "ttmesh", "launch", "--no-live", "--fleet-of", fp.job]
     if host.root != "/":
         argv += ["--root", str(host.root)]
@@ -90,7 +105,8 @@ def child_argv(o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary:
     if o.tp_size is not None:
         argv += ["--tp-size", str(o.tp_size)]
     valued = (
-        ("--max-restarts", o.max_restarts), ("--grace", o.grace),
+        ("--max-restarts", o.max_restarts if max_restarts is None else max_restarts),
+        ("--grace", o.grace),
         ("--on-reset-notice", o.on_reset_notice), ("--symmetric-dram-mb", o.symmetric_dram_mb),
         ("--profile", o.profile_name), ("--health-interval", o.health_interval),
         ("--health-failures", o.health_failures), ("--ready-timeout", o.ready_timeout),
@@ -128,6 +144,10 @@ class Fleet:
         self.probes: queue.Queue[tuple[int, bool, bool]] = queue.Queue()
         self.done = threading.Event()
         self.started = 0.0
+        self.failed_code: int | None = None  # the code the fleet ends with when it stops itself
+        self.draining = False  # every replica is being drained for a whole-host reset
+        self.resetting = False  # the fleet runs the whole-host reset now
+        self.host_resets: list[dict[str, Any]] = []  # each whole-host reset: when, for whom, how
 
     # ------------------------------------------------------------------ output
 
@@ -148,7 +168,8 @@ class Fleet:
     # ------------------------------------------------------------------ replicas
 
     def _start(self, m: Member) -> None:
-        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary)
+        left = max(0, self.o.max_restarts - m.restarts)  # a replica's budget spans its jobs
+        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, left)
         m.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, preexec_fn=die_with_parent,
@@ -249,11 +270,123 @@ class Fleet:
                 m.code = m.proc.returncode
                 if m.state == SERVING and self.router.running():
                     self.router.remove(m.replica.url)
-                m.state = EXITED
+                drained, m.state = m.state == DRAINING, EXITED
                 for t in m.readers:
                     t.join(timeout=5)
+                m.readers = []
                 self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
+                if not drained and self.stop_sig is None:
+                    m.needs = needs_whole_host(m.outcome())
                 self.record()
+        if not self.draining and any(m.needs for m in self.members) and self.stop_sig is None:
+            self._drain_all()
+
+    # ------------------------------------------------------------------ a whole-host reset
+
+    def _drain_all(self) -> None:
+        """A replica's chips need a reset and this host's one reset is the whole host
+        (``fleet.drain``): every replica out of the router and drained within --grace, one
+        reset of the host (``launcher.job.recovery.reset_chips``, verified), then every replica
+        started again as at the fleet's start (staggered unless --replicas-parallel)."""
+        failed = [m for m in self.members if m.needs is not None]
+        names = ", ".join(str(m.replica.index) for m in failed)
+        self.say(f"replica {names}'s chips need a reset, and this host's reset is the whole "
+                 "host: draining every replica")  # fmt: skip
+        counted = after_drain([m.restarts for m in self.members],
+                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
+        for m, n in zip(self.members, counted.restarts, strict=True):
+            m.restarts = n
+        why = next((m.needs.get("why") for m in failed if m.needs and m.needs.get("why")), None)
+        for m in failed:
+            m.needs = None
+        if counted.over is not None:
+            over = self.members[counted.over]
+            self.failed = (f"replica {counted.over} needs the whole-host reset and has no restart "
+                           f"left (--max-restarts {self.o.max_restarts})")  # fmt: skip
+            self.failed_code = over.code or 1
+            self.record()
+            return  # the fleet's stop drains the others and checks every chip together
+        back = self._drain(failed)
+        if self.stop_sig is not None:
+            return  # the stop checks every chip together (and resets them where needed)
+        if not self._reset_host(failed[0].replica.index, why):
+            return
+        how = "together" if self.o.replicas_parallel else "one after the other"
+        self.say(f"the whole host is reset and verified: every replica restarting, {how}")
+        for m in back:
+            with contextlib.suppress(OSError):
+                os.unlink(m.summary)  # its last job's: the next one writes its own
+            m.state, m.code, m.proc, m.last, m.failures = WAITING, None, None, "", 0
+        self.record()
+
+    def _drain(self, failed: list[Member]) -> list[Member]:
+        """Every replica out of the router, every running one stopped (its own drain within
+        --grace, SIGTERM as on a stop), each waited for; the replicas to start again."""
+        self.draining = True
+        try:
+            alive = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
+            for m in alive:
+                if self.router.running() and m.state in (SERVING, DOWN):
+                    self.router.remove(m.replica.url)
+                m.state = DRAINING
+                m.drains += 1
+                self.say(f"replica {m.replica.index}: draining (the whole host is reset next)")
+                with contextlib.suppress(ProcessLookupError):
+                    m.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            self.record()
+            for m in alive:
+                assert m.proc is not None
+                m.proc.wait()
+            self._reap()
+        finally:
+            self.draining = False
+        # Anyone whose job ended needing the reset while this drained is covered by it.
+        for m in self.members:
+            m.needs = None
+        again = {id(m) for m in (*alive, *failed)}
+        return [m for m in self.members if id(m) in again or m.state == WAITING]
+
+    def _reset_host(self, k: int, why: str | None) -> bool:
+        """The one whole-host reset, through the job's recovery (its plan, refusals, tt-smi
+        call and verification); whether it recovered. Refused or unverified: the fleet ends."""
+        from ttmesh.errors import TTMeshError
+        from ttmesh.fabric.devices import discover
+        from ttmesh.launcher.job.recovery import Recovery, reset_chips
+
+        first = self.fp.replicas[0].prepared
+        asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
+        entry: dict[str, Any] = {"at": time.time(), "replica": k, "why": why,
+                                 "recovered": False, "seconds": 0.0}  # fmt: skip
+        self.host_resets.append(entry)
+        self.resetting = True
+        self.record()
+        t0 = time.monotonic()
+        outcome = None
+        try:
+            first.inv = discover(self.host)
+            outcome = reset_chips(first, Recovery(tt_smi=self.o.tt_smi), asics, why=why)
+        except (OSError, TTMeshError) as exc:
+            self.say(f"the whole-host reset could not run: {exc}")
+        finally:
+            self.resetting = False
+        entry["seconds"] = round(time.monotonic() - t0, 3)
+        entry["recovered"] = bool(outcome is not None and outcome.recovered)
+        self.record()
+        if entry["recovered"]:
+            return True
+        self.failed = ("the whole-host reset was refused" if outcome is None
+                       else "the chips did not verify after the whole-host reset")  # fmt: skip
+        self.failed_code = 3 if outcome is None else 1
+        self.say(f"{self.failed}: every replica stays stopped (see ttmesh check)")
+        return False
+
+    def _recovery_json(self) -> dict[str, Any]:
+        """How a replica's chips are recovered here, and every whole-host reset so far."""
+        return {
+            "recovery": recovery_mode(self.fp.whole_host_reset),
+            "resetting": self.resetting,
+            "host_resets": list(self.host_resets),
+        }
 
     # ------------------------------------------------------------------ the router
 
@@ -281,6 +414,10 @@ class Fleet:
 
     def _handler(self, sig: int, _frame: object) -> None:
         self.stop_sig = sig
+        if self.resetting:  # said at once: the reset may take a minute (os.write: no lock)
+            with contextlib.suppress(OSError):
+                os.write(2, b"ttmesh: stopping once the whole-host reset has ended and is "
+                         b"verified (one cut short leaves every chip unusable)\n")  # fmt: skip
 
     def record(self) -> None:
         """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
@@ -305,6 +442,7 @@ class Fleet:
                 "restarts": max(0, self.router.starts - 1),
             },
             "replicas": [m.to_json() for m in self.members],
+            **self._recovery_json(),
         }  # fmt: skip
 
     def run(self) -> int:
@@ -394,7 +532,7 @@ class Fleet:
         if self.stop_sig is not None:
             code, reason = 128 + self.stop_sig, f"stopped ({signal.Signals(self.stop_sig).name})"
         elif self.failed is not None:
-            code, reason = 1, self.failed
+            code, reason = self.failed_code or 1, self.failed
         else:
             codes = [m.code for m in self.members if m.code]
             code = codes[0] if codes else 0
@@ -433,4 +571,5 @@ class Fleet:
                 "last_line": self.router.last_line(),
             },
             "replicas": [m.to_json() for m in self.members],
+            **self._recovery_json(),
         }

@@ -146,6 +146,7 @@ class Fleet:
         self.started = 0.0
         self.failed_code: int | None = None  # the code the fleet ends with when it stops itself
         self.draining = False  # every replica is being drained for a whole-host reset
+        self.stopping = False  # the fleet's own stop runs: a job's needs are the stop's to meet
         self.resetting = False  # the fleet runs the whole-host reset now
         self.host_resets: list[dict[str, Any]] = []  # each whole-host reset: when, for whom, how
 
@@ -275,13 +276,17 @@ class Fleet:
                     t.join(timeout=5)
                 m.readers = []
                 self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
-                if not drained and self.stop_sig is None:
+                if not drained and not self._ending():
                     m.needs = needs_whole_host(m.outcome())
                 self.record()
-        if not self.draining and any(m.needs for m in self.members) and self.stop_sig is None:
+        if not self.draining and any(m.needs for m in self.members) and not self._ending():
             self._drain_all()
 
     # ------------------------------------------------------------------ a whole-host reset
+
+    def _ending(self) -> bool:
+        """The fleet stops (asked, or by itself): a job's needs are then its stop's to meet."""
+        return self.stopping or self.stop_sig is not None or self.failed is not None
 
     def _drain_all(self) -> None:
         """A replica's chips need a reset and this host's one reset is the whole host
@@ -290,12 +295,9 @@ class Fleet:
         started again as at the fleet's start (staggered unless --replicas-parallel)."""
         failed = [m for m in self.members if m.needs is not None]
         names = ", ".join(str(m.replica.index) for m in failed)
-        self.say(f"replica {names}'s chips need a reset, and this host's reset is the whole "
-                 "host: draining every replica")  # fmt: skip
+        said = f"replica {names}'s chips need a reset, and this host's reset is the whole host"
         counted = after_drain([m.restarts for m in self.members],
                               [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
-        for m, n in zip(self.members, counted.restarts, strict=True):
-            m.restarts = n
         why = next((m.needs.get("why") for m in failed if m.needs and m.needs.get("why")), None)
         for m in failed:
             m.needs = None
@@ -304,12 +306,22 @@ class Fleet:
             self.failed = (f"replica {counted.over} needs the whole-host reset and has no restart "
                            f"left (--max-restarts {self.o.max_restarts})")  # fmt: skip
             self.failed_code = over.code or 1
+            self.say(f"{said}; replica {counted.over} has no restart left: stopping the fleet "
+                     "(every replica drained, then every chip checked and reset together)")  # fmt: skip
             self.record()
             return  # the fleet's stop drains the others and checks every chip together
+        self.say(f"{said}: draining every replica")
+        for m, n in zip(self.members, counted.restarts, strict=True):
+            m.restarts = n  # the failed ones' restart, counted as it is made
         back = self._drain(failed)
         if self.stop_sig is not None:
             return  # the stop checks every chip together (and resets them where needed)
         if not self._reset_host(failed[0].replica.index, why):
+            return
+        if self.stop_sig is not None:  # asked during the reset, which ran to its end first
+            self.say(
+                "the whole host is reset and verified; stopping as asked (no replica restarted)"
+            )
             return
         how = "together" if self.o.replicas_parallel else "one after the other"
         self.say(f"the whole host is reset and verified: every replica restarting, {how}")
@@ -484,6 +496,7 @@ class Fleet:
     def _stop_all(self) -> None:
         """The router first (no request reaches a replica that drains), then every replica's
         job, each draining its server within --grace and checking its chips."""
+        self.stopping = True
         if self.router.proc is not None:
             self.say("router: stopping (it takes no more requests)")
         self.router.stop(grace=5.0)

@@ -260,12 +260,13 @@ def test_on_a_galaxy_one_replica_failing_drains_every_replica_for_one_whole_host
     never resets them itself (that would take the other's chips); the fleet drains every
     replica, resets the host once, and restarts both."""
     root = make_sim("galaxy-bh")
-    port = _free_port()
+    port, metrics = _free_port(), _free_port()  # the router's own: not its default, 29000
     job = f"glx-{os.getpid()}"
     summary = tmp_path / "fleet.json"
     proc = start_launch(
         root, "--replicas", "2", "--tp-size", "4", "--max-restarts", "1", "--job-id", job,
-        "--summary-json", str(summary), "--", *SGLANG, *seed(4, port=str(port)), env=ENV,
+        "--summary-json", str(summary), f"--router-arg=--prometheus-port={metrics}",
+        "--", *SGLANG, *seed(4, port=str(port)), env=ENV,
     )  # fmt: skip
     router = f"http://127.0.0.1:{port}"
     lines, seen = _lines(proc), []
@@ -353,6 +354,10 @@ def test_a_drain_all_counts_a_restart_for_the_failed_replica_only() -> None:
     assert drain.after_drain([1, 3], [0, 1], max_restarts=2).over == 1
     needs = {"what": "whole-host-reset", "chips": ["0000:01:00.0"]}
     assert drain.needs_whole_host({"code": 1, "needs": needs}) == needs
+    # A replica the fleet drained asks only when it had failed by itself first.
+    failed = {"source": "ttmesh", "code": 1, "needs": needs}  # its server died (the guardian saw)
+    assert drain.needs_whole_host(failed, stopped=True) == needs
+    assert drain.needs_whole_host({**failed, "code": 143}, stopped=True) is None  # our SIGTERM
     for outcome in (None, [], "x", {"code": 1}, {"needs": "whole-host-reset"},
                     {"needs": {"what": "other"}}):  # fmt: skip
         assert drain.needs_whole_host(outcome) is None

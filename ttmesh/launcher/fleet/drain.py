@@ -16,6 +16,7 @@ is counted as a drain (``drains``), never against their ``--max-restarts``.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ttmesh.launcher.job.recovery import WHOLE_HOST_RESET
 
 DRAIN_ALL = "drain-all"  # one reset is the whole host: all drained, one reset, all restarted
 PER_REPLICA = "per-replica"  # each replica's job resets its own chips, the others serving
+STOPPED_CODE = 128 + signal.SIGTERM  # how a replica's job the fleet stopped (a drain) ends
 
 
 def recovery_mode(whole_host_reset: bool) -> str:
@@ -31,11 +33,16 @@ def recovery_mode(whole_host_reset: bool) -> str:
     return DRAIN_ALL if whole_host_reset else PER_REPLICA
 
 
-def needs_whole_host(outcome: Any) -> dict[str, Any] | None:
+def needs_whole_host(outcome: Any, stopped: bool = False) -> dict[str, Any] | None:
     """What a replica's ``--summary-json`` (as read: anything) asks of its fleet, when it is
     the whole-host reset; else None. The file is the fleet's own (in its private directory),
-    written by its child; anything malformed asks for nothing."""
+    written by its child; anything malformed asks for nothing. ``stopped``: the fleet stopped
+    that job (a drain, SIGTERM): it asks only when it had failed by itself first (its code is
+    then its own, not 143), not for the links its stop left down, which the reset under way
+    covers anyway."""
     if not isinstance(outcome, dict):
+        return None
+    if stopped and outcome.get("code") == STOPPED_CODE:
         return None
     needs = outcome.get("needs")
     if isinstance(needs, dict) and needs.get("what") == WHOLE_HOST_RESET:

@@ -276,8 +276,8 @@ class Fleet:
                     t.join(timeout=5)
                 m.readers = []
                 self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
-                if not drained and not self._ending():
-                    m.needs = needs_whole_host(m.outcome())
+                if not self._ending():  # one the fleet drained counts only its own failure
+                    m.needs = needs_whole_host(m.outcome(), stopped=drained)
                 self.record()
         if not self.draining and any(m.needs for m in self.members) and not self._ending():
             self._drain_all()
@@ -296,24 +296,19 @@ class Fleet:
         failed = [m for m in self.members if m.needs is not None]
         names = ", ".join(str(m.replica.index) for m in failed)
         said = f"replica {names}'s chips need a reset, and this host's reset is the whole host"
-        counted = after_drain([m.restarts for m in self.members],
-                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
-        why = next((m.needs.get("why") for m in failed if m.needs and m.needs.get("why")), None)
-        for m in failed:
-            m.needs = None
-        if counted.over is not None:
-            over = self.members[counted.over]
-            self.failed = (f"replica {counted.over} needs the whole-host reset and has no restart "
-                           f"left (--max-restarts {self.o.max_restarts})")  # fmt: skip
-            self.failed_code = over.code or 1
-            self.say(f"{said}; replica {counted.over} has no restart left: stopping the fleet "
-                     "(every replica drained, then every chip checked and reset together)")  # fmt: skip
-            self.record()
+        if self._no_restart_left(failed, said):
             return  # the fleet's stop drains the others and checks every chip together
         self.say(f"{said}: draining every replica")
-        for m, n in zip(self.members, counted.restarts, strict=True):
-            m.restarts = n  # the failed ones' restart, counted as it is made
         back = self._drain(failed)
+        # A replica that failed by itself as it was drained counts its restart too.
+        failed = [m for m in self.members if m.needs is not None]
+        why = next((m.needs.get("why") for m in failed if m.needs and m.needs.get("why")), None)
+        if self._no_restart_left(failed, said):
+            return
+        counted = after_drain([m.restarts for m in self.members],
+                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
+        for m, n in zip(self.members, counted.restarts, strict=True):
+            m.restarts, m.needs = n, None  # the failed ones' restart, counted as it is made
         if self.stop_sig is not None:
             return  # the stop checks every chip together (and resets them where needed)
         if not self._reset_host(failed[0].replica.index, why):
@@ -330,6 +325,24 @@ class Fleet:
                 os.unlink(m.summary)  # its last job's: the next one writes its own
             m.state, m.code, m.proc, m.last, m.failures = WAITING, None, None, "", 0
         self.record()
+
+    def _no_restart_left(self, failed: list[Member], said: str) -> bool:
+        """Whether a replica whose chips need the reset is over its --max-restarts: then the
+        fleet ends with its code (its stop checks and resets every chip together)."""
+        counted = after_drain([m.restarts for m in self.members],
+                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
+        if counted.over is None:
+            return False
+        over = self.members[counted.over]
+        self.failed = (f"replica {counted.over} needs the whole-host reset and has no restart "
+                       f"left (--max-restarts {self.o.max_restarts})")  # fmt: skip
+        self.failed_code = over.code or 1
+        self.say(f"{said}; replica {counted.over} has no restart left: stopping the fleet "
+                 "(every replica drained, then every chip checked and reset together)")  # fmt: skip
+        for m in self.members:
+            m.needs = None
+        self.record()
+        return True
 
     def _drain(self, failed: list[Member]) -> list[Member]:
         """Every replica out of the router, every running one stopped (its own drain within
@@ -352,9 +365,6 @@ class Fleet:
             self._reap()
         finally:
             self.draining = False
-        # Anyone whose job ended needing the reset while this drained is covered by it.
-        for m in self.members:
-            m.needs = None
         again = {id(m) for m in (*alive, *failed)}
         return [m for m in self.members if id(m) in again or m.state == WAITING]
 
@@ -376,7 +386,8 @@ class Fleet:
         outcome = None
         try:
             first.inv = discover(self.host)
-            outcome = reset_chips(first, Recovery(tt_smi=self.o.tt_smi), asics, why=why)
+            again = Recovery(tt_smi=self.o.tt_smi, train_timeout=self.o.train_timeout)
+            outcome = reset_chips(first, again, asics, why=why)
         except (OSError, TTMeshError) as exc:
             self.say(f"the whole-host reset could not run: {exc}")
         finally:

@@ -34,12 +34,15 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   building argparse from it, and reading the seed's command with it
   (``ttmesh.launcher.serving.flags``), for each stock table (the module's import apart); and the
   ``--dry-run`` of a stock SGLang command against the same dry run of ``true``.
-* ``fleet`` (not in the default set, ~60 s a run: ``--only fleet``): the SGLang-TorchTPU
+* ``fleet`` (not in the default set, ~75 s a run: ``--only fleet``): the SGLang-TorchTPU
   stand-in (tests/fakes) on a simulated QuietBox 2 with the real router (sglang-router).
   Requests/s through H:P from 4 client threads (one request at a time each, a new connection
-  per request) for 5 s: ``--replicas 2 --tp-size 2`` behind the router against one server
-  ``--tp-size 2`` at H:P; the stand-in answers at once (it has no latency knob), so this is
-  the router's and HTTP's cost, not the replicas' parallelism. Then, under the same load, the
+  per request, each prompt its own) for 5 s: ``--replicas 2 --tp-size 2`` behind the router
+  against one server ``--tp-size 2`` at H:P; the stand-in answers at once, so this is the
+  router's and HTTP's cost, not the replicas' parallelism. Then the same with a model's time:
+  the stand-in's ``FAKE_LATENCY`` (50 ms a request) and the server's own
+  ``--max-running-requests 2`` (its batch: 2 requests at once, the rest wait), from 8 client
+  threads: one server can answer 40 req/s, two replicas 80. Then, under the first load, the
   seconds from SIGKILL of replica 0's first scheduler until the launcher says "replica 0:
   ready: routed to" again and the router lists both workers, and the requests answered and
   failed meanwhile. Each fleet is stopped with SIGINT and checked: exit 130, no process of its
@@ -75,7 +78,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 BENCHES = ("launch", "start", "preflight", "metal", "failure", "help", "rss", "fanin", "flags")
-SLOW = ("fleet",)  # not in the default set: ~60 s a run (--only fleet)
+SLOW = ("fleet",)  # not in the default set: ~75 s a run (--only fleet)
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
@@ -694,6 +697,9 @@ SEED = [
 ]  # fmt: skip
 FLEET_THREADS = 4  # concurrent client threads, each one request at a time
 FLEET_SECONDS = 5.0  # how long the load runs per measurement
+FLEET_LATENCY = 0.05  # s a request takes in the stand-in (FAKE_LATENCY) for the model's rows
+FLEET_SLOTS = 2  # its batch: --max-running-requests, requests served at once per server
+LATENCY_THREADS = 8  # clients for the model's rows: more than two servers' slots
 
 
 def _free_port() -> int:
@@ -702,9 +708,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_ASKED = iter(range(1 << 62))  # each prompt its own: the router's cache-aware policy balances
+
+
 def _ask(url: str) -> bool:
     """One /generate through ``url``; True when the stand-in's answer came back."""
-    body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
+    body = json.dumps({"text": f"{next(_ASKED)}: The capital of the Netherlands is"}).encode()
     req = urllib.request.Request(url + "/generate", body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
@@ -725,10 +734,10 @@ def _workers(url: str) -> int:
 class _Load:
     """FLEET_THREADS clients sending requests back to back until stopped; counts each outcome."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, threads: int = FLEET_THREADS) -> None:
         self.url, self.ok, self.failed = url, 0, 0
         self.lock, self.stop = threading.Lock(), threading.Event()
-        self.threads = [threading.Thread(target=self._run) for _ in range(FLEET_THREADS)]
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -758,20 +767,21 @@ class _Fleet:
     """``ttmesh launch [--replicas 2] --tp-size 2`` of the stand-in at 127.0.0.1:PORT, its
     stderr read line by line (the launcher's own events), stopped with SIGINT as Ctrl-C does."""
 
-    def __init__(self, b: Bench, replicas: int) -> None:
+    def __init__(self, b: Bench, replicas: int, latency: float = 0.0) -> None:
         self.port, self.replicas = _free_port(), replicas
         self.url = f"http://127.0.0.1:{self.port}"
         self.job = f"bench-fleet-{os.getpid()}-{replicas}"
         report = b.work / "fleet-report"
         report.mkdir(exist_ok=True)
         env = {**b.env, "PYTHONPATH": str(FAKES), "PYTHONUNBUFFERED": "1",
-               "FAKE_REPORT": str(report)}  # fmt: skip
+               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency)}  # fmt: skip
+        batch = ["--max-running-requests", str(FLEET_SLOTS)] if latency else []
         many = ["--replicas", str(replicas), "--max-restarts", "100"] if replicas > 1 else []
         self.summary = b.work / f"fleet-{replicas}.json"
         argv = [
             *b.ttmesh_bin, "launch", "--root", str(b.roots["fleet"]), *many, "--tp-size", "2",
             "--job-id", self.job, "--summary-json", str(self.summary), "--",
-            b.py, "-m", "sglang.launch_server", *SEED, "--host", "127.0.0.1",
+            b.py, "-m", "sglang.launch_server", *SEED, *batch, "--host", "127.0.0.1",
             "--port", str(self.port),
         ]  # fmt: skip
         self.env = env
@@ -872,11 +882,11 @@ class _Fleet:
             sys.exit(f"fleet: exit {code} after SIGINT: {''.join(self.seen)[-3000:]}")
 
 
-def _rps(b: Bench, replicas: int) -> float:
-    fleet = _Fleet(b, replicas)
+def _rps(b: Bench, replicas: int, latency: float = 0.0) -> float:
+    fleet = _Fleet(b, replicas, latency)
     try:
         fleet.ready()
-        with _Load(fleet.url) as load:
+        with _Load(fleet.url, LATENCY_THREADS if latency else FLEET_THREADS) as load:
             t0 = time.perf_counter()
             time.sleep(FLEET_SECONDS)  # the load's duration (what is measured runs meanwhile)
             ok, failed = load.counts()
@@ -940,15 +950,27 @@ def bench_fleet(b: Bench) -> list[dict]:
         return seconds
 
     med = interleaved(
-        b.runs, {"two": lambda: _rps(b, 2), "one": lambda: _rps(b, 1), "back": recovery}
-    )
+        b.runs,
+        {
+            "two": lambda: _rps(b, 2), "one": lambda: _rps(b, 1),
+            "two_l": lambda: _rps(b, 2, FLEET_LATENCY), "one_l": lambda: _rps(b, 1, FLEET_LATENCY),
+            "back": recovery,
+        },
+    )  # fmt: skip
     load = f"{FLEET_THREADS} client threads for {FLEET_SECONDS:g} s"
-    stand_in = "stand-in answers at once (no latency knob): router + HTTP cost"
+    stand_in = "stand-in answers at once: router + HTTP cost"
+    model = (f"{FLEET_LATENCY * 1000:g} ms a request, {FLEET_SLOTS} at once per server "
+             f"(--max-running-requests {FLEET_SLOTS}), {LATENCY_THREADS} client threads")  # fmt: skip
+    bound = FLEET_SLOTS / FLEET_LATENCY
     return [
         row("fleet: 2 replicas x tp 2, router", "req/s", {"ttmesh": med["two"]},
             lower=False, note=f"{load}; {stand_in}"),
         row("fleet: 1 server tp 2, no router", "req/s", {"ttmesh": med["one"]},
             lower=False, note=f"same stand-in, same load ({load}), straight to the server"),
+        row("fleet, a model's time: 2 replicas, router", "req/s", {"ttmesh": med["two_l"]},
+            lower=False, note=f"{model}; bound {2 * bound:g} req/s"),
+        row("fleet, a model's time: 1 server, no router", "req/s", {"ttmesh": med["one_l"]},
+            lower=False, note=f"{model}; bound {bound:g} req/s"),
         row("fleet: replica killed -> routed to again", "s", {"ttmesh": med["back"]},
             lower=True,
             note=f"per run: {took} s; requests meanwhile answered {answered}, failed {failed}"),

@@ -37,7 +37,8 @@ def _fleet_plan(root: Path, *args: str, tp: int = 2) -> dict:
 def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb2: Path) -> None:
     data = _fleet_plan(qb2)
     assert data["recovery"] == "per-replica"
-    assert data["router"] == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
+    router = {k: data["router"][k] for k in ("host", "port", "url")}
+    assert router == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
     r0, r1 = data["replicas"]
     assert len(r0["chips"]) == len(r1["chips"]) == 2
     assert not set(r0["chips"]) & set(r1["chips"])
@@ -53,6 +54,32 @@ def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb
         assert env["TT_MESH_GRAPH_DESC_PATH"] == r["descriptors"]["mesh"]
     assert len(ports) == 2 and 31000 not in ports
     assert r0["descriptors"]["mesh"] != r1["descriptors"]["mesh"]
+
+
+def test_one_chip_replicas_on_n300_cards_each_start_on_one_chip_of_their_card(
+    make_sim: Callable[..., Path],
+) -> None:
+    """A T3K's card (n300) is two chips behind one PCI address: a replica of one chip is given
+    its card by that address (``--chips BDF --tp-size 1``), and its job runs on one chip of it,
+    not refused for naming two."""
+    t3k = make_sim("t3k")
+    res = run_cli("launch", "--root", str(t3k), "--replicas", "4", "--tp-size", "1",
+                  "--dry-run", "--json", "--no-memory-check", "--", *SGLANG, *seed(1), env=ENV)  # fmt: skip
+    assert res.code == 0, res.err
+    seen: set[str] = set()
+    for r in json.loads(res.out)["replicas"]:
+        (bdf,) = r["chips"]
+        child = run_cli("launch", "--root", str(t3k), "--chips", bdf, "--tp-size", "1",
+                        "--dry-run", "--json", "--", *r["argv"], env=ENV)  # fmt: skip
+        assert child.code == 0, child.err
+        (rank,) = json.loads(child.out)["ranks"]
+        assert len(rank["chips"]) == 1 and rank["env"]["TT_VISIBLE_DEVICES"] == bdf
+        assert not seen & set(rank["chips"])
+        seen |= set(rank["chips"])
+    # More chips than the cards named have is still one line.
+    res = run_cli("launch", "--root", str(t3k), "--chips", "0000:01:00.0", "--tp-size", "3",
+                  "--dry-run", "--", "true")  # fmt: skip
+    assert res.code == 2 and "--chips names 2 chips but --tp-size is 3" in res.err, res.err
 
 
 def test_one_replica_is_one_server_as_without_it(qb2: Path) -> None:
@@ -177,7 +204,7 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
     summary = tmp_path / "fleet.json"
     proc = start_launch(
         qb2, "--replicas", "2", "--tp-size", "2", "--max-restarts", "1", "--job-id", job,
-        "--summary-json", str(summary), f"--router-arg=--prometheus-port={metrics}",
+        "--quiet", "--summary-json", str(summary), f"--router-arg=--prometheus-port={metrics}",
         "--", *SGLANG, *seed(2, port=str(port)), env={**ENV, "FAKE_REPORT": str(tmp_path)},
     )  # fmt: skip
     router = f"http://127.0.0.1:{port}"
@@ -191,6 +218,10 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
         assert f"{job}/router" in shown and f"{job}/r0" in shown and f"{job}/r1" in shown
         fleet = next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
         assert [r["state"] for r in fleet["fleet"]["replicas"]] == ["serving", "serving"]
+        # The metrics port the user gave is kept, shown, and the router serves it there.
+        assert fleet["fleet"]["router"]["metrics"]["port"] == metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
+            assert r.status == 200
         tree = [proc.pid, *procs.descendants(proc.pid)]
         plan = json.loads(run_cli("sim", "show", "--root", str(qb2), "--json").out)
         asic = {c["bdf"]: c["asic_id"] for c in plan["chips"]}
@@ -208,9 +239,12 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
                 seen.append(lines.get_nowait())
         assert answered > 0 and failed <= 3, (answered, failed)
         text = "".join(seen)
+        # Out of the router at once, on its job's word (its event), not its /health's failures.
         assert re.search(
-            r"replica 0: (nothing listens|its /health failed).*: taken out of the router", text
-        )
+            r"replica 0: its job says it is down \(died: sglang::scheduler_TP0 \(pid \d+\) died "
+            r"while the server ran\): taken out of the router",
+            text,
+        ), text
         resets = _resets(qb2)[before:]
         mine = json.loads(run_cli("ps", "--json").out)
         chips = {j["job"]: j["ranks"][0]["bdfs"] for j in mine["jobs"] if j.get("ranks")}
@@ -241,8 +275,97 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
     assert data["code"] == 130
     assert [r["restarts"] for r in data["replicas"]] == [1, 0]
     assert data["router"]["restarts"] == 1
+    assert data["router"]["metrics"]["url"] == f"http://127.0.0.1:{metrics}/metrics"
     assert not [p for p in Path("/dev/shm").glob(f"ttmesh-*/runs/{job}*")]
     assert run_cli("check", "--root", str(qb2)).code == 0
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_a_server_that_prints_the_ready_line_is_not_routed_to_until_its_job_says_ready(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """The fleet follows its replicas' events (launcher.job.feed), not their output: both
+    servers print ttmesh's own ready line at their start and never answer /health; neither is
+    routed to, and each job's end (hung in bring-up) ends the fleet."""
+    early = "ttmesh: sglang-torchtpu: ready after 0.1 s at http://127.0.0.1:1"
+    summary = tmp_path / "fleet.json"
+    res = run_cli(
+        "launch", "--root", str(qb2), "--replicas", "2", "--replicas-parallel", "--tp-size", "2",
+        "--ready-timeout", "2", "--max-restarts", "0", "--grace", "2", "--summary-json",
+        str(summary), "--", *SGLANG, *seed(2, port=str(_free_port())),
+        env={**ENV, "FAKE_MODE": "hang", "FAKE_SAY": early}, timeout=90,
+    )  # fmt: skip
+    assert f"[replica0] [r0] {early}" in res.err and f"[replica1] [r0] {early}" in res.err
+    assert "routed to" not in res.err and "router: started" not in res.err, res.err
+    assert res.code == 124, res.err
+    data = json.loads(summary.read_text())
+    assert [r["state"] for r in data["replicas"]] == ["exited", "exited"]
+
+
+def test_the_event_channel_takes_only_events_and_says_each_junk_line(tmp_path: Path) -> None:
+    from ttmesh.launcher.job import feed
+
+    good = {"schema": feed.SCHEMA, "event": "ready", "attempt": 0, "url": "http://x:1", "after": 1}
+    lines = [
+        json.dumps(good).encode(),
+        b"ttmesh: sglang-torchtpu: ready after 0.1 s at http://127.0.0.1:1",  # text, not JSON
+        b"[1, 2]",
+        json.dumps({**good, "schema": "ttmesh.other/1"}).encode(),
+        json.dumps({**good, "event": "rm -rf"}).encode(),
+        json.dumps({**good, "attempt": "0"}).encode(),
+        json.dumps({**good, "attempt": True}).encode(),
+        json.dumps({k: v for k, v in good.items() if k != "url"}).encode(),
+        b"[" * 100_000,  # over the bound: skipped whole, never parsed
+        b"\xff\xfe not utf-8",
+        json.dumps({"schema": feed.SCHEMA, "event": "ended", "code": 3}).encode(),
+    ]
+    read, write = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write, b"\n".join(lines) + b"\n"),
+                                              os.close(write)))  # fmt: skip
+    writer.start()
+    events: list[dict] = []
+    junk: list[str] = []
+    feed.read_events(read, events.append, junk.append)
+    writer.join()
+    assert events == [good, {"schema": feed.SCHEMA, "event": "ended", "code": 3}]
+    assert len(junk) == len(lines) - 2, junk
+    assert junk[0].startswith("not JSON: 'ttmesh: sglang-torchtpu: ready after"), junk
+    assert f"a line over {feed.MAX_LINE} bytes" in junk
+    assert all(len(why) < 200 for why in junk)  # said in a line, never the whole junk
+
+
+def test_the_events_fd_is_a_writable_pipe_of_this_users_or_one_line(tmp_path: Path) -> None:
+    from ttmesh.errors import TTMeshError
+    from ttmesh.launcher.job import feed
+
+    read, write = os.pipe()
+    os.set_inheritable(write, True)
+    with open(tmp_path / "f", "w") as plain:
+        for fd, said in ((plain.fileno(), "not a pipe of this user's"),
+                         (read, "not open for writing"), (9999, "no such open file")):  # fmt: skip
+            with pytest.raises(TTMeshError) as caught:
+                feed.open_channel(fd)
+            assert caught.value.code == 2 and said in caught.value.message
+    assert feed.open_channel(write) == write and not os.get_inheritable(write)  # not for workers
+    os.close(read)
+    os.close(write)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--events-fd", "1"], "--events-fd goes with --fleet-of"),
+        (["--fleet-of", "f", "--events-fd", "9999"], "--events-fd 9999: no such open file"),
+        (["--replicas", "2", "--events-fd", "1"], "--replicas with --events-fd"),
+    ],
+)
+def test_events_fd_is_only_the_fleets(qb2: Path, args: list[str], said: str) -> None:
+    res = run_cli("launch", "--root", str(qb2), *args, "--", *SGLANG, *seed(2), env=ENV)
+    assert res.code == 2, res.err
+    lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host:")]
+    assert len(lines) == 1 and lines[0].startswith(f"ttmesh: {said}"), res.err
 
 
 def _reset_log(root: Path) -> list[dict]:

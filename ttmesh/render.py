@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import IO, Any
@@ -25,6 +26,22 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 def noun(n: int, word: str, many: str | None = None) -> str:
     """The noun alone for ``n`` things (``ranks 0, 1``, ``rank 3``)."""
     return word if n == 1 else (many or word + "s")
+
+
+# A terminal's escape sequences (CSI with its parameters, OSC up to its terminator, the
+# two-character ones) and then every other character that is not printable.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-9;?<=>]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?|\x9b[0-9;?]*[ -/]*[@-~]?"
+)
+
+
+def printable(text: str) -> str:
+    """A line another program wrote (a server's last line, a router's log) as one table cell:
+    its colours and other escape sequences dropped, tabs and newlines a space, any other
+    control or invisible character ``\\xNN``. Such a line must never reach a terminal raw: it
+    could move the cursor, retitle the window, or hide what follows."""
+    text = _ESCAPES.sub("", text).replace("\t", " ").replace("\n", " ").replace("\r", " ")
+    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text).strip()
 
 
 def clip(text: str, width: int) -> str:
@@ -119,7 +136,11 @@ def _rich_table(
         t.add_row(*row)
     buffer = io.StringIO()
     width = shutil.get_terminal_size((120, 24)).columns
-    Console(file=buffer, force_terminal=True, width=width, highlight=False).print(t)
+    # Cells are text, never rich markup or emoji codes: a "[/x]" in a job's command or a
+    # server's last line would otherwise raise, or turn into colours.
+    Console(
+        file=buffer, force_terminal=True, width=width, highlight=False, markup=False, emoji=False
+    ).print(t)
     return buffer.getvalue().rstrip("\n")
 
 

@@ -22,7 +22,15 @@ scheduler dies), ``hang`` (never ready),
 line it prints on stderr once it has started (what a failing libtt or tt-metal would say).
 ``$FAKE_LISTEN_PORT``: the port it really listens on (a server that ignores its ``--port``).
 ``$FAKE_SEMAPHORE``: each child holds a multiprocessing lock (``/dev/shm/sem.mp-*``, its path in
-``$FAKE_REPORT/sem-PID``), as SGLang's schedulers do.
+``$FAKE_REPORT/sem-PID``), as SGLang's schedulers do. ``$FAKE_LATENCY``: seconds each
+``/generate`` takes (0: it answers at once), requests served concurrently up to the command's
+``--max-running-requests`` (SGLang's own bound; none given: all at once), the rest waiting
+their turn, as a real server's batch does; so a fleet of replicas serves more than one server.
+
+SIGTERM is handled by the main thread only (every other thread blocks it): delivered to a
+thread serving a request, it would wake nothing, and the main thread, asleep, would start its
+drain only when its sleep ends (a minute), long after ttmesh's grace. SGLang's uvicorn loop
+wakes on any thread's signal (its wakeup fd), so it drains at once; so does the stand-in.
 """
 
 from __future__ import annotations
@@ -126,6 +134,9 @@ def main(stack: str) -> None:
             )
         )
     state = {"ready": False, "draining": False}
+    latency = float(os.environ.get("FAKE_LATENCY") or 0)
+    slots = int(one(f, "--max-running-requests", "0"))
+    batch = threading.BoundedSemaphore(slots) if slots > 0 else None
     answered = threading.Event()  # /health has said 200 once: the watcher has seen it ready
 
     class Handler(BaseHTTPRequestHandler):
@@ -153,6 +164,12 @@ def main(stack: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             if self.path in ("/generate", "/v1/completions") and state["ready"]:
+                if latency > 0:  # the model's time: in the batch, at most its slots at once
+                    if batch is not None:
+                        with batch:
+                            time.sleep(latency)
+                    else:
+                        time.sleep(latency)
                 self._send(
                     200, {"text": " Amsterdam.", "prompt": body.get("text", body.get("prompt"))}
                 )
@@ -161,7 +178,11 @@ def main(stack: str) -> None:
 
     port = int(os.environ.get("FAKE_LISTEN_PORT") or one(f, "--port", "30000"))
     server = ThreadingHTTPServer((one(f, "--host", "127.0.0.1"), port), Handler)
+    # Threads inherit the mask they are started with: the server's, and each request's, block
+    # SIGTERM, so the kernel hands it to the main thread, whose sleep it interrupts.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def stop(*_: object) -> None:
         state["draining"] = True

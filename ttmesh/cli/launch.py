@@ -22,6 +22,7 @@ from ttmesh.render import plural
 from ttmesh.vocab import LAYOUTS, JobMode, StartMode
 
 if TYPE_CHECKING:
+    from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.hosts.multihost import MultiHost, Peers
     from ttmesh.launcher.planning.options import Launch
     from ttmesh.launcher.planning.prepare import Prepared
@@ -64,10 +65,21 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     multiple=True,
     metavar="ARG",
     help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
-    "--router-arg=round_robin, --router-arg=--prometheus-port=29001). Its policy and health "
-    "checks are SGLang's defaults otherwise.",
+    "--router-arg=round_robin, --router-arg=--prometheus-port=29001), after the profile's "
+    "router.args, read by the router's own parser before anything starts; its --host, --port "
+    "and --worker-urls are ttmesh's. Its policy and health checks are SGLang's defaults "
+    "otherwise; its Prometheus metrics get a free port unless one is given.",
+)
+@click.option(
+    "--no-memory-check",
+    "no_memory_check",
+    is_flag=True,
+    help="With --replicas: start even when the host memory the replicas need at their peak "
+    "(the model's weight files on disk times the profile's host_memory factors) is more than "
+    "MemAvailable.",
 )
 @click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
+@click.option("--events-fd", "events_fd", hidden=True, type=int, metavar="FD")
 @click.option(
     "--nproc-per-node",
     "--nproc_per_node",
@@ -200,7 +212,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--no-live",
     is_flag=True,
     help="On a terminal, print the ranks' prefixed lines only, without the live table of ranks "
-    "and phases (as in a pipe, or with CI set).",
+    "and phases, or of a fleet's replicas and router (as in a pipe, or with CI set).",
 )
 @click.option(
     "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
@@ -450,13 +462,20 @@ def launch_cmd(**options: Any) -> int:
     --replicas N runs a serving fleet: N copies of the server, each on --tp-size chips of its
     own (disjoint, whole boards), its own descriptor and a free loopback port, behind SGLang's
     router at the server's own --host:--port (pip install 'ttmesh[router]'). Each replica is a
-    job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router, its
-    chips alone checked and reset, restarted under --max-restarts and put back, while the
-    others serve. On a Galaxy one reset is the whole host (tt-smi -glx_reset): a replica whose
-    chips need one makes the fleet take every replica out of the router, drain them within
-    --grace, reset the host once (verified) and restart them all; that replica counts a
-    restart, the others a drain. Ctrl-C stops the router, then every replica within --grace.
-    vLLM is refused: it assigns chips to its own data-parallel ranks.
+    job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router the
+    moment its job says so, its chips alone checked and reset, restarted under --max-restarts
+    and put back when its job says it is ready (what a job says reaches the fleet on a pipe
+    of its own, never from its output), while the others serve. On a Galaxy one reset is the
+    whole host (tt-smi -glx_reset): a replica whose chips need one makes the fleet take every
+    replica out of the router, drain them within --grace, reset the host once (verified) and
+    restart them all; that replica counts a restart, the others a drain. Ctrl-C stops the router,
+    then every replica within --grace. vLLM is refused: it assigns chips to its own
+    data-parallel ranks. The host memory the replicas need at their peak (their model's
+    weight files on disk times the profile's host_memory factors) is checked against
+    MemAvailable before anything starts (--no-memory-check skips it); the router's metrics
+    get a free Prometheus port unless --router-arg gives one. On a terminal a live table of
+    the replicas (job, chips, URL, state, restarts, last line) and the router (state, PID,
+    restarts, metrics URL) stays under their [replicaK] lines.
 
     \b
     Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
@@ -486,6 +505,10 @@ def launch_cmd(**options: Any) -> int:
     from ttmesh.launcher.planning.options import Launch, LaunchOptions
 
     launch = Launch.from_options(LaunchOptions(**options))
+    if launch.options.events_fd is not None:
+        from ttmesh.launcher.job.feed import open_channel
+
+        open_channel(launch.options.events_fd)  # a pipe of this user's, or one line, exit 2
     return START[launch.mode](launch)
 
 
@@ -562,6 +585,10 @@ def _fleet(launch: Launch) -> int:
             from ttmesh.launcher.planning import ports
 
             ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
+            if fp.router_opts is not None:
+                from ttmesh.launcher.fleet import routeropts
+
+                routeropts.check_free(fp.router_opts)  # its metrics port, when given
     except TTMeshError as exc:
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
@@ -574,6 +601,8 @@ def _fleet(launch: Launch) -> int:
         note(f"{f.severity}: {f.message} (fix: {f.fix})")
     for n in fp.notes:
         note(f"note: {n}")
+    if fp.router_opts is not None:
+        note(f"router: Prometheus metrics at {fp.router_opts.metrics_url}")
     if o.dry_run:
         from ttmesh.render import emit_json
 
@@ -585,10 +614,16 @@ def _fleet(launch: Launch) -> int:
             click.echo(fleet_text(fp.to_json(o.show_env)))
         return 0
     from ttmesh.cli import streams
+    from ttmesh.cli.live import enabled
     from ttmesh.launcher.fleet.run import Fleet
 
     streams.job_code = True
-    return Fleet(o, o.host, fp).run()
+    if not enabled(sys.stdout, o.no_live):
+        return Fleet(o, o.host, fp).run()  # the replicas' lines, plain
+    from ttmesh.cli.fleetview import FleetView
+
+    with FleetView(fp.job) as view:
+        return Fleet(o, o.host, fp, view).run()
 
 
 # How each mode starts (``Launch.mode``, decided once by launcher.planning.options).
@@ -716,11 +751,34 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         where = logspec.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
         note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
     streams.job_code = True  # from here the job's code is the exit code, whatever is lost
+    if o.events_fd is not None:  # a replica of a fleet: its events on the fleet's pipe
+        return _fed(prepared, options, o.events_fd, lambda: execute(
+            prepared, options, o.summary_json, recovery=recovery, peers=peers))  # fmt: skip
     if not enabled(sys.stdout, o.no_live):
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
         options.observer = view
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
+
+
+def _fed(prepared: Prepared, options: Options, fd: int, run: Callable[[], int]) -> int:
+    """The job with its events written to its fleet's pipe (``launcher.job.feed``), the last
+    one its exit code: also when it is refused, or stopped between attempts."""
+    from ttmesh.launcher.job.feed import Feed
+
+    plan = prepared.plan
+    url = plan.serving.url if plan.serving is not None else None
+    feed = Feed(fd, url, [b for r in plan.ranks for b in r.bdfs], options.observer)
+    options.observer = feed
+    code = 1
+    try:
+        code = run()
+    except TTMeshError as exc:
+        code = exc.code
+        raise
+    finally:
+        feed.ended(code)
+    return code
 
 
 def _join(launch: Launch, prepared: Prepared, mh: MultiHost) -> Peers:

@@ -49,7 +49,7 @@ def ps_cmd(
 
         emit_json({"schema": "ttmesh.ps/1", "jobs": records})
         return
-    from ttmesh.render import table
+    from ttmesh.render import printable, table
 
     rows = []
     for r in records:
@@ -65,12 +65,14 @@ def ps_cmd(
                 ",".join(b for rank in ranks for b in rank.get("bdfs", [])) or "-",
                 r.get("root", "?") or "-",
                 time.strftime("%H:%M:%S", time.localtime(r.get("started", 0))),
-                " ".join(r.get("command", [])),
+                printable(" ".join(r.get("command", []))),  # one line, no escapes
             ]
         )
         fleet = r.get("fleet") if not r.get("ended") else None
         if isinstance(fleet, dict):
             rows[-1][3] = len(fleet.get("replicas") or [])
+            every = [b for rep in fleet.get("replicas") or [] for b in rep.get("chips") or []]
+            rows[-1][4] = printable(",".join(every)) or "-"  # the fleet's chips: its replicas'
             rows += fleet_rows(fleet, r["job"])
     if not rows:
         click.echo(
@@ -84,20 +86,33 @@ def ps_cmd(
 
 
 def fleet_rows(fleet: dict, job: str) -> list[list[object]]:
-    """A fleet's router and replicas under its own row: state, restarts, port, last line."""
+    """A fleet's router and replicas under its own row: each replica's state, PID, chips, then
+    its URL (its port), restarts and last line; the router's state, PID, URL, restarts and
+    metrics URL. A last line is the server's own text: through ``printable``, never raw."""
+    from ttmesh.cli.fleetview import router_state
+    from ttmesh.render import plural, printable
+
     rows: list[list[object]] = []
     router = fleet.get("router") or {}
-    state = "serving" if router.get("running") else "waiting"
-    restarts = router.get("restarts") or 0
+    state = router_state(router)  # waiting (for a replica), running, down, stopped
+    what = [str(router.get("url") or "-"), plural(int(router.get("restarts") or 0), "restart")]
+    if router.get("metrics_url"):
+        what.append(f"metrics {router['metrics_url']}")
     rows.append([f"{job}/router", state, router.get("pid"), "-", "-", "-", "-",
-                 f"{router.get('url')}, restarted {restarts} times"])  # fmt: skip
+                 printable(" · ".join(what))])  # fmt: skip
     for rep in fleet.get("replicas") or []:
+        state = str(rep.get("state") or "?")
+        if state == "exited" and rep.get("code") is not None:
+            state = f"exited {rep.get('code')}"
+        what = [str(rep.get("url") or f"port {rep.get('port')}"),
+                plural(int(rep.get("restarts") or 0), "restart")]  # fmt: skip
+        if rep.get("last_line"):
+            what.append(f"last: {rep['last_line']}")
         rows.append(
             [
-                f"{job}/r{rep.get('replica')}", rep.get("state"), rep.get("pid"), 1,
-                ",".join(rep.get("chips") or []) or "-", "-", "-",
-                f"port {rep.get('port')}, {rep.get('restarts')} restarts: "
-                f"{rep.get('last_line') or ''}",
+                f"{job}/r{rep.get('replica')}", printable(state), rep.get("pid"), 1,
+                printable(",".join(rep.get("chips") or [])) or "-", "-", "-",
+                printable(" · ".join(what)),
             ]
         )  # fmt: skip
     return rows

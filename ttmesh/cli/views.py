@@ -396,6 +396,10 @@ def fleet_text(data: dict) -> str:
     ]
     if data.get("recovery"):
         lines.append(f"recovery: {data['recovery']}")
+    if router.get("metrics"):
+        lines.append(f"router metrics (Prometheus): {router['metrics']['url']}")
+    if router.get("args"):
+        lines.append(f"router options: {' '.join(router['args'])}")
     for r in data["replicas"]:
         chips = ",".join(r["chips"]) or "no Tenstorrent chip"
         lines.append(f"replica {r['replica']} (job {r['job']}): {chips}, at {r['url']}")

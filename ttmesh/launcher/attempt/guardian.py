@@ -579,7 +579,17 @@ class Guardian:
         detail = self.drain.detail if phase in (JobPhase.STOPPING, None) else ""
         if detail and phase is None:  # leftovers of ranks that all succeeded: still a drain
             phase = JobPhase.STOPPING
+        told = self.view.phase
+        if phase is JobPhase.STOPPING and (told is None or told.state is not JobPhase.STOPPING):
+            detail = self._stopping_why() or detail  # its first stopping report says why
         self.view.report(self.starter.pids, self.ready, phase, detail)
+
+    def _stopping_why(self) -> str:
+        """Why the attempt stops, in the words of its end (a fleet takes the replica out on it)."""
+        if self.stop is not None:
+            return self.stop.reason
+        failure = self.first_failure
+        return f"rank {failure.rank} {failure.how}" if failure is not None else ""
 
     # -- what the host hears: workers holding chips, fabric opened
 

@@ -21,6 +21,7 @@ _NOT_IN_A_FLEET = (
     ("redirects", "--redirects", "each replica's output goes to the console, prefixed"),
     ("tee", "--tee", "each replica's output goes to the console, prefixed"),
     ("fleet_of", "--fleet-of", "it names the fleet a replica belongs to: ttmesh sets it"),
+    ("events_fd", "--events-fd", "it is a replica's pipe to its fleet: ttmesh sets it"),
 )
 
 

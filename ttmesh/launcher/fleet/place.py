@@ -21,6 +21,8 @@ from ttmesh.render import plural
 
 if TYPE_CHECKING:
     from ttmesh.host.base import Host
+    from ttmesh.launcher.fleet.memory import MemoryCheck
+    from ttmesh.launcher.fleet.routeropts import RouterOptions
     from ttmesh.launcher.planning.options import Launch
     from ttmesh.launcher.planning.prepare import Prepared
 
@@ -68,6 +70,8 @@ class FleetPlan:
     replicas: list[Replica]
     notes: list[str] = field(default_factory=list)
     whole_host_reset: bool = False  # a Galaxy: one reset takes every chip, so every replica
+    router_opts: RouterOptions | None = None  # the router's words and its metrics port
+    memory: MemoryCheck | None = None  # the host memory the replicas need, and the host's
 
     @property
     def url(self) -> str:
@@ -78,7 +82,14 @@ class FleetPlan:
         return {
             "schema": "ttmesh.fleet-plan/1",
             "job": self.job,
-            "router": {"host": self.host, "port": self.port, "url": self.url},
+            "router": {
+                "host": self.host,
+                "port": self.port,
+                "url": self.url,
+                "args": self.router_opts.args if self.router_opts else [],
+                "metrics": self.router_opts.to_json() if self.router_opts else None,
+            },
+            "memory": self.memory.to_json() if self.memory else None,
             "whole_host_reset": self.whole_host_reset,
             "recovery": recovery_mode(self.whole_host_reset),
             "notes": self.notes,
@@ -124,6 +135,9 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
     tp = req.tp_size or 1
     replicas: list[Replica] = []
     taken_ports: set[int] = {router_port}
+    from ttmesh.launcher.fleet import routeropts
+
+    router_opts = routeropts.read(profile, o.router_args, router_port, taken_ports)
     for k in range(o.replicas):
         values = {"--host": REPLICA_HOST, "--port": str(_free(ports, taken_ports))}
         for flag in profile.extra.get("ports") or ():
@@ -133,6 +147,7 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
         chips = ",".join(named[k * tp : (k + 1) * tp]) if named else None
         one = dataclasses.replace(
             o, command=tuple(argv), replicas=None, replicas_parallel=False, router_args=(),
+            no_memory_check=False,
             job_id=f"{fleet[:56]}-r{k}", chips=chips, exclude=",".join(excluded) or None,
             summary_json=None,
         )  # fmt: skip
@@ -147,9 +162,41 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
         ported = {f: int(v) for f, v in values.items() if f != "--host"}
         replicas.append(Replica(k, f"{fleet[:56]}-r{k}", ported["--port"], argv, bdfs, prepared,
                                 ported))  # fmt: skip
-    fp = FleetPlan(fleet, where, router_port, replicas)
+    fp = FleetPlan(fleet, where, router_port, replicas, router_opts=router_opts)
     _notes(fp)
+    if router_opts.read_by is None and router_opts.args:  # a dry run only: a launch needs it
+        fp.notes.append(
+            "the router's options were not read by its own parser (sglang-router is not "
+            "installed: pip install 'ttmesh[router]'); a launch reads them before it starts"
+        )
+    _memory(fp, launch, host)
     return fp
+
+
+def _memory(fp: FleetPlan, launch: Launch, host: Host) -> None:
+    """The host memory the replicas need against the host's, once for all: too little is
+    refused (a dry run notes that a launch now is refused); unknown is a note."""
+    import os
+
+    from ttmesh.launcher.fleet import memory
+
+    o, req = launch.options, launch.request
+    assert req is not None and req.profile is not None and req.server_args is not None
+    if o.no_memory_check:
+        fp.memory = memory.MemoryCheck(len(fp.replicas), o.replicas_parallel, 0, 0,
+                                       skipped="--no-memory-check")  # fmt: skip
+    else:
+        base = req.workdir or req.cwd or os.getcwd()
+        fp.memory = memory.check(req.profile, req.server_args, base,
+                                 host,
+                                 len(fp.replicas), o.replicas_parallel)  # fmt: skip
+    if fp.memory.fits is False:
+        refusal = fp.memory.refusal()
+        if not o.dry_run:
+            raise refusal
+        fp.notes.append(f"{refusal.message} (a launch now is refused: {refusal.hint})")
+        return
+    fp.notes.append(fp.memory.says())
 
 
 def _free(ports: Any, taken: set[int]) -> int:

@@ -5,9 +5,11 @@ drain, recovery of its own chips and restarts under ``--max-restarts``, seen by 
 started as a child ``ttmesh launch --chips ... --fleet-of FLEET`` in a session of its own, so a
 terminal's Ctrl-C reaches only this process, which stops the router first. This process
 relays their output (``[replicaK]`` before each line), says which replicas serve (a replica is
-added to the router when its job says it is ready, taken out the moment its ``/health`` stops
-answering, put back when its job says it is ready again), restarts the router if it dies, and
-stops everything in order on a stop: the router, then every replica's drain within --grace.
+added to the router when its job says it is ready, taken out the moment its job says it is
+down or its ``/health`` stops answering, put back when its job says it is ready again),
+restarts the router if it dies, and stops everything in order on a stop: the router, then
+every replica's drain within --grace. What a replica's job says comes on a pipe of its own
+(``launcher.job.feed``: one JSON line per change), never from its output.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -26,10 +27,11 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
+from ttmesh.launcher.job import feed
 from ttmesh.render import note
 from ttmesh.vocab import Source
 
@@ -43,11 +45,20 @@ PROBE_EVERY = 0.5  # s between health probes of a serving replica
 PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on a busy host
 PROBE_FAILURES = 3  # in a row take a replica out of the router (a refused connection: one)
 ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot serve)
-READY = re.compile(r"ready after [\d.]+ s at http://")
-RESTARTING = re.compile(r"restarting every rank in")
+LAST_WIDTH = 200  # characters of a replica's last line kept: its head, as a person reads it
 
 WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
 DRAINING = "draining"  # stopped by the fleet for a whole-host reset (fleet.drain)
+
+
+class Watcher(Protocol):
+    """A live view of the fleet (``ttmesh.cli.fleetview`` draws one on a terminal; without one
+    the lines are plain). Called in the main thread under the lock relayed lines are written
+    under; must not raise."""
+
+    def show(self, state: dict[str, Any]) -> None:
+        """The fleet's state (:meth:`Fleet.state`, as its job record has it) now: on each change,
+        and about 5 times a second at least while the fleet runs (its clock, its lines)."""
 
 
 @dataclass
@@ -63,6 +74,7 @@ class Member:
     started: float = 0.0
     code: int | None = None
     failures: int = 0  # /health failures in a row
+    held_out: bool = False  # its job said it is down: out of the router until it says ready
     readers: list[threading.Thread] = field(default_factory=list)
     drains: int = 0  # restarts the fleet made for another replica's whole-host reset
     needs: dict[str, Any] | None = None  # its job ended needing the whole-host reset
@@ -90,13 +102,16 @@ class Member:
 
 
 def child_argv(
-    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str,
+    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str, events_fd: int = -1,
     max_restarts: int | None = None,
 ) -> list[str]:  # fmt: skip
     """``ttmesh launch`` of one replica: the user's options that apply to one server, its
-    chips, its job, and the server's command rewritten for it. ``max_restarts``: what is left
-    of the replica's --max-restarts (a job after a whole-host reset: ``fleet.drain``)."""
+    chips, its job, the pipe its events come back on, and the server's command rewritten.
+    ``max_restarts``: what is left of the replica's --max-restarts (a job after a whole-host
+    reset: ``fleet.drain``)."""
     argv = [sys.executable, "-u", "-m", "ttmesh", "launch", "--no-live", "--fleet-of", fp.job]
+    if events_fd >= 0:
+        argv.append(f"--events-fd={events_fd}")
     if host.root != "/":
         argv += ["--root", str(host.root)]
     argv += ["--job-id", r.job, "--summary-json", summary]
@@ -131,13 +146,17 @@ def child_argv(
 class Fleet:
     """The replicas' jobs and the router, from the first start to the last stop."""
 
-    def __init__(self, o: LaunchOptions, host: Host, fp: FleetPlan) -> None:
-        self.o, self.host, self.fp = o, host, fp
+    def __init__(
+        self, o: LaunchOptions, host: Host, fp: FleetPlan, view: Watcher | None = None
+    ) -> None:
+        self.o, self.host, self.fp, self.view = o, host, fp, view
         self.dir = tempfile.mkdtemp(prefix=f"ttmesh-fleet-{fp.job[:40]}-")
         self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
-        self.router = Router(fp.host, fp.port, list(o.router_args),
+        extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
+        self.router = Router(fp.host, fp.port, extra,
                              os.path.join(self.dir, "router.log"), self.say)  # fmt: skip
-        self.events: queue.Queue[tuple[int, str]] = queue.Queue()
+        # A replica's relayed line (its last line) or an event its job sent (launcher.job.feed).
+        self.events: queue.Queue[tuple[int, str | dict[str, Any]]] = queue.Queue()
         self.lock = threading.Lock()
         self.stop_sig: int | None = None
         self.failed: str | None = None  # why the fleet stops itself (its router cannot run)
@@ -157,7 +176,8 @@ class Fleet:
             note(message)
 
     def _relay(self, k: int, stream: IO[bytes], out: IO[str]) -> None:
-        """One stream of replica ``k``'s job, line by line, prefixed; its events queued."""
+        """One stream of replica ``k``'s job, line by line, prefixed; each line is only its
+        last line for ``ps`` (what it says of its state comes on its event channel)."""
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with self.lock, contextlib.suppress(OSError, ValueError):
@@ -166,15 +186,34 @@ class Fleet:
             self.events.put((k, line))
         stream.close()
 
+    def _intake(self, k: int, fd: int) -> None:
+        """Replica ``k``'s event channel (the pipe this fleet made for it), until its job and
+        every process holding the write end have closed it; junk is said and ignored."""
+        feed.read_events(
+            fd,
+            lambda event: self.events.put((k, event)),
+            lambda why: self.say(f"replica {k}: ignoring a line on its event channel: {why}"),
+        )
+
     # ------------------------------------------------------------------ replicas
 
     def _start(self, m: Member) -> None:
+        read, write = os.pipe()  # its events: only this pipe, made here, is believed
         left = max(0, self.o.max_restarts - m.restarts)  # a replica's budget spans its jobs
-        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, left)
-        m.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, write, left)
+        try:
+            m.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=die_with_parent, pass_fds=(write,),
+            )  # fmt: skip
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)  # the child's end: its end of the channel is the job's end
+        intake = threading.Thread(target=self._intake, args=(m.replica.index, read), daemon=True)
+        intake.start()
+        m.readers.append(intake)
         m.state, m.started = STARTING, time.monotonic()
         self.record()
         chips = f" on {','.join(m.replica.bdfs)}" if m.replica.bdfs else ""
@@ -204,15 +243,28 @@ class Fleet:
         ):
             self._start(waiting[0])
 
-    def _event(self, k: int, line: str) -> None:
+    def _event(self, k: int, item: str | dict[str, Any]) -> None:
+        """A relayed line (replica ``k``'s last line) or an event from its job."""
         m = self.members[k]
-        m.last = line[-200:]
-        if READY.search(line) and m.state in (STARTING, DOWN):
-            m.state, m.failures = SERVING, 0
+        if isinstance(item, str):
+            m.last = item[:LAST_WIDTH]
+            return
+        event = item["event"]
+        if event == "ready" and item["url"] != m.replica.url:
+            self.say(f"replica {k}: ignoring its ready at {item['url'][:100]}: it serves at "
+                     f"{m.replica.url}")  # fmt: skip
+        elif event == "ready" and m.state in (STARTING, DOWN):
+            m.state, m.failures, m.held_out = SERVING, 0, False
             self.say(f"replica {k}: ready: routed to at {m.replica.url}")
             self._route()
             self.record()
-        elif RESTARTING.search(line):
+        elif event == "ready":
+            m.held_out = False
+        elif event == "down" and m.state in (STARTING, SERVING, DOWN):
+            m.held_out = True  # out until its job says ready again, whatever /health says
+            if m.state == SERVING:
+                self._down(m, f"its job says it is down ({item['why'][:200]})")
+        elif event == "restarting":
             m.restarts += 1
             self.record()
 
@@ -250,7 +302,7 @@ class Fleet:
         m = self.members[k]
         if ok:
             m.failures = 0
-            if m.state == DOWN:
+            if m.state == DOWN and not m.held_out:
                 m.state = SERVING
                 self.say(f"replica {k}: ready: routed to at {m.replica.url} (its /health answers)")
                 self._route()
@@ -324,6 +376,7 @@ class Fleet:
             with contextlib.suppress(OSError):
                 os.unlink(m.summary)  # its last job's: the next one writes its own
             m.state, m.code, m.proc, m.last, m.failures = WAITING, None, None, "", 0
+            m.held_out = False
         self.record()
 
     def _no_restart_left(self, failed: list[Member], said: str) -> bool:
@@ -444,10 +497,11 @@ class Fleet:
 
     def record(self) -> None:
         """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
-        FLEET`` stops them all). Each replica's own job has its record too."""
+        FLEET`` stops them all), and the live view. Each replica's own job has its record too."""
         from ttmesh.errors import TTMeshError
         from ttmesh.runtime import jobs
 
+        self._show()
         with contextlib.suppress(OSError, TTMeshError):
             jobs.write(
                 {
@@ -458,11 +512,30 @@ class Fleet:
                 }
             )  # fmt: skip
 
+    def _metrics(self) -> dict[str, Any] | None:
+        ro = self.fp.router_opts
+        return ro.to_json() if ro is not None else None
+
+    def _show(self) -> None:
+        """The live view told the state now (it draws only what changed, on its own time)."""
+        if self.view is not None:
+            state = self.state()
+            with self.lock:
+                self.view.show(state)
+
+    def _router_state(self) -> str:
+        """waiting (for the first replica), running, down (died: started again), stopped."""
+        r = self.router
+        if r.running():
+            return "running"
+        return "down" if r.proc is not None else "stopped" if r.starts else "waiting"
+
     def state(self) -> dict[str, Any]:
         return {
             "router": {
                 "url": self.fp.url, "pid": self.router.pid, "running": self.router.running(),
-                "restarts": max(0, self.router.starts - 1),
+                "state": self._router_state(), "restarts": max(0, self.router.starts - 1),
+                "metrics": self._metrics(), "metrics_url": (self._metrics() or {}).get("url"),
             },
             "replicas": [m.to_json() for m in self.members],
             **self._recovery_json(),
@@ -503,6 +576,7 @@ class Fleet:
                 last_route = time.monotonic()
             if all(m.state == EXITED for m in self.members):
                 break
+            self._show()  # the last lines, and its clock
 
     def _stop_all(self) -> None:
         """The router first (no request reaches a replica that drains), then every replica's
@@ -523,7 +597,8 @@ class Fleet:
         with contextlib.suppress(queue.Empty):
             while True:  # the last lines relayed: each replica's last line is its job's end
                 k, line = self.events.get_nowait()
-                self.members[k].last = line[-200:]
+                if isinstance(line, str):
+                    self.members[k].last = line[:LAST_WIDTH]
         self._links_between()
 
     def _links_between(self) -> None:
@@ -593,6 +668,7 @@ class Fleet:
                 "starts": self.router.starts,
                 "restarts": max(0, self.router.starts - 1),
                 "last_line": self.router.last_line(),
+                "metrics": self._metrics(),
             },
             "replicas": [m.to_json() for m in self.members],
             **self._recovery_json(),

@@ -95,7 +95,9 @@ class LaunchOptions:
     replicas: int | None = None  # --replicas: a serving fleet (launcher.fleet)
     replicas_parallel: bool = False
     router_args: tuple[str, ...] = ()
+    no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
+    events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
 
 
 @dataclass(frozen=True)
@@ -159,12 +161,20 @@ class Launch:
         log_dir = _log_dir(o.log_dir)
         logs = _log_spec(o.redirects, o.tee)
         request, job_tp = _request(o, rank_binding, join, job_id, workdir)
+        if o.events_fd is not None and o.fleet_of is None:
+            raise bad_input(
+                "--events-fd goes with --fleet-of: it is a replica's pipe to its fleet",
+                "ttmesh's fleet (--replicas N) sets both; drop --events-fd",
+            )
         if mode is JobMode.FLEET:
             from ttmesh.launcher.fleet import check
 
             check.request(o, request)
-        elif o.replicas_parallel or o.router_args:
-            flag = "--replicas-parallel" if o.replicas_parallel else "--router-arg"
+        elif o.replicas_parallel or o.router_args or o.no_memory_check:
+            flag = (
+                "--replicas-parallel" if o.replicas_parallel
+                else "--router-arg" if o.router_args else "--no-memory-check"
+            )  # fmt: skip
             raise bad_input(
                 f"{flag} goes with --replicas N (N > 1)", f"add --replicas, or drop {flag}"
             )

@@ -93,11 +93,13 @@ def prepare(
     req, chips_arg = _bound(req, inv, chips_arg, exclude_arg)
     chosen, excluded = _named_chips(inv, chips_arg, exclude_arg)
     req = _start_mode(req, allow_mpi_layouts, descriptor_only)
+    chosen, excluded, cards = _within_cards(req, inv, chips_arg, chosen, excluded)
     req, default_note = _chip_count(req, inv, chosen)
     choice = choose_chips(
         req, inv, chosen, excluded, descriptor_only=descriptor_only, repairable=repairable,
         defer_liveness=defer_liveness,
     )  # fmt: skip
+    _each_card_used(inv, cards, choice.sel.chips)
     liveness = choice.liveness
     try:
         prepared = _plan(req, inv, choice.sel, host, descriptor_only, dry_run)
@@ -107,7 +109,7 @@ def prepare(
     prepared.beats = choice.beats  # seen alive now: pre-flight need not poll these again
     if default_note:
         prepared.plan.notes.append(default_note)
-    if not (descriptor_only or chosen):
+    if not (descriptor_only or chosen or cards):
         prepared.plan.passed_over = _passed_over(inv, choice)
     if liveness is not None and not can_start_unverified(prepared.plan):
         refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
@@ -160,6 +162,45 @@ def _named_chips(
         chip = inv.chip(sorted(both)[0])
         raise bad_input(f"chip {chip.label} is both chosen (--chips) and excluded (--exclude)")
     return chosen, excluded
+
+
+def _within_cards(
+    req: LaunchRequest,
+    inv: Inventory,
+    chips_arg: str | None,
+    chosen: list[Chip],
+    excluded: list[Chip],
+) -> tuple[list[Chip], list[Chip], list[list[Chip]]]:
+    """A PCI address names a card, and an n300 card is two chips: ``--chips`` of fewer cards
+    than ``--tp-size`` wants chips of theirs (``--chips 0000:01:00.0 --tp-size 1`` on a T3K: one
+    chip of that card; a fleet's replica of one chip is given so) is a choice among those
+    cards' chips, each card giving one at least, the rest of the host excluded. Returns the
+    chips named (none when the choice is made among them), excluded, and the cards named."""
+    tp = req.tp_size
+    if not chosen or tp is None or tp <= 0 or len(chosen) <= tp:
+        return chosen, excluded, []
+    cards: list[list[Chip]] = []
+    for chip in chosen:
+        if not any(chip in card for card in cards):
+            cards.append(inv.board_peers(chip) if chip.bdf else [chip])
+    if len(cards) > tp:
+        return chosen, excluded, []  # more cards than chips wanted: _chip_count says so
+    named = {c.asic_id for c in chosen}
+    rest = [c for c in inv.chips if c.asic_id not in named and c not in excluded]
+    return [], [*excluded, *rest], cards
+
+
+def _each_card_used(inv: Inventory, cards: list[list[Chip]], chips: list[str]) -> None:
+    """Every card ``--chips`` named gives the job a chip (see :func:`_within_cards`)."""
+    for card in cards:
+        if not any(c.asic_id in chips for c in card):
+            lead = inv.lead(card[0])
+            bdf = lead.bdf if lead is not None else card[0].label
+            raise bad_input(
+                f"--chips {bdf}: no chip of this card is in the connected mesh of --tp-size "
+                f"{len(chips)} chosen among the cards named",
+                "name the cards whose chips connect, or give --tp-size as their chip count",
+            )
 
 
 def _start_mode(

@@ -131,6 +131,9 @@ class Profile:
             out.append(("node_rank_flag", self.node_rank_flag, True))
         out += [("the server's address", flag, flag == "--port") for flag in SERVER_FLAGS]
         out += [("recognise", flag, False) for flag in _recognise_flags(self.recognise)]
+        model_flag = (self.extra.get("host_memory") or {}).get("model_flag")
+        if model_flag:
+            out.append(("host_memory.model_flag", model_flag, False))
         if self.chips != CHIPS_NONE:
             for key, flag in self.budget.items():
                 if flag:
@@ -267,7 +270,8 @@ def _load(path: Path) -> Profile:
                 k: v
                 for k, v in data.items()
                 if k in ("mesh_device", "failures", "replicas", "ports")
-            },
+            }
+            | _fleet_sections(path, data),
             flags=_table_path(path, data.get("flags")),
             budget=_budget(data.get("budget")),
             nnodes_flag=data.get("nnodes_flag"),
@@ -278,6 +282,65 @@ def _load(path: Path) -> Profile:
         raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile")
     except (KeyError, TypeError, ValueError) as exc:
         raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
+
+
+def _fleet_sections(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A fleet's sections (``launch --replicas``), checked as the rest of the profile is: a
+    value of the wrong type is one line naming the file and the key.
+
+    ``router: {args: [ARG, ...]}``: words given to SGLang's router before ``--router-arg``'s
+    (read with the router's own parser when the fleet is planned: ``fleet.routeropts``).
+    ``host_memory: {model_flag: FLAG, starting: X, serving: Y}``: a replica's host memory as
+    multiples of its model's weight files on disk (``fleet.memory``)."""
+    out: dict[str, Any] = {}
+    router = data.get("router")
+    if router is not None:
+        if not isinstance(router, dict) or set(router) - {"args"}:
+            raise bad_input(
+                f"profile {path}: router must be a map with args: [ARG, ...]",
+                "e.g. router: {args: [--policy, cache_aware]}",
+            )
+        args = router.get("args") or []
+        if not isinstance(args, list) or not all(
+            isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args
+        ):
+            raise bad_input(
+                f"profile {path}: router.args must be a list of words (the router's flags "
+                f"and values), not {_shown(args)}",
+                "e.g. router: {args: [--policy, cache_aware]}",
+            )
+        out["router"] = {"args": [str(a) for a in args]}
+    memory = data.get("host_memory")
+    if memory is not None:
+        keys = {"model_flag", "starting", "serving"}
+        if not isinstance(memory, dict) or set(memory) - keys:
+            raise bad_input(
+                f"profile {path}: host_memory must be a map of {', '.join(sorted(keys))}",
+                "e.g. host_memory: {model_flag: --model-path, starting: 1.25, serving: 1.0}",
+            )
+        flag = memory.get("model_flag")
+        if flag is not None and not (isinstance(flag, str) and flag.startswith("-")):
+            raise bad_input(
+                f"profile {path}: host_memory.model_flag must be the server's flag that names "
+                f"the model, not {_shown(flag)}",
+                "e.g. model_flag: --model-path",
+            )
+        where = f"profile {path}: host_memory"
+        out["host_memory"] = {
+            "model_flag": flag,
+            "starting": numeric.number(
+                memory.get("starting", 1.25), f"{where}.starting", low=0, high=1000
+            ),
+            "serving": numeric.number(
+                memory.get("serving", 1.0), f"{where}.serving", low=0, high=1000
+            ),
+        }
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _table_path(path: Path, name: Any) -> str:

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import alive, run_cli, start_launch, wait_for
@@ -35,6 +36,7 @@ def _fleet_plan(root: Path, *args: str, tp: int = 2) -> dict:
 
 def test_two_replicas_are_disjoint_pairs_with_their_own_descriptors_and_ports(qb2: Path) -> None:
     data = _fleet_plan(qb2)
+    assert data["recovery"] == "per-replica"
     router = {k: data["router"][k] for k in ("host", "port", "url")}
     assert router == {"host": "0.0.0.0", "port": 31000, "url": "http://0.0.0.0:31000"}
     r0, r1 = data["replicas"]
@@ -94,7 +96,9 @@ def test_a_galaxy_says_its_reset_is_the_whole_host_before_the_start(
 ) -> None:
     data = _fleet_plan(make_sim("galaxy-bh"), tp=4)
     assert data["whole_host_reset"] is True
+    assert data["recovery"] == "drain-all"  # every replica drained, one reset, all restarted
     assert "this host's reset is the whole host" in data["notes"][0]
+    assert "recovered by draining every replica" in data["notes"][0]
     r0, r1 = data["replicas"]
     assert len(r0["chips"]) == 4 and not set(r0["chips"]) & set(r1["chips"])
 
@@ -362,3 +366,121 @@ def test_events_fd_is_only_the_fleets(qb2: Path, args: list[str], said: str) -> 
     assert res.code == 2, res.err
     lines = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host:")]
     assert len(lines) == 1 and lines[0].startswith(f"ttmesh: {said}"), res.err
+
+
+def _reset_log(root: Path) -> list[dict]:
+    return json.loads((root / "sim" / "state.json").read_text())["resets"]
+
+
+def _fleet_record(job: str) -> dict:
+    return next(j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job)
+
+
+def test_on_a_galaxy_one_replica_failing_drains_every_replica_for_one_whole_host_reset(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A Galaxy's reset is the whole host (-glx_reset): a replica whose chips need a reset
+    never resets them itself (that would take the other's chips); the fleet drains every
+    replica, resets the host once, and restarts both."""
+    root = make_sim("galaxy-bh")
+    port, metrics = _free_port(), _free_port()  # the router's own: not its default, 29000
+    job = f"glx-{os.getpid()}"
+    summary = tmp_path / "fleet.json"
+    proc = start_launch(
+        root, "--replicas", "2", "--tp-size", "4", "--max-restarts", "1", "--job-id", job,
+        "--summary-json", str(summary), f"--router-arg=--prometheus-port={metrics}",
+        "--", *SGLANG, *seed(4, port=str(port)), env=ENV,
+    )  # fmt: skip
+    router = f"http://127.0.0.1:{port}"
+    lines, seen = _lines(proc), []
+    tree: list[int] = []
+    try:
+        _until(lines, seen, "replica 1: ready: routed to")
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="both replicas in the router")
+        tree = [proc.pid, *procs.descendants(proc.pid)]
+        before = len(_reset_log(root))
+        os.kill(_scheduler_of(f"{job}-r0"), signal.SIGKILL)
+        _until(lines, seen, "this host's reset is the whole host: draining every replica")
+        _until(lines, seen, "every replica restarting")
+        while (
+            sum("replica 1: ready: routed to" in ln for ln in seen) < 2
+            or sum("replica 0: ready: routed to" in ln for ln in seen) < 2
+        ):
+            seen.append(lines.get(timeout=60))
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="both replicas back in the router")
+        assert _ask(router) == " Amsterdam."
+        text = "".join(seen)
+        # Every replica drained: the healthy one was stopped by the fleet, not by a failure.
+        assert re.search(r"\[replica1\] ttmesh: terminated \(SIGTERM\)", text), text
+        # Neither child reset by itself: one whole-host reset, by the fleet.
+        resets = _reset_log(root)[before:]
+        assert [r["command"] for r in resets] == ["-glx_reset"], resets
+        assert len(resets[0]["targets"]) == 32
+        fleet = _fleet_record(job)["fleet"]
+        assert fleet["recovery"] == "drain-all"
+        assert len(fleet["host_resets"]) == 1 and fleet["host_resets"][0]["replica"] == 0
+        assert [r["state"] for r in fleet["replicas"]] == ["serving", "serving"]
+        tree = sorted({*tree, *procs.descendants(proc.pid)})
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every process gone")
+    data = json.loads(summary.read_text())
+    assert [r["restarts"] for r in data["replicas"]] == [1, 0]
+    assert [r["drains"] for r in data["replicas"]] == [0, 1]
+    assert data["recovery"] == "drain-all" and len(data["host_resets"]) >= 1
+    assert all(r["command"] == "-glx_reset" for r in _reset_log(root)[before:])
+    assert not [p for p in Path("/dev/shm").glob(f"ttmesh-*/runs/{job}*")]
+    assert run_cli("check", "--root", str(root)).code == 0
+
+
+def test_a_replica_on_a_galaxy_leaves_its_reset_to_the_fleet_and_says_what_it_needs(
+    make_sim: Callable[..., Path],
+) -> None:
+    """In-process: a fleet's replica (--fleet-of) resets nothing itself where one reset is the
+    whole host; it records the chips that need it, for its --summary-json. Elsewhere, and
+    outside a fleet, its chips are its own to reset."""
+    from types import SimpleNamespace
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric.devices import discover
+    from ttmesh.launcher.job.recovery import Recovery, defers_reset, reset_chips
+
+    galaxy = make_sim("galaxy-bh")
+    inv = discover(open_host(galaxy))
+    assert defers_reset("f", inv) and not defers_reset(None, inv)
+    assert not defers_reset("f", discover(open_host(make_sim("quietbox2"))))
+    chips = [c.asic_id for c in inv.chips if c.bdf][:2]
+    recovery = Recovery(fleet_of="fleet-a")
+    prepared: Any = SimpleNamespace(inv=inv)
+    assert reset_chips(prepared, recovery, chips, why="2 links down") is None
+    assert recovery.deferred == {
+        "what": "whole-host-reset", "fleet": "fleet-a", "why": "2 links down",
+        "chips": [c.bdf for c in inv.chips if c.bdf][:2],
+    }  # fmt: skip
+    assert _reset_log(galaxy) == []  # nothing reset: not even tt-smi run
+
+
+def test_a_drain_all_counts_a_restart_for_the_failed_replica_only() -> None:
+    """In-process: the replica whose chips needed the whole-host reset counts a restart under
+    --max-restarts; the ones drained beside it do not; one over its max ends the fleet."""
+    from ttmesh.launcher.fleet import drain
+
+    assert drain.recovery_mode(True) == "drain-all"
+    assert drain.recovery_mode(False) == "per-replica"
+    counted = drain.after_drain([0, 0, 1], [0], max_restarts=2)
+    assert counted == drain.Restarts(None, [1, 0, 1], [1, 2, 1])
+    assert drain.after_drain([1, 0], [0], max_restarts=1).over == 0
+    assert drain.after_drain([1, 3], [0, 1], max_restarts=2).over == 1
+    needs = {"what": "whole-host-reset", "chips": ["0000:01:00.0"]}
+    assert drain.needs_whole_host({"code": 1, "needs": needs}) == needs
+    # A replica the fleet drained asks only when it had failed by itself first.
+    failed = {"source": "ttmesh", "code": 1, "needs": needs}  # its server died (the guardian saw)
+    assert drain.needs_whole_host(failed, stopped=True) == needs
+    assert drain.needs_whole_host({**failed, "code": 143}, stopped=True) is None  # our SIGTERM
+    for outcome in (None, [], "x", {"code": 1}, {"needs": "whole-host-reset"},
+                    {"needs": {"what": "other"}}):  # fmt: skip
+        assert drain.needs_whole_host(outcome) is None

@@ -465,7 +465,10 @@ def launch_cmd(**options: Any) -> int:
     job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router the
     moment its job says so, its chips alone checked and reset, restarted under --max-restarts
     and put back when its job says it is ready (what a job says reaches the fleet on a pipe
-    of its own, never from its output), while the others serve. Ctrl-C stops the router,
+    of its own, never from its output), while the others serve. On a Galaxy one reset is the
+    whole host (tt-smi -glx_reset): a replica whose chips need one makes the fleet take every
+    replica out of the router, drain them within --grace, reset the host once (verified) and
+    restart them all; that replica counts a restart, the others a drain. Ctrl-C stops the router,
     then every replica within --grace. vLLM is refused: it assigns chips to its own
     data-parallel ranks. The host memory the replicas need at their peak (their model's
     weight files on disk times the profile's host_memory factors) is checked against
@@ -737,6 +740,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         reset_on_failure=o.reset_on_failure,
         tt_smi=o.tt_smi,
         train_timeout=o.train_timeout,
+        fleet_of=o.fleet_of,
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):

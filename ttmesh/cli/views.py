@@ -394,6 +394,8 @@ def fleet_text(data: dict) -> str:
         f"fleet {data['job']}: {plural(len(data['replicas']), 'replica')} behind SGLang's router "
         f"at {router['url']}"
     ]
+    if data.get("recovery"):
+        lines.append(f"recovery: {data['recovery']}")
     if router.get("metrics"):
         lines.append(f"router metrics (Prometheus): {router['metrics']['url']}")
     if router.get("args"):

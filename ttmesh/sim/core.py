@@ -913,8 +913,10 @@ class SimRoot:
 
     # -- the reset a tt-smi -r performs
 
-    def reset(self, asics: list[str], log: Any = None) -> dict[str, Any]:
-        """Reset the PCI devices ``asics`` (with the remote chips behind them).
+    def reset(self, asics: list[str], log: Any = None, command: str = "-r") -> dict[str, Any]:
+        """Reset the PCI devices ``asics`` (with the remote chips behind them); ``command``:
+        tt-smi's flag that did it (``-r``, or ``-glx_reset`` for a Galaxy's whole host), kept in
+        the reset's record so a test tells a whole-host reset from one of some chips.
 
         Returns a record of what happened. Like real hardware: a link comes back only when the
         chips at both ends were reset together; resetting one end leaves it down.
@@ -937,7 +939,9 @@ class SimRoot:
                     h = asic_hex(chip["unique_id"])
                     if h not in targets:
                         targets.append(h)
-            record: dict[str, Any] = {"t": time.time(), "targets": targets, "effective": True}
+            record: dict[str, Any] = {
+                "t": time.time(), "targets": targets, "effective": True, "command": command,
+            }  # fmt: skip
             failing = faults.get("reset_fails")
             if failing is not None:
                 times = failing.get("times")

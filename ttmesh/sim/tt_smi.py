@@ -504,7 +504,7 @@ def do_glx_reset(host: Host, args: argparse.Namespace) -> int:
     say(BLUE, f"Issuing USER_RESET on {len(devices)} devices before IPMI reset...")
     print("Executing command: sudo ipmitool raw 0x30 0x8B 0xF 0xFF 0x3 0xF")
     sys.stdout.flush()
-    host.sim.reset([asic for _, _, asic in devices])
+    host.sim.reset([asic for _, _, asic in devices], command="-glx_reset")
     # tt-smi's timed_wait(30): "...: 0", then a "\r" rewrite per second up to 30, then a newline
     print(f"{YELLOW}Waiting for 30 seconds: 0{ENDC}", end="")
     for i in range(1, 31):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.errors import TTMeshError, bad_input
+from ttmesh.launcher.fleet.drain import recovery_mode
 from ttmesh.render import plural
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class FleetPlan:
             },
             "memory": self.memory.to_json() if self.memory else None,
             "whole_host_reset": self.whole_host_reset,
+            "recovery": recovery_mode(self.whole_host_reset),
             "notes": self.notes,
             "replicas": [r.to_json(show_env) for r in self.replicas],
         }
@@ -247,7 +249,8 @@ def _notes(fp: FleetPlan) -> None:
         fp.whole_host_reset = True
         fp.notes.append(
             "this host's reset is the whole host (a Galaxy: tt-smi -glx_reset resets every chip): "
-            "a replica can be recovered only with every replica drained, which ttmesh does not "
-            "do yet; one whose chips need a reset stays stopped, and the others keep serving, "
-            "until the fleet stops (its chips are then checked and reset together)"
+            "a replica whose chips need a reset is recovered by draining every replica (out of "
+            "the router, each stopped within --grace), one reset of the host, verified, then "
+            "every replica restarted; the others stop serving meanwhile, and the one that failed "
+            "counts a restart under --max-restarts (recovery: drain-all)"
         )

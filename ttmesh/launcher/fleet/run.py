@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.launcher.job import feed
 from ttmesh.render import note
@@ -47,6 +48,7 @@ ROUTER_STARTS = 6  # a router that dies this often stops the fleet (it cannot se
 LAST_WIDTH = 200  # characters of a replica's last line kept: its head, as a person reads it
 
 WAITING, STARTING, SERVING, DOWN, EXITED = "waiting", "starting", "serving", "down", "exited"
+DRAINING = "draining"  # stopped by the fleet for a whole-host reset (fleet.drain)
 
 
 class Watcher(Protocol):
@@ -74,27 +76,39 @@ class Member:
     failures: int = 0  # /health failures in a row
     held_out: bool = False  # its job said it is down: out of the router until it says ready
     readers: list[threading.Thread] = field(default_factory=list)
+    drains: int = 0  # restarts the fleet made for another replica's whole-host reset
+    needs: dict[str, Any] | None = None  # its job ended needing the whole-host reset
+
+    def outcome(self) -> Any:
+        """Its job's --summary-json as written (None: not written, or unreadable)."""
+        from ttmesh import fileread
+        from ttmesh.errors import TTMeshError
+
+        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
+            return json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
+        return None
 
     def to_json(self) -> dict[str, Any]:
         r = self.replica
         out: dict[str, Any] = {
             "replica": r.index, "job": r.job, "chips": r.bdfs, "url": r.url, "port": r.port,
             "state": self.state, "restarts": self.restarts, "pid": self.proc.pid if self.proc else None,
-            "code": self.code, "last_line": self.last,
+            "code": self.code, "last_line": self.last, "drains": self.drains,
         }  # fmt: skip
-        from ttmesh import fileread
-        from ttmesh.errors import TTMeshError
-
-        with contextlib.suppress(OSError, ValueError, TTMeshError):  # written by its job
-            out["outcome"] = json.loads(fileread.read_text(self.summary, 1 << 20, "a summary"))
+        outcome = self.outcome()
+        if outcome is not None:
+            out["outcome"] = outcome
         return out
 
 
 def child_argv(
-    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str, events_fd: int = -1
-) -> list[str]:
+    o: LaunchOptions, host: Host, fp: FleetPlan, r: Replica, summary: str, events_fd: int = -1,
+    max_restarts: int | None = None,
+) -> list[str]:  # fmt: skip
     """``ttmesh launch`` of one replica: the user's options that apply to one server, its
-    chips, its job, the pipe its events come back on, and the server's command rewritten."""
+    chips, its job, the pipe its events come back on, and the server's command rewritten.
+    ``max_restarts``: what is left of the replica's --max-restarts (a job after a whole-host
+    reset: ``fleet.drain``)."""
     argv = [sys.executable, "-u", "-m", "ttmesh", "launch", "--no-live", "--fleet-of", fp.job]
     if events_fd >= 0:
         argv.append(f"--events-fd={events_fd}")
@@ -106,7 +120,8 @@ def child_argv(
     if o.tp_size is not None:
         argv += ["--tp-size", str(o.tp_size)]
     valued = (
-        ("--max-restarts", o.max_restarts), ("--grace", o.grace),
+        ("--max-restarts", o.max_restarts if max_restarts is None else max_restarts),
+        ("--grace", o.grace),
         ("--on-reset-notice", o.on_reset_notice), ("--symmetric-dram-mb", o.symmetric_dram_mb),
         ("--profile", o.profile_name), ("--health-interval", o.health_interval),
         ("--health-failures", o.health_failures), ("--ready-timeout", o.ready_timeout),
@@ -148,6 +163,11 @@ class Fleet:
         self.probes: queue.Queue[tuple[int, bool, bool]] = queue.Queue()
         self.done = threading.Event()
         self.started = 0.0
+        self.failed_code: int | None = None  # the code the fleet ends with when it stops itself
+        self.draining = False  # every replica is being drained for a whole-host reset
+        self.stopping = False  # the fleet's own stop runs: a job's needs are the stop's to meet
+        self.resetting = False  # the fleet runs the whole-host reset now
+        self.host_resets: list[dict[str, Any]] = []  # each whole-host reset: when, for whom, how
 
     # ------------------------------------------------------------------ output
 
@@ -179,7 +199,8 @@ class Fleet:
 
     def _start(self, m: Member) -> None:
         read, write = os.pipe()  # its events: only this pipe, made here, is believed
-        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, write)
+        left = max(0, self.o.max_restarts - m.restarts)  # a replica's budget spans its jobs
+        argv = child_argv(self.o, self.host, self.fp, m.replica, m.summary, write, left)
         try:
             m.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -302,11 +323,146 @@ class Fleet:
                 m.code = m.proc.returncode
                 if m.state == SERVING and self.router.running():
                     self.router.remove(m.replica.url)
-                m.state = EXITED
+                drained, m.state = m.state == DRAINING, EXITED
                 for t in m.readers:
                     t.join(timeout=5)
+                m.readers = []
                 self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
+                if not self._ending():  # one the fleet drained counts only its own failure
+                    m.needs = needs_whole_host(m.outcome(), stopped=drained)
                 self.record()
+        if not self.draining and any(m.needs for m in self.members) and not self._ending():
+            self._drain_all()
+
+    # ------------------------------------------------------------------ a whole-host reset
+
+    def _ending(self) -> bool:
+        """The fleet stops (asked, or by itself): a job's needs are then its stop's to meet."""
+        return self.stopping or self.stop_sig is not None or self.failed is not None
+
+    def _drain_all(self) -> None:
+        """A replica's chips need a reset and this host's one reset is the whole host
+        (``fleet.drain``): every replica out of the router and drained within --grace, one
+        reset of the host (``launcher.job.recovery.reset_chips``, verified), then every replica
+        started again as at the fleet's start (staggered unless --replicas-parallel)."""
+        failed = [m for m in self.members if m.needs is not None]
+        names = ", ".join(str(m.replica.index) for m in failed)
+        said = f"replica {names}'s chips need a reset, and this host's reset is the whole host"
+        if self._no_restart_left(failed, said):
+            return  # the fleet's stop drains the others and checks every chip together
+        self.say(f"{said}: draining every replica")
+        back = self._drain(failed)
+        # A replica that failed by itself as it was drained counts its restart too.
+        failed = [m for m in self.members if m.needs is not None]
+        why = next((m.needs.get("why") for m in failed if m.needs and m.needs.get("why")), None)
+        if self._no_restart_left(failed, said):
+            return
+        counted = after_drain([m.restarts for m in self.members],
+                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
+        for m, n in zip(self.members, counted.restarts, strict=True):
+            m.restarts, m.needs = n, None  # the failed ones' restart, counted as it is made
+        if self.stop_sig is not None:
+            return  # the stop checks every chip together (and resets them where needed)
+        if not self._reset_host(failed[0].replica.index, why):
+            return
+        if self.stop_sig is not None:  # asked during the reset, which ran to its end first
+            self.say(
+                "the whole host is reset and verified; stopping as asked (no replica restarted)"
+            )
+            return
+        how = "together" if self.o.replicas_parallel else "one after the other"
+        self.say(f"the whole host is reset and verified: every replica restarting, {how}")
+        for m in back:
+            with contextlib.suppress(OSError):
+                os.unlink(m.summary)  # its last job's: the next one writes its own
+            m.state, m.code, m.proc, m.last, m.failures = WAITING, None, None, "", 0
+            m.held_out = False
+        self.record()
+
+    def _no_restart_left(self, failed: list[Member], said: str) -> bool:
+        """Whether a replica whose chips need the reset is over its --max-restarts: then the
+        fleet ends with its code (its stop checks and resets every chip together)."""
+        counted = after_drain([m.restarts for m in self.members],
+                              [m.replica.index for m in failed], self.o.max_restarts)  # fmt: skip
+        if counted.over is None:
+            return False
+        over = self.members[counted.over]
+        self.failed = (f"replica {counted.over} needs the whole-host reset and has no restart "
+                       f"left (--max-restarts {self.o.max_restarts})")  # fmt: skip
+        self.failed_code = over.code or 1
+        self.say(f"{said}; replica {counted.over} has no restart left: stopping the fleet "
+                 "(every replica drained, then every chip checked and reset together)")  # fmt: skip
+        for m in self.members:
+            m.needs = None
+        self.record()
+        return True
+
+    def _drain(self, failed: list[Member]) -> list[Member]:
+        """Every replica out of the router, every running one stopped (its own drain within
+        --grace, SIGTERM as on a stop), each waited for; the replicas to start again."""
+        self.draining = True
+        try:
+            alive = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
+            for m in alive:
+                if self.router.running() and m.state in (SERVING, DOWN):
+                    self.router.remove(m.replica.url)
+                m.state = DRAINING
+                m.drains += 1
+                self.say(f"replica {m.replica.index}: draining (the whole host is reset next)")
+                with contextlib.suppress(ProcessLookupError):
+                    m.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            self.record()
+            for m in alive:
+                assert m.proc is not None
+                m.proc.wait()
+            self._reap()
+        finally:
+            self.draining = False
+        again = {id(m) for m in (*alive, *failed)}
+        return [m for m in self.members if id(m) in again or m.state == WAITING]
+
+    def _reset_host(self, k: int, why: str | None) -> bool:
+        """The one whole-host reset, through the job's recovery (its plan, refusals, tt-smi
+        call and verification); whether it recovered. Refused or unverified: the fleet ends."""
+        from ttmesh.errors import TTMeshError
+        from ttmesh.fabric.devices import discover
+        from ttmesh.launcher.job.recovery import Recovery, reset_chips
+
+        first = self.fp.replicas[0].prepared
+        asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
+        entry: dict[str, Any] = {"at": time.time(), "replica": k, "why": why,
+                                 "recovered": False, "seconds": 0.0}  # fmt: skip
+        self.host_resets.append(entry)
+        self.resetting = True
+        self.record()
+        t0 = time.monotonic()
+        outcome = None
+        try:
+            first.inv = discover(self.host)
+            again = Recovery(tt_smi=self.o.tt_smi, train_timeout=self.o.train_timeout)
+            outcome = reset_chips(first, again, asics, why=why)
+        except (OSError, TTMeshError) as exc:
+            self.say(f"the whole-host reset could not run: {exc}")
+        finally:
+            self.resetting = False
+        entry["seconds"] = round(time.monotonic() - t0, 3)
+        entry["recovered"] = bool(outcome is not None and outcome.recovered)
+        self.record()
+        if entry["recovered"]:
+            return True
+        self.failed = ("the whole-host reset was refused" if outcome is None
+                       else "the chips did not verify after the whole-host reset")  # fmt: skip
+        self.failed_code = 3 if outcome is None else 1
+        self.say(f"{self.failed}: every replica stays stopped (see ttmesh check)")
+        return False
+
+    def _recovery_json(self) -> dict[str, Any]:
+        """How a replica's chips are recovered here, and every whole-host reset so far."""
+        return {
+            "recovery": recovery_mode(self.fp.whole_host_reset),
+            "resetting": self.resetting,
+            "host_resets": list(self.host_resets),
+        }
 
     # ------------------------------------------------------------------ the router
 
@@ -334,6 +490,10 @@ class Fleet:
 
     def _handler(self, sig: int, _frame: object) -> None:
         self.stop_sig = sig
+        if self.resetting:  # said at once: the reset may take a minute (os.write: no lock)
+            with contextlib.suppress(OSError):
+                os.write(2, b"ttmesh: stopping once the whole-host reset has ended and is "
+                         b"verified (one cut short leaves every chip unusable)\n")  # fmt: skip
 
     def record(self) -> None:
         """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
@@ -378,6 +538,7 @@ class Fleet:
                 "metrics": self._metrics(), "metrics_url": (self._metrics() or {}).get("url"),
             },
             "replicas": [m.to_json() for m in self.members],
+            **self._recovery_json(),
         }  # fmt: skip
 
     def run(self) -> int:
@@ -420,6 +581,7 @@ class Fleet:
     def _stop_all(self) -> None:
         """The router first (no request reaches a replica that drains), then every replica's
         job, each draining its server within --grace and checking its chips."""
+        self.stopping = True
         if self.router.proc is not None:
             self.say("router: stopping (it takes no more requests)")
         self.router.stop(grace=5.0)
@@ -469,7 +631,7 @@ class Fleet:
         if self.stop_sig is not None:
             code, reason = 128 + self.stop_sig, f"stopped ({signal.Signals(self.stop_sig).name})"
         elif self.failed is not None:
-            code, reason = 1, self.failed
+            code, reason = self.failed_code or 1, self.failed
         else:
             codes = [m.code for m in self.members if m.code]
             code = codes[0] if codes else 0
@@ -509,4 +671,5 @@ class Fleet:
                 "metrics": self._metrics(),
             },
             "replicas": [m.to_json() for m in self.members],
+            **self._recovery_json(),
         }

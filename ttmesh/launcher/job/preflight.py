@@ -45,7 +45,9 @@ def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | N
     fixed_by_reset = ("lease", "lock", "umd-lock", *syscheck.KINDS)  # no reset helps
     if problems and recovery.auto_reset and all(p.kind not in fixed_by_reset for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
-        outcome = reset_chips(prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING)
+        outcome = reset_chips(
+            prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING, problems[0].what
+        )
         if outcome is not None and outcome.recovered:
             fresh = discover(inv.host)
             prepared.inv = fresh

@@ -32,6 +32,43 @@ class Recovery:
     train_timeout: float | None = (
         None  # links and cables to train after a reset (None: the boards')
     )
+    # A replica of that fleet (--fleet-of): where one reset is the whole host, it resets nothing
+    # itself and leaves what it needs here (its --summary-json's "needs") for the fleet.
+    fleet_of: str | None = None
+    deferred: dict[str, Any] | None = None
+
+
+WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
+
+
+def defers_reset(fleet_of: str | None, inv: Any) -> bool:
+    """Whether this job leaves its chips' reset to its fleet: it is a replica (``fleet_of``)
+    on a host whose one reset is the whole host (a Galaxy's ``tt-smi -glx_reset``), which
+    would take every other replica's chips; only the fleet, with every replica drained, may."""
+    from ttmesh.fabric.domains import is_galaxy
+
+    return fleet_of is not None and is_galaxy(inv)
+
+
+def _defer(prepared: Prepared, recovery: Recovery, asics: list[str], why: str | None) -> None:
+    """Record (once) that this job's chips need the whole-host reset, and say so."""
+    inv = prepared.inv
+    known = {c.asic_id: c for c in inv.chips}
+    bdfs: list[str] = []
+    for asic in asics:  # by the PCI address that reaches each (a lost chip: none)
+        lead = inv.lead(known[asic]) if asic in known else None
+        if lead is not None and lead.bdf and lead.bdf not in bdfs:
+            bdfs.append(lead.bdf)
+    if recovery.deferred is None:
+        note(
+            f"not resetting the chips{f' ({why})' if why else ''}: this host's reset is the "
+            "whole host (tt-smi -glx_reset), which takes every replica's chips; "
+            f"fleet {recovery.fleet_of} drains every replica, then resets it"
+        )
+    recovery.deferred = {
+        "what": WHOLE_HOST_RESET, "fleet": recovery.fleet_of, "chips": bdfs,
+        "why": why or (recovery.deferred or {}).get("why"),
+    }  # fmt: skip
 
 
 def reset_chips(
@@ -40,10 +77,16 @@ def reset_chips(
     asics: list[str],
     observer: Observer | None = None,
     phase: JobPhase = JobPhase.RECOVERING,
+    why: str | None = None,
 ):
+    """Reset ``asics`` safely and verify them (the outcome; None: refused). A fleet's replica
+    on a whole-host-reset host resets nothing: it records what it needs (``defers_reset``)."""
     from ttmesh.errors import TTMeshError
     from ttmesh.recovery import reset
 
+    if defers_reset(recovery.fleet_of, prepared.inv):
+        _defer(prepared, recovery, asics, why)
+        return None
     progress = None
     if observer is not None:
         observer.phase(phase, "resetting the chips")
@@ -132,8 +175,11 @@ def after_crash(
     if not down and not recovery.reset_on_failure:
         return None
     why = down[0].what if down else "--reset-on-failure"
-    note(f"the job ended ({why}): resetting its chips")
-    reset_chips(prepared, recovery, plan.all_chips(), observer)
+    if not defers_reset(recovery.fleet_of, inv):
+        note(f"the job ended ({why}): resetting its chips")
+    reset_chips(prepared, recovery, plan.all_chips(), observer, why=why)
+    if recovery.deferred is not None:
+        return f"its chips need the whole-host reset, which fleet {recovery.fleet_of} does"
     return None
 
 

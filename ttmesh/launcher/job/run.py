@@ -269,7 +269,7 @@ class JobRun:
         """Nothing runs: the job record says why, and so does --summary-json."""
         self.status = f"refused: {exc}"
         if self.summary_json:
-            write_refusal(self.summary_json, exc)
+            write_refusal(self.summary_json, exc, self.recovery.deferred)
         return exc
 
     def _record(self) -> None:
@@ -372,6 +372,7 @@ class JobRun:
                         else (lambda: None),
                     )
                 except TTMeshError as exc:
+                    recovery.deferred = again.deferred  # the whole host's reset, for its fleet
                     note(f"not restarting: {exc}")
                     break
 
@@ -445,7 +446,9 @@ class JobRun:
         diagnosis = explain(self.prepared, final)
         code = final.code
         if self.summary_json:
-            unwritten = write_summary(self.summary_json, final, self.results, diagnosis)
+            unwritten = write_summary(
+                self.summary_json, final, self.results, diagnosis, self.recovery.deferred
+            )
             if unwritten is not None:
                 # Said, never silent; a job that failed keeps its code (the worker's is what
                 # matters), one that succeeded ends 2: a script must not take 0 for a summary.

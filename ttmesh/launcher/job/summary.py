@@ -81,8 +81,9 @@ def summarize(
         note(f"exit {final.code}: {final.reason}")
 
 
-def write_refusal(path: str, exc: TTMeshError) -> None:
-    """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why."""
+def write_refusal(path: str, exc: TTMeshError, needs: dict[str, object] | None = None) -> None:
+    """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why
+    (``needs``: as in :func:`write_summary`)."""
     data: dict[str, object] = {
         "source": Source.TTMESH,
         "rank": None,
@@ -92,6 +93,8 @@ def write_refusal(path: str, exc: TTMeshError) -> None:
         "diagnosis": None,
         "dumps": [],
     }
+    if needs is not None:
+        data["needs"] = needs
     unwritten = _write_json(path, data)
     if unwritten is not None:
         note(unwritten)  # the refusal, with its code, follows
@@ -112,8 +115,11 @@ def write_summary(
     final: AttemptResult,
     results: list[AttemptResult],
     diagnosis: Diagnosis | None = None,
+    needs: dict[str, object] | None = None,
 ) -> str | None:
-    """Write ``--summary-json``; the line saying why it could not be, or None."""
+    """Write ``--summary-json``; the line saying why it could not be, or None. ``needs``: what
+    a fleet's replica left its fleet to do (``{"what": "whole-host-reset", "chips": [...]}``,
+    ``launcher.job.recovery.WHOLE_HOST_RESET``), only then in the file."""
     data: dict[str, object] = {
         "source": final.source,
         "rank": final.rank,
@@ -127,4 +133,6 @@ def write_summary(
         # The stack dumps taken before a hung attempt was killed (py-spy, tt-triage), every attempt's.
         "dumps": [f for r in results for f in r.dumps],
     }
+    if needs is not None:
+        data["needs"] = needs
     return _write_json(path, data)

@@ -260,6 +260,41 @@ def test_run_tt_smi_kills_the_whole_group(tmp_path: Path) -> None:
     assert (done.code, done.timed_out, done.output) == (0, False, "error\n1\n")  # stdin closed
 
 
+def test_tt_smi_finishes_its_reset_when_ttmesh_is_killed_mid_way(tmp_path: Path) -> None:
+    """ttmesh killed with SIGKILL while tt-smi resets: tt-smi prints on, to no reader, and must
+    not die of SIGPIPE before its reset's last step (its output is a file, not a pipe)."""
+    import sys
+
+    tool = tmp_path / "smi"
+    tool.write_text(
+        f"#!/bin/sh\necho $$ > {tmp_path}/started\n"
+        "while kill -0 $PPID 2>/dev/null; do sleep 0.05; done\n"  # until ttmesh is gone
+        "i=0; while [ $i -lt 200 ]; do echo resetting $i; i=$((i+1)); done\n"
+        f"echo done > {tmp_path}/finished\n"
+    )
+    tool.chmod(0o755)
+    code = f"from ttmesh.recovery.reset import run_tt_smi; run_tt_smi([{str(tool)!r}], 60)"
+    runner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        assert until(lambda: (tmp_path / "started").exists() or runner.poll() is not None)
+        assert runner.poll() is None
+        runner.kill()
+        runner.wait()
+        smi = int((tmp_path / "started").read_text())
+        assert until(lambda: not Path(f"/proc/{smi}").exists() or _zombie(smi))
+    finally:
+        runner.kill()
+        runner.wait()
+    assert (tmp_path / "finished").read_text() == "done\n"  # it ran to its end
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 # --------------------------------------------------------------------------- refusals
 
 

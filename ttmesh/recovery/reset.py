@@ -447,7 +447,7 @@ def run_tt_smi(
     env_changes: dict[str, str | None] | None = None,
     waiting: Callable[[], None] | None = None,
 ) -> SmiRun:
-    """Run tt-smi (argv list, stdin closed, output captured) in its own process group.
+    """Run tt-smi (argv list, stdin closed, output captured in a file) in its own process group.
 
     At ``timeout`` the whole group is killed and the process reaped: no zombie, no orphan.
     ``waiting`` is called every PROGRESS_EVERY seconds while tt-smi runs.
@@ -460,53 +460,54 @@ def run_tt_smi(
         else:
             env[key] = value
     t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except OSError as exc:
-        return SmiRun(list(argv), None, False, 0.0, f"cannot run {argv[0]}: {exc.strerror}")
-    timed_out = False
-    try:
-        out = _communicate(proc, t0 + timeout, waiting)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        procs.signal_groups([proc.pid], signal.SIGKILL)
+    # Its output goes to a file with no name (O_TMPFILE: no path to plant, gone when closed),
+    # never a pipe: a tt-smi whose reader dies (ttmesh killed with SIGKILL mid-reset) must not
+    # die of SIGPIPE printing its progress and leave the chips half reset.
+    import tempfile
+
+    with tempfile.TemporaryFile(prefix="ttmesh-tt-smi-") as out_file:
         try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:  # a descendant left the group and kept the pipe
-            proc.kill()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            return SmiRun(list(argv), None, False, 0.0, f"cannot run {argv[0]}: {exc.strerror}")
+        timed_out = False
+        try:
+            _wait(proc, t0 + timeout, waiting)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            procs.signal_groups([proc.pid], signal.SIGKILL)
             proc.wait()
-            out = b""
-    except BaseException:
-        procs.signal_groups([proc.pid], signal.SIGKILL)
-        proc.wait()
-        raise
-    seconds = time.monotonic() - t0
-    text = (out or b"").decode(errors="replace")
+        except BaseException:
+            procs.signal_groups([proc.pid], signal.SIGKILL)
+            proc.wait()
+            raise
+        seconds = time.monotonic() - t0
+        size = os.fstat(out_file.fileno()).st_size
+        out = os.pread(out_file.fileno(), MAX_SMI_OUTPUT, max(0, size - MAX_SMI_OUTPUT))
+    text = out.decode(errors="replace")
     return SmiRun(list(argv), None if timed_out else proc.returncode, timed_out, seconds, text)
 
 
-def _communicate(
-    proc: subprocess.Popen, deadline: float, waiting: Callable[[], None] | None
-) -> bytes:
-    """``proc.communicate`` until ``deadline`` (TimeoutExpired then), calling ``waiting``
-    between short waits (communicate may be called again after a timeout, losing nothing)."""
+MAX_SMI_OUTPUT = 16 << 20  # bytes of tt-smi's output kept (its last): its verdict is at the end
+
+
+def _wait(proc: subprocess.Popen, deadline: float, waiting: Callable[[], None] | None) -> None:
+    """``proc.wait`` until ``deadline`` (TimeoutExpired then), calling ``waiting`` between
+    short waits."""
     while True:
         left = deadline - time.monotonic()
         step = left if waiting is None else min(left, PROGRESS_EVERY)
         try:
-            out, _ = proc.communicate(timeout=max(step, 0.0))
-            return out
+            proc.wait(timeout=max(step, 0.0))
+            return
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
                 raise

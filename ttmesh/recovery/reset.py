@@ -37,6 +37,7 @@ from ttmesh.fabric.devices import Inventory, LinkSpec, discover
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host.base import Host
 from ttmesh.host.boards import BDF_RE
+from ttmesh.recovery import holdstop
 from ttmesh.render import plural
 from ttmesh.runtime import leases, leftdown, resetmark
 from ttmesh.states import ResetStage, ResetStatus
@@ -797,19 +798,22 @@ def execute(
             track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
             track.tell()
             waiting = _bus_watch(host, p, current, track, number)
-            run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
-            if run.timed_out:
-                say(f"tt-smi timed out after {timeout:g} s; killed it")
-            deadline = time.monotonic() + (0.0 if run.timed_out else settle)
-            current, after, wrong, notes = _settle(
-                host, p, bdf_before, heartbeat_timeout, deadline, number, track, say
-            )
-            wrong = _run_failures(run, timeout) + wrong
-            attempts.append(
-                Attempt(
-                    number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong, run.output
+            # A stop now waits for this attempt's end: a reset cut short loses the chips.
+            with holdstop.held(f"the reset ({argv[1]}) and its check") as stop:
+                run = run_tt_smi(argv, timeout, env_changes=host.tt_smi_env(), waiting=waiting)
+                if run.timed_out:
+                    say(f"tt-smi timed out after {timeout:g} s; killed it")
+                deadline = time.monotonic() + (0.0 if run.timed_out or stop.sig else settle)
+                current, after, wrong, notes = _settle(
+                    host, p, bdf_before, heartbeat_timeout, deadline, number, track, say
                 )
-            )
+                wrong = _run_failures(run, timeout) + wrong
+                attempts.append(
+                    Attempt(
+                        number, argv, run.code, run.timed_out, run.seconds, not wrong, wrong,
+                        run.output,
+                    )
+                )  # fmt: skip
             if not wrong:
                 say(f"verified after attempt {number}")
                 break

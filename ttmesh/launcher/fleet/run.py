@@ -327,12 +327,24 @@ class Fleet:
                 for t in m.readers:
                     t.join(timeout=5)
                 m.readers = []
-                self.say(f"replica {m.replica.index}: its job ended (exit {m.code})")
                 if not self._ending():  # one the fleet drained counts only its own failure
                     m.needs = needs_whole_host(m.outcome(), stopped=drained)
+                left = self._left_serving(m) if m.needs is None and not drained else ""
+                self.say(f"replica {m.replica.index}: its job ended (exit {m.code}){left}")
                 self.record()
         if not self.draining and any(m.needs for m in self.members) and not self._ending():
             self._drain_all()
+
+    def _left_serving(self, m: Member) -> str:
+        """After a replica's job ended by itself: why it is not started again, and how many
+        serve (said, so a fleet running on fewer replicas is never a surprise)."""
+        if self._ending() or m.code == 0:
+            return ""
+        serving = sum(1 for x in self.members if x.state == SERVING)
+        return (
+            f"; not restarted (its --max-restarts {self.o.max_restarts} used: raise it to "
+            f"restart a replica): {serving} of {len(self.members)} replicas serve"
+        )
 
     # ------------------------------------------------------------------ a whole-host reset
 

@@ -102,6 +102,30 @@ def _shm() -> set[str]:
     return {p for pattern in SHM for p in glob.glob(pattern)}
 
 
+def _unused(paths: set[str]) -> set[str]:
+    """Those of ``paths`` that no live process maps or holds open. A server maps its own files
+    while it lives (SGLang's load snapshot, its semaphores), so once a test's servers are gone
+    what is unused is what they left; a file another SGLang on this machine uses (a concurrent
+    run's) is neither this test's leftover nor its to remove."""
+    inodes: dict[int, str] = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            inodes[os.stat(path).st_ino] = path
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                fields = line.split(None, 5)
+                if len(fields) == 6 and int(fields[4]) in inodes:
+                    used.add(inodes[int(fields[4])])
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in paths:
+                        used.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return set(inodes.values()) - used
+
+
 def _tree_shm(tree: list[int]) -> set[tuple[str, int]]:
     """The /dev/shm files the server's processes map now, as (path, inode): their semaphores
     (``sem.mp-*``, one per scheduler; a map names the file it was created as, so files are
@@ -141,10 +165,11 @@ def _remove(paths: list[str]) -> None:
 @pytest.fixture(autouse=True)
 def _no_shm_left() -> Iterator[None]:
     """Whatever a test's SGLang left in /dev/shm (a test that failed before ttmesh cleaned up,
-    the asserts having run) is removed after it, so no run leaves it for the next."""
+    the asserts having run) is removed after it, so no run leaves it for the next; what a live
+    process still uses (another run's server) is left alone."""
     before = _shm()
     yield
-    for path in _shm() - before:
+    for path in _unused(_shm() - before):
         with contextlib.suppress(OSError):
             os.unlink(path)
 
@@ -184,7 +209,7 @@ def test_real_sglang_ready_generate_and_ctrl_c(qb2: Path, sglang_dir: Path) -> N
     assert proc.returncode == 130, text
     assert took < GRACE + 15, text  # within the grace (and the check after it)
     wait_for(lambda: not any(alive(p) for p in tree), timeout=5, what="every SGLang process gone")
-    assert _shm() - before == set(), "SGLang files left in /dev/shm"
+    assert _unused(_shm() - before) == set(), "SGLang files left in /dev/shm"
     left = _left(files)
     _remove(left)
     assert left == [], "the server's files left in /dev/shm"
@@ -219,7 +244,7 @@ def test_real_sglang_ready_generate_then_scheduler_killed(qb2: Path, sglang_dir:
     assert last.startswith("ttmesh: exit "), last
     assert "supervisor error" not in text, text
     wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every SGLang process gone")
-    assert _shm() - before == set(), "SGLang files left in /dev/shm"
+    assert _unused(_shm() - before) == set(), "SGLang files left in /dev/shm"
     left = _left(files)
     _remove(left)
     assert left == [], "the server's files left in /dev/shm"
@@ -282,7 +307,7 @@ def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -
     for k in (0, 1):  # each replica's job drained its server, as a job of its own does
         assert f"[replica{k}] ttmesh: exit 130: interrupted" in err, text
     wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every process gone")
-    assert _shm() - before == set(), "SGLang files left in /dev/shm"
+    assert _unused(_shm() - before) == set(), "SGLang files left in /dev/shm"
     left = _left(files)
     _remove(left)
     assert left == [], "the servers' files left in /dev/shm"

@@ -144,6 +144,10 @@ def test_a_terminal_gets_the_view_and_no_live_or_a_pipe_the_plain_lines(
     assert code not in (0, 2) and "ttmesh fleet fv-" not in text and "REPLICA" not in text, text
     assert b"\x1b[?25l" not in term.raw  # rich never hid the cursor: no live region
     assert "[replica0] " in text and "[replica1] " in text
+    # A replica not started again is said so, with how many still serve.
+    assert re.search(r"replica \d: its job ended \(exit [1-9]\d*\); not restarted \(its "
+                     r"--max-restarts 0 used: raise it to restart a replica\): [01] of 2 "
+                     r"replicas serve", text), text  # fmt: skip
     out = tmp_path / "stdout"
     with out.open("w") as f:
         code, text, term = _fleet(qb2, lambda argv, env: Terminal(argv, env, f.fileno()))

@@ -218,7 +218,8 @@ def test_a_reset_in_progress_pauses_chip_reads(qb2: Path) -> None:
         reset = subprocess.Popen(
             [sys.executable, "-m", "ttmesh", "reset", "--root", str(qb2), "--force"],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             got: Samples = {}
@@ -232,8 +233,14 @@ def test_a_reset_in_progress_pauses_chip_reads(qb2: Path) -> None:
             assert got["ttmesh_host_read_ok"] == [({}, 0.0)]
             assert not [name for name in got if name.startswith("ttmesh_chip")]
         finally:
+            # A stop waits for tt-smi's reset to end; a second cuts a hung one short.
             reset.send_signal(signal.SIGINT)
-            reset.wait(timeout=HANG)
+            assert reset.stderr is not None
+            for line in reset.stderr:
+                if "SIGINT: stopping once the reset" in line:
+                    break
+            reset.send_signal(signal.SIGINT)
+            reset.communicate(timeout=HANG)
         after = scrape(url)  # the reset is gone: its mark went with it
         assert after["ttmesh_reset_in_progress"] == [({}, 0.0)]
         assert after["ttmesh_chips"] == [({}, 4.0)]

@@ -72,6 +72,7 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("launch", [*L, "--tp-size", "1", "--health-failures", "{V}", "true"], "--health-failures", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--replicas", "{V}", "true"], "--replicas", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--train-timeout", "{V}", "true"], "--train-timeout", SECONDS),
+    ("launch", [*L, "--tp-size", "1", "--fleet-of", "f", "--events-fd", "{V}", "true"], "--events-fd", WHOLE),
     ("descriptor", ["descriptor", "--root", "{ROOT}", "--tp-size", "{V}"], "--tp-size", WHOLE),
     ("descriptor", ["descriptor", "--root", "{ROOT}", "--nproc-per-node", "{V}"], "--nproc-per-node", WHOLE),
     ("reset", ["reset", "--root", "{ROOT}", "--timeout", "{V}"], "--timeout", POSITIVE),

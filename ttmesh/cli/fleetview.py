@@ -71,7 +71,7 @@ def render(
     if len(shown) < len(replicas):
         kept = {id(r) for r in shown}
         by_state = Counter(str(r.get("state")) for r in replicas if id(r) not in kept)
-        more = ", ".join(f"{n} {printable(s)}" for s, n in sorted(by_state.items()))
+        more = ", ".join(f"{n} {printable(st)}" for st, n in sorted(by_state.items()))
         hidden = len(replicas) - len(shown)
         parts.append(
             Text(

@@ -79,7 +79,10 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "MemAvailable.",
 )
 @click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
-@click.option("--events-fd", "events_fd", hidden=True, type=int, metavar="FD")
+@click.option(
+    "--events-fd", "events_fd", hidden=True, metavar="FD",
+    type=whole(low=0, high=2**31 - 1, unit="file descriptor", example="3"),
+)  # fmt: skip
 @click.option(
     "--nproc-per-node",
     "--nproc_per_node",

@@ -19,7 +19,6 @@ the rest; a narrow terminal gets each replica on two lines instead of a row.
 from __future__ import annotations
 
 import contextlib
-import io
 import re
 import shutil
 import sys
@@ -29,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
 
-from ttmesh.cli.live import Screen, clock, enabled
+from ttmesh.cli.live import Proxy, Screen, clock, enabled
 from ttmesh.render import plural, printable
 
 STATE_STYLE = {
@@ -190,15 +189,14 @@ def above(text: str) -> str:
     return _SEQUENCE.sub(lambda m: m.group() if _COLOUR.fullmatch(m.group()) else "", text)
 
 
-class _Lines(io.TextIOBase):
+class _Lines(Proxy):
     """sys.stdout or sys.stderr while the view is drawn: whole lines are held for above the
     table and printed by the view's ticker, at most every ``Screen.FLUSH`` seconds (a busy
     fleet's lines must not redraw its table once each, nor wait for the next one)."""
 
     def __init__(self, view: FleetView, real: IO[str]) -> None:
+        super().__init__(view.screen, real)
         self.view = view
-        self.real = real
-        self.partial = ""
 
     def write(self, text: str) -> int:
         head, newline, tail = (self.partial + text).rpartition("\n")
@@ -210,16 +208,6 @@ class _Lines(io.TextIOBase):
 
     def flush(self) -> None:
         pass  # a line goes out whole, on the screen's own time
-
-    def isatty(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self.real.fileno()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.real, "encoding", "utf-8")
 
 
 class FleetView:

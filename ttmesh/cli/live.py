@@ -69,7 +69,7 @@ class _Raw:
         yield Segment(self.text)
 
 
-class _Proxy(io.TextIOBase):
+class Proxy(io.TextIOBase):
     """sys.stdout or sys.stderr while a view is drawn: whole lines go above the table."""
 
     def __init__(self, screen: Screen, real: IO[str]) -> None:
@@ -147,7 +147,7 @@ class Screen:
             real = getattr(sys, name)
             if enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
                 self.saved[name] = real
-                setattr(sys, name, _Proxy(self, real))
+                setattr(sys, name, Proxy(self, real))
         self.running = True
         self.live.start(refresh=True)
         self.refreshed = time.monotonic()
@@ -164,7 +164,7 @@ class Screen:
             for name, real in self.saved.items():
                 proxy = getattr(sys, name)
                 setattr(sys, name, real)
-                if isinstance(proxy, _Proxy) and proxy.partial:
+                if isinstance(proxy, Proxy) and proxy.partial:
                     real.write(proxy.partial)
             self.saved.clear()
 

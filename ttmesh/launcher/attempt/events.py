@@ -75,14 +75,8 @@ class EventWriter:
     def _send(self, kind: bytes, payload: bytes) -> bool:
         if self.lost:
             return False
-        data = memoryview(HEADER.pack(kind, len(payload)) + payload)
-        try:
-            while data:
-                data = data[os.write(self.fd, data) :]
-        except OSError:
+        if not send_or_close(self.fd, HEADER.pack(kind, len(payload)) + payload):
             self.lost = True
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
             return False
         return True
 
@@ -158,6 +152,20 @@ class EventReader:
             self.observer.lines({int(r): t for r, t in args[0].items()})
         else:
             getattr(self.observer, name)(*args)
+
+
+def send_or_close(fd: int, data: bytes) -> bool:
+    """All of ``data`` to the pipe ``fd``; False, the fd closed, when its reader is gone (an
+    event channel that cannot be written is lost for good: nothing is retried on it)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return False
+    return True
 
 
 def write_all(fd: int, data: bytes) -> None:

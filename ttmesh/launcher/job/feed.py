@@ -22,7 +22,6 @@ and says every other line in one line of its own, ignoring it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ttmesh.errors import bad_input
-from ttmesh.launcher.attempt.events import Observer, write_all
+from ttmesh.launcher.attempt.events import Observer, send_or_close, write_all
 from ttmesh.states import JobPhase
 
 SCHEMA = "ttmesh.fleet-event/1"
@@ -101,14 +100,8 @@ class Feed:
                 if isinstance(fields.get(key), str):
                     fields[key] = fields[key][:200]
             line = json.dumps({"schema": SCHEMA, "event": event, **fields})[: MAX_LINE - 2] + "\n"
-        try:
-            data = memoryview(line.encode())
-            while data:
-                data = data[os.write(self.fd, data) :]
-        except OSError:
+        if not send_or_close(self.fd, line.encode()):
             self.lost = True
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
 
     def _once(self, event: str, attempt: int, **fields: Any) -> None:
         if (event, attempt) not in self.told:

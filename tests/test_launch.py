@@ -13,10 +13,11 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import alive, run_cli, start_launch, wait_for, worker
+from conftest import TAG, alive, run_cli, start_launch, wait_for, worker
 
 QB2_BDFS = {"0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"}
 
@@ -744,19 +745,25 @@ def _only_line(err: str) -> str:
 
 
 def test_frozen_chip_found_during_startup_refuses_and_leaves_nothing(
-    qb2: Path, tmp_path: Path
+    make_sim: Callable[..., Path], tmp_path: Path
 ) -> None:
     """A named chip's heartbeat is read while its worker starts (it can refuse the launch, not
     change its chips). Frozen: the worker is stopped and ttmesh refuses exactly as when the
     heartbeats were read first (a dry run still reads them first): exit 3, the same line and
-    summary, and no process, lease, holder, record or run directory left."""
+    summary, and no process, lease, holder, record or run directory left.
+
+    The verdict comes when the firmware's update interval has passed twice without a move: at
+    1 Hz that is 2 s, ample for a shell to write its pid however loaded the machine (at the
+    stock 10 Hz, 200 ms, a Python worker on a loaded CI machine did not always get there)."""
+    qb2 = make_sim("quietbox2", heartbeat_hz=1.0)
     assert run_cli("sim", "fault", "--root", str(qb2), "chip-dead", C03).code == 0
     first = run_cli("launch", "--root", str(qb2), "--chips", C03, "--dry-run", *worker("exit=0"))
     assert first.code == 3, first.err
     summary = tmp_path / "s.json"
     res = run_cli(
         "launch", "--root", str(qb2), "--chips", C03, "--job-id", "frozen-at-start",
-        "--summary-json", str(summary), *worker(f"pids={tmp_path}"),
+        "--summary-json", str(summary), "--no-python",
+        "--", "/bin/sh", "-c", f'echo $$ > {tmp_path}/rank0.pid; sleep 600', TAG,
     )  # fmt: skip
     assert res.code == 3, res.err
     assert _only_line(res.err) == _only_line(first.err)

@@ -321,12 +321,15 @@ class Coordinator:
     def report_end(self, attempt: int, end: dict[str, Any]) -> dict[str, Any]:
         """Publish how this host's attempt ended; the attempt's first failure anywhere, if any
         (this one when it failed first)."""
-        self.publish(f"end/{attempt}/{self.node}", end)
+        # A failure is counted (and, when first, published) before this host's end is: a host
+        # whose ranks all succeeded and that sees every end must also see the failure, or it
+        # would take the attempt for a success and exit 0 while this one exits with its code.
         if end.get("code", 0) != 0:
             with self._lock:
                 order = self.store.add(PREFIX + f"failures/{attempt}", 1)
             if order == 1:
                 self.publish(f"first/{attempt}", {**end, "node": self.node})
+        self.publish(f"end/{attempt}/{self.node}", end)
         # The attempt is over when every host has said how it ended: a host whose ranks all
         # succeeded waits for the others (their ranks may still fail: then the job failed
         # and this host exits with that code too). A host that stops answering ends the wait

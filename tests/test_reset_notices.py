@@ -506,3 +506,36 @@ def test_a_flood_of_notices_neither_kills_a_job_nor_floods_its_output(
     counts = [line for line in about if "not shown one by one" in line]
     assert any("from user nobody" in line for line in counts), "\n".join(about)
     assert any("from user root" in line for line in counts), "\n".join(about)
+
+
+def test_bytes_from_connections_pushed_out_in_the_same_turn_are_still_read(qb2: Path) -> None:
+    """MAX_OPEN connections wait, then new ones queue and only then the waiting ones write:
+    one turn of the listener sees both. The bytes already there are read before anyone is
+    accepted (and pushed out). The listener once accepted first and then looked the dropped
+    connections up: StopIteration, and the guardian died."""
+    listener = umdnotice.listen(qb2)
+    name = umdnotice.socket_name(os.getpid())
+    fd = os.open(qb2 / umdnotice.LISTENER_DIR, os.O_PATH)
+    made: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(f"/proc/self/fd/{fd}/{name}")
+        made.append(s)
+        return s
+
+    try:
+        held = [connect() for _ in range(umdnotice.MAX_OPEN)]
+        assert listener.read() == [] and len(listener.waiting) == umdnotice.MAX_OPEN
+        for _ in range(umdnotice.MAX_OPEN):
+            connect()  # queued: the listening socket is ready first
+        for s in held:
+            s.sendall(bytes([umdnotice.PRE_RESET]))
+        heard = listener.read()  # one turn
+        assert [n.kind for n in heard] == ["pre-reset"] * umdnotice.MAX_OPEN
+        assert len(listener.waiting) == umdnotice.MAX_OPEN  # the new ones, silent so far
+    finally:
+        for s in made:
+            s.close()
+        os.close(fd)
+        listener.close()

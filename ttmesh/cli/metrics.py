@@ -69,8 +69,10 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
     the rank states of your running jobs on the host. Only the driver's files are read
     (hwmon, tt_aiclk, tt_heartbeat): tt-smi is never run and no chip is opened, since a
     poller that opens chips breaks resets. On a real host, link states (and n300s' remote
-    chips) are left out: only tt-umd can read them, and it opens the chips. While a ttmesh
-    reset runs no chip is read and ttmesh_reset_in_progress is 1.
+    chips) are left out: only tt-umd can read them, and it opens the chips. While a reset
+    runs (ttmesh's, or another tool's announced by tt-umd's reset notice) no chip is read
+    and ttmesh_reset_in_progress is 1. Whatever connects, the server stays bounded (128
+    connections, 10 s and 8 KiB per request).
     Ctrl-C or SIGTERM stops it (exit 0). Needs the metrics extra:
     pip install 'ttmesh[metrics]'. Metric names: docs/metrics.md.
 

@@ -95,11 +95,11 @@ class ForeignResets:
         self.lock = threading.Lock()
         self.tally = umdnotice.Tally(_say)
         self.thread: threading.Thread | None = None
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
             _say(f"resets by other tools are not seen: {why}")
             return
-        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.thread = threading.Thread(
             target=self._run, args=(self.listener,), name="reset-notices", daemon=True
         )
@@ -169,15 +169,17 @@ class ForeignResets:
             return bool(self.pauses)
 
     def close(self) -> None:
-        if self.thread is None:
+        if self.wake_w < 0:
             return
-        with contextlib.suppress(OSError):
-            os.write(self.wake_w, b"x")
-        self.thread.join(timeout=5)
-        if not self.thread.is_alive():
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-        self.thread = None
+        if self.thread is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"x")
+            self.thread.join(timeout=5)
+            if self.thread.is_alive():
+                return  # (its pipe left open: it may still select on it)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.wake_r = self.wake_w = -1
 
 
 class HostCollector(Collector):

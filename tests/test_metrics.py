@@ -7,8 +7,10 @@ a simulated QuietBox 2 and reads what a Prometheus server would.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import umdclients
 from conftest import run_cli, start_launch, users_shell, wait_for, worker
 from prometheus_client.parser import text_string_to_metric_families
 from users import NEEDS_NOBODY, User, can_switch, users_fixture, world_dir  # noqa: F401
@@ -404,3 +407,164 @@ def test_another_tools_reset_notice_pauses_chip_reads_until_it_is_done(qb2: Path
                  timeout=HANG, what="the end of the pause")  # fmt: skip
         assert scrape(url)["ttmesh_chips"] == [({}, 4.0)]
     assert not list((qb2 / "tmp" / "tt_umd_listeners").glob("client_*.sock"))
+
+
+# -- hostile clients (issue 33): of the reset-notice listener and of the scrape port
+
+
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+def test_only_its_resetter_ends_a_pause_and_floods_leave_the_listener_answering(
+    users: dict[str, User], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """root's resetter announces a reset: the chip reads pause. A POST_RESET from any other
+    process, or a PRE_RESET from one that exits at once, by nobody or by root, ends nothing;
+    floods of notices, junk, 1 MiB writes, half messages and silent connections by both leave
+    the listener's thread alive and a notifier's connect answered; the resetter's own
+    POST_RESET ends the pause. What was ignored is said in a few lines."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.host import umdnotice
+    from ttmesh.recovery.metrics import ForeignResets
+
+    root, nobody = users["root"], users["nobody"]
+    foreign = ForeignResets(open_host(str(root.sim)))
+    sock = root.sim / umdnotice.LISTENER_DIR / umdnotice.socket_name(os.getpid())
+    resetter = umdclients.Notifier(root, sock, "01", "02")
+
+    def answered(count: int) -> None:
+        wait_for(lambda: foreign.heard >= count, timeout=HANG, what=f"{count} notices answered")
+
+    try:
+        resetter.send()
+        answered(1)
+        assert foreign.active()
+        count = 1
+        for user in (nobody, root):
+            for byte in ("02", "01"):
+                assert umdclients.flood(user, sock, f"1:{byte}") == "done 1"  # then it exits
+                count += 1
+                answered(count)
+                assert foreign.active(), (user.name, byte)
+        for user in (nobody, root):
+            specs = ("300:01", "300:02", "50:junk", "5:mib", "30:shut", "30:none")
+            assert (
+                umdclients.flood(user, sock, *specs) == "done 685"
+            )  # the shut ones are not counted
+        assert foreign.thread is not None and foreign.thread.is_alive()
+        assert foreign.active()
+        late = umdclients.Notifier(nobody, sock, "02")  # tt-umd's notifier: connect, write
+        late.send()  # read by the listener, not left in a full backlog
+        late.close()
+        assert foreign.active()
+        resetter.send()
+        # The flooders' own pauses went with them: only the resetter's was left.
+        wait_for(lambda: not foreign.active(), timeout=HANG, what="the end of the pause")
+    finally:
+        resetter.close()
+        foreign.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "no longer seen" not in err, err[-3000:]
+    # A few lines per user, then a count per 10 s window (a slow machine: a few windows).
+    lines = err.splitlines()
+    assert len(lines) <= 2 * (umdnotice.BURST + 4), err
+    assert any("from user nobody" in line and "not shown one by one" in line for line in lines)
+    assert not (root.sim / umdnotice.LISTENER_DIR / sock.name).exists()
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    """One request on a connection of its own; all the server sent before it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=HANG) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_half_sent_requests_never_stall_a_scrape(qb2: Path) -> None:
+    """Anyone who reaches the port can open a thousand connections that send half a request
+    and wait: the next scrape is answered all the same, the server keeps at most
+    MAX_CONNECTIONS (the oldest half-requests are closed), and every malformed request gets
+    its status and the connection closed."""
+    from ttmesh.recovery.exporter import MAX_CONNECTIONS
+
+    with serving(qb2) as url:
+        port = int(url.split(":")[2].split("/")[0])
+        half: list[socket.socket] = []
+        try:
+            for _ in range(1000):
+                s = socket.create_connection(("127.0.0.1", port), timeout=HANG)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: tt-host-1\r\n")
+                half.append(s)
+            assert scrape(url)["ttmesh_chips"] == [({}, 4.0)]
+            with selectors.DefaultSelector() as sel:
+                for s in half:
+                    sel.register(s, selectors.EVENT_READ)
+                closed = 0
+
+                def enough_closed() -> bool:
+                    nonlocal closed
+                    for key, _ in sel.select(0):
+                        assert key.fileobj.recv(1) == b""  # type: ignore[union-attr]
+                        sel.unregister(key.fileobj)
+                        closed += 1
+                    return closed >= 1000 - MAX_CONNECTIONS
+
+                wait_for(enough_closed, timeout=HANG, what="the oldest half-requests closed")
+        finally:
+            for s in half:
+                s.close()
+        assert scrape(url)["ttmesh_host_read_ok"] == [({}, 1.0)]
+        for request, status in [
+            (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", b"405"),
+            (b"\x00\xff\x1b[31m garbage\r\n\r\n", b"400"),
+            (b"GET /nope HTTP/1.1\r\n\r\n", b"404"),
+            (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+            (b"GET /metrics HTTP/1.1\n\n", b"200"),
+        ]:
+            answer = _exchange(port, request)
+            assert answer.startswith(b"HTTP/1.1 " + status), (request[:40], answer[:200])
+        head = _exchange(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+        zipped = _exchange(port, b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n")
+        headers, _, body = zipped.partition(b"\r\n\r\n")
+        assert b"Content-Encoding: gzip" in headers
+        assert b"ttmesh_chips 4.0" in gzip.decompress(body)
+        om = _exchange(port, b"GET / HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n")
+        assert b"Content-Type: application/openmetrics-text" in om and om.endswith(b"# EOF\n")
+
+
+def test_a_request_never_finished_is_closed_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In-process, with short bounds: a connection over the cap closes the oldest at once,
+    the others are closed when their deadline passes, and a scrape meanwhile is answered."""
+    import threading
+
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from ttmesh.recovery import exporter
+
+    monkeypatch.setattr(exporter, "REQUEST_DEADLINE", 0.3)
+    monkeypatch.setattr(exporter, "MAX_CONNECTIONS", 4)
+    registry = CollectorRegistry()
+    Gauge("answered", "a scrape's answer", registry=registry).set(1)
+    server = exporter.Server("127.0.0.1", 0, registry)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    slow = []
+    try:
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=HANG)
+            s.sendall(b"GET /metrics HT")
+            slow.append(s)
+        answer = _exchange(server.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200") and b"answered 1.0" in answer
+        for s in slow:  # closed by the server: the oldest at the cap, the others at the deadline
+            assert s.recv(1) == b""
+    finally:
+        for s in slow:
+            s.close()
+        server.shutdown()
+        thread.join(timeout=HANG)
+        server.close()
+    assert not thread.is_alive()

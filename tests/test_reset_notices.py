@@ -9,11 +9,15 @@ import selectors
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
+import umdclients
 from conftest import alive, start_launch, wait_for, worker
+from users import NEEDS_NOBODY, User, can_switch, users_fixture  # noqa: F401
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host
@@ -332,3 +336,206 @@ def test_the_dry_run_says_what_a_reset_notice_does(qb2: Path, cli: Callable) -> 
     assert plan["on_reset_notice"] == "stop"
     bad = cli("launch", "--root", str(qb2), "--on-reset-notice", "pause", "--", "true")
     assert bad.code == 2 and "--on-reset-notice" in bad.err and len(bad.err.splitlines()) == 1
+
+
+# -- hostile notifiers (issue 33): anyone may connect, as often as they like, and write anything
+
+
+def _pump(listener: umdnotice.Listener, out: IO[str]) -> tuple[list[Notice], str]:
+    """Serve ``listener`` (as a guardian's loop does) until a line comes on ``out`` (a client's
+    stdout); the notices heard meanwhile and the line."""
+    got: list[Notice] = []
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener.fileno(), selectors.EVENT_READ, "listener")
+        sel.register(out, selectors.EVENT_READ, "client")
+        while True:
+            ready = sel.select(umdclients.HANG)
+            assert ready, "the client said nothing in time"
+            got += listener.read()
+            assert len(listener.waiting) <= umdnotice.MAX_OPEN
+            if any(key.data == "client" for key, _ in ready):
+                return got, out.readline().strip()
+
+
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+@pytest.mark.parametrize("flooder", ["nobody", "root"])
+def test_a_flood_never_breaks_a_listener_nor_pushes_out_another_users_notice(
+    users: dict[str, User], flooder: str
+) -> None:
+    """One user holds hundreds of silent connections and writes junk, 1 MiB, half messages
+    and notices, before and after another user's notifier connected (tt-umd's connects all
+    listeners first and writes after): the listener keeps at most MAX_OPEN connections, the
+    flooder's own oldest give way, and the other user's notice is heard."""
+    flooding, other = users[flooder], users["root" if flooder == "nobody" else "nobody"]
+    listener = umdnotice.listen(users["root"].sim)
+    sock = users["root"].sim / umdnotice.LISTENER_DIR / listener.name
+    first = subprocess.Popen(
+        umdclients.flood_argv(flooding, sock, "100:none", "hold"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    notifier = second = None
+    try:
+        assert first.stdout is not None and first.stdin is not None
+        assert _pump(listener, first.stdout)[1] == "done 100"
+        notifier = umdclients.Notifier(other, sock, "01")  # connected: its byte comes later
+        second = subprocess.Popen(
+            umdclients.flood_argv(
+                flooding, sock, "100:none", "40:junk", "5:mib", "20:shut", "30:02", "30:01",
+                "hold",
+            ),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert second.stdout is not None and second.stdin is not None
+        heard, line = _pump(listener, second.stdout)
+        assert line == "done 205"  # the 20 shut ones are not counted
+        assert {n.uid for n in heard} <= {flooding.uid}
+        assert notifier.proc.stdout is not None
+        notifier.notify()
+        heard, line = _pump(listener, notifier.proc.stdout)
+        assert line == "sent"
+        assert [(n.kind, n.pid, n.uid) for n in heard] == [("pre-reset", notifier.pid, other.uid)]
+        dropped = listener.take_dropped()
+        assert set(dropped) == {flooding.uid} and dropped[flooding.uid] >= 100
+        first.stdin.close()
+        second.stdin.close()
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        if notifier is not None:
+            notifier.close()
+        listener.close()
+
+
+def test_what_a_listener_lets_pass_is_said_in_few_lines_per_user() -> None:
+    """A thousand notices from one user: the first few said, the rest one count once the
+    window has passed; another user's lines are said meanwhile all the same."""
+    now = [100.0]
+    said: list[str] = []
+    tally = umdnotice.Tally(said.append, clock=lambda: now[0])
+    for i in range(1000):
+        tally.line(65534, f"notice {i}")
+        if i == 500:
+            tally.line(0, "root's notice")
+    tally.dropped(Counter({65534: 7}))
+    tally.tick()  # the window has not passed: nothing more
+    assert said == [f"notice {i}" for i in range(umdnotice.BURST)] + ["root's notice"]
+    now[0] += umdnotice.EVERY
+    tally.tick()
+    assert said[-1] == (
+        f"tt-umd reset notices from user nobody in the last 10 seconds: "
+        f"{1000 - umdnotice.BURST} more notices not shown one by one, "
+        "7 connections closed without a notice"
+    )
+    count = len(said)
+    for _ in range(100):  # the flood goes on: counted, one line per window
+        tally.line(65534, "again")
+    assert len(said) == count
+    tally.flush()
+    assert said[-1].endswith(": 100 more notices not shown one by one") and len(said) == count + 1
+    tally.flush()
+    assert len(said) == count + 1
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["²", "٣", "/dev/tenstorrent/²", "/dev/tenstorrent/٣", "7" * 5000, "0x1", "+1", " 1", "1_0"],
+)
+def test_a_reset_target_is_a_number_only_in_plain_ascii_digits(qb2: Path, target: str) -> None:
+    """``tt-smi -r ²`` (which ``int`` refuses after ``isdigit`` said yes) or Arabic-Indic
+    digits name no chip ttmesh can tell: the reset may be the job's, never a crash."""
+    host = open_host(qb2)
+    chips = resetscope.targets(host, [c.bdf for c in discover(host).chips[:2] if c.bdf])
+    me = os.getuid()
+    verdict = resetscope.judge(
+        host, Notice("pre-reset", 1, me, ("tt-smi", "-r", target)), chips, me
+    )
+    assert verdict.heed and "reset by tt-smi -r" in verdict.why
+    assert resetscope.chips_concerned(Notice("pre-reset", 1, me, ("tt-smi", "-r", target)), chips)
+
+
+@pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)
+def test_a_flood_of_notices_neither_kills_a_job_nor_floods_its_output(
+    users: dict[str, User], tmp_path: Path
+) -> None:
+    """With --on-reset-notice pass, nobody (who may not reset the chips: nodes 0660) and then
+    root flood the guardian's socket with notices, junk, 1 MiB writes, half messages and
+    silent connections, and a process named ``tt-smi -r ²`` sends a notice: the job goes on
+    to exit 0, and the notices take a few lines per user, not one each."""
+    root, nobody = users["root"], users["nobody"]
+    nodes = sorted((root.sim / "dev" / "tenstorrent").glob("[0-9]*"))
+    modes = {n: n.stat().st_mode & 0o777 for n in nodes}
+    for node in nodes:
+        node.chmod(0o660)
+    before = set(_listening(root.sim))
+    go = tmp_path / "go"
+    proc = start_launch(
+        root.sim, "--chips", "0000:01:00.0", "--on-reset-notice", "pass",
+        *worker(f"pids={tmp_path}", f"await={go}", "exit=0"),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: set(_listening(root.sim)) - before, what="the guardian's listener")
+        (sock,) = set(_listening(root.sim)) - before
+        assert (
+            umdclients.flood(
+                nobody, sock, "300:01", "100:02", "60:junk", "5:mib", "30:shut", "30:none"
+            )
+            == "done 495"
+        )
+        assert umdclients.flood(root, sock, "100:01", "100:02") == "done 200"
+        tt_smi = tmp_path / "tt-smi"
+        tt_smi.symlink_to(sys.executable)
+        odd = subprocess.run(
+            [str(tt_smi), "-c", umdclients.FLOOD, str(sock), "1:01", "-r", "²"],
+            capture_output=True, text=True, timeout=umdclients.HANG + 10,
+        )  # fmt: skip
+        assert odd.stdout.strip() == "done 1", odd.stderr
+        go.touch()
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        for node, mode in modes.items():
+            node.chmod(mode)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "supervisor error" not in err
+    about = [line for line in err.splitlines() if "reset notice" in line]
+    # Per user: BURST lines, then a count per 10 s window (a slow machine: a few windows).
+    assert len(about) <= 2 * (umdnotice.BURST + 4), "\n".join(about)
+    counts = [line for line in about if "not shown one by one" in line]
+    assert any("from user nobody" in line for line in counts), "\n".join(about)
+    assert any("from user root" in line for line in counts), "\n".join(about)
+
+
+def test_bytes_from_connections_pushed_out_in_the_same_turn_are_still_read(qb2: Path) -> None:
+    """MAX_OPEN connections wait, then new ones queue and only then the waiting ones write:
+    one turn of the listener sees both. The bytes already there are read before anyone is
+    accepted (and pushed out). The listener once accepted first and then looked the dropped
+    connections up: StopIteration, and the guardian died."""
+    listener = umdnotice.listen(qb2)
+    name = umdnotice.socket_name(os.getpid())
+    fd = os.open(qb2 / umdnotice.LISTENER_DIR, os.O_PATH)
+    made: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(f"/proc/self/fd/{fd}/{name}")
+        made.append(s)
+        return s
+
+    try:
+        held = [connect() for _ in range(umdnotice.MAX_OPEN)]
+        assert listener.read() == [] and len(listener.waiting) == umdnotice.MAX_OPEN
+        for _ in range(umdnotice.MAX_OPEN):
+            connect()  # queued: the listening socket is ready first
+        for s in held:
+            s.sendall(bytes([umdnotice.PRE_RESET]))
+        heard = listener.read()  # one turn
+        assert [n.kind for n in heard] == ["pre-reset"] * umdnotice.MAX_OPEN
+        assert len(listener.waiting) == umdnotice.MAX_OPEN  # the new ones, silent so far
+    finally:
+        for s in made:
+            s.close()
+        os.close(fd)
+        listener.close()

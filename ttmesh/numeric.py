@@ -25,6 +25,7 @@ MAX_COUNT = 1_000_000
 
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _WHOLE = re.compile(r"[-+]?[0-9]+", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 def _shown(value: object) -> str:
@@ -124,6 +125,17 @@ def seconds(
     return float(
         number(value, where, low=0, low_open=not zero, high=high, unit="seconds", example=example)
     )
+
+
+def digits(text: str, high: int = MAX_COUNT) -> int | None:
+    """``text`` as a count when it is plain ASCII digits and at most ``high``, else None: for
+    words another program wrote (a command line read from ``/proc``), where a word that is no
+    number is not an error. ``str.isdigit`` says yes to ``²`` (which ``int`` refuses) and to
+    ``٣`` (which ``int`` reads as 3): neither is a number here."""
+    if not _DIGITS.fullmatch(text) or len(text) > 30:
+        return None
+    value = int(text)
+    return value if value <= high else None
 
 
 def whole(

@@ -69,8 +69,10 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
     the rank states of your running jobs on the host. Only the driver's files are read
     (hwmon, tt_aiclk, tt_heartbeat): tt-smi is never run and no chip is opened, since a
     poller that opens chips breaks resets. On a real host, link states (and n300s' remote
-    chips) are left out: only tt-umd can read them, and it opens the chips. While a ttmesh
-    reset runs no chip is read and ttmesh_reset_in_progress is 1.
+    chips) are left out: only tt-umd can read them, and it opens the chips. While a reset
+    runs (ttmesh's, or another tool's announced by tt-umd's reset notice) no chip is read
+    and ttmesh_reset_in_progress is 1. Whatever connects, the server stays bounded (128
+    connections, 10 s and 8 KiB per request).
     Ctrl-C or SIGTERM stops it (exit 0). Needs the metrics extra:
     pip install 'ttmesh[metrics]'. Metric names: docs/metrics.md.
 
@@ -114,18 +116,18 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
                 "choose a port above 1023, or run as root",
             )
         raise from_os_error(exc, f"listen on {shown}") from None
-    bound = server.server_address[1]
+    bound = server.port
     where = f"[{addr}]:{bound}" if ":" in addr else f"{addr}:{bound}"
-    sys.stderr.write(f"serving metrics on http://{where}/metrics (Ctrl-C or SIGTERM to stop)\n")
-    if host.firmware_opens_chips:
-        sys.stderr.write(
-            "note: Ethernet link states and remote chips are left out: on this host only "
-            "tt-umd reads them, and it opens the chips\n"
-        )
-    sys.stderr.flush()
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
-    try:
+    try:  # (before the line that says it serves: a Ctrl-C right after it is a stop too)
+        sys.stderr.write(f"serving metrics on http://{where}/metrics (Ctrl-C or SIGTERM to stop)\n")
+        if host.firmware_opens_chips:
+            sys.stderr.write(
+                "note: Ethernet link states and remote chips are left out: on this host only "
+                "tt-umd reads them, and it opens the chips\n"
+            )
+        sys.stderr.flush()
         while not stop.wait(3600):
             pass
     except KeyboardInterrupt:
@@ -133,18 +135,22 @@ def metrics_cmd(host: Any, listen: tuple[str, int]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.shutdown()
-        server.server_close()
         thread.join(timeout=5)
+        server.close()
         collector.close()
     return 0
 
 
 def _serve(port: int, addr: str, registry: Any, collector: Any) -> tuple[Any, Any]:
-    """prometheus-client's server; the collector's reset listener closed if it cannot start."""
-    from prometheus_client import start_http_server
+    """The bounded scrape server (:mod:`ttmesh.recovery.exporter`) answering in a thread of
+    its own; the collector's reset listener closed if it cannot start."""
+    from ttmesh.recovery.exporter import Server
 
     try:
-        return start_http_server(port, addr, registry)
+        server = Server(addr, port, registry)
     except BaseException:
         collector.close()
         raise
+    thread = threading.Thread(target=server.serve_forever, name="scrapes", daemon=True)
+    thread.start()
+    return server, thread

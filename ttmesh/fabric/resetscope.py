@@ -21,12 +21,13 @@ import re
 import stat
 from dataclasses import dataclass
 
-from ttmesh import procs
+from ttmesh import numeric, procs
 from ttmesh.host.base import Host
 from ttmesh.host.umdnotice import Notice
 
 _BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _DEV = "/dev/tenstorrent/"
+MAX_CHIPS = numeric.MAX_CHIPS
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,18 @@ def reset_targets(command: tuple[str, ...]) -> list[str] | None:
 
 
 def _named(target: str, chip: Target) -> bool:
-    if _BDF.match(target):
+    """Does the reset target ``target`` (a word of the sender's command line) name ``chip``?
+    Numbers are plain ASCII digits (:func:`ttmesh.numeric.digits`): ``²`` or ``٣`` is a word
+    nobody can say tt-smi's reading of, so it may name any chip."""
+    if _BDF.fullmatch(target):
         return chip.bdf == target  # tt-smi matches the address exactly, as written
-    if target.startswith(_DEV):
-        return target[len(_DEV) :].isdigit() and chip.dev_index == int(target[len(_DEV) :])
-    if target.isdigit():
-        return chip.pci_index == int(target)  # tt-umd's logical id: the PCI-sorted position
-    return True  # a word tt-smi would refuse: nobody knows what runs, so assume ours
+    node = numeric.digits(target[len(_DEV) :], MAX_CHIPS) if target.startswith(_DEV) else None
+    if node is not None:
+        return chip.dev_index == node
+    logical = numeric.digits(target, MAX_CHIPS)
+    if logical is not None:
+        return chip.pci_index == logical  # tt-umd's logical id: the PCI-sorted position
+    return True  # a word tt-smi would refuse, or read its own way: assume ours
 
 
 def chips_concerned(notice: Notice, chips: list[Target]) -> list[Target] | None:

@@ -15,6 +15,8 @@ before importing this module.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import selectors
 import sys
 import threading
@@ -68,60 +70,116 @@ def gauge(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
 
 
 class ForeignResets:
-    """Resets other tools announce (tt-umd's notices, :mod:`ttmesh.host.umdnotice`): from a
-    PRE_RESET to its POST_RESET a poller reads no chip, for at most :data:`BOUND` seconds and
-    only while the process that sent it lives (one killed in between sends no POST_RESET).
-    Anyone may send a notice: it only ever pauses this.
+    """Resets other tools announce (tt-umd's notices, :mod:`ttmesh.host.umdnotice`): while one
+    runs, a poller reads no chip.
+
+    A PRE_RESET pauses for its sender, the process the kernel says sent it (pid and start
+    time): until that same process sends its POST_RESET, or exits (one killed in between sends
+    none), and for at most :data:`BOUND` seconds. Several resets pause together. A notice
+    from anyone else ends nobody's pause: a POST_RESET from another process, or a PRE_RESET
+    from one that exits at once, only ever adds its own. Anyone may send a notice, so a user
+    holds at most :data:`PER_USER` pauses (its oldest gives way): a flood is bounded, and no
+    user's notices touch another's pause.
 
     A thread answers the notices as they come, not at the next scrape: tt-umd's notifier
-    connects without a timeout, and a listener that left its backlog full would stall it."""
+    connects without a timeout, and a listener that left its backlog full would stall it. The
+    thread never dies with the socket open: should anything go wrong, it says so and closes
+    the socket (a notifier's connect is then refused, never left waiting)."""
 
     BOUND = 120.0
+    PER_USER = 16
 
     def __init__(self, host: Host) -> None:
-        self.until = 0.0  # monotonic end of the pause; 0: none
-        self.sender: tuple[int, int | None] = (0, None)  # (pid, start time) of the resetter
+        self.pauses: dict[tuple[int, int, int | None], float] = {}  # sender -> monotonic end
+        self.heard = 0  # notices handled so far
         self.lock = threading.Lock()
+        self.tally = umdnotice.Tally(_say)
+        self.thread: threading.Thread | None = None
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
             _say(f"resets by other tools are not seen: {why}")
             return
-        self.thread = threading.Thread(target=self._run, name="reset-notices", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(self.listener,), name="reset-notices", daemon=True
+        )
         self.thread.start()
 
-    def _run(self) -> None:
-        listener = self.listener
-        if listener is None:
-            return
-        with selectors.DefaultSelector() as sel:
-            sel.register(listener.fileno(), selectors.EVENT_READ)
-            while self.listener is not None:
-                if not sel.select(0.5):
-                    continue
-                try:
-                    notices = listener.read()
-                except (OSError, ValueError):  # closed meanwhile
-                    return
-                for notice in notices:
-                    with self.lock:
-                        if notice.kind == "pre-reset":
-                            self.until = time.monotonic() + self.BOUND
-                            self.sender = (notice.pid, procs.start_time(notice.pid))
-                        else:
-                            self.until = 0.0
+    def _run(self, listener: umdnotice.Listener) -> None:
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(listener.fileno(), selectors.EVENT_READ)
+                sel.register(self.wake_r, selectors.EVENT_READ)
+                while True:
+                    due = listener.due()
+                    ready = sel.select(
+                        umdnotice.EVERY if due is None else min(due, umdnotice.EVERY)
+                    )
+                    if any(key.fd == self.wake_r for key, _ in ready):
+                        return
+                    for notice in listener.read():
+                        self._answer(notice)
+                    self.tally.dropped(listener.take_dropped())
+                    self.tally.tick()
+        except Exception as exc:  # a bug: never a thread gone with its socket left open
+            first = (str(exc).splitlines() or [""])[0][:200]
+            _say(f"resets by other tools are no longer seen: {type(exc).__name__}: {first}")
+        finally:
+            self.tally.dropped(listener.take_dropped())
+            listener.close()
+            self.tally.flush()
+
+    def _answer(self, notice: umdnotice.Notice) -> None:
+        now = time.monotonic()
+        key = notice.sender
+        with self.lock:
+            self.heard += 1
+            if notice.kind == "post-reset":
+                if self.pauses.pop(key, None) is None:
+                    line = (
+                        f"ignored a post-reset notice from {notice.who()}: only the process "
+                        "that announced a reset ends its pause"
+                    )
+                else:
+                    line = f"chip reads resume for {notice.who()}: its reset is done"
+            elif notice.pid > 0 and notice.start is None:
+                line = f"ignored a pre-reset notice from {notice.who()}: it has exited"
+            elif key in self.pauses:  # announced again: its bound starts again
+                self.pauses[key] = now + self.BOUND
+                return
+            else:
+                mine = [k for k in self.pauses if k[0] == notice.uid]
+                if len(mine) >= self.PER_USER:
+                    del self.pauses[min(mine, key=self.pauses.__getitem__)]
+                self.pauses[key] = now + self.BOUND
+                line = (
+                    f"chip reads paused: {notice.who()} announced a reset (tt-umd's reset "
+                    f"notice; at most {self.BOUND:g} s, while it runs)"
+                )
+        self.tally.line(notice.uid, line)
 
     def active(self) -> bool:
+        now = time.monotonic()
         with self.lock:
-            if time.monotonic() >= self.until:
-                return False
-            pid, start = self.sender
-            return procs.alive(pid, start)
+            for key, end in list(self.pauses.items()):
+                _uid, pid, start = key
+                # pid 0: a sender outside this PID namespace, not seen: its bound only.
+                if now >= end or (pid > 0 and not procs.alive(pid, start)):
+                    del self.pauses[key]
+            return bool(self.pauses)
 
     def close(self) -> None:
-        listener, self.listener = self.listener, None
-        if listener is not None:
-            self.thread.join(timeout=2)
-            listener.close()
+        if self.wake_w < 0:
+            return
+        if self.thread is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"x")
+            self.thread.join(timeout=5)
+            if self.thread.is_alive():
+                return  # (its pipe left open: it may still select on it)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.wake_r = self.wake_w = -1
 
 
 class HostCollector(Collector):

@@ -211,7 +211,9 @@ class Guardian:
         from ttmesh.launcher.attempt.resetwatch import ResetWatch  # (in the guardian only)
 
         bdfs = [b for r in self.plan.ranks for b in r.bdfs]
-        self.resets = ResetWatch(self.host, bdfs, os.getuid(), self._emit)
+        self.resets = ResetWatch(
+            self.host, bdfs, os.getuid(), self._emit, passing=self.plan.on_reset_notice == "pass"
+        )
         if self.resets.listening:
             self.selector.register(self.resets.fileno(), selectors.EVENT_READ, "resets")
 
@@ -219,13 +221,10 @@ class Guardian:
         """Another tool is about to reset the job's chips: stop the ranks now (the resetter
         waits its grace, 2 s, then resets whatever still runs on them)."""
         assert self.resets is not None
-        reason = self.resets.heard()
+        reason = self.resets.heard()  # None with --on-reset-notice pass: the watch said it
         if reason is None or self.stop is not None or self.phase not in (
             Phase.STARTING, Phase.RUNNING
         ):  # fmt: skip
-            return
-        if self.plan.on_reset_notice == "pass":  # the ranks hear tt-umd's notice themselves
-            self._emit(f"{reason}: the ranks go on (--on-reset-notice pass)")
             return
         self._emit(f"{reason}: stopping every worker")
         self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
@@ -292,6 +291,8 @@ class Guardian:
         """Move between phases on what time and the host say now."""
         self._ask_liveness()
         self._register()
+        if self.resets is not None:
+            self.resets.tick()
         now = time.monotonic()
         if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
             self.polled = now

@@ -20,16 +20,28 @@ __all__ = ["ResetWatch"]
 
 
 class ResetWatch:
-    """The attempt's listener for reset notices, and what each means for the job."""
+    """The attempt's listener for reset notices, and what each means for the job.
+
+    Anyone may send notices, as many as they like: what the watch says about the notices the
+    job goes on after (another user's, other chips', a POST_RESET, every one with ``passing``)
+    goes through :class:`umdnotice.Tally`, a few lines per sender's user and then one count
+    per 10 s; the reason to stop is the only line said for certain."""
 
     def __init__(
-        self, host: Host, bdfs: list[str], job_uid: int, say: Callable[[str], None]
+        self,
+        host: Host,
+        bdfs: list[str],
+        job_uid: int,
+        say: Callable[[str], None],
+        *,
+        passing: bool = False,
     ) -> None:
         self.host = host
         self.job_uid = job_uid
-        self.say = say
+        self.passing = passing  # --on-reset-notice pass: a heeded notice is said, not obeyed
         self.bdfs = bdfs
         self._chips: list[resetscope.Target] | None = None  # read when a notice comes (rare)
+        self.tally = umdnotice.Tally(say)
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
             say(f"not listening for tt-umd's reset notices: {why}")
@@ -56,16 +68,35 @@ class ResetWatch:
         stop = None
         for notice in self.listener.read():
             if notice.kind != "pre-reset":
-                self.say(f"tt-umd reset notice: the reset by {notice.who()} is done")
+                self.tally.line(
+                    notice.uid, f"tt-umd reset notice: the reset by {notice.who()} is done"
+                )
                 continue
             verdict = resetscope.judge(self.host, notice, self.chips(), self.job_uid)
-            if verdict.heed and stop is None:
+            if not verdict.heed:
+                self.tally.line(notice.uid, f"tt-umd reset notice: {verdict.why}: the job goes on")
+            elif self.passing:
+                self.tally.line(
+                    notice.uid,
+                    f"reset notice: {verdict.why}: the ranks go on (--on-reset-notice pass)",
+                )
+            elif stop is None:
                 stop = f"reset notice: {verdict.why}"
-            elif not verdict.heed:
-                self.say(f"tt-umd reset notice: {verdict.why}: the job goes on")
+        self.tick()
         return stop
+
+    def tick(self) -> None:
+        """Close connections past their deadline and say the counts that are due (called
+        from the guardian's loop, which wakes at least every 50 ms while ranks run)."""
+        if self.listener is None:
+            return
+        self.listener.expire()
+        self.tally.dropped(self.listener.take_dropped())
+        self.tally.tick()
 
     def close(self) -> None:
         if self.listener is not None:
+            self.tally.dropped(self.listener.take_dropped())
             self.listener.close()
             self.listener = None
+        self.tally.flush()

@@ -309,7 +309,7 @@ def walk(
                 )
                 raise bad_input(
                     f"{what} {named} {what_is} {_kind(st.st_mode)}, not a directory",
-                    "remove it, or name another path",
+                    f"remove it, or {strict or 'name another path'}",
                 )
             os.close(fd)
             fd, created = nxt, made

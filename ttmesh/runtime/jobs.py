@@ -12,6 +12,7 @@ next command that looks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ttmesh import fileread, numeric, paths
-from ttmesh.errors import TTMeshError
+from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.procs import alive as proc_alive
 from ttmesh.procs import start_time as proc_start_time
 
@@ -150,7 +151,41 @@ def sweep() -> list[str]:
 
 
 def write(record: dict[str, Any]) -> Path:
-    directory = _ensure(jobs_dir())
+    """Write ``record`` (replaced whole). A record that cannot be written is one line naming
+    the directory and the fix (:func:`unrecordable`): a job ``ps`` and ``stop`` cannot see
+    must not start (the launch refuses); later writes of a running job may ignore it."""
+    directory = jobs_dir()
+    try:
+        return _write(directory, record)
+    except TTMeshError as exc:  # the directory is not a private one of this user's
+        raise unrecordable(directory, exc.message, exc.hint) from None
+    except OSError as exc:  # not writable, read-only, full
+        raise unrecordable(directory, exc.strerror or str(exc), _write_fix(exc, directory))
+
+
+def unrecordable(directory: Path, why: str, fix: str | None) -> TTMeshError:
+    """The job's record cannot be written in ``directory``: one line, bad environment
+    (exit 2), naming what ``ps`` and ``stop`` would then miss."""
+    where = "" if str(directory) in why else f" in {directory}"
+    return bad_input(
+        f"cannot write the job's record{where}: {why}: ttmesh ps and ttmesh stop would not "
+        "know the job",
+        f"{fix or HINT}; nothing started",
+    )
+
+
+def _write_fix(exc: OSError, directory: Path) -> str:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"make it yours and writable: chmod 700 {directory}, or {HINT}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on its file system, or {HINT}"
+    if exc.errno == errno.EROFS:
+        return f"its file system is read-only: {HINT} on a writable one"
+    return HINT
+
+
+def _write(directory: Path, record: dict[str, Any]) -> Path:
+    _ensure(directory)
     record = dict(record)
     if record.get("supervisor_start") is None:
         record["supervisor_start"] = proc_start_time(record["pid"])

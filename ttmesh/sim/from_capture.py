@@ -16,7 +16,6 @@ root (files and directories first, links last, none followed).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import posixpath
 import re
@@ -29,7 +28,7 @@ from ttmesh.errors import bad_input, from_os_error
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc
 from ttmesh.recovery import capture as cap
-from ttmesh.render import plural
+from ttmesh.render import escaped, json_text, plural
 from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel, from_dict
 
@@ -261,9 +260,12 @@ def plan(ar: cap.Archive) -> Recreation:
     driver = (ar.text(f"{cap.HOST_DIR}/sys/module/tenstorrent/version") or "").strip()
     data: dict[str, Any] = {
         "name": "capture",
-        "title": f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
-        f"at {manifest.get('time', '?')}",
-        "source": f"{ar.path.name} ({ar.top})",
+        # What the archive says is text someone else wrote: shown escaped, never raw.
+        "title": escaped(
+            f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
+            f"at {manifest.get('time', '?')}"
+        ),
+        "source": escaped(f"{ar.path.name} ({ar.top})"),
         "notes": [],
         "driver_version": driver or str(manifest.get("driver") or "2.10.0"),
         "fw_bundle_version": fws.most_common(1)[0][0] if fws else "19.10.0.0",
@@ -794,7 +796,7 @@ def recreate(archive: Path, root: Path, force: bool = False) -> tuple[Recreation
             "reproduced": rec.reproduced,
             "not_reproduced": rec.not_reproduced,
         }
-        (path / CAPTURE_INFO).write_text(json.dumps(info, indent=1) + "\n")
+        (path / CAPTURE_INFO).write_text(json_text(info, indent=1) + "\n")
     except OSError as exc:
         raise from_os_error(exc, "write the simulated host")
     return rec, path

@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.launcher.job import feed
-from ttmesh.render import note
+from ttmesh.render import json_text, note
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
@@ -661,7 +661,7 @@ class Fleet:
 
         if self.o.summary_json:
             try:  # never through a link another user planted (paths.write_text)
-                text = json.dumps(summary, indent=2) + "\n"
+                text = json_text(summary, indent=2) + "\n"
                 paths.write_text(self.o.summary_json, text, "--summary-json")
             except TTMeshError as err:
                 self.say(str(err))  # said, never silent; a fleet that succeeded then ends 2

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttmesh.errors import bad_input, from_os_error
+from ttmesh.errors import TTMeshError, bad_input, from_os_error
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-', at most 64 characters"
@@ -598,3 +598,37 @@ def xdg_dir(var: str, default: str | None) -> str | None:
     if default is None:
         return None
     return os.path.join(os.path.expanduser("~"), default)
+
+
+DELETED = " (deleted)"  # what the kernel appends to /proc/self/cwd when the directory went
+
+
+def cwd() -> str:
+    """This process's working directory. One that was deleted (the shell's directory removed
+    under it) makes ``os.getcwd`` fail with ENOENT naming no path: bad input naming it
+    instead, from the kernel's own record (``/proc/self/cwd``), with the fix."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise gone_cwd() from None
+
+
+def gone_cwd() -> TTMeshError:
+    """The line for a working directory that no longer exists."""
+    try:
+        where = os.readlink("/proc/self/cwd").removesuffix(DELETED)
+    except OSError:
+        where = os.environ.get("PWD") or "(unknown)"
+    return bad_input(
+        f"the working directory {where} no longer exists (it was deleted)",
+        "cd to a directory that exists and run the command again",
+    )
+
+
+def cwd_gone() -> bool:
+    """Whether this process's working directory was deleted."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False

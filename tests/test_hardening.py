@@ -530,6 +530,22 @@ def test_ps_shows_every_root_by_default(qb2: Path, make_sim, tmp_path: Path) -> 
     assert "interrupted" in ended[0]["status"]
 
 
+def test_a_record_that_is_a_fifo_or_nested_past_the_bound_is_skipped(runtime: Path) -> None:
+    """A job record that is a FIFO hung ps forever (its open waits for a writer); one nested
+    deeper than Python's parser recurses ended it with an internal error. Both are no
+    record: ps lists the others."""
+    folder = runtime / "ttmesh" / "jobs"
+    folder.mkdir(parents=True, mode=0o700)
+    (runtime / "ttmesh").chmod(0o700)
+    os.mkfifo(folder / "fifo.json")
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / "fine.json").write_text(json.dumps({"job": "fine", "pid": 1, "started": 1.0,
+                                                  "ended": time.time(), "code": 0}))  # fmt: skip
+    res = run_cli("ps", "--all", "--json", timeout=30)
+    assert res.code == 0, res.err
+    assert [j["job"] for j in json.loads(res.out)["jobs"]] == ["fine"]
+
+
 SLEEPER = (
     "import os, sys, time\n"
     "open(os.path.join(sys.argv[2], 'rank0.pid'), 'w').write(str(os.getpid()))\n"

@@ -148,10 +148,16 @@ def test_no_one_deletes_anothers_lease(two: dict[str, User], shared: Path) -> No
         assert alive(worker), "reset --force stopped the worker of a running job"
 
 
-def test_a_lock_that_is_no_lease_is_named(two: dict[str, User], shared: Path) -> None:
+@pytest.mark.parametrize("planted", ["empty", "nested JSON"])
+def test_a_lock_that_is_no_lease_is_named(two: dict[str, User], shared: Path, planted: str) -> None:
     """nobody holds an flock on a chip's lease file: launches refuse naming pid and user, ls
-    shows them (not None); the lock is not taken for a ttmesh job's lease."""
+    shows them (not None); the lock is not taken for a ttmesh job's lease. A file of 4 KiB of
+    nested JSON (under the record size read) made every user's ls and launch an internal
+    error (RecursionError, exit 1)."""
     root, nobody = two["root"], two["nobody"]
+    if planted == "nested JSON":
+        write = "import sys; open(sys.argv[1], 'w').write('[' * 2000 + ']' * 2000)"
+        assert nobody.py(write, str(shared / f"{A01}.lock")).returncode == 0
     holder = _holder(nobody, shared / f"{A01}.lock")
     try:
         res = root.run(

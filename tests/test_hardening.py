@@ -546,6 +546,19 @@ def test_a_record_that_is_a_fifo_or_nested_past_the_bound_is_skipped(runtime: Pa
     assert [j["job"] for j in json.loads(res.out)["jobs"]] == ["fine"]
 
 
+def test_json_with_a_byte_that_is_not_utf8_is_valid_utf8(qb2: Path) -> None:
+    """A command line or --env value with byte 0xff (Python: the lone surrogate U+DCFF) was
+    written into --dry-run --json as \\udcff, which UTF-8 and strict JSON readers refuse."""
+    bad = os.fsdecode(b"\xff")
+    argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--chips",
+            "0000:01:00.0", "--dry-run", "--json", "--show-env", "--env", f"X=a{bad}",
+            "--", "true", bad]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, timeout=60)
+    assert res.returncode == 0 and b"\\ud" not in res.stdout, res.stderr
+    plan = json.loads(res.stdout.decode("utf-8"))
+    assert plan["ranks"][0]["argv"][-1] == "\ufffd" and plan["ranks"][0]["env"]["X"] == "a\ufffd"
+
+
 SLEEPER = (
     "import os, sys, time\n"
     "open(os.path.join(sys.argv[2], 'rank0.pid'), 'w').write(str(os.getpid()))\n"

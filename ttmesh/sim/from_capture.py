@@ -260,11 +260,7 @@ def plan(ar: cap.Archive) -> Recreation:
     driver = (ar.text(f"{cap.HOST_DIR}/sys/module/tenstorrent/version") or "").strip()
     data: dict[str, Any] = {
         "name": "capture",
-        # What the archive says is text someone else wrote: shown escaped, never raw.
-        "title": escaped(
-            f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
-            f"at {manifest.get('time', '?')}"
-        ),
+        "title": _title(host, manifest),
         "source": escaped(f"{ar.path.name} ({ar.top})"),
         "notes": [],
         "driver_version": driver or str(manifest.get("driver") or "2.10.0"),
@@ -286,6 +282,13 @@ def plan(ar: cap.Archive) -> Recreation:
     _container(ar, rec)
     rec.not_reproduced.extend(ALWAYS_NOTED)
     return rec
+
+
+def _title(host: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """Where and when the capture was taken: what the archive says is someone else's text,
+    escaped (a host name with a newline must not become a line of its own)."""
+    where = f"{host.get('hostname', '?')} ({host.get('root', '?')})"
+    return escaped(f"captured on {where} at {manifest.get('time', '?')}")
 
 
 FW_ATTRS = ("tt_fw_bundle_ver", "tt_arc_fw_ver", "tt_eth_fw_ver", "tt_m3app_fw_ver")

@@ -317,6 +317,19 @@ HOSTILE: dict[str, tuple[Callable[[], list[Any]], str]] = {
         "is a FIFO (named pipe)",
     ),
     "huge, taken name": (lambda: [_huge("top/manifest.json")], "is 16777217 bytes"),
+    # A loop is no way out of the archive, and is not called one: it is named for what it is.
+    "link to itself": (lambda: [_link("top/a", "a")], "link 'top/a' (to 'a') is in a link loop"),
+    "two links in a loop": (
+        lambda: [_link("top/d/a", "b"), _link("top/d/b", "a")],
+        "link 'top/d/a' (to 'b') is in a link loop",
+    ),
+    # Names are printed: a newline or an escape in one is no name a capture has.
+    "newline in a name": (lambda: [_file("top/x\nttmesh: fine")], "not a name a capture has"),
+    "escape in a link": (lambda: [_link("top/l", "host\x1b[2J")], "not one a capture has"),
+    "JSON member over 4 MiB": (
+        lambda: [_file("top/ttmesh/ls.json", b" " * (4 << 20) + b"{}")],
+        "is 4194306 bytes (a capture's JSON members are at most 4 MiB)",
+    ),
 }
 
 
@@ -404,3 +417,71 @@ def test_links_leading_out_only_through_other_links(qb2: Path, tmp_path: Path) -
     links = {"host/m/a": ".", "host/m/b": "a/../.."}
     assert capture._resolve("host/m/b", links) == ""  # the archive's top, above host/
     assert capture._resolve("host/m/b/../x", links) is None
+
+
+def _rewritten(archive: Path, dest: Path, members: dict[str, bytes]) -> Path:
+    """``archive`` with the members (below its top directory) replaced."""
+    with tarfile.open(archive) as src, tarfile.open(dest, "w:gz") as out:
+        for member in src.getmembers():
+            rel = member.name.split("/", 1)[1] if "/" in member.name else ""
+            if rel in members:
+                member.size = len(members[rel])
+                out.addfile(member, io.BytesIO(members[rel]))
+            else:
+                out.addfile(member, src.extractfile(member) if member.isreg() else None)
+    return dest
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # Python's JSON parser recursed out of this
+
+
+def test_json_nested_past_the_bound_refuses_the_archive(
+    qb2: Path, tmp_path: Path, cli: Callable
+) -> None:
+    """A capture's JSON member nested deeply ended sim create --from-capture with an internal
+    error (RecursionError, exit 1): each JSON member it reads refuses the archive in one line
+    (exit 2) naming the member and the bound, before anything is written."""
+    archive = take(qb2, tmp_path / "x.tar.gz")
+    for member in ("manifest.json", "ttmesh/ls.json", "ttmesh/check.json",
+                   "dev-tenstorrent.json", "umd-locks.json", "container.json"):  # fmt: skip
+        bad = _rewritten(archive, tmp_path / "bad.tar.gz", {member: DEEP})
+        with pytest.raises(TTMeshError) as refused:
+            recreate(bad, tmp_path / "twin")
+        assert refused.value.code == 2 and f"/{member} nests deeper than 64 levels" in str(
+            refused.value
+        ), (member, refused.value)
+        assert not (tmp_path / "twin").exists()
+    res = cli("sim", "create", "--from-capture", str(bad), "--root", str(tmp_path / "twin"))
+    assert res.code == 2 and len(res.err.splitlines()) == 1, res.err
+    assert "container.json nests deeper than 64 levels (refusing the archive" in res.err
+    # The bound itself: 64 levels are read, 65 are not.
+    from ttmesh import fileread
+
+    assert fileread.load_json("[" * 64 + "]" * 64) is not None
+    with pytest.raises(fileread.TooDeep):
+        fileread.load_json('{"a": ' * 65 + "1" + "}" * 65)
+
+
+def test_a_captured_host_name_is_printed_escaped(qb2: Path, tmp_path: Path, cli: Callable) -> None:
+    """The manifest's host name, root and time were printed raw by sim create and sim show,
+    and written into the descriptor's header comment: a newline made a second line that could
+    pose as ttmesh's (and YAML in the descriptor), an escape sequence reached the terminal."""
+    archive = take(qb2, tmp_path / "x.tar.gz")
+    with tarfile.open(archive) as tar:
+        top = tar.getmembers()[0].name.split("/")[0]
+        manifest = json.load(tar.extractfile(f"{top}/manifest.json"))  # type: ignore[arg-type]
+    evil = "box\nttmesh: every chip is healthy \x1b]0;pwned\x07"
+    manifest["host"].update(hostname=evil, root="/r\noot")
+    bad = _rewritten(archive, tmp_path / "evil.tar.gz",
+                     {"manifest.json": json.dumps(manifest).encode()})  # fmt: skip
+    twin = tmp_path / "twin"
+    made = cli("sim", "create", "--from-capture", str(bad), "--root", str(twin))
+    shown = cli("sim", "show", "--root", str(twin))
+    assert made.code == 0 and shown.code == 0, made.err + shown.err
+    shown_as = "box\\x0attmesh: every chip is healthy \\x1b]0;pwned\\x07"
+    for out in (made.out, shown.out):
+        assert not any(ln.startswith("ttmesh:") for ln in out.splitlines()), out
+        assert "\x1b" not in out and "\x07" not in out and shown_as in out, out
+    header = (twin / "cluster_descriptor.yaml").read_text().splitlines()
+    assert header[0].startswith("# Simulated capture: captured on " + shown_as), header[0]
+    assert header[1].startswith("# Written by ttmesh"), header[:2]

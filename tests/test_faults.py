@@ -319,7 +319,7 @@ def test_hold_and_clear(sim: Sim, hold_pids: list[int]) -> None:
     assert [(p["pid"], p["device"]) for p in sim.snapshot()["processes"]] == [(pid, dev)]
     sim.reset()  # a reset does not stop a holder
     assert [h["pid"] for h in {c["bdf"]: c for c in sim.ls()["chips"]}[C07]["holders"]] == [pid]
-    assert sim.clear() == "cleared (1 holder process(es) stopped)\n"
+    assert sim.clear() == "cleared (1 holder process stopped)\n"
     assert until(lambda: core.proc_start_time(pid) is None)  # killed (a zombie at most)
     assert all(c["holders"] == [] for c in sim.ls()["chips"])
     assert sim.snapshot()["processes"] == []
@@ -410,7 +410,7 @@ def test_clear_removes_every_fault(sim: Sim, hold_pids: list[int]) -> None:
         "old_kmd": "1.34.0",
     }
     assert {c["bdf"]: c["holders"] for c in view["chips"]}[C01] == [pid]
-    assert sim.clear() == "cleared (1 holder process(es) stopped)\n"
+    assert sim.clear() == "cleared (1 holder process stopped)\n"
     view = sim.show()
     assert view["faults"] == {
         "reset_fails": None,

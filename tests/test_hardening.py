@@ -530,6 +530,78 @@ def test_ps_shows_every_root_by_default(qb2: Path, make_sim, tmp_path: Path) -> 
     assert "interrupted" in ended[0]["status"]
 
 
+def test_a_record_that_is_a_fifo_or_nested_past_the_bound_is_skipped(runtime: Path) -> None:
+    """A job record that is a FIFO hung ps forever (its open waits for a writer); one nested
+    deeper than Python's parser recurses ended it with an internal error. Both are no
+    record: ps lists the others."""
+    folder = runtime / "ttmesh" / "jobs"
+    folder.mkdir(parents=True, mode=0o700)
+    (runtime / "ttmesh").chmod(0o700)
+    os.mkfifo(folder / "fifo.json")
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / "fine.json").write_text(json.dumps({"job": "fine", "pid": 1, "started": 1.0,
+                                                  "ended": time.time(), "code": 0}))  # fmt: skip
+    res = run_cli("ps", "--all", "--json", timeout=30)
+    assert res.code == 0, res.err
+    assert [j["job"] for j in json.loads(res.out)["jobs"]] == ["fine"]
+
+
+def test_json_with_a_byte_that_is_not_utf8_is_valid_utf8(qb2: Path) -> None:
+    """A command line or --env value with byte 0xff (Python: the lone surrogate U+DCFF) was
+    written into --dry-run --json as \\udcff, which UTF-8 and strict JSON readers refuse."""
+    bad = os.fsdecode(b"\xff")
+    argv = [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--chips",
+            "0000:01:00.0", "--dry-run", "--json", "--show-env", "--env", f"X=a{bad}",
+            "--", "true", bad]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, timeout=60)
+    assert res.returncode == 0 and b"\\ud" not in res.stdout, res.stderr
+    plan = json.loads(res.stdout.decode("utf-8"))
+    assert plan["ranks"][0]["argv"][-1] == "\ufffd" and plan["ranks"][0]["env"]["X"] == "a\ufffd"
+
+
+SLEEPER = (
+    "import os, sys, time\n"
+    "open(os.path.join(sys.argv[2], 'rank0.pid'), 'w').write(str(os.getpid()))\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_ps_says_a_stopped_job_and_writes_json_any_reader_decodes(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """A job whose command line holds byte 0xff (not UTF-8: Python decodes it as the lone
+    surrogate U+DCFF) was listed by ``ps --json`` as ``\\udcff``, which UTF-8 and strict JSON
+    readers refuse: it is U+FFFD; the text shows the byte as ``\\xff``. A SIGSTOPped guardian
+    left ps saying "running": the job is "stopped", naming the process and how to continue it."""
+    job = f"stopped-{os.getpid()}"
+    proc = start_launch(qb2, "--tp-size", "1", "--job-id", job, "--", sys.executable, "-c",
+                        SLEEPER, "ttmesh-test-worker", str(tmp_path), os.fsdecode(b"\xff"))  # fmt: skip
+    guardian = None
+    try:
+        wait_for(lambda: (tmp_path / "rank0.pid").exists() or proc.poll() is not None)
+        res = subprocess.run([sys.executable, "-m", "ttmesh", "ps", "--json"], capture_output=True)
+        assert res.returncode == 0 and b"\\ud" not in res.stdout, res.stdout
+        (mine,) = [j for j in json.loads(res.stdout.decode("utf-8"))["jobs"] if j["job"] == job]
+        assert mine["command"][-1] == "\ufffd" and mine["state"] == "running", mine
+        assert mine["stopped"] == []
+        assert "\\xff" in run_cli("ps", env={"COLUMNS": "1000"}).out
+        guardian = mine["guardian"]
+        os.kill(guardian, signal.SIGSTOP)
+        wait_for(lambda: procs.state(guardian) == "T", what="the guardian stopped")
+        (mine,) = [j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job]
+        assert mine["state"] == "stopped", mine
+        assert mine["stopped"] == [{"pid": guardian, "what": "guardian"}]
+        text = run_cli("ps", env={"COLUMNS": "1000"})
+        row = next(r for r in text.out.splitlines() if r.startswith(job))
+        assert f"stopped: guardian {guardian}" in row, text.out
+        assert f"kill -CONT {guardian}" in text.err and len(text.err.splitlines()) == 1, text.err
+    finally:
+        if guardian is not None:
+            os.kill(guardian, signal.SIGCONT)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+
+
 @pytest.mark.parametrize(
     "args",
     [

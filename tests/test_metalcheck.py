@@ -122,9 +122,45 @@ def test_root_never_runs_a_ttnn_python_another_user_could_change(qb2: Path, tmp_
                       env={"TTMESH_TTNN_PYTHON": str(python)})  # fmt: skip
         lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
         assert res.code == 2 and len(lines) == 1 and said in lines[0], res.err
+    # check --active runs the same interpreter: it refuses it the same way, however named.
+    for args, env in ((["--ttnn-python", str(fake)], {}), ([], {"TTMESH_TTNN_PYTHON": str(fake)})):
+        res = run_cli("check", "--root", str(qb2), "--active", *args, env=env)
+        lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
+        assert res.code == 2 and len(lines) == 1 and "is owned by nobody" in lines[0], res.err
     os.chown(fake, 0, 0)
     fake.chmod(0o757)  # others may write it
     res = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "--", "true",
                   env={"TTMESH_TTNN_PYTHON": str(fake)})  # fmt: skip
     assert res.code == 2 and "is writable by others" in res.err, res.err
     assert not ran.exists()
+
+
+def test_a_broken_checker_is_not_blamed_on_tt_metal(qb2: Path, tmp_path: Path) -> None:
+    """TTMESH_TTNN_PYTHON=/bin/false said "tt-metal refuses rank 0's mesh" (exit 3): a checker
+    that never ran the probe, or whose ttnn crashed on import, is the checker's fault: one line
+    naming it and the fix, exit 2. A probe that crashed inside tt-metal (ttnn imported) is
+    still tt-metal's verdict (exit 3), said without a negative code."""
+    marker = tmp_path / "started"
+    crash_on_import = tmp_path / "crash-on-import"
+    crash_on_import.write_text("#!/bin/sh\necho PROBE-STAGE python\nkill -SEGV $$\n")
+    crash_in_metal = tmp_path / "crash-in-metal"
+    crash_in_metal.write_text(
+        "#!/bin/sh\necho PROBE-STAGE python\necho PROBE-STAGE ttnn\nkill -SEGV $$\n"
+    )
+    for fake in (crash_on_import, crash_in_metal):
+        fake.chmod(0o755)
+    for python, code, said in (
+        ("/bin/false", 2, "TTMESH_TTNN_PYTHON=/bin/false did not run tt-metal's check: it "
+                          "exited with code 1 before starting it: the checker is broken"),
+        (str(crash_on_import), 2, f"TTMESH_TTNN_PYTHON={crash_on_import} was killed by SIGSEGV "
+                                  "importing ttnn: the checker is broken, not the mesh"),
+        (str(crash_in_metal), 3, "tt-metal refuses rank 0's mesh: its control plane was killed "
+                                 "by SIGSEGV without an answer"),
+    ):  # fmt: skip
+        res = run_cli("launch", "--root", str(qb2), "--chips", "0000:01:00.0", "--", "touch",
+                      str(marker), env={"TTMESH_TTNN_PYTHON": python})  # fmt: skip
+        lines = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
+        assert res.code == code and len(lines) == 1 and said in lines[0], res.err
+        if code == 2:
+            assert "unset TTMESH_TTNN_PYTHON" in lines[0], lines[0]
+        assert not marker.exists()

@@ -209,3 +209,32 @@ def test_another_users_simulated_host(users: dict[str, User]) -> None:
         ), (args, last)
     # Nothing changed: root's host is as healthy as before.
     assert users["root"].run("check", "--root", root_sim).returncode == 0
+
+
+GONE = 'mkdir "$0" && cd "$0" && rmdir "$0" && exec "$@"'  # run "$@" in a deleted directory
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_a_launch_names_the_path_its_surroundings_break(users: dict[str, User], who: str) -> None:
+    """A launch from a working directory that was deleted, and one whose TTMESH_RUNTIME_DIR is
+    /proc (a directory no file can be made in), said "cannot use: No such file or directory"
+    and "cannot use 00008a26321e00c1.lock: ...", naming no path: each names it, and the fix."""
+    if who not in users:
+        pytest.skip(NEEDS_NOBODY)
+    user = users[who]
+    gone = user.base / "deleted-cwd"
+    argv = user.argv("sh", "-c", GONE, str(gone), user.python, "-m", "ttmesh", "launch",
+                     "--root", str(user.sim), "--chips", C01, "--", "true")  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=user.base)
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"ttmesh: the working directory {gone} no longer exists (it was deleted) (cd to a "
+        "directory that exists and run the command again)"
+    ), last
+    res = user.run("launch", "--root", str(user.sim), "--chips", C01, "--", "true",
+                   env={"TTMESH_RUNTIME_DIR": "/proc"})  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("ttmesh: cannot create the lease file /proc/"), last
+    assert "in the lease directory /proc: " in last and "TTMESH_RUNTIME_DIR=/proc: set it" in last

@@ -148,10 +148,16 @@ def test_no_one_deletes_anothers_lease(two: dict[str, User], shared: Path) -> No
         assert alive(worker), "reset --force stopped the worker of a running job"
 
 
-def test_a_lock_that_is_no_lease_is_named(two: dict[str, User], shared: Path) -> None:
+@pytest.mark.parametrize("planted", ["empty", "nested JSON"])
+def test_a_lock_that_is_no_lease_is_named(two: dict[str, User], shared: Path, planted: str) -> None:
     """nobody holds an flock on a chip's lease file: launches refuse naming pid and user, ls
-    shows them (not None); the lock is not taken for a ttmesh job's lease."""
+    shows them (not None); the lock is not taken for a ttmesh job's lease. A file of 4 KiB of
+    nested JSON (under the record size read) made every user's ls and launch an internal
+    error (RecursionError, exit 1)."""
     root, nobody = two["root"], two["nobody"]
+    if planted == "nested JSON":
+        write = "import sys; open(sys.argv[1], 'w').write('[' * 2000 + ']' * 2000)"
+        assert nobody.py(write, str(shared / f"{A01}.lock")).returncode == 0
     holder = _holder(nobody, shared / f"{A01}.lock")
     try:
         res = root.run(
@@ -553,6 +559,45 @@ def test_a_link_above_a_private_directory(two: dict[str, User]) -> None:
     finally:
         shutil.rmtree(target)
         shutil.rmtree(sticky)
+
+
+@pytest.mark.parametrize(
+    ("who", "jobs"),
+    [("root", "planted"), ("nobody", "planted"), ("nobody", "read-only"), ("root", "a file")],
+)
+def test_a_job_that_cannot_be_recorded_does_not_start(
+    two: dict[str, User], who: str, jobs: str
+) -> None:
+    """The jobs folder of the user's runtime directory made by the other user, not writable,
+    or a file: ps and stop could not see the job, so it is refused (exit 2) before anything
+    starts, in one line naming the folder and the fix; no lease or run directory is left."""
+    me = two[who]
+    other = two["nobody" if who == "root" else "root"]
+    runtime = world_dir("ttmesh-unrecorded-", 0o700)
+    try:
+        os.chown(runtime, me.uid, -1)
+        base = runtime / "ttmesh"
+        base.mkdir(mode=0o700)
+        os.chown(base, me.uid, -1)
+        folder = base / "jobs"
+        if jobs == "a file":
+            folder.touch()
+        else:
+            folder.mkdir(mode=0o500 if jobs == "read-only" else 0o700)
+        os.chown(folder, (other if jobs == "planted" else me).uid, -1, follow_symlinks=False)
+        mark = runtime / "ran"
+        res = me.run("launch", "--root", str(me.sim), "--chips", C01, "--",
+                     "/bin/sh", "-c", f"touch {mark}", env={"XDG_RUNTIME_DIR": str(runtime)})  # fmt: skip
+        assert res.returncode == 2, res.stderr
+        line = _last(res)
+        assert line.startswith("ttmesh: cannot write the job's record"), line
+        assert str(folder) in line and "nothing started" in line, line
+        assert "XDG_RUNTIME_DIR" in line or "chmod 700" in line, line
+        assert not mark.exists()
+        assert not any((base / "runs").iterdir())
+        assert not list((me.sim / "run" / "lock" / "ttmesh").glob("*.lock"))
+    finally:
+        shutil.rmtree(runtime)
 
 
 def test_another_user_cannot_freeze_a_simulated_hosts_state(two: dict[str, User]) -> None:

@@ -17,12 +17,15 @@ is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from typing import Any
 
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+JSON_DEPTH = 64  # nesting levels of a JSON document read (ttmesh's own nest fewer than 10)
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -166,3 +169,27 @@ def read_text(
             f"is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})",
             f"give a text file: a {what} is text",
         ) from None
+
+
+class TooDeep(ValueError):
+    """A JSON document nested deeper than the bound (its message completes "<what> ...")."""
+
+
+def load_json(data: str | bytes, depth: int = JSON_DEPTH) -> Any:
+    """Parse JSON that someone else may have written. Python's parser recurses once per level:
+    a few KiB of ``[`` end it with ``RecursionError``, which no ``except ValueError`` of a
+    caller catches. Here a document nested deeper than ``depth`` levels (``[]`` is one) is
+    :class:`TooDeep`, a ``ValueError``, as malformed text is; the size is the caller's bound
+    (the bytes it read)."""
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise TooDeep(f"nests deeper than {depth} levels") from None
+    todo: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
+    while todo:  # iteratively: the walk must not recurse either
+        value, level = todo.pop()
+        children = value.values() if isinstance(value, dict) else value
+        if level > depth:
+            raise TooDeep(f"nests deeper than {depth} levels")
+        todo.extend((c, level + 1) for c in children if isinstance(c, (dict, list)))
+    return doc

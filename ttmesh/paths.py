@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttmesh.errors import bad_input, from_os_error
+from ttmesh.errors import TTMeshError, bad_input, from_os_error
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-', at most 64 characters"
@@ -244,6 +244,7 @@ def walk(
     new_mode: int = 0o755,
     link_fix: str | None = None,
     strict: str | None = None,
+    elsewhere: str | None = None,
 ) -> tuple[int, bool]:
     """(an ``O_PATH`` descriptor of directory ``path``, whether this call created it).
 
@@ -258,7 +259,8 @@ def walk(
 
     ``strict`` (the fix to print): every directory on the way must also be root's or this
     user's, and sticky when others may write in it: no one else can then rename or replace
-    anything on the path, so the caller may go on using it by name."""
+    anything on the path, so the caller may go on using it by name. ``elsewhere``: how to name
+    another path, for a component that is no directory (default: ``strict``)."""
     named = os.fspath(path)
     if not os.path.isabs(named):
         raise bad_input(f"{what} {named} is not an absolute path", "give an absolute path")
@@ -307,9 +309,15 @@ def walk(
                 what_is = (
                     "is" if where == os.path.normpath(named) else f"is inside {where}, which is"
                 )
+                # Removing is the fix only for a stray file where ttmesh's own directory goes;
+                # never for a device (/dev/zero), a file above it, or a path the user named
+                # (/etc/passwd): then only the path is to change.
+                device = stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                own = where == os.path.normpath(named) and not device and elsewhere is None
+                other = elsewhere or strict or "name another path"
                 raise bad_input(
                     f"{what} {named} {what_is} {_kind(st.st_mode)}, not a directory",
-                    "remove it, or name another path",
+                    f"remove it, or {other}" if own else other,
                 )
             os.close(fd)
             fd, created = nxt, made
@@ -412,6 +420,7 @@ def shared_dir(
     trusted: set[int] | frozenset[int],
     heal: bool = False,
     fix: str,
+    elsewhere: str | None = None,
 ) -> SharedDir | None:
     """Open (with ``create``, make: mode 1777) the shared directory ``path``; None when it does
     not exist and ``create`` is false.
@@ -425,7 +434,7 @@ def shared_dir(
     ``fix``."""
     me = os.geteuid()
     try:
-        fd, created = walk(path, what=what, create=create)
+        fd, created = walk(path, what=what, create=create, elsewhere=elsewhere)
     except FileNotFoundError:
         if create:
             raise
@@ -598,3 +607,37 @@ def xdg_dir(var: str, default: str | None) -> str | None:
     if default is None:
         return None
     return os.path.join(os.path.expanduser("~"), default)
+
+
+DELETED = " (deleted)"  # what the kernel appends to /proc/self/cwd when the directory went
+
+
+def cwd() -> str:
+    """This process's working directory. One that was deleted (the shell's directory removed
+    under it) makes ``os.getcwd`` fail with ENOENT naming no path: bad input naming it
+    instead, from the kernel's own record (``/proc/self/cwd``), with the fix."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise gone_cwd() from None
+
+
+def gone_cwd() -> TTMeshError:
+    """The line for a working directory that no longer exists."""
+    try:
+        where = os.readlink("/proc/self/cwd").removesuffix(DELETED)
+    except OSError:
+        where = os.environ.get("PWD") or "(unknown)"
+    return bad_input(
+        f"the working directory {where} no longer exists (it was deleted)",
+        "cd to a directory that exists and run the command again",
+    )
+
+
+def cwd_gone() -> bool:
+    """Whether this process's working directory was deleted."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False

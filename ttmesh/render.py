@@ -41,7 +41,24 @@ def printable(text: str) -> str:
     control or invisible character ``\\xNN``. Such a line must never reach a terminal raw: it
     could move the cursor, retitle the window, or hide what follows."""
     text = _ESCAPES.sub("", text).replace("\t", " ").replace("\n", " ").replace("\r", " ")
-    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text).strip()
+    return "".join(c if c.isprintable() or c == " " else _code(c, "x") for c in text).strip()
+
+
+def escaped(text: str) -> str:
+    """A value someone else wrote (a capture's host name, a file's field) as one line showing
+    what it holds: every control or invisible character as its code (a newline ``\\x0a``,
+    so no second line can pose as one of ttmesh's; an escape ``\\x1b``, which the terminal
+    then does not act on), a byte that was not UTF-8 (decoded with ``surrogateescape``, as
+    Python decodes argv, the environment and file names) as ``\\xNN`` of that byte."""
+    return "".join(c if c.isprintable() else _code(c, "u") for c in text)
+
+
+def _code(c: str, wide: str) -> str:
+    """``c`` spelled out: ``\\xNN``; above U+00FF ``\\uNNNN`` (``wide`` "u") or ``\\xNNNN``."""
+    n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # surrogateescape's stand-in for the byte n - 0xDC00
+        return f"\\x{n - 0xDC00:02x}"
+    return f"\\x{n:02x}" if n < 0x100 else f"\\{wide}{n:04x}"
 
 
 def clip(text: str, width: int) -> str:
@@ -145,14 +162,42 @@ def _rich_table(
 
 
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.write(json_text(data, indent=2) + "\n")
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """``data`` as JSON (``json.dumps`` with ``options``) that every reader decodes, for every
+    JSON document ttmesh writes for others. Python decodes argv, the environment and file
+    names with ``surrogateescape``: a byte that is not UTF-8 (0xff in a command line) becomes
+    a lone surrogate (U+DCFF), which ``json.dumps`` writes as ``\\udcff``, and which UTF-8 and
+    strict JSON readers refuse. Each such character is written as U+FFFD (the replacement
+    character, as a UTF-8 decoder shows a bad byte) instead."""
+    text = json.dumps(data, **options)
+    if "\\ud" not in text:  # no surrogate written (the common case: no second pass)
+        return text
+    return json.dumps(_without_surrogates(data), **options)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(data: Any) -> Any:
+    if isinstance(data, str):
+        return _SURROGATE.sub("\ufffd", data)
+    if isinstance(data, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_without_surrogates(v) for v in data]
+    return data
 
 
 def note(message: str) -> None:
-    """One of ttmesh's own messages: stderr, prefixed. A closed stderr (the reader of a pipe
-    is gone, e.g. after ttmesh itself was killed) silences further messages, never raises."""
+    """One of ttmesh's own messages: stderr, prefixed, one line (what it quotes of others, a
+    file's field or a server's complaint, :func:`escaped`: no second line posing as ttmesh's).
+    A closed stderr (the reader of a pipe is gone, e.g. after ttmesh itself was killed)
+    silences further messages, never raises."""
     try:
-        sys.stderr.write(f"ttmesh: {message}\n")
+        sys.stderr.write(f"ttmesh: {escaped(message)}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         silence_stderr()

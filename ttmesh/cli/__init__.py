@@ -180,9 +180,14 @@ def _invoke(argv: list[str]) -> int:
     except BrokenPipeError:
         return 1
     except OSError as exc:
+        import errno
+
+        from ttmesh import paths
         from ttmesh.errors import from_os_error
 
-        err = from_os_error(exc)
+        # A path relative to a working directory that was deleted fails naming no path.
+        gone = exc.errno == errno.ENOENT and not exc.filename and paths.cwd_gone()
+        err = paths.gone_cwd() if gone else from_os_error(exc)
         return _fail(argv, err.code, err.message, err.hint)
     except Exception as exc:
         sim = sys.modules.get("ttmesh.sim.core")  # loaded only when a simulated host was used
@@ -197,13 +202,16 @@ def _invoke(argv: list[str]) -> int:
 
 
 def _fail(argv: list[str], code: int, message: str, hint: str | None) -> int:
-    line = f"ttmesh: {message}" + (f" ({hint})" if hint else "")
+    from ttmesh.render import escaped
+
+    # One line whatever the message quotes (a path, a file's field): escaped, never raw.
+    line = escaped(f"ttmesh: {message}" + (f" ({hint})" if hint else ""))
     if _json_requested(argv):
-        import json
+        from ttmesh.render import json_text
 
         doc = {"schema": "ttmesh.error/1", "code": code, "message": message, "hint": hint}
         try:
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.write(json_text(doc, indent=2) + "\n")
             sys.stdout.flush()
         except (OSError, ValueError):
             pass  # the line below still says what failed; streams.settle says the rest

@@ -30,8 +30,10 @@ def ps_cmd(
     """List your ttmesh jobs on every host (real or simulated): id, state, root, chips, ranks.
 
     \b
-    A job runs while its launcher or its guardian lives. --all adds the jobs that ended and
-    how (exit code, "launcher killed", ...). --root/--sim show one host's jobs only.
+    A job runs while its launcher or its guardian lives; it is "stopped" while one of its
+    processes is (SIGSTOP, Ctrl-Z: nothing moves until kill -CONT PID). --all adds the jobs
+    that ended and how (exit code, "launcher killed", ...). --root/--sim show one host's jobs
+    only.
     """
     import time
 
@@ -43,18 +45,23 @@ def ps_cmd(
     jobs.sweep()
     records = jobs.every(only) if show_all else jobs.running(only)
     for r in records:
-        r["state"] = "ended" if r.get("ended") else "running"
+        # A stopped process (SIGSTOP, Ctrl-Z) lives, so its job is not ended, but nothing of
+        # it moves until it is continued: say so, naming which (kill -CONT PID continues it).
+        r["stopped"] = jobs.stopped(r)
+        r["state"] = "ended" if r.get("ended") else "stopped" if r["stopped"] else "running"
     if as_json:
         from ttmesh.render import emit_json
 
         emit_json({"schema": "ttmesh.ps/1", "jobs": records})
         return
-    from ttmesh.render import printable, table
+    from ttmesh.render import note, printable, table
 
     rows = []
     for r in records:
         ranks = r.get("ranks", [])
         state = "running" if not r.get("ended") else (r.get("status") or "ended")
+        if r["stopped"]:
+            state = "stopped: " + ", ".join(f"{p['what']} {p['pid']}" for p in r["stopped"])
         rows.append(
             [
                 r["job"],
@@ -83,6 +90,14 @@ def ps_cmd(
     # fits the terminal (a pipe: COLUMNS, else 160); --json keeps every value whole.
     headers = ["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"]
     click.echo(table(headers, rows, fitted=True, keep=[0]))
+    for r in records:
+        if r["stopped"]:
+            held = ", ".join(f"{p['what']} {p['pid']}" for p in r["stopped"])
+            pids = " ".join(str(p["pid"]) for p in r["stopped"])
+            note(
+                f"job {r['job']} is stopped ({held}: SIGSTOP or Ctrl-Z): they do nothing until "
+                f"kill -CONT {pids} (ttmesh stop {r['job']} continues them as it stops the job)"
+            )
 
 
 def fleet_rows(fleet: dict, job: str) -> list[list[object]]:

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
-from ttmesh.render import plural
+from ttmesh.render import escaped, plural
 
 
 @click.group("sim", context_settings=CONTEXT)
@@ -147,13 +147,15 @@ def sim_create(
 
         rec, path = recreate(Path(capture), Path(root), force=force)
         model = rec.model
+        # Everything from the archive is someone else's text: escaped (render.escaped).
         click.echo(
-            f"simulated {model.name} ({plural(len(model.chips), 'chip')}) at {path}: {model.title}"
+            f"simulated {model.name} ({plural(len(model.chips), 'chip')}) at {path}: "
+            + escaped(model.title)
         )
         for line in rec.reproduced:
-            click.echo(f"  reproduced: {line}")
+            click.echo(f"  reproduced: {escaped(line)}")
         for line in rec.not_reproduced:
-            click.echo(f"  not reproduced: {line}")
+            click.echo(f"  not reproduced: {escaped(line)}")
         return
     from ttmesh.sim.create import create
     from ttmesh.sim.system import load_host
@@ -413,7 +415,8 @@ def sim_clear(host: Any) -> None:
     from ttmesh.sim import faults
 
     done = faults.clear(host)
-    click.echo(f"cleared ({done['holders_killed']} holder process(es) stopped)")
+    stopped = plural(done["holders_killed"], "holder process", "holder processes")
+    click.echo(f"cleared ({stopped} stopped)")
 
 
 @sim_group.command("show", context_settings=CONTEXT)
@@ -489,15 +492,17 @@ def sim_show(host: Any, as_json: bool) -> None:
         click.echo(f"fabric mark: pid {m['pid']} {status}: {', '.join(m['chips'])}")
     capture = view.get("capture")
     if capture:
-        host = capture.get("host") or {}
-        click.echo(
-            f"recreated from {capture.get('archive')} (captured {capture.get('captured')} on "
-            f"{host.get('hostname', '?')}, root {host.get('root', '?')})"
+        host = capture.get("host") if isinstance(capture.get("host"), dict) else {}
+        click.echo(  # what a capture said is someone else's text: escaped (render.escaped)
+            escaped(
+                f"recreated from {capture.get('archive')} (captured {capture.get('captured')} "
+                f"on {host.get('hostname', '?')}, root {host.get('root', '?')})"
+            )
         )
         for line in capture.get("reproduced") or []:
-            click.echo(f"  reproduced: {line}")
+            click.echo(f"  reproduced: {escaped(str(line))}")
         for line in capture.get("not_reproduced") or []:
-            click.echo(f"  not reproduced: {line}")
+            click.echo(f"  not reproduced: {escaped(str(line))}")
 
 
 @sim_group.command("config", context_settings=CONTEXT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ttmesh import paths
 from ttmesh.errors import bad_input
 
 
@@ -24,7 +25,7 @@ def load(path: str, mapping: str | None) -> Any:
     if mapping is not None:
         from ttmesh.launcher.adapters import subcontexts
 
-        return subcontexts.load(path, dict(os.environ), os.getcwd())
+        return subcontexts.load(path, dict(os.environ), paths.cwd())
     from ttmesh.launcher.adapters import ttrun
 
-    return ttrun.load(path, dict(os.environ), os.getcwd())
+    return ttrun.load(path, dict(os.environ), paths.cwd())

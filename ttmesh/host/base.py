@@ -312,6 +312,12 @@ class Host:
                 trusted=frozenset({0, os.geteuid(), owner}),
                 heal=standard,
                 fix=fix,
+                elsewhere=(
+                    "set TTMESH_RUNTIME_DIR to a directory every user of the host shares, or "
+                    "unset it"
+                    if os.environ.get("TTMESH_RUNTIME_DIR")
+                    else None
+                ),
             )
         except PermissionError as exc:
             parent = path.parent

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh.render import escaped
+
 # The order tt-umd writes the top-level keys in.
 KEY_ORDER = (
     "arch",
@@ -313,8 +315,10 @@ def _scalar(value: Any) -> str:
 
 
 def dump(cd: ClusterDescriptor, header: Iterable[str] = ()) -> str:
-    """Write ``cd`` in tt-umd's layout. ``header`` lines are written first as ``# `` comments."""
-    out: list[str] = [f"# {line}".rstrip() for line in header]
+    """Write ``cd`` in tt-umd's layout. ``header`` lines are written first as ``# `` comments
+    (each one comment: a newline in one, e.g. a captured host's name in a title, would end the
+    comment and write YAML)."""
+    out: list[str] = [f"# {escaped(line)}".rstrip() for line in header]
     chips = [cd.chips[k] for k in sorted(cd.chips)]
 
     def chip_map(key: str, pairs: list[tuple[int, str]]) -> None:

@@ -22,6 +22,12 @@ import socket
 import sys
 from typing import Any
 
+# Set by ttmesh's pre-flight (launcher.planning.metalcheck): say "PROBE-STAGE python" on
+# starting and "PROBE-STAGE ttnn" once ttnn is imported, so a checker that never ran (a
+# TTMESH_TTNN_PYTHON that is no Python) or a ttnn that crashed on import is not blamed on
+# tt-metal's verdict on the mesh.
+STAGES = "TTMESH_PROBE_STAGES"
+
 
 def collective(ttnn, local: list) -> str:
     """On hardware: open the local mesh with the fabric on and all-gather a tiny tensor."""
@@ -49,12 +55,17 @@ def main(extra: dict[str, Any] | None = None) -> int:
         "mock": os.path.basename(os.environ.get("TT_METAL_MOCK_CLUSTER_DESC_PATH", "")) or None,
         **(extra or {}),
     }
+    stages = bool(os.environ.get(STAGES))
+    if stages:  # ttmesh's pre-flight: this interpreter runs the probe
+        print("PROBE-STAGE python", flush=True)
     try:
         import ttnn
     except ImportError as exc:
         out["error"] = f"ttnn is not importable in {sys.executable}: {exc}"
         print("PROBE " + json.dumps(out), flush=True)
         os._exit(3)
+    if stages:  # ... and imported ttnn: a crash from here on is tt-metal's
+        print("PROBE-STAGE ttnn", flush=True)
     try:
         out["mesh_ids"] = sorted(int(m) for m in ttnn.get_all_fabric_mesh_ids())
         desc = ttnn._ttnn.multi_device.SystemMeshDescriptor()

@@ -27,6 +27,7 @@ from typing import Any
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
+from ttmesh.render import plural
 
 PREFIX = "@@ttmesh-recover "
 CHECK_PREFIX = "@@ttmesh-check "
@@ -136,7 +137,8 @@ def end_leftovers(job: str, grace: float, log: Callable[[str], None] | None = No
         left = [(p, t) for p, t in left if procs.alive(p, t)]
     if left:
         if log is not None:
-            log(f"{len(left)} process(es) of job {job} still running after {grace:g} s: SIGKILL")
+            many = plural(len(left), "process", "processes")
+            log(f"{many} of job {job} still running after {grace:g} s: SIGKILL")
         for p, t in left:
             procs.signal_if_same(p, t, signal.SIGKILL)
         end = time.monotonic() + 5.0

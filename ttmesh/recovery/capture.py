@@ -69,6 +69,7 @@ from ttmesh import __version__, fileread, paths
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import CLASS_DIR, Host
+from ttmesh.render import json_text
 
 SCHEMA = "ttmesh.capture/1"
 MANIFEST = "manifest.json"
@@ -130,6 +131,7 @@ SMI_TIMEOUT = 120.0
 # Reading an archive back (user input): limits well above what a capture of a Galaxy holds.
 MAX_ARCHIVE = 64 << 20  # compressed bytes
 MAX_MEMBER = 16 << 20  # one member's bytes
+MAX_JSON = 4 << 20  # one JSON member's bytes (a Galaxy's largest, tt-smi -s, is 140 KiB)
 MAX_TOTAL = 64 << 20  # every member's bytes
 HEADROOM = 32 << 20  # tar headers on top of the members' bytes
 MAX_MEMBERS = 20000
@@ -588,7 +590,7 @@ def _json_in(text: str) -> Any | None:
         try:
             doc, _ = json.JSONDecoder().raw_decode(text[start:])
             return doc
-        except ValueError:
+        except (ValueError, RecursionError):  # a tt-smi's output nested past the parser
             start = text.find("{", start + 1)
     return None
 
@@ -768,7 +770,7 @@ def _in_host(rel: str | None) -> bool:
 
 
 def _json(data: Any) -> bytes:
-    return (json.dumps(data, indent=1) + "\n").encode()
+    return (json_text(data, indent=1) + "\n").encode()  # valid UTF-8 whatever the host said
 
 
 def top_name(cap: Capture) -> str:
@@ -855,11 +857,15 @@ class Archive:
         return None if data is None else data.decode(errors="replace")
 
     def json(self, rel: str) -> Any | None:
+        """Member ``rel`` parsed; None when missing or not JSON. One nested deeper than a
+        capture's JSON is refuses the archive (bad input: the parser would recurse out)."""
         text = self.text(rel)
         if text is None:
             return None
         try:
-            return json.loads(text)
+            return fileread.load_json(text)
+        except fileread.TooDeep as exc:
+            raise _refuse(self.path, f"member {self.top}/{rel} {exc}") from None
         except ValueError:
             return None
 
@@ -880,16 +886,27 @@ class Archive:
         return sorted(names)
 
 
-def _resolve(rel: str, links: dict[str, str], hops: int = 0) -> str | None:
+LOOP = "loop"  # why a path does not resolve: its links lead back to themselves
+OUT = "out"  # ... or out of the archive
+
+
+def _resolve(rel: str, links: dict[str, str]) -> str | None:
     """Resolve ``rel`` component by component as a kernel would, following the archive's
     links; None when it climbs above the archive's top or loops."""
+    return _walk(rel, links)[0]
+
+
+def _walk(rel: str, links: dict[str, str]) -> tuple[str | None, str]:
+    """(``rel`` resolved, "") or (None, :data:`LOOP` or :data:`OUT`): why not, for the line
+    that refuses it (a loop is no escape, and is not called one)."""
     parts: list[str] = []
     todo = [p for p in rel.split("/") if p not in ("", ".")]
+    hops = 0
     while todo:
         part = todo.pop(0)
         if part == "..":
             if not parts:
-                return None
+                return None, OUT
             parts.pop()
             continue
         parts.append(part)
@@ -898,11 +915,23 @@ def _resolve(rel: str, links: dict[str, str], hops: int = 0) -> str | None:
         if target is None:
             continue
         hops += 1
-        if hops > MAX_LINK_HOPS or target.startswith("/"):
-            return None
+        if target.startswith("/"):
+            return None, OUT
+        if hops > MAX_LINK_HOPS:
+            return None, LOOP
         parts.pop()
         todo = [p for p in target.split("/") if p not in ("", ".")] + todo
-    return "/".join(parts)
+    return "/".join(parts), ""
+
+
+def _bad_link(path: Path, name: str, target: str, why: str) -> TTMeshError:
+    if why == LOOP:
+        return _refuse(
+            path,
+            f"link {name!r} (to {target!r}) is in a link loop: following it never ends "
+            f"(more than {MAX_LINK_HOPS} links)",
+        )
+    return _refuse(path, f"link {name!r} points to {target!r}, outside the archive")
 
 
 def _refuse(path: Path, what: str) -> TTMeshError:
@@ -956,11 +985,14 @@ def read_archive(path: Path) -> Archive:
         raise from_os_error(exc, "read the capture")
     # A link checked early may lead through a link added after it: check them all again.
     for rel, target in links.items():
-        if _resolve(posixpath.join(posixpath.dirname(rel), target), links) is None:
-            raise _refuse(path, f"link {top}/{rel} points to {target!r}, outside the archive")
+        found, why = _walk(posixpath.join(posixpath.dirname(rel), target), links)
+        if found is None:
+            raise _bad_link(path, f"{top}/{rel}", target, why)
     data = files.get(MANIFEST)
     try:
-        manifest = json.loads(data) if data is not None else None
+        manifest = fileread.load_json(data) if data is not None else None
+    except fileread.TooDeep as exc:
+        raise _refuse(path, f"member {top}/{MANIFEST} {exc}") from None
     except ValueError:
         manifest = None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
@@ -992,7 +1024,9 @@ def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, byte
         if count > MAX_MEMBERS:
             raise _refuse(path, f"more than {MAX_MEMBERS} members")
         name = member.name
-        if len(name) > MAX_NAME or "\x00" in name or "\\" in name:
+        if len(name) > MAX_NAME or "\\" in name or not name.isprintable():
+            # Names are printed (the top directory in every line): no control character
+            # (a newline posing as a line of ttmesh's, an escape sequence) and no NUL.
             raise _refuse(path, f"member {name[:80]!r}: not a name a capture has")
         if name.startswith("/"):
             raise _refuse(path, f"member {name!r} has an absolute path")
@@ -1018,6 +1052,12 @@ def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, byte
                 f"member {name!r} is {member.size} bytes (a capture's members are at most "
                 f"{fileread.size_text(MAX_MEMBER)})",
             )
+        if member.isreg() and name.endswith(".json") and member.size > MAX_JSON:
+            raise _refuse(
+                path,
+                f"member {name!r} is {member.size} bytes (a capture's JSON members are at "
+                f"most {fileread.size_text(MAX_JSON)})",
+            )
         if member.isdir():
             if rel in files or rel in links:
                 raise _refuse(path, f"member {name!r} appears twice")
@@ -1032,14 +1072,11 @@ def _read_members(path: Path, tar: tarfile.TarFile) -> tuple[str, dict[str, byte
         parents.update(above)
         if member.issym():
             target = member.linkname
-            where = posixpath.join(posixpath.dirname(rel), target)
-            if (
-                target.startswith("/")
-                or "\x00" in target
-                or len(target) > MAX_NAME
-                or _resolve(where, links) is None
-            ):
-                raise _refuse(path, f"link {name!r} points to {target!r}, outside the archive")
+            if "\x00" in target or len(target) > MAX_NAME or not target.isprintable():
+                raise _refuse(path, f"link {name!r}: its target is not one a capture has")
+            found, why = _walk(posixpath.join(posixpath.dirname(rel), target), links)
+            if target.startswith("/") or found is None:
+                raise _bad_link(path, name, target, why)
             links[rel] = target
             continue
         total += member.size

@@ -14,11 +14,11 @@ which reports the simulated chips), else the driver's own files (hwmon, ``tt_aic
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from typing import Any
 
+from ttmesh import fileread
 from ttmesh.errors import TTMeshError
 from ttmesh.fabric import health, heartbeat, links
 from ttmesh.fabric.devices import Chip, Inventory, discover
@@ -155,8 +155,8 @@ def _json_in(text: str) -> Any:
     if start < 0:
         return None
     try:
-        return json.loads(text[start:])
-    except ValueError:
+        return fileread.load_json(text[start:])
+    except ValueError:  # fileread.TooDeep too
         return None
 
 

@@ -12,6 +12,7 @@ next command that looks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -19,15 +20,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ttmesh import fileread, numeric, paths
-from ttmesh.errors import TTMeshError
+from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.procs import alive as proc_alive
+from ttmesh.procs import environ_value
 from ttmesh.procs import start_time as proc_start_time
+from ttmesh.procs import state as proc_state
 
 HISTORY = 50  # ended jobs kept (``ps --all`` shows them); TTMESH_JOB_HISTORY changes it
 HISTORY_DAYS = 7.0  # ended jobs older than this are removed; TTMESH_JOB_HISTORY_DAYS changes it
+RECORD_MAX = 16 << 20  # bytes of a job record read (a fleet's, the largest, is a few KiB)
 SLACK = 50  # records beyond the count kept before the oldest are removed (reads them all)
 _tmp_names = itertools.count()
 HINT = "set XDG_RUNTIME_DIR to a directory of your own"
@@ -150,7 +154,41 @@ def sweep() -> list[str]:
 
 
 def write(record: dict[str, Any]) -> Path:
-    directory = _ensure(jobs_dir())
+    """Write ``record`` (replaced whole). A record that cannot be written is one line naming
+    the directory and the fix (:func:`unrecordable`): a job ``ps`` and ``stop`` cannot see
+    must not start (the launch refuses); later writes of a running job may ignore it."""
+    directory = jobs_dir()
+    try:
+        return _write(directory, record)
+    except TTMeshError as exc:  # the directory is not a private one of this user's
+        raise unrecordable(directory, exc.message, exc.hint) from None
+    except OSError as exc:  # not writable, read-only, full
+        raise unrecordable(directory, exc.strerror or str(exc), _write_fix(exc, directory))
+
+
+def unrecordable(directory: Path, why: str, fix: str | None) -> TTMeshError:
+    """The job's record cannot be written in ``directory``: one line, bad environment
+    (exit 2), naming what ``ps`` and ``stop`` would then miss."""
+    where = "" if str(directory) in why else f" in {directory}"
+    return bad_input(
+        f"cannot write the job's record{where}: {why}: ttmesh ps and ttmesh stop would not "
+        "know the job",
+        f"{fix or HINT}; nothing started",
+    )
+
+
+def _write_fix(exc: OSError, directory: Path) -> str:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"make it yours and writable: chmod 700 {directory}, or {HINT}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on its file system, or {HINT}"
+    if exc.errno == errno.EROFS:
+        return f"its file system is read-only: {HINT} on a writable one"
+    return HINT
+
+
+def _write(directory: Path, record: dict[str, Any]) -> Path:
+    _ensure(directory)
     record = dict(record)
     if record.get("supervisor_start") is None:
         record["supervisor_start"] = proc_start_time(record["pid"])
@@ -193,8 +231,8 @@ def update(job: str, **fields: Any) -> None:
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = fileread.load_json(fileread.read_bytes(path, RECORD_MAX, "job record"))
+    except (OSError, ValueError):  # fileread.Refused, TooDeep: no record
         return None
     return record if isinstance(record, dict) else None
 
@@ -224,6 +262,35 @@ def is_running(record: dict[str, Any]) -> bool:
     front = proc_alive(record.get("pid", -1), record.get("supervisor_start"))
     guardian = record.get("guardian")
     return front or bool(guardian and proc_alive(guardian, record.get("guardian_start")))
+
+
+STOPPED_STATES = ("T", "t")  # stopped by a signal (SIGSTOP, Ctrl-Z), held by a debugger
+
+
+def stopped(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The running job's processes that are stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by
+    a debugger), each ``{pid, what}`` (``what``: ``launcher``, ``guardian``, ``rank N``): a
+    stopped job's record still says running (its processes live), and nothing moves until
+    someone continues it (``kill -CONT PID``; ``ttmesh stop`` does it after its SIGTERM).
+    A rank's PID is believed only while that process names the job (``TTMESH_JOB_ID``)."""
+    if record.get("ended"):
+        return []
+    found = []
+    for what, pid, start in (
+        ("launcher", record.get("pid"), record.get("supervisor_start")),
+        ("guardian", record.get("guardian"), record.get("guardian_start")),
+    ):
+        if _is_stopped(pid) and proc_alive(pid, start):
+            found.append({"pid": pid, "what": what})
+    for rank in record.get("ranks") or []:
+        pid = rank.get("pid") if isinstance(rank, dict) else None
+        if _is_stopped(pid) and environ_value(pid, "TTMESH_JOB_ID") == record.get("job"):
+            found.append({"pid": pid, "what": f"rank {rank.get('rank')}"})
+    return found
+
+
+def _is_stopped(pid: object) -> TypeGuard[int]:
+    return isinstance(pid, int) and pid > 0 and proc_state(pid) in STOPPED_STATES
 
 
 def _records() -> list[dict[str, Any]]:

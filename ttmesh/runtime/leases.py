@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ttmesh import procs
-from ttmesh.errors import TTMeshError, from_os_error, refused
+from ttmesh import fileread, procs
+from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.paths import NAME_RE, SharedDir
 from ttmesh.vocab import ChipProcess, Role
 
@@ -201,8 +201,8 @@ def _read_record(dir_fd: int, name: str, st: os.stat_result) -> dict[str, Any]:
         os.close(fd)
     if len(data) > RECORD_MAX:
         return {}
-    with contextlib.suppress(ValueError):
-        record = json.loads(data.decode())
+    with contextlib.suppress(ValueError):  # fileread.TooDeep too: anyone may plant one
+        record = fileread.load_json(data)
         if isinstance(record, dict):
             return record
     return {}
@@ -382,9 +382,8 @@ def _take(
         except FileExistsError:
             _clear(d, name, asic, label)
             continue
-        except PermissionError as exc:
-            exc.filename = str(path)
-            raise _closed(d, exc) from None
+        except OSError as exc:  # closed to this user; no file can be made there (/proc), full
+            raise _uncreatable(d, path, exc) from None
         try:
             os.fchmod(fd, 0o644)  # readable by every user (their ttmesh names the holder)
             with contextlib.suppress(OSError):
@@ -438,8 +437,38 @@ def _blocked(label: str, holder: ChipProcess) -> TTMeshError:
     return refused(f"chip {label} is {holder.holder}", fix)
 
 
-def _closed(d: SharedDir, exc: OSError) -> TTMeshError:
-    return from_os_error(exc, f"lease chips in {d.path} (mode {d.mode:04o})")
+def _uncreatable(d: SharedDir, path: Path, exc: OSError) -> TTMeshError:
+    """A lease file the system would not create (the error names no path: the create was
+    relative to the directory's descriptor): one line naming both, and what to do."""
+    me = os.geteuid()
+    closed = exc.errno in (errno.EACCES, errno.EPERM) and not (
+        me == 0 or d.mode & 0o002 or (d.uid == me and d.mode & 0o200)
+    )
+    if closed:  # the directory's mode keeps this user out
+        owner = procs.user_name(d.uid)
+        why = f"it is {owner}'s (mode {d.mode:04o}) and closed to you"
+        who = "root" if d.uid == 0 else f"{owner} or root"
+        fix = f"ask {who} to run: chmod 1777 {d.path}"
+    else:
+        why = {
+            errno.ENOSPC: "free space on its file system",
+            errno.EDQUOT: "free space on its file system",
+            errno.EROFS: "its file system is read-only",
+        }.get(exc.errno or 0, "no file can be made there")
+        fix = why
+    override = os.environ.get("TTMESH_RUNTIME_DIR")
+    if override:  # the user chose the directory: choose another
+        fix = (
+            f"TTMESH_RUNTIME_DIR={override}: set it to a writable directory every user of the "
+            "host shares, or unset it"
+        )
+    elif not closed:
+        fix += "; docs/troubleshooting.md, Leases and shared directories"
+    return bad_input(
+        f"cannot create the lease file {path} in the lease directory {d.path}: "
+        f"{exc.strerror or exc}" + (f": {why}" if closed else ""),
+        fix,
+    )
 
 
 def _clear(d: SharedDir, name: str, asic: str, label: str) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ttmesh import fileread
 from ttmesh.errors import TTMeshError
 from ttmesh.paths import SharedDir
 from ttmesh.runtime.leases import LeaseHost
@@ -118,8 +119,8 @@ def _read(d: SharedDir) -> list[LeftDown]:
     if len(data) > LIMIT:
         return []
     try:
-        doc = json.loads(data.decode())
-    except (ValueError, UnicodeDecodeError):
+        doc = fileread.load_json(data)
+    except ValueError:  # not UTF-8, not JSON, nested too deep (fileread.TooDeep)
         return []
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return []

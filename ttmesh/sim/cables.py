@@ -299,7 +299,7 @@ class Store:
             os.close(fd)
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deep
             raise self._fail("is not valid JSON") from None
         why = check(data)
         if why is not None:

@@ -134,7 +134,7 @@ def read_marker(root: str | os.PathLike[str]) -> dict | None:
     """The root's marker (``{}`` when it is garbled: still a simulated host, a broken one);
     None when there is none. Read bounded: it may be a FIFO or /dev/zero."""
     try:
-        data = json.loads(
+        data = fileread.load_json(
             fileread.read_bytes(os.path.join(root, MARKER), MAX_SMALL, "marker") or b"{}"
         )
     except (FileNotFoundError, NotADirectoryError):
@@ -146,7 +146,7 @@ def read_marker(root: str | os.PathLike[str]) -> dict | None:
 
 def _small_json(path: str, limit: int) -> Any:
     try:
-        return json.loads(fileread.read_bytes(path, limit))
+        return fileread.load_json(fileread.read_bytes(path, limit))
     except (OSError, ValueError):
         return None
 
@@ -165,7 +165,7 @@ def read_json(root: str, rel: str, what: str, limit: int = MAX_JSON) -> Any:
             raise  # whose it is: the command line names the owner
         raise SimCorrupt(root, path, f"cannot be read ({exc.strerror})") from None
     try:
-        return json.loads(data)
+        return fileread.load_json(data)
     except UnicodeDecodeError:
         raise SimCorrupt(root, path, "is not UTF-8 text (garbled?)") from None
     except ValueError as exc:

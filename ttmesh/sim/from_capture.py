@@ -16,7 +16,6 @@ root (files and directories first, links last, none followed).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import posixpath
 import re
@@ -29,7 +28,7 @@ from ttmesh.errors import bad_input, from_os_error
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc
 from ttmesh.recovery import capture as cap
-from ttmesh.render import plural
+from ttmesh.render import escaped, json_text, plural
 from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel, from_dict
 
@@ -261,9 +260,8 @@ def plan(ar: cap.Archive) -> Recreation:
     driver = (ar.text(f"{cap.HOST_DIR}/sys/module/tenstorrent/version") or "").strip()
     data: dict[str, Any] = {
         "name": "capture",
-        "title": f"captured on {host.get('hostname', '?')} ({host.get('root', '?')}) "
-        f"at {manifest.get('time', '?')}",
-        "source": f"{ar.path.name} ({ar.top})",
+        "title": _title(host, manifest),
+        "source": escaped(f"{ar.path.name} ({ar.top})"),
         "notes": [],
         "driver_version": driver or str(manifest.get("driver") or "2.10.0"),
         "fw_bundle_version": fws.most_common(1)[0][0] if fws else "19.10.0.0",
@@ -284,6 +282,13 @@ def plan(ar: cap.Archive) -> Recreation:
     _container(ar, rec)
     rec.not_reproduced.extend(ALWAYS_NOTED)
     return rec
+
+
+def _title(host: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """Where and when the capture was taken: what the archive says is someone else's text,
+    escaped (a host name with a newline must not become a line of its own)."""
+    where = f"{host.get('hostname', '?')} ({host.get('root', '?')})"
+    return escaped(f"captured on {where} at {manifest.get('time', '?')}")
 
 
 FW_ATTRS = ("tt_fw_bundle_ver", "tt_arc_fw_ver", "tt_eth_fw_ver", "tt_m3app_fw_ver")
@@ -794,7 +799,7 @@ def recreate(archive: Path, root: Path, force: bool = False) -> tuple[Recreation
             "reproduced": rec.reproduced,
             "not_reproduced": rec.not_reproduced,
         }
-        (path / CAPTURE_INFO).write_text(json.dumps(info, indent=1) + "\n")
+        (path / CAPTURE_INFO).write_text(json_text(info, indent=1) + "\n")
     except OSError as exc:
         raise from_os_error(exc, "write the simulated host")
     return rec, path

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.fleet.drain import recovery_mode
 from ttmesh.render import plural
@@ -176,7 +177,6 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
 def _memory(fp: FleetPlan, launch: Launch, host: Host) -> None:
     """The host memory the replicas need against the host's, once for all: too little is
     refused (a dry run notes that a launch now is refused); unknown is a note."""
-    import os
 
     from ttmesh.launcher.fleet import memory
 
@@ -186,7 +186,7 @@ def _memory(fp: FleetPlan, launch: Launch, host: Host) -> None:
         fp.memory = memory.MemoryCheck(len(fp.replicas), o.replicas_parallel, 0, 0,
                                        skipped="--no-memory-check")  # fmt: skip
     else:
-        base = req.workdir or req.cwd or os.getcwd()
+        base = req.workdir or req.cwd or paths.cwd()
         fp.memory = memory.check(req.profile, req.server_args, base,
                                  host,
                                  len(fp.replicas), o.replicas_parallel)  # fmt: skip

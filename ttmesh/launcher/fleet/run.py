@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.launcher.job import feed
-from ttmesh.render import note
+from ttmesh.render import json_text, note
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
@@ -507,14 +507,16 @@ class Fleet:
                 os.write(2, b"ttmesh: stopping once the whole-host reset has ended and is "
                          b"verified (one cut short leaves every chip unusable)\n")  # fmt: skip
 
-    def record(self) -> None:
+    def record(self, first: bool = False) -> None:
         """The fleet's job record (``ttmesh ps``: each replica and the router; ``ttmesh stop
-        FLEET`` stops them all), and the live view. Each replica's own job has its record too."""
+        FLEET`` stops them all), and the live view. Each replica's own job has its record too.
+        The ``first`` that cannot be written refuses the fleet (a fleet ps and stop cannot
+        see must not start); a later one that fails leaves the last written."""
         from ttmesh.errors import TTMeshError
         from ttmesh.runtime import jobs
 
         self._show()
-        with contextlib.suppress(OSError, TTMeshError):
+        with contextlib.nullcontext() if first else contextlib.suppress(OSError, TTMeshError):
             jobs.write(
                 {
                     "job": self.fp.job, "pid": os.getpid(), "guardian": None,
@@ -554,10 +556,14 @@ class Fleet:
         }  # fmt: skip
 
     def run(self) -> int:
+        self.started = time.time()
+        try:
+            self.record(first=True)  # before anything starts
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._handler) for sig in stops}
-        self.started = time.time()
-        self.record()
         threading.Thread(target=self._prober, daemon=True).start()
         try:
             self._loop()
@@ -655,7 +661,7 @@ class Fleet:
 
         if self.o.summary_json:
             try:  # never through a link another user planted (paths.write_text)
-                text = json.dumps(summary, indent=2) + "\n"
+                text = json_text(summary, indent=2) + "\n"
                 paths.write_text(self.o.summary_json, text, "--summary-json")
             except TTMeshError as err:
                 self.say(str(err))  # said, never silent; a fleet that succeeded then ends 2

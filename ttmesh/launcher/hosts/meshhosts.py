@@ -181,7 +181,7 @@ def _finish(
         req,
         job=job_id,
         run_dir=req.run_dir or str(jobs.runs_dir() / job_id),
-        cwd=req.cwd or os.getcwd(),
+        cwd=req.cwd or paths.cwd(),
         master_addr=mh.names[0],
         master_port=req.master_port or 29500,
     )

@@ -67,9 +67,13 @@ def _has_ttnn(python: str) -> bool:
 
 def find_ttnn_python(explicit: str | None = None) -> str:
     """--ttnn-python, TTMESH_TTNN_PYTHON, the conformance cache's venv, or this Python."""
+    from ttmesh.launcher.planning.metalcheck import check_trusted
+
     if explicit:
-        if not shutil.which(explicit) and not os.access(explicit, os.X_OK):
+        found = shutil.which(explicit) if os.sep not in explicit else explicit
+        if not found or not os.access(found, os.X_OK):
             raise bad_input(f"--ttnn-python {explicit}: no such interpreter", GET_TTNN)
+        check_trusted(explicit, found, "--ttnn-python ")  # as a launch's pre-flight does
         if not _has_ttnn(explicit):
             raise bad_input(f"{explicit} cannot import ttnn", GET_TTNN)
         return explicit
@@ -79,8 +83,10 @@ def find_ttnn_python(explicit: str | None = None) -> str:
     )
     candidates.append(os.path.join(cache, "ttnn", "bin", "python"))
     for python in filter(None, candidates):
-        if os.access(python, os.X_OK) and _has_ttnn(python):
-            return python
+        if os.access(python, os.X_OK):
+            check_trusted(python, python, "the ttnn Python ")
+            if _has_ttnn(python):
+                return python
     raise bad_input("no Python with ttnn found for the active probe", GET_TTNN)
 
 

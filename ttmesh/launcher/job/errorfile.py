@@ -22,6 +22,7 @@ from typing import Any
 
 from ttmesh import paths, procs
 from ttmesh.errors import TTMeshError
+from ttmesh.render import json_text
 
 ENV = "TORCHELASTIC_ERROR_FILE"
 
@@ -85,7 +86,7 @@ def write(final: Any, plan: Any, environ: dict[str, str] | None = None) -> str |
     if data is None:
         return None
     try:
-        paths.write_text(path, json.dumps(data), ENV)
+        paths.write_text(path, json_text(data), ENV)
     except TTMeshError as err:
         return str(err)
     return None

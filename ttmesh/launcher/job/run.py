@@ -170,7 +170,10 @@ class JobRun:
         previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOPPING}
         try:
             try:
-                self._record()
+                try:
+                    self._record()
+                except TTMeshError as exc:  # a job ps and stop cannot see must not start
+                    raise self._refuse(exc) from None
                 if self.recovery.preflight or self.peers is not None:
                     try:
                         self._together_first()
@@ -273,25 +276,26 @@ class JobRun:
         return exc
 
     def _record(self) -> None:
+        """The job's record (``ttmesh ps``, ``ttmesh stop``); one that cannot be written
+        raises (jobs.unrecordable): the job is refused before anything starts."""
         plan = self.plan
-        with contextlib.suppress(OSError, TTMeshError):
-            jobs.write(
-                {
-                    "job": plan.job,
-                    "pid": os.getpid(),
-                    "guardian": None,
-                    "root": plan.root,
-                    "layout": plan.layout,
-                    "attempt": 0,
-                    "started": time.time(),
-                    "command": list(plan.ranks[0].argv) if plan.ranks else [],
-                    "ranks": [
-                        {"rank": r.rank, "pid": None, "bdfs": list(r.bdfs), "chips": list(r.chips)}
-                        for r in plan.ranks
-                    ],
-                    "symmetric_dram_mb": plan.symmetric_dram_mb,
-                }
-            )
+        jobs.write(
+            {
+                "job": plan.job,
+                "pid": os.getpid(),
+                "guardian": None,
+                "root": plan.root,
+                "layout": plan.layout,
+                "attempt": 0,
+                "started": time.time(),
+                "command": list(plan.ranks[0].argv) if plan.ranks else [],
+                "ranks": [
+                    {"rank": r.rank, "pid": None, "bdfs": list(r.bdfs), "chips": list(r.chips)}
+                    for r in plan.ranks
+                ],
+                "symmetric_dram_mb": plan.symmetric_dram_mb,
+            }
+        )
 
     def _attempts(self) -> None:
         plan, recovery = self.plan, self.recovery

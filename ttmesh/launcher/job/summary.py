@@ -4,7 +4,6 @@ known failure and its fix.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING
 
@@ -12,7 +11,7 @@ from ttmesh import paths
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
-from ttmesh.render import note, plural
+from ttmesh.render import json_text, note, plural
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
@@ -104,7 +103,7 @@ def _write_json(path: str, data: dict[str, object]) -> str | None:
     """Write the summary the user named (``paths.write_text``: never through a link another
     user planted); the line saying why it could not be, or None."""
     try:
-        paths.write_text(path, json.dumps(data, indent=2) + "\n", "--summary-json")
+        paths.write_text(path, json_text(data, indent=2) + "\n", "--summary-json")
     except TTMeshError as err:
         return str(err)
     return None

@@ -37,6 +37,8 @@ HOW = (
     f"set {ENV} to a Python 3.10 or 3.12 with ttnn: python3.12 -m venv ~/ttnn && "
     "~/ttnn/bin/pip install ttnn"
 )
+STAGES = "TTMESH_PROBE_STAGES"  # the probe says how far it got (its module's STAGES)
+STAGE = "PROBE-STAGE "
 PARALLEL = max(2, os.cpu_count() or 2)  # probes running at once
 TIMEOUT = 180.0  # seconds for tt-metal to answer (importing ttnn takes a few)
 # What a rank's tt-metal reads of its environment to build its control plane.
@@ -52,14 +54,15 @@ def configured(environ: dict[str, str] | None = None) -> str | None:
     found = shutil.which(python) if os.sep not in python else python
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
         raise bad_input(f"{ENV}={python}: no such interpreter", f"{HOW}, or unset it")
-    _check_trusted(python, found)
+    check_trusted(python, found)
     return found
 
 
-def _check_trusted(name: str, path: str) -> None:
+def check_trusted(name: str, path: str, what: str = f"{ENV}=") -> None:
     """ttmesh runs as root on shared hosts: never run an interpreter (or a link to one, or in
     a directory) another user could have replaced. Each of the link, its target and their
-    directories must be root's or yours, and writable by no one else."""
+    directories must be root's or yours, and writable by no one else (``what`` prefixes
+    ``name`` in the refusal: how the user gave it)."""
     real = os.path.realpath(path)
     for p in dict.fromkeys([path, os.path.dirname(os.path.abspath(path)), real,
                             os.path.dirname(real)]):  # fmt: skip
@@ -79,7 +82,7 @@ def _check_trusted(name: str, path: str) -> None:
                 else "is writable by others"
             )
             raise bad_input(
-                f"{ENV}={name}: refusing to run it: {p} {why}",
+                f"{what}{name}: refusing to run it: {p} {why}",
                 "use a ttnn Python that only you or root can change",
             )
 
@@ -136,7 +139,7 @@ class Pending:
         """tt-metal's verdict: the mesh shapes it mapped; raises its refusal (exit 3) or, for a
         configured Python without ttnn, bad input (exit 2)."""
         try:
-            reports: list[tuple[int, int, dict | None]] = []
+            reports: list[tuple[int, int, dict | None, set[str]]] = []
             deadline = self.started + TIMEOUT
             i = 0
             while i < len(self.procs):
@@ -151,23 +154,25 @@ class Pending:
                         + f" within {TIMEOUT:g} s",
                         f"check {self.python} runs ttnn, or unset {ENV}",
                     ) from None
-                found = _reports(out)
+                found, stages = _reports(out), _stages(out)
                 if rank < 0:  # one MPI world: every rank's report, in rank order
                     found.sort(key=lambda r: r.get("rank", 0))
                     failed = [r for r in found if "error" in r]
                     got: list[dict | None] = [*(failed[:1] or found)] or [None]
                     for r in got:
-                        reports.append((r.get("rank", 0) if r else 0, proc.returncode, r))
+                        reports.append((r.get("rank", 0) if r else 0, proc.returncode, r, stages))
                     if proc.returncode and not failed:
-                        reports.append((0, proc.returncode, None))
+                        reports.append((0, proc.returncode, None, stages))
                 else:
-                    reports.append((rank, proc.returncode, found[0] if found else None))
-                if any(r is None or "error" in r for _, _, r in reports):
+                    reports.append((rank, proc.returncode, found[0] if found else None, stages))
+                if any(r is None or "error" in r for _, _, r, _ in reports):
                     break  # one refusal is the answer: the rest are stopped
                 while self.queued and len(self.procs) - self._finished() < PARALLEL:
                     self.spawn(*self.queued.pop(0))
             self.seconds = time.monotonic() - self.started
-            for rank, code, report in reports:
+            for rank, code, report, stages in reports:
+                if report is None and "ttnn" not in stages:
+                    raise self._broken(code, stages)
                 if report is None and code == 0:  # it ran, but is no Python running the probe
                     raise bad_input(
                         f"{ENV}={self.python} gave no answer (it exited 0 without the probe's "
@@ -176,7 +181,7 @@ class Pending:
                     )
                 if report is None or "error" in report:
                     why = (report or {}).get("error") or (
-                        f"its control plane ended with code {code} without an answer"
+                        f"its control plane {_ended(code)} without an answer"
                     )
                     if code == 3 or "not importable" in why:
                         raise bad_input(
@@ -188,10 +193,23 @@ class Pending:
                         "nothing started: choose other chips, another --mesh-shape or "
                         "--mesh-layout, or fix the mesh graph descriptor",
                     )
-            shapes = sorted({"x".join(map(str, r.get("global", []))) for _, _, r in reports if r})
+            shapes = sorted(
+                {"x".join(map(str, r.get("global", []))) for _, _, r, _ in reports if r}
+            )
             return f"tt-metal mapped the mesh {', '.join(shapes)} ({self.seconds:.1f} s)"
         finally:
             self.close()
+
+    def _broken(self, code: int | None, stages: set[str]) -> TTMeshError:
+        """The checker failed before tt-metal could judge the mesh (bad environment, exit 2:
+        the check is broken, not the mesh): it never ran the probe (no Python: /bin/false),
+        or ttnn crashed while being imported."""
+        how = _ended(code)
+        if "python" in stages:
+            what = f"{ENV}={self.python} {how} importing ttnn"
+        else:
+            what = f"{ENV}={self.python} did not run tt-metal's check: it {how} before starting it"
+        return bad_input(f"{what}: the checker is broken, not the mesh", f"{HOW}, or unset {ENV}")
 
     def close(self) -> None:
         """Stop what is still running and remove the files (idempotent)."""
@@ -210,6 +228,22 @@ def _reason(text: str) -> str:
     """tt-metal's message without its backtrace and empty sections."""
     text = text.split(" | backtrace:")[0]
     return " | ".join(p for p in text.split(" | ") if p.strip() not in ("", "info:"))[:400]
+
+
+def _ended(code: int | None) -> str:
+    """How a probe ended: ``exited with code 1``, ``was killed by SIGSEGV`` (never ``-11``)."""
+    if code is not None and code < 0:
+        return f"was killed by {procs.signal_name(-code)}"
+    return f"exited with code {code}"
+
+
+def _stages(out: bytes) -> set[str]:
+    """How far the probes got (``PROBE-STAGE python``, ``PROBE-STAGE ttnn``)."""
+    return {
+        line[len(STAGE) :].strip()
+        for line in out.decode(errors="replace").splitlines()
+        if line.startswith(STAGE)
+    }
 
 
 def _reports(out: bytes) -> list[dict]:
@@ -240,7 +274,7 @@ def start(plan: LaunchPlan, python: str) -> Pending:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("TT_", "TTMESH_"))}
         envs = []
         for rank in plan.ranks:
-            env = {"TT_LOGGER_LEVEL": "error", "LOGURU_LEVEL": "INFO"}
+            env = {"TT_LOGGER_LEVEL": "error", "LOGURU_LEVEL": "INFO", STAGES: "1"}
             for key in KEYS:
                 if key in rank.env:
                     env[key] = moved.get(rank.env[key], rank.env[key])

@@ -326,10 +326,10 @@ def _load_binding(path: str | None, mapping: str | None) -> BindingFile | None:
     if mapping is not None:
         from ttmesh.launcher.adapters import subcontexts
 
-        return subcontexts.load(path, dict(os.environ), os.getcwd())
+        return subcontexts.load(path, dict(os.environ), paths.cwd())
     from ttmesh.launcher.adapters import ttrun
 
-    return ttrun.load(path, dict(os.environ), os.getcwd())
+    return ttrun.load(path, dict(os.environ), paths.cwd())
 
 
 def _ranks(value: str | None) -> frozenset[int] | None:
@@ -431,7 +431,7 @@ def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Ser
             f"--mesh-layout with a server ({profile.name} drives every chip from one process)",
             "drop --mesh-layout",
         )
-    parsed = profile.read(parsed, os.getcwd())  # as the server's own parser reads it
+    parsed = profile.read(parsed, paths.cwd())  # as the server's own parser reads it
     if profile.chipless:  # its --tp-size is its own processes; ttmesh's is refused (no chips)
         return profile, parsed, o.tp_size, []
     from ttmesh.launcher.serving import spec

@@ -4,10 +4,10 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ttmesh import paths
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host
@@ -321,7 +321,7 @@ def _identity(req: LaunchRequest) -> LaunchRequest:
         run_dir = str(jobs.runs_dir() / job)
         segment_dir = jobs.segment_dir(run_dir)
     return replace(
-        req, job=job, run_dir=run_dir, segment_dir=segment_dir, cwd=req.cwd or os.getcwd()
+        req, job=job, run_dir=run_dir, segment_dir=segment_dir, cwd=req.cwd or paths.cwd()
     )
 
 
@@ -377,7 +377,7 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
         user_env=dict(req.env),
         symmetric_mb=req.symmetric_dram_mb,
         chip_mb=chip_mb,
-        cwd=req.cwd or os.getcwd(),
+        cwd=req.cwd or paths.cwd(),
         findings=req.server_findings,
     )
     serving.health_interval = req.health_interval

@@ -13,7 +13,6 @@ table (``serving.flags``) can merge a file without this module importing it back
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,12 +69,13 @@ def merge_sglang(
     if at[0] == len(argv) - 1:
         raise Refused("--config: No config file specified after --config flag!")
     name = argv[at[0] + 1]
-    path = Path(cwd or os.getcwd(), name)  # the server opens it relative to its directory
+    from ttmesh import paths, yamlio
+
+    path = Path(cwd or paths.cwd(), name)  # the server opens it relative to its directory
     if path.suffix.lower() not in (".yaml", ".yml"):
         raise Refused(f"--config: Config file must be YAML format, got: {path.suffix}")
     if not path.exists():
         raise Refused(f"--config: Config file not found: {name}")
-    from ttmesh import paths, yamlio
 
     try:
         data = yamlio.loads_as_pyyaml(paths.read_text(path, "--config", MAX_BYTES))

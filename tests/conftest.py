@@ -45,6 +45,31 @@ SLOW_FIXTURES = {"world", "ttnn_python", "sglang_dir"}
 SLOW_MARKERS = {"conformance", "sglang", "torch", "slow"}
 
 
+# .ci/run spreads whole files over two workers (pytest-xdist, --dist loadfile), each taking the
+# next file when it is done. The longest files go first, so that none of them starts last and
+# keeps one worker busy while the other idles (longest-first packing; the rest keep their order).
+LONGEST_FIRST = [
+    "test_sglang",
+    "test_chaos",
+    "test_multihost",
+    "test_meshhosts",
+    "test_conformance_shapes",
+    "test_active",
+    "test_fleet",
+    "test_hardening",
+    "test_serving_server",
+    "test_conformance_meshhosts",
+    "test_cables",
+    "test_bringup",
+]
+
+# pytest-xdist sets COLUMNS=80 and LINES=24 in its workers (for its own output). They are not
+# the user's: a command a test runs on a pseudo-terminal would take them over the terminal's size.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__ if getattr(item, "module", None) else ""
@@ -52,6 +77,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marked = {m.name for m in item.iter_markers()}
         if module in SLOW_MODULES or fixtures & SLOW_FIXTURES or marked & SLOW_MARKERS:
             item.add_marker(pytest.mark.slow)
+
+    def rank(item: pytest.Item) -> int:
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the order is kept
 
 
 @dataclass

@@ -86,7 +86,12 @@ def _nobody_venv() -> Path:
             timeout=600,
         )
         subprocess.run(["chmod", "-R", "a+rX", str(tmp)], check=True)
-        tmp.rename(venv)
+        try:
+            tmp.rename(venv)
+        except OSError:  # another test process (a pytest-xdist worker) built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not python.exists():
+                raise
     return venv
 
 

@@ -160,7 +160,7 @@ def test_multihost_bad_input(qb2: Path) -> None:
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2"], "--node-rank 2: must be 0..1"),
         (["--nnodes", "1:4", "--tp-size", "1"], "no elastic MIN:MAX"),
         (["--node-rank", "1", "--tp-size", "1"], "--node-rank goes with --nnodes N"),
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "2"], "expected HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "2"], "port 99999: too large"),
         (["--hosts", "a", "--tp-size", "1"], "name two or more different hosts"),
         (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "1", "--dry-run"], "--tp-size 2 for 1 chip on each host"),
     ):  # fmt: skip

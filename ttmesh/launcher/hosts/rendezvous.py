@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ttmesh import addresses
 from ttmesh.errors import TTMeshError, bad_input, refused
 
 PREFIX = "ttmesh/"
@@ -47,21 +48,20 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``HOST:PORT``, an IPv6 address in brackets (``[::1]:29400``): as it is written on a
+        command line, read back by :func:`parse_endpoint`."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def parse_endpoint(text: str, default_port: int = 29400) -> Endpoint:
-    """``HOST[:PORT]`` (torchrun's ``--rdzv-endpoint``)."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep:
-        host, port = text.strip(), str(default_port)
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise bad_input(
-            f"--rdzv-endpoint {text!r}: expected HOST:PORT", "e.g. --rdzv-endpoint node0:29400"
-        )
-    return Endpoint(host, int(port))
+def parse_endpoint(
+    text: str, default_port: int = 29400, where: str = "--rdzv-endpoint"
+) -> Endpoint:
+    """``HOST[:PORT]`` (torchrun's ``--rdzv-endpoint``; an IPv6 address in brackets), read by
+    the rule of every host and port ttmesh is given (:func:`ttmesh.addresses.endpoint`)."""
+    host, port = addresses.endpoint(
+        text, where, default_port, example="--rdzv-endpoint node0:29400 or [fd00::1]:29400"
+    )
+    return Endpoint(host, port)
 
 
 @dataclass

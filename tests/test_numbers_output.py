@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -368,6 +369,8 @@ ASCII_RULE: list[tuple[list[str], str]] = [
     (["launch", "--root", "{ROOT}", "--tp-size", "1", "--ranks-filter", "1_0", "--dry-run", "true"], "--ranks-filter '1_0': expected rank numbers"),
     (["launch", "--root", "{ROOT}", "--mesh-shape", "٢x٢", "--dry-run", "true"], "--mesh-shape ٢x٢: expected ROWSxCOLS"),
     (["launch", "--root", "{ROOT}", "--tp-size", "1", "--tee", "٠:1", "--dry-run", "true"], "--tee '٠:1': not 0-3 or a map of local ranks"),
+    (["launch", "--root", "{ROOT}", "--nnodes", "abc", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes abc: not a number"),
+    (["launch", "--root", "{ROOT}", "--nnodes", "2:٢", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes 2:٢: ttmesh runs a fixed number of hosts (no elastic MIN:MAX) (e.g. --nnodes 2)"),
 ]  # fmt: skip
 
 
@@ -422,6 +425,12 @@ def test_an_ipv6_endpoint_in_brackets_is_taken_and_passed_on_in_brackets(
         argv = [w.replace("{ROOT}", str(qb2)) for w in EP]
         assert ttmesh.cli.run([*argv, "--rdzv-endpoint", endpoint, "true"]) == 0, endpoint
         capsys.readouterr()
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))  # ranks meet on ::1 (was: "--master-port P is already in use on ::1")
+        port = s.getsockname()[1]
+    one = ["launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--master-addr", "::1"]
+    assert ttmesh.cli.run([*one, "--master-port", str(port), "true"]) == 0
+    assert f", master [::1]:{port}\n" in capsys.readouterr().out
     if shutil.which("mpirun") is None:
         pytest.skip("needs mpirun (apt-get install openmpi-bin)")
     argv = [w.replace("{ROOT}", str(qb2)) for w in HOSTS]

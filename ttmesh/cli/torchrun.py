@@ -307,7 +307,9 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
                     f"note: --standalone: {flag} ignored, as torchrun does (one host, a free port)"
                 )
                 kwargs[key] = None
-    if _one_host(hosts) and kwargs.get("hosts") is None:
+    # An --nnodes ttmesh cannot read is refused by the launch command: nothing is said first.
+    readable = hosts is not None or kwargs.get("nnodes") is None
+    if readable and _one_host(hosts) and kwargs.get("hosts") is None:
         if kwargs.get("nnodes") is None and kwargs.get("node_rank") == 0:
             kwargs["node_rank"] = None  # torchrun's --nnodes defaults to 1: node 0 is this host
         endpoint = kwargs.get("rdzv_endpoint")
@@ -333,7 +335,7 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         )
         kwargs["rdzv_endpoint"] = f"[{host}]" if ":" in host else host
         master_addr = None
-    if master_addr is not None and not _one_host(hosts):
+    if master_addr is not None and readable and not _one_host(hosts):
         note("note: --master-addr: over several hosts MASTER_ADDR is node 0's address")
         master_addr = None
     if master_addr is not None:

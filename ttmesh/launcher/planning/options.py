@@ -541,7 +541,9 @@ def _nnodes(value: str | None) -> int | None:
             raise bad_input(
                 f"--nnodes {shown(value)}: ttmesh runs a fixed number of hosts (no elastic "
                 "MIN:MAX)",
-                f"e.g. --nnodes {high or low}",
+                f"e.g. --nnodes {high or low}"
+                if numeric.digits(high or low)
+                else "e.g. --nnodes 2",
             )
         text = low
     return numeric.whole(

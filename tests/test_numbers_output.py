@@ -345,6 +345,8 @@ def test_rank_binding_ranks_that_are_not_small_whole_numbers_are_refused(
 EP = ["launch", "--root", "{ROOT}", "--nnodes", "2", "--node-rank", "0", "--tp-size", "2",
       "--dry-run"]  # fmt: skip
 HOSTS = ["launch", "--root", "{ROOT}", "--tp-size", "2", "--dry-run", "--hosts"]
+SERVER = ["launch", "--root", "{ROOT}", "--dry-run", "--", "python", "-m", "sglang.launch_server",
+          "--model-path", "M", "--device", "tpu", "--tp-size", "1"]  # fmt: skip
 ASCII_RULE: list[tuple[list[str], str]] = [
     ([*EP, "--rdzv-endpoint", "127.0.0.1:²", "true"], "--rdzv-endpoint 127.0.0.1:²: port ²: not a number (give a whole number from 1 to 65535"),
     ([*EP, "--rdzv-endpoint", "127.0.0.1:٣٠٠٠", "true"], "--rdzv-endpoint 127.0.0.1:٣٠٠٠: port ٣٠٠٠: not a number"),
@@ -369,6 +371,9 @@ ASCII_RULE: list[tuple[list[str], str]] = [
     (["launch", "--root", "{ROOT}", "--tp-size", "1", "--ranks-filter", "1_0", "--dry-run", "true"], "--ranks-filter '1_0': expected rank numbers"),
     (["launch", "--root", "{ROOT}", "--mesh-shape", "٢x٢", "--dry-run", "true"], "--mesh-shape ٢x٢: expected ROWSxCOLS"),
     (["launch", "--root", "{ROOT}", "--tp-size", "1", "--tee", "٠:1", "--dry-run", "true"], "--tee '٠:1': not 0-3 or a map of local ranks"),
+    ([*SERVER, "--host", "a\nb", "--port", "30000"], "the server's --host 'a\\nb': it has a line break"),
+    ([*SERVER, "--host", "[::1]", "--port", "30000"], "the server's --host [::1]: write the IPv6 address without brackets: ::1"),
+    ([*SERVER, "--port", "٣٠٠٠٠"], "--port ٣٠٠٠٠: not a number (give a whole number from 1 to 65535"),
     (["launch", "--root", "{ROOT}", "--nnodes", "abc", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes abc: not a number"),
     (["launch", "--root", "{ROOT}", "--nnodes", "2:٢", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes 2:٢: ttmesh runs a fixed number of hosts (no elastic MIN:MAX) (e.g. --nnodes 2)"),
 ]  # fmt: skip

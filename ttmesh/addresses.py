@@ -90,11 +90,15 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
-def host(text: str, where: str, *, example: str, ipv6: bool = True) -> str:
+def host(text: str, where: str, *, example: str, ipv6: bool = True, brackets: bool = True) -> str:
     """``text`` (stripped) as a host, or bad input: ``WHERE VALUE: what is wrong (give ...)``.
-    An IPv6 address may be given in brackets (``[::1]``), as it is written with a port."""
+    An IPv6 address may be given in brackets (``[::1]``), as it is written with a port, unless
+    ``brackets`` is False (a program's own ``--host``, which takes the bare address)."""
     name = text.strip()
-    if ipv6 and name.startswith("[") and name.endswith("]") and _is_ipv6(name[1:-1]):
+    bracketed = name.startswith("[") and name.endswith("]") and _is_ipv6(name[1:-1])
+    if bracketed and not brackets:
+        raise _bad(where, text, f"write the IPv6 address without brackets: {name[1:-1]}", example)
+    if ipv6 and bracketed:
         name = name[1:-1]
     why = problem(name, ipv6=ipv6)
     if why is not None:

@@ -201,7 +201,7 @@ def build(
     spec.notes += repeats(args)
     spec.bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
     if spec.bind_host.strip():  # a host ttmesh checks, asks and names (the rule of every host)
-        spec.bind_host = addresses.host(spec.bind_host, "the server's --host",
+        spec.bind_host = addresses.host(spec.bind_host, "the server's --host", brackets=False,
                                         example="--host 127.0.0.1")  # fmt: skip
     spec.host = spec.bind_host
     if spec.host in ("0.0.0.0", "::", ""):

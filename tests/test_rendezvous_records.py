@@ -259,3 +259,19 @@ def test_records_of_the_same_run_still_count() -> None:
         assert coords[0].report_end(0, _end(0))["code"] == 7
     finally:
         _close(coords)
+
+
+def test_a_token_that_is_not_utf8_signs_as_its_bytes() -> None:
+    """TTMESH_RDZV_TOKEN of bytes that are not UTF-8 reaches Python as surrogates; it was an
+    internal error (exit 1). Its bytes are the key: the same bytes sign alike, others do not."""
+    store = MemoryStore()
+    mine = Coordinator(Endpoint("127.0.0.1", 29400), JOB, 2, 0, "\udcff\udcfe")
+    mine.store = store
+    mine.publish("job", {"job": JOB, "nnodes": 2, "host": "h0"})
+    same = Coordinator(
+        Endpoint("127.0.0.1", 29400), JOB, 2, 1, b"\xff\xfe".decode(errors="surrogateescape")
+    )
+    other = Coordinator(Endpoint("127.0.0.1", 29400), JOB, 2, 1, "\udcff")
+    same.store = other.store = store
+    assert same.read("job") == {"job": JOB, "nnodes": 2, "host": "h0"}
+    assert other.read("job") is None

@@ -128,7 +128,9 @@ class Coordinator:
         self.job = job
         self.nnodes = nnodes
         self.node = node
-        self.key = token.encode()
+        # The token's bytes as given: a variable or argument that is not UTF-8 reaches Python
+        # as surrogates, and every host that was given the same bytes must sign alike.
+        self.key = token.encode("utf-8", "surrogateescape")
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.local_addr = local_addr

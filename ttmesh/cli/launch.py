@@ -243,8 +243,9 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--rdzv_endpoint",
     "rdzv_endpoint",
     metavar="HOST[:PORT]",
-    help="Where the hosts meet: node 0's address (port 29400 by default). Under Slurm: the first "
-    "host of SLURM_JOB_NODELIST (its NodeAddr when its name does not resolve).",
+    help="Where the hosts meet: node 0's address (port 29400 by default; an IPv6 address in "
+    "brackets: [fd00::1]:29400). Under Slurm: the first host of SLURM_JOB_NODELIST (its NodeAddr "
+    "when its name does not resolve).",
 )
 @click.option(
     "--rdzv-backend",
@@ -258,8 +259,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--rdzv-token",
     metavar="TOKEN",
     envvar="TTMESH_RDZV_TOKEN",
-    help="A secret every host of the job shares: what an agent publishes is signed with it and "
-    "what is not is ignored. Env: TTMESH_RDZV_TOKEN.",
+    help="A secret every host of the job shares: what an agent publishes is signed with it, for "
+    "this job and this run; what is not is ignored. Env: TTMESH_RDZV_TOKEN.",
 )
 @click.option(
     "--local-addr",

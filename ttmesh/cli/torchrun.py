@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from ttmesh import numeric
+from ttmesh import addresses, numeric
 from ttmesh.errors import bad_input
 from ttmesh.render import note
 
@@ -307,7 +307,9 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
                     f"note: --standalone: {flag} ignored, as torchrun does (one host, a free port)"
                 )
                 kwargs[key] = None
-    if _one_host(hosts) and kwargs.get("hosts") is None:
+    # An --nnodes ttmesh cannot read is refused by the launch command: nothing is said first.
+    readable = hosts is not None or kwargs.get("nnodes") is None
+    if readable and _one_host(hosts) and kwargs.get("hosts") is None:
         if kwargs.get("nnodes") is None and kwargs.get("node_rank") == 0:
             kwargs["node_rank"] = None  # torchrun's --nnodes defaults to 1: node 0 is this host
         endpoint = kwargs.get("rdzv_endpoint")
@@ -327,9 +329,13 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
             )
             master_addr = None
     elif master_addr is not None and kwargs.get("rdzv_endpoint") is None:
-        kwargs["rdzv_endpoint"] = master_addr  # static rendezvous: rank 0's host is where they meet
+        # static rendezvous: rank 0's host is where they meet (an IPv6 address in brackets)
+        host = addresses.host(
+            master_addr, _named(ctx, "tr_master_addr"), example="--master-addr 10.0.0.1"
+        )
+        kwargs["rdzv_endpoint"] = f"[{host}]" if ":" in host else host
         master_addr = None
-    if master_addr is not None and not _one_host(hosts):
+    if master_addr is not None and readable and not _one_host(hosts):
         note("note: --master-addr: over several hosts MASTER_ADDR is node 0's address")
         master_addr = None
     if master_addr is not None:
@@ -350,10 +356,8 @@ def _hosts(nnodes: str | None) -> int | None:
     if nnodes is None:
         return None
     low, _, high = nnodes.strip().partition(":")
-    try:
-        return int(high or low)
-    except ValueError:
-        return None  # the launch command says what is wrong with it
+    count = high or low
+    return int(count) if numeric.digits(count) else None  # else the launch command says why
 
 
 def _endpoint(value: str) -> None:
@@ -373,9 +377,7 @@ def _local_addr(addr: str) -> str:
     """``--master-addr`` on one host: rank 0 listens there, so it must be this host's."""
     import socket
 
-    host = addr.strip().strip("[]")
-    if not host:
-        raise bad_input("--master-addr '': no address named", "give an address of this host")
+    host = addresses.host(addr, "--master-addr", example="--master-addr 127.0.0.1")
     if host == "localhost":
         return "127.0.0.1"
     try:

@@ -116,9 +116,11 @@ def _domains_text(data: dict, bdf_of: dict) -> list[str]:
 def plan_text(data: dict) -> str:
     if data.get("chipless"):
         return _chipless_text(data)
+    addr = data["master"]["addr"]
+    addr = f"[{addr}]" if ":" in addr else addr  # an IPv6 address, as an endpoint is written
     lines = [
         f"job {data['job']}: layout {data['layout']}, mesh {data['mesh_shape'][0]}x{data['mesh_shape'][1]}, "
-        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {data['master']['addr']}:{data['master']['port']}"
+        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {addr}:{data['master']['port']}"
     ]
     if data["grouping"]:
         lines.append(data["grouping"])

@@ -88,14 +88,14 @@ def reset_targets(command: tuple[str, ...]) -> list[str] | None:
 
 def _named(target: str, chip: Target) -> bool:
     """Does the reset target ``target`` (a word of the sender's command line) name ``chip``?
-    Numbers are plain ASCII digits (:func:`ttmesh.numeric.digits`): ``²`` or ``٣`` is a word
+    Numbers are plain ASCII digits (:func:`ttmesh.numeric.count_in`): ``²`` or ``٣`` is a word
     nobody can say tt-smi's reading of, so it may name any chip."""
     if _BDF.fullmatch(target):
         return chip.bdf == target  # tt-smi matches the address exactly, as written
-    node = numeric.digits(target[len(_DEV) :], MAX_CHIPS) if target.startswith(_DEV) else None
+    node = numeric.count_in(target[len(_DEV) :], MAX_CHIPS) if target.startswith(_DEV) else None
     if node is not None:
         return chip.dev_index == node
-    logical = numeric.digits(target, MAX_CHIPS)
+    logical = numeric.count_in(target, MAX_CHIPS)
     if logical is not None:
         return chip.pci_index == logical  # tt-umd's logical id: the PCI-sorted position
     return True  # a word tt-smi would refuse, or read its own way: assume ours

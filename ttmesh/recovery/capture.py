@@ -121,8 +121,8 @@ SECTIONS = (
 )
 # The hwmon files captured (Documentation/hwmon/sysfs-interface.rst), never the node's links,
 # uevent or power/ directory.
-HWMON_NODE = re.compile(r"hwmon\d{1,6}")
-HWMON_FILE = re.compile(r"name|(temp|power|in|curr)\d{1,3}_(input|label)")
+HWMON_NODE = re.compile(r"hwmon[0-9]{1,6}")
+HWMON_FILE = re.compile(r"name|(temp|power|in|curr)[0-9]{1,3}_(input|label)")
 SKIP_MODULE = frozenset({"sections", "notes"})  # addresses and binary notes: nothing to learn
 MAX_READ = 1 << 20  # bytes read from one host file (a sysfs attribute is one page)
 KERNEL_LINES = 2000  # the most recent matching kernel messages kept
@@ -477,13 +477,13 @@ def _system_files(host: Host, cap: Capture) -> dict[str, Any]:
     rd = _Reader(host, cap)
     stored = 0
     for size in rd.entries(HUGEPAGES_DIR):
-        if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+        if re.fullmatch(r"hugepages-[0-9]{1,12}kB", size):
             stored += rd.directory(f"{HUGEPAGES_DIR}/{size}")
     for node in rd.entries(NODES_DIR):
-        if re.fullmatch(r"node\d{1,4}", node):
+        if re.fullmatch(r"node[0-9]{1,4}", node):
             base = f"{NODES_DIR}/{node}/hugepages"
             for size in rd.entries(base):
-                if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+                if re.fullmatch(r"hugepages-[0-9]{1,12}kB", size):
                     stored += rd.directory(f"{base}/{size}")
     for rel in (f"{NODES_DIR}/online", "proc/meminfo"):
         if rd.lstat(rel) is not None:

@@ -27,7 +27,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ttmesh import fileread
+from ttmesh import fileread, numeric
 from ttmesh.render import plural
 
 MAX_MAPS = 64 * 1024 * 1024  # /proc/PID/maps: ~100 bytes a mapping; a process maps < 500k
@@ -65,7 +65,7 @@ def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
     me = os.getuid()
     used: set[tuple[int, int]] = set()
     for name in os.listdir("/proc"):
-        if not name.isdigit() or used == files:
+        if not numeric.digits(name) or used == files:
             continue
         try:
             if me != 0 and os.stat(f"/proc/{name}").st_uid != me:

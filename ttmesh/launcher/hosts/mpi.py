@@ -16,7 +16,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-from ttmesh import procs
+from ttmesh import numeric, procs
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
@@ -28,16 +28,18 @@ TAG5 = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ")
 # The first failing rank: 4.x names it ``[[588,1],1]``, 5.x ``[prterun-vm-11187@1,1]``; 5.x
 # breaks its signal line ("exited on\nsignal 11").
 FIRST_FAILED = re.compile(
-    r"Process name: \[(?:\[\d+,\d+\]|[^\s\[\],]+),(\d+)\]\s*\n\s*Exit code:\s*(\d+)"
+    r"Process name: \[(?:\[[0-9]+,[0-9]+\]|[^\s\[\],]+),([0-9]+)\]\s*\n\s*Exit code:\s*([0-9]+)"
 )
-SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited\s+on\s+signal\s+(\d+)")
+SIGNALLED = re.compile(
+    r"process rank ([0-9]+) with PID [0-9]+ on node \S+ exited\s+on\s+signal\s+([0-9]+)"
+)
 # A rank called MPI_Abort (or MPI's fatal error handler did): 4.x gives the rank and the code it
 # passed; 5.x names the rank only, and mpirun's own exit code stands for it.
 ABORTED4 = re.compile(
-    r"MPI_ABORT was invoked on rank (\d+) in communicator [^\n]*?\s+with errorcode (-?\d+)"
+    r"MPI_ABORT was invoked on rank ([0-9]+) in communicator [^\n]*?\s+with errorcode (-?[0-9]+)"
 )
 ABORTED5 = re.compile(
-    r"exited due to process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\""
+    r"exited due to process rank ([0-9]+) with PID [0-9]+ on node \S+ calling\s+\"abort\""
 )
 # mpirun's word that its ranks ran (one of them returned non-zero), printed before it names the
 # rank; a rank that exits at once can end before ttmesh has seen its PID. (4.x: "returned a
@@ -52,12 +54,12 @@ RANKS_RAN = re.compile(
 # text, however long).
 _NOT_FOUND = (
     r"(?s)(?:mpirun|mpiexec|prterun|prun)\s+was\s+unable\s+to\s+find\s+the\s+specified\s+"
-    r"executable\s+file.*?first\s+reported\s+for\s+process\s+rank\s+(\d+).*?"
+    r"executable\s+file.*?first\s+reported\s+for\s+process\s+rank\s+([0-9]+).*?"
     r"(?:Node:\s*(\S+)\s*)?Executable:\s*(\S+)"
 )
 _NOT_RUNNABLE = (
     r"(?s)could\s+not\s+access\s+or\s+execute\s+an\s+executable:\s*Executable:\s*(\S+)"
-    r"\s*(?:Node:\s*(\S+))?.*?process\s+rank\s+(\d+)"
+    r"\s*(?:Node:\s*(\S+))?.*?process\s+rank\s+([0-9]+)"
 )
 _EXECVE = (
     r"(?s)via\s+the\s+\"execve\"\s+system\s+call\s+but\s+failed.*?Local\s+host:\s*(\S+).*?"
@@ -78,7 +80,7 @@ def not_started(text: str) -> tuple[int, str, str | None, bool] | None:
         return int(found.group(3)), found.group(1), found.group(2), True
     found = compile_pattern(_EXECVE).search(text)
     if found is not None:
-        rank = compile_pattern(r"start\s+process\s+rank\s+(\d+)").search(text)
+        rank = compile_pattern(r"start\s+process\s+rank\s+([0-9]+)").search(text)
         return int(rank.group(1)) if rank else 0, found.group(2), found.group(1), True
     return None
 
@@ -234,7 +236,7 @@ def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
     found: dict[int, int] = {}
     for pid in procs.descendants(mpirun_pid):
         value = procs.environ_value(pid, "TTMESH_RANK")
-        if value is not None and value.isdigit():
+        if value is not None and numeric.digits(value):
             rank = int(value)
             if 0 <= rank < world and rank not in found:
                 found[rank] = pid
@@ -243,7 +245,7 @@ def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
 
 # --------------------------------------------------------------------------- across hosts
 
-VERSION = re.compile(r"\(Open MPI\)\s+(\d+)\.(\d+)|Open MPI\D{0,20}(\d+)\.(\d+)")
+VERSION = re.compile(r"\(Open MPI\)\s+([0-9]+)\.([0-9]+)|Open MPI[^0-9]{0,20}([0-9]+)\.([0-9]+)")
 _versions: dict[str, tuple[int, int] | None] = {}
 
 

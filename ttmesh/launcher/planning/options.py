@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttmesh import numeric, paths
+from ttmesh import addresses, numeric, paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
 from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
@@ -335,11 +335,9 @@ def _load_binding(path: str | None, mapping: str | None) -> BindingFile | None:
 def _ranks(value: str | None) -> frozenset[int] | None:
     if value is None:
         return None
-    try:
-        ranks = frozenset(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        ranks = frozenset()
-    if not ranks:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    ranks = frozenset(int(v) for v in items if numeric.digits(v))
+    if not ranks or len(ranks) != len(set(items)) or max(ranks) >= numeric.MAX_CHIPS:
         raise bad_input(
             f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
         )
@@ -448,21 +446,22 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
     of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
     (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
-    from ttmesh.launcher.hosts import slurm
+    from ttmesh.launcher.hosts import rendezvous, slurm
 
     env = os.environ
-    count, endpoint, node_rank = _nnodes(o.nnodes), o.rdzv_endpoint, o.node_rank
+    count, node_rank = _nnodes(o.nnodes), o.node_rank
+    endpoint = None if o.rdzv_endpoint is None else rendezvous.parse_endpoint(o.rdzv_endpoint)
+    local_addr = None
+    if o.local_addr is not None:
+        local_addr = addresses.host(o.local_addr, "--local-addr", example="--local-addr 10.0.0.2")
     if hosts is not None:
-        names = [h.strip() for h in hosts.split(",") if h.strip()]
-        if len(names) < 2 or len(set(names)) != len(names):
-            raise bad_input(
-                f"--hosts {hosts!r}: name two or more different hosts", "e.g. --hosts node0,node1"
-            )
+        names = addresses.hosts(hosts, "--hosts", example="--hosts node0,node1")
         if count not in (None, len(names)):
             raise bad_input(
                 f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
             )
-        count, endpoint = len(names), endpoint or names[0]
+        count = len(names)
+        endpoint = endpoint or rendezvous.parse_endpoint(names[0])
     in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
     hosts_of = "--nnodes"
     if count is None and in_slurm:
@@ -485,7 +484,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             "give each host its own node rank",
         )
     if endpoint is None and in_slurm:
-        endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
+        endpoint = rendezvous.Endpoint(slurm.first_address(env["SLURM_JOB_NODELIST"]), 29400)
     if node_rank is None and hosts is None:
         raise bad_input(
             f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
@@ -495,18 +494,15 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             f"--nnodes {count}: where do the hosts meet?",
             "give --rdzv-endpoint HOST:PORT (node 0's address)",
         )
-    from ttmesh.launcher.hosts import rendezvous
-
-    point = rendezvous.parse_endpoint(endpoint)
     return Join(
         nnodes=count,
         node_rank=node_rank if node_rank is not None else 0,
-        endpoint=point,
+        endpoint=endpoint,
         token=rendezvous.token_of(o.rdzv_token),
-        local_addr=o.local_addr,
+        local_addr=local_addr,
         join_timeout=o.rdzv_timeout,
         heartbeat_timeout=o.heartbeat_timeout,
-        job=o.job_id if o.job_id is not None else _job_of(point),
+        job=o.job_id if o.job_id is not None else _job_of(endpoint),
     )
 
 
@@ -545,7 +541,9 @@ def _nnodes(value: str | None) -> int | None:
             raise bad_input(
                 f"--nnodes {shown(value)}: ttmesh runs a fixed number of hosts (no elastic "
                 "MIN:MAX)",
-                f"e.g. --nnodes {high or low}",
+                f"e.g. --nnodes {high or low}"
+                if numeric.digits(high or low)
+                else "e.g. --nnodes 2",
             )
         text = low
     return numeric.whole(

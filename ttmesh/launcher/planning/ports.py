@@ -20,8 +20,16 @@ def _tcp_socket(family: int | None = None) -> Any:
     return _socket.socket(_socket.AF_INET if family is None else family, _socket.SOCK_STREAM)
 
 
+def _family(addr: str) -> int:
+    """The address family of a numeric address (an IPv6 one has a ':'; a name is IPv4's, as
+    before: ranks meet at 127.0.0.1 or node 0's IPv4 address unless told an IPv6 one)."""
+    import _socket
+
+    return _socket.AF_INET6 if ":" in addr else _socket.AF_INET
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
-    s = _tcp_socket()
+    s = _tcp_socket(_family(addr))
     try:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
@@ -33,7 +41,7 @@ def check_port(port: int, addr: str = "127.0.0.1") -> None:
     """torch.distributed's --master-port is free on ``addr`` (nothing has bound it)."""
     if not 0 < port < 65536:
         raise bad_input(f"--master-port {port}: not a TCP port", "use 1..65535, or omit it")
-    s = _tcp_socket()
+    s = _tcp_socket(_family(addr))
     try:
         s.bind((addr, port))
     except OSError:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ttmesh.addresses import shown
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
 from ttmesh.vocab import Layout, StartMode
@@ -150,7 +151,7 @@ def parse_shape(value: str | None) -> tuple[int, int] | None:
     """``--mesh-shape RxC``."""
     if value is None:
         return None
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    match = re.fullmatch(r"\s*([0-9]{1,5})\s*[xX]\s*([0-9]{1,5})\s*", value, re.ASCII)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
+        raise bad_input(f"--mesh-shape {shown(value)}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
     return int(match.group(1)), int(match.group(2))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttmesh import numeric
+from ttmesh import addresses, numeric
 from ttmesh.launcher.serving import rules
 from ttmesh.launcher.serving.args import ServerArgs
 from ttmesh.launcher.serving.profiles import (
@@ -200,6 +200,9 @@ def build(
         spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
     spec.notes += repeats(args)
     spec.bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    if spec.bind_host.strip():  # a host ttmesh checks, asks and names (the rule of every host)
+        spec.bind_host = addresses.host(spec.bind_host, "the server's --host", brackets=False,
+                                        example="--host 127.0.0.1")  # fmt: skip
     spec.host = spec.bind_host
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here
@@ -207,7 +210,7 @@ def build(
     port = (read.words[-1] if read.words else read.value) if read else None
     where = read.option if read else f"profile {profile.path or profile.name}: defaults: --port"
     port = port if port is not None else profile.default("--port") or "30000"
-    spec.port = numeric.whole(port, where, low=1, high=65535, example="--port 30000")
+    spec.port = numeric.port(port, where, example="--port 30000")
     spec.ready_timeout = profile.ready_timeout
     if not helps:
         spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)

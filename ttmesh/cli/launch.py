@@ -210,6 +210,13 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     metavar="0-3|R:S,...",
     help="torchrun's: these streams go to the console and the log files (values as --redirects).",
 )
+@click.option(
+    "--no-logs",
+    is_flag=True,
+    help="Keep no copy of the ranks' output with the job's record (ttmesh logs JOB then has "
+    "none). By default every stream is kept, bounded: TTMESH_JOB_LOG_MB per job (64), "
+    "TTMESH_LOGS_MB for every job's together (256).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
     "--no-live",
@@ -734,10 +741,14 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.job.recovery import Recovery
     from ttmesh.launcher.job.run import execute
+    from ttmesh.runtime import joblogs
 
     o = launch.options
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
-    options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
+    options = Options(
+        ranks_filter=shown, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
+        log_limits=joblogs.limits() if not o.no_logs else None,
+    )  # fmt: skip
     recovery = Recovery(
         auto_reset=o.auto_reset,
         reset_on_failure=o.reset_on_failure,

@@ -313,3 +313,54 @@ def _kept(runtime: Path, job: str) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+# --------------------------------------------------------------------------- ps, fleets
+
+
+def test_ps_cells_keep_identities_short_and_the_last_ended_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ttmesh.cli import ps
+    from ttmesh.sim.roots import cache_root
+
+    assert ps.chips_cell([]) == "-"
+    assert ps.chips_cell(["0000:01:00.0"]) == "0000:01:00.0"
+    assert ps.chips_cell(["0000:01:00.0", "0000:03:00.0", "0000:05:00.0"]) == "0000:01:00.0 +2"
+    assert ps.root_cell(str(cache_root() / "quietbox2")) == "--sim quietbox2"
+    assert ps.root_cell("/tmp/qb2") == "/tmp/qb2"
+    assert "\x1b" not in ps.root_cell("/tmp/\x1b[31mx")  # never raw escapes
+    records = [{"job": f"e{i}", "ended": float(i + 1)} for i in range(6)] + [{"job": "run"}]
+    assert [r["job"] for r in ps.recent(records)] == ["e3", "e4", "e5", "run"]
+
+
+def test_a_fleets_logs_are_its_replicas_by_replica(runtime: Path) -> None:
+    from ttmesh.cli import logs as cli_logs
+    from ttmesh.errors import TTMeshError
+    from ttmesh.runtime import joblogs, jobs
+
+    now = time.time()
+    replicas = [{"replica": k, "job": f"fl-r{k}"} for k in (0, 1)]
+    jobs.write({"job": "fl", "pid": os.getpid(), "started": now, "ended": now,
+                "layout": "fleet", "fleet": {"replicas": replicas}})  # fmt: skip
+    for k in (0, 1):
+        jobs.write({"job": f"fl-r{k}", "pid": os.getpid(), "started": now, "ended": now,
+                    "ranks": [{}]})  # fmt: skip
+        logs = joblogs.JobLogs.create(f"fl-r{k}")
+        attempt = logs.attempt(0, ["0"])
+        assert attempt is not None
+        log = attempt.stream("0", "stdout")
+        assert log is not None
+        log.write(f"served by {k}\n".encode())
+        log.flush(now=100.0 + k, force=True)
+        attempt.close()
+        logs.close()
+    both = cli_logs.collect(cli_logs._sources("fl", None), cli_logs.Shown(None, None, "both", None))
+    assert cli_logs.render(both, None) == [b"[replica0] served by 0", b"[replica1] served by 1"]
+    both.close()
+    one = cli_logs.collect(cli_logs._sources("fl", 1), cli_logs.Shown(None, None, "both", None))
+    assert cli_logs.render(one, None) == [b"served by 1"]
+    one.close()
+    with pytest.raises(TTMeshError) as err:
+        cli_logs._sources("fl", 5)
+    assert err.value.code == 2 and "fleet fl has 2 replicas" in err.value.message

@@ -22,6 +22,9 @@ FAKES = str(REPO / "tests" / "fakes")
 # The user's shell sets PYTHONUNBUFFERED here, so the exact environments below are what
 # ttmesh adds for a server (without it ttmesh adds PYTHONUNBUFFERED=1: test_torchrun_output).
 ENV = {"PYTHONPATH": FAKES, "PYTHONUNBUFFERED": "1"}
+ETH_LINE = (
+    "TT_THROW: Timed out while waiting for active ethernet core (x=1,y=2) to become active again"
+)
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 SEED_1CHIP = [
     "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "31000",
@@ -385,6 +388,16 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
     try:
         url = _wait_ready(proc, lines)
         assert url == f"http://127.0.0.1:{port}"
+        # ttmesh ps shows the server's URL and state, as a fleet's replicas (issue 37).
+        job = f"serve-{os.getpid()}-{port}"
+        (mine,) = [j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job]
+        assert mine["server"]["state"] == "serving" and mine["server"]["url"] == url
+        assert mine["profile"] == "sglang-torchtpu" and len(mine["chips"]) == 4
+        rows = run_cli("ps", env={"COLUMNS": "300"}).out.splitlines()
+        (row,) = [r for r in rows if r.startswith(f"{job}/server ")]
+        assert " serving " in row and url in row
+        (main,) = [r for r in rows if r.startswith(f"{job} ")]
+        assert "0000:01:00.0 +3" in main  # the chips: a count, the full list in ps JOB
         curl = next(proc.stderr).strip()  # type: ignore[arg-type]
         assert curl.startswith(f"ttmesh: try: curl -sS {url}/generate ")
         body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
@@ -411,8 +424,10 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
 def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path) -> None:
     # Ready for 2 s before it crashes: ttmesh probes every 0.5 s (a window as long as that
     # could fall between two probes on a loaded machine).
-    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2"}
-    proc, _ = _serve(qb2, tmp_path, "--max-restarts", "1", env=env)
+    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2", "FAKE_SAY": ETH_LINE}
+    summary = tmp_path / "summary.json"
+    proc, port = _serve(qb2, tmp_path, "--max-restarts", "1", "--summary-json", str(summary),
+                        env=env)  # fmt: skip
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert err.count("ready after") == 2  # restarted once, after recovery
@@ -420,6 +435,24 @@ def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path)
     assert "attempt 2: rank 0 exited with code 3" in err
     assert "fake server: crashing on purpose" in err
     assert _links(qb2) == {"up"}
+    # What happened, with times, in --summary-json and the record (issue 37): the restart,
+    # the resets (verified) and the known failure, whose fix asks no reset the job had
+    # already done and verified (its last line said "chips recovered and verified").
+    job = f"serve-{os.getpid()}-{port}"
+    record = json.loads(run_cli("ps", job, "--json").out)["jobs"][0]
+    for doc in (json.loads(summary.read_text()), record):
+        (restart,) = doc["restarts"]
+        first, second = doc["attempts"]
+        assert restart["attempt"] == 1 and first["ended"] <= restart["at"] <= second["started"]
+        assert [r["recovered"] for r in doc["resets"]] == [True, True]
+        assert first["ended"] <= doc["resets"][0]["at"] <= second["started"]
+        assert doc["diagnosis"]["id"] == "active-eth-core"
+        assert "ttmesh reset" not in doc["diagnosis"]["fix"], doc["diagnosis"]
+        assert doc["diagnosis"]["fix"].startswith("nothing to reset now")
+    assert "fix: stop every process" not in err and "fix: nothing to reset now" in err
+    logs = run_cli("logs", job).out.splitlines()
+    assert logs.count("fake server: crashing on purpose") == 2
+    assert logs.index("ttmesh: attempt 1") < logs.index("ttmesh: attempt 2")
 
 
 def test_a_crashing_server_is_its_own_exit_not_a_dead_scheduler(qb2: Path, tmp_path: Path) -> None:

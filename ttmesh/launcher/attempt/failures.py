@@ -44,7 +44,7 @@ class Entry:
 # When ttmesh reset the job's chips after it ended and verified them, a fix that resets them
 # is wrong: the entry's own ``after_reset``, else this.
 AFTER_RESET = (
-    "nothing to reset now: ttmesh reset the job's chips after it ended and verified them "
+    "nothing to reset now: the job's chips were reset after it ended, and verified "
     "(ttmesh check{flag} shows them); start the job again"
 )
 

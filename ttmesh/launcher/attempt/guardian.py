@@ -528,12 +528,13 @@ class Guardian:
         """The server became ready, or failed a health check, or lost a critical process."""
         stopping = self.stop is not None or self.first_failure is not None
         was_ready = 0 in self.ready
-        for line, stop in self.readiness.server_events(stopping):
+        events = self.readiness.server_events(stopping)
+        if not was_ready and 0 in self.ready:  # ttmesh ps: it serves (said before the line is)
+            record.write_server(self.plan, "serving")
+        for line, stop in events:
             self._emit(line)
             if stop is not None:
                 self._begin_stop(stop)
-        if not was_ready and 0 in self.ready:  # ttmesh ps: the server serves, since now
-            record.write_server(self.plan, "serving")
 
     def _kill(self) -> None:
         self.killed = True

@@ -247,6 +247,7 @@ def test_every_error_rule_refuses_before_anything_starts(
 ) -> None:
     line = refusal(qb2, "--", *program, *argv, env=env)
     assert message in line and f"fix: {fix}" in line, line
+    assert line.startswith("ttmesh: error: "), line  # an error says so, as a warning does
 
 
 @pytest.mark.parametrize(("program", "argv", "message", "fix"), WARNINGS)
@@ -295,14 +296,38 @@ def test_memory_budget_of_the_seeds_qwen3_8b(qb2: Path, tmp_path: Path) -> None:
     assert memory["weights_fit"] and memory["kv_fits"] and data["serving"]["findings"] == []
     kv = 36 * 8 * 128 * 2 * 2 * 16384 / 1e9  # layers x KV heads x head dim x (K,V) x BF16 x tokens
     assert abs(memory["kv_gb_per_chip"] - kv) < 0.01
-    # The default --mem-fraction-static 0.4 leaves no KV cache on one 32 GB chip: a warning.
-    data, _err = plan(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    # Room for the weights, not for the KV cache --max-total-tokens asks: a warning, whose fix
+    # is the fraction this job's chips need (0.61 of a 34.4 GB chip: 0.65).
+    data, _err = plan(
+        qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static="0.6")
+    )
     (finding,) = data["serving"]["findings"]
     assert finding["rule"] == "memory-kv" and finding["severity"] == "warning"
-    assert "--mem-fraction-static 0.4 leaves no room" in finding["message"]
+    assert "--mem-fraction-static 0.6 leaves no room for 2.42 GB of KV cache" in finding["message"]
+    assert finding["fix"].startswith("--mem-fraction-static 0.65 (what 1 chip needs"), finding
     text = run_cli("launch", "--root", str(qb2), "--dry-run", "--", *SGLANG,
                    *seed(1, model_path=str(model)), env=ENV)  # fmt: skip
     assert "MEMORY (1 chip)" in text.out and "8.19 B parameters" in text.out
+
+
+def test_weights_beyond_what_the_fraction_leaves_are_refused_with_this_jobs_fix(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """The weights (and the reservation) need more than --mem-fraction-static leaves per chip:
+    the server would fail after minutes of loading, so it is refused (exit 2), as the docs say,
+    with the fraction that fits this job's chips, not one chip's (issue 37)."""
+    model = _model(tmp_path, "Qwen3-8B")
+    four = refusal(qb2, "--", *SGLANG, *seed(4, model_path=str(model), mem_fraction_static="0.01"))
+    assert four.startswith("ttmesh: error: sglang-torchtpu: the weights need 4.1 GB per chip"), four
+    assert "--mem-fraction-static 0.01 leaves 0.3 GB per chip" in four
+    assert "(fix: --mem-fraction-static 0.2 (what 4 chips need" in four and "one chip" not in four
+    # The default 0.4 on one chip: 16.4 GB of weights, 13.7 GB left: refused too.
+    one = refusal(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    assert "--mem-fraction-static 0.4 leaves 13.7 GB per chip" in one
+    assert "(fix: --mem-fraction-static 0.65 (what 1 chip needs" in one
+    res = run_cli("launch", "--root", str(qb2), "--", *SGLANG,
+                  *seed(4, model_path=str(model), mem_fraction_static="0.01"), env=ENV)  # fmt: skip
+    assert res.code == 2 and "[r0]" not in res.out + res.err  # nothing started
 
 
 def test_weights_that_do_not_fit_are_refused_and_split_over_chips(

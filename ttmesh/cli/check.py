@@ -30,6 +30,13 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout
     "system: minimum driver and firmware, hugepages per chip; see ttmesh profiles).",
 )
 @click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
+@click.option(
+    "--notes",
+    "all_notes",
+    is_flag=True,
+    help="Say every note about the host, also those already said while it stayed as it is "
+    "(device nodes every user can open, stale Open MPI segments: said once per host state).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
 @click.option(
     "--active",
@@ -48,6 +55,7 @@ def check_cmd(
     host: Any,
     chips: str | None,
     strict: bool,
+    all_notes: bool,
     as_json: bool,
     active: bool,
     ttnn_python: str | None,
@@ -137,6 +145,7 @@ def check_cmd(
         data = report.to_json()
         data["shm"] = shm.to_json()
         data["cables"] = cables
+        _said_before(inv, shm, report.notes, say=False)
         if active:
             data["active"] = (
                 probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}
@@ -146,7 +155,8 @@ def check_cmd(
     else:
         from ttmesh.cli.views import check_text
 
-        click.echo(check_text(report))
+        held = set() if all_notes else _said_before(inv, shm, report.notes)
+        click.echo(check_text(report, held))
         if probe is not None:
             click.echo(
                 f"active probe ({probe.layout}): {'ok' if probe.ok else 'FAILED'}: {probe.reason}"
@@ -163,3 +173,25 @@ def check_cmd(
         sys.stderr.write(f"ttmesh: unhealthy: {plural(len(errors), 'error')}{detail}\n")
         return 1
     return 0
+
+
+def _said_before(inv: Any, shm: Any, notes: list[str], say: bool = True) -> set[str]:
+    """The notes about the host as a whole that this user was told while it was as it is now
+    (runtime.said): not said again. A note about a chip or a lock is always said. ``say``
+    False (--json, which always has every note): only forget what is gone from the host."""
+    from ttmesh.fabric.health import device_notes
+    from ttmesh.runtime import said
+
+    nodes, shm_key = f"device-nodes {inv.host.root}", f"shm {shm.directory}"
+    states = {nodes: "", shm_key: ""}  # nothing to say: forgotten, said again when it comes
+    about: dict[str, str] = {}  # note -> what it is about
+    for note in device_notes(inv):
+        about[note], states[nodes] = nodes, note
+    if (shm_note := shm.note()) is not None:  # a count that grows is the same state
+        about[shm_note] = shm_key
+        states[shm_key] = f"{shm.count.bit_length()} {shm.unjudged.bit_length()}"
+    if not say:
+        said.fresh({key: state for key, state in states.items() if not state})
+        return set()
+    fresh = said.fresh(states)
+    return {n for n in notes if n in about and about[n] not in fresh}

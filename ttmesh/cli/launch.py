@@ -686,6 +686,10 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
         raise
+    if prepared.plan.passed_over and not o.dry_run:  # --dry-run lists them in its plan
+        from ttmesh.render import note
+
+        note(passed_over_line(prepared.plan))
     serving = prepared.plan.serving
     if serving is not None:
         from ttmesh.render import note
@@ -707,6 +711,13 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
             click.echo(plan_text(data))
         return 0
     return _start(launch, prepared, mh)
+
+
+def passed_over_line(plan: Any) -> str:
+    """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
+    parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in plan.passed_over]
+    used = ", ".join(b for r in plan.ranks for b in r.bdfs)
+    return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
 
 
 def _check_planned(launch: Launch, prepared: Prepared) -> None:

@@ -236,7 +236,8 @@ def system_line(system: dict[str, Any] | None) -> str | None:
     )
 
 
-def check_text(report: Any) -> str:
+def check_text(report: Any, said: set[str] | frozenset[str] = frozenset()) -> str:
+    """``check``'s text; ``said``: notes about the host this user was told already (not again)."""
     rows = []
     for c in report.chips:
         pids = ",".join(str(h.pid) for h in c.holders or [])
@@ -261,7 +262,7 @@ def check_text(report: Any) -> str:
     out.append(f"Ethernet links: {summary}")
     system = system_line(report.system)
     out += [system] if system else []
-    out += [f"note: {n}" for n in report.notes]
+    out += [f"note: {n}" for n in report.notes if n not in said]
     errors = len(report.errors)
     warnings = len(report.problems) - errors
     if report.healthy:
@@ -297,7 +298,14 @@ def reset_text(outcome: Any) -> str:
             f"stopped holder {'pid' if len(outcome.stopped) == 1 else 'pids'}: "
             + ", ".join(map(str, outcome.stopped))
         )
-    if outcome.recovered:
+    if outcome.recovered and outcome.missing:  # what is there is back; the host is not whole
+        out.append(
+            f"NOT RECOVERED: {plural(len(outcome.chips), 'chip')} reset and verified after "
+            f"{plural(n, 'attempt')}, {outcome.seconds:.1f} s, but "
+            f"{plural(len(outcome.missing), 'chip')} of the host "
+            f"{'is' if len(outcome.missing) == 1 else 'are'} missing"
+        )
+    elif outcome.recovered:
         out.append(
             f"recovered and verified: {plural(len(outcome.chips), 'chip')} after "
             f"{plural(n, 'attempt')}, "
@@ -314,11 +322,15 @@ def _dev(value: int | None) -> str:
 
 
 def problem_lines(problems: list[Any]) -> list[str]:
-    """Each problem once, with its fix under it."""
-    out = []
+    """Each problem once, with its fix under it; problems one fix cures are said together,
+    the fix once under them (in the order each fix first comes)."""
+    by_fix: dict[str, list[Any]] = {}
     for p in problems:
-        out.append(f"{p.severity}: {p.what}")
-        out.append(f"  fix: {p.fix}")
+        by_fix.setdefault(p.fix, []).append(p)
+    out = []
+    for fix, group in by_fix.items():
+        out += [f"{p.severity}: {p.what}" for p in group]
+        out.append(f"  fix: {fix}")
     return out
 
 

@@ -104,7 +104,6 @@ def check_cmd(
     """
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
-    from ttmesh.runtime import leftovers
 
     for flag, value in (("--mesh-layout", mesh_layout), ("--ttnn-python", ttnn_python)):
         if value is not None and not active:
@@ -129,9 +128,7 @@ def check_cmd(
 
     cables = observe_cables(inv)  # this host's ends; check --hosts joins both ends of each
     click.get_current_context().meta[CABLES_META] = cables
-    shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
-    if (shm_note := shm.note()) is not None:
-        report.notes.append(shm_note)
+    shm = _stale_segments(report)
     probe = None
     if active and report.healthy:
         bdfs = None
@@ -173,6 +170,17 @@ def check_cmd(
         sys.stderr.write(f"ttmesh: unhealthy: {plural(len(errors), 'error')}{detail}\n")
         return 1
     return 0
+
+
+def _stale_segments(report: Any) -> Any:
+    """The machine's stale Open MPI segments (ranks run here, whatever root is read), and
+    their note in the report when there are any."""
+    from ttmesh.runtime import leftovers
+
+    shm = leftovers.stale_segments()
+    if (shm_note := shm.note()) is not None:
+        report.notes.append(shm_note)
+    return shm
 
 
 def _said_before(inv: Any, shm: Any, notes: list[str], say: bool = True) -> set[str]:

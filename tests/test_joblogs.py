@@ -332,6 +332,15 @@ def test_ps_cells_keep_identities_short_and_the_last_ended_jobs(
     assert "\x1b" not in ps.root_cell("/tmp/\x1b[31mx")  # never raw escapes
     records = [{"job": f"e{i}", "ended": float(i + 1)} for i in range(6)] + [{"job": "run"}]
     assert [r["job"] for r in ps.recent(records)] == ["e3", "e4", "e5", "run"]
+    assert [r["job"] for r in ps.recent(records[4:])] == ["e4", "e5", "run"]  # fewer than 3
+    assert [r["job"] for r in ps.recent(records, 0)] == ["run"]
+    long = {"code": 3, "ended": 1.0}
+    assert ps.short_state("rank 12 exited with code 134", long) == "rank 12 exit 134"
+    assert ps.short_state("hung in bring-up: ranks 0, 1 not ready after 2 s", long) == (
+        "hung in bring-up"
+    )
+    assert ps.short_state("ttmesh killed (its processes are gone)", long) == "ttmesh killed"
+    assert ps.short_state("x" * 40, long) == "exit 3" and ps.short_state("running", {}) == "running"
 
 
 def test_a_fleets_logs_are_its_replicas_by_replica(runtime: Path) -> None:

@@ -423,6 +423,9 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
         assert " serving " in row and url in row
         (main,) = [r for r in rows if r.startswith(f"{job} ")]
         assert "0000:01:00.0 +3" in main  # the chips: a count, the full list in ps JOB
+        narrow = run_cli("ps", env={"COLUMNS": "80"}).out.splitlines()
+        (row,) = [r for r in narrow if r.startswith(f"{job}/server ")]
+        assert url in row  # an identity: the command is cut, never the URL
         curl = next(proc.stderr).strip()  # type: ignore[arg-type]
         assert curl.startswith(f"ttmesh: try: curl -sS {url}/generate ")
         body = json.dumps({"text": "The capital of the Netherlands is"}).encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -77,7 +78,7 @@ def ps_cmd(
         rows.append(
             [
                 r["job"],
-                state,
+                short_state(state, r),  # the whole of it: ps JOB
                 r.get("pid"),
                 len(ranks),
                 # A chipless server (stock SGLang on a CPU): no chips, no host read.
@@ -101,16 +102,42 @@ def ps_cmd(
         )
         return
     # One long state or command must not make every row hundreds of columns wide: the table
-    # fits the terminal (a pipe: COLUMNS, else 160), cutting the state and the command; the
-    # job, its chips (a count) and its host are never cut. --json keeps every value whole.
+    # fits the terminal (a pipe: COLUMNS, else 160), cutting the command first; the job, its
+    # state (said short) and its chips (a count) are never cut. --json keeps every value whole.
     headers = ["JOB", "STATE", "PID", "RANKS", "CHIPS", "ROOT", "STARTED", "COMMAND"]
-    click.echo(table(headers, rows, fitted=True, keep=[0, 4, 5]))
+    # A server's or replica's URL (its row's last cell, up to " · ") is an identity too.
+    urls = [len(str(row[7]).split(" · ")[0]) for row in rows if "/" in str(row[0])]
+    floors = {7: max(urls) + 2} if urls else {}  # the URL, a space, then "…"
+    # A long root loses its start: its last names tell the hosts apart (ps JOB says it whole).
+    click.echo(table(headers, rows, fitted=True, keep=[0, 1, 4], floors=floors, left=[5]))
+
+
+STATE_WIDTH = 20  # a state cell longer than this is said shorter (ps JOB says it whole)
+_RANK_EXIT = re.compile(r"rank (\d+) exited with code (-?\d+)")
+
+
+def short_state(state: str, record: dict[str, Any]) -> str:
+    """How a job stands, in a cell never cut: ``running``, ``launcher killed``,
+    ``rank 1 exit 3`` (for "rank 1 exited with code 3"), ``refused``, ``hung in bring-up``
+    (what comes before its ``:`` or ``(``), else ``exit CODE``."""
+    from ttmesh.render import printable
+
+    state = printable(state)
+    if len(state) <= STATE_WIDTH:
+        return state
+    if m := _RANK_EXIT.fullmatch(state):
+        return f"rank {m.group(1)} exit {m.group(2)}"
+    head = re.split(r":| \(", state, maxsplit=1)[0].strip()
+    if head and len(head) <= STATE_WIDTH:
+        return head
+    code = record.get("code")
+    return f"exit {code}" if isinstance(code, int) else state[: STATE_WIDTH - 1] + "…"
 
 
 def recent(records: list[dict[str, Any]], count: int = RECENT) -> list[dict[str, Any]]:
     """Running jobs and the ``count`` that ended last, oldest first (``records`` is)."""
     ended = sorted((r for r in records if r.get("ended")), key=lambda r: r["ended"])
-    shown = {id(r) for r in ended[len(ended) - count :]} if count else set()
+    shown = {id(r) for r in ended[max(0, len(ended) - count) :]}
     return [r for r in records if not r.get("ended") or id(r) in shown]
 
 
@@ -155,8 +182,6 @@ def server_rows(record: dict[str, Any]) -> list[list[object]]:
     since = server.get("since")
     if isinstance(since, (int, float)) and state != "starting":
         what.append(f"{state} since {time.strftime('%H:%M:%S', time.localtime(since))}")
-    if server.get("health"):
-        what.append(f"health {server['health']}")
     ranks = record.get("ranks") or [{}]
     return [[f"{record['job']}/server", printable(state), ranks[0].get("pid"), "-", "-", "-",
              "-", printable(" · ".join(what))]]  # fmt: skip

@@ -150,7 +150,7 @@ class JobLogs:
             fd = os.open(name, DIR_FLAGS, dir_fd=self.fd)
         except OSError:
             return None
-        return AttemptLogs(fd, share)
+        return AttemptLogs(fd, share, self.path.name)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -174,9 +174,10 @@ def _remove_entry(dir_fd: int, name: str) -> None:
 class AttemptLogs:
     """One attempt's directory: a :class:`StreamLog` per owner and stream."""
 
-    def __init__(self, fd: int, share: int) -> None:
+    def __init__(self, fd: int, share: int, job: str = "") -> None:
         self.fd = fd
         self.share = share  # bytes each stream may keep
+        self.job = job
         self.logs: list[StreamLog] = []
 
     def stream(self, owner: str, name: str) -> StreamLog | None:

@@ -161,14 +161,15 @@ class Console:
     def _lose(self, fd: int, exc: OSError) -> None:
         """ttmesh's own stdout or stderr cannot take the ranks' output (a full disk, a closed
         descriptor): said once on stderr (when stdout is the one lost), and that stream's
-        console output is dropped from then on. The job goes on (its result is its exit code; --log-dir keeps
-        every line); a reader that went away (EPIPE) is dropped silently, as before."""
+        console output is dropped from then on. The job goes on (its result is its exit code; ttmesh logs
+        JOB keeps every line); a reader that went away (EPIPE) is dropped silently, as before."""
         self.lost.add(fd)
         if exc.errno == errno.EPIPE or fd != 1:  # stderr: nowhere left to say it
             return
+        kept = f"ttmesh logs {self.keep.job}" if self.keep is not None else "--log-dir"
         line = (
             f"ttmesh: cannot write the ranks' output to stdout: {exc.strerror or exc} "
-            "(the rest of it is not shown; --log-dir keeps every line)\n"
+            f"(the rest of it is not shown; {kept} keeps every line)\n"
         )
         with contextlib.suppress(OSError):
             _write_all(2, line.encode())

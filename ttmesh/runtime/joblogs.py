@@ -60,6 +60,7 @@ LAUNCHER_OWNER = "mpirun"
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 HINT = "set XDG_RUNTIME_DIR to a directory of your own"
+SIZE_FILE = ".bytes"  # what an ended job's logs hold, written as its directory is closed
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,18 @@ class JobLogs:
         return AttemptLogs(fd, share, self.path.name)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
+        """Close the directory, leaving what it holds in :data:`SIZE_FILE`: the retention of
+        later jobs reads that one number rather than walking every job's files."""
+        if self.fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            total = _tree_bytes(str(self.path))
+            fd = os.open(SIZE_FILE, NEW_FILE & ~os.O_EXCL | os.O_TRUNC, 0o600, dir_fd=self.fd)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(total))
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = -1
 
 
 def _remove_entry(dir_fd: int, name: str) -> None:
@@ -387,8 +396,20 @@ def sizes() -> dict[str, tuple[float, int]]:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            out[entry.name] = (st.st_mtime, _tree_bytes(entry.path))
+            out[entry.name] = (st.st_mtime, _recorded_bytes(entry.path))
     return out
+
+
+def _recorded_bytes(path: str) -> int:
+    """A job's logs' size: the number it left when it ended (a few bytes read), else (still
+    running, or killed before) a walk of its files."""
+    try:
+        text = _read_range(os.open(path, DIR_FLAGS), SIZE_FILE, 0, 32, close_dir=True)
+        if text.isdigit():
+            return int(text)
+    except OSError:
+        pass
+    return _tree_bytes(path)
 
 
 def _tree_bytes(path: str) -> int:
@@ -511,13 +532,18 @@ class StreamFiles:
             yield pos, end - pos
 
 
-def _read_range(dir_fd: int, name: str, offset: int, length: int) -> bytes:
+def _read_range(dir_fd: int, name: str, offset: int, length: int, close_dir: bool = False) -> bytes:
+    """``length`` bytes at ``offset`` of the regular file ``name`` of this user's (never a
+    link, a FIFO or a device; b"" when it is none)."""
     try:
         fd = os.open(
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd
         )
     except OSError:
         return b""
+    finally:
+        if close_dir:
+            os.close(dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():

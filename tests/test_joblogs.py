@@ -240,6 +240,11 @@ def test_an_ended_job_keeps_its_output_its_record_and_its_summary(
     assert len(run_cli("logs", "look", "--tail", "1", env=env).out.splitlines()) == 1
     bad = run_cli("logs", "look", "--rank", "7", env=env)
     assert bad.code == 2 and "job look has 2 ranks" in bad.err
+    bad = run_cli("logs", "look", "--attempt", "9", env=env)
+    assert bad.code == 2 and "job look keeps the output of attempts 1" in bad.err
+    assert run_cli("logs", "look", "--attempt", "1", "--rank", "0", env=env).out == (
+        "out of 0\ntrouble on 0\n"
+    )
     detail = run_cli("ps", "look", env=env)
     assert detail.code == 0, detail.err
     for want in ("job look: ended: rank 1 exited with code 3 (exit 3)", "user ", "host ",

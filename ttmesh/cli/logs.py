@@ -31,7 +31,7 @@ _CLOCK = re.compile(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?", re.ASCII)
     "--rank",
     "rank",
     type=Number(whole=True, low=0, high=65535, unit="rank", example="0"),
-    help="Only rank R's output (a server is rank 0).",
+    help="Only rank R's output (its number, as [rN] shows it; a server is rank 0).",
 )
 @click.option(
     "--replica",
@@ -105,6 +105,9 @@ def logs_cmd(
     if len(snapshot.missing) == len(sources) and not follow:
         snapshot.close()
         _none_kept(job, sources)
+    if shown.attempt is not None and not snapshot.attempts and not follow:
+        snapshot.close()
+        _attempt_not_kept(job, sources, shown.attempt)
     _write(out, render(snapshot, tail))
     if not follow:
         return 0
@@ -214,16 +217,36 @@ def _none_kept(job: str, sources: list[Source]) -> None:
     )
 
 
+def _attempt_not_kept(job: str, sources: list[Source], attempt: int) -> None:
+    """``--attempt N`` the job did not run, or whose output is not kept: which ones are."""
+    from ttmesh.errors import bad_input
+    from ttmesh.runtime import joblogs
+
+    kept: set[int] = set()
+    for s in sources:
+        found = joblogs.read(s.job)
+        if found is not None:
+            kept |= set(found.attempts)
+            found.close()
+    listed = ", ".join(str(a + 1) for a in sorted(kept)) or "none"
+    raise bad_input(
+        f"--attempt {attempt + 1}: job {job} keeps the output of attempts {listed}",
+        "a job keeps its first attempt and its last two",
+    )
+
+
 def _check_rank(sources: list[Source], rank: int) -> None:
     from ttmesh.errors import bad_input
     from ttmesh.render import plural
 
     for s in sources:
-        ranks = len(s.record.get("ranks") or [])
-        if ranks and rank >= ranks:
+        ranks = [r.get("rank") for r in s.record.get("ranks") or [] if isinstance(r, dict)]
+        known = sorted(r for r in ranks if isinstance(r, int))
+        if known and rank not in known:
+            shown = f"{known[0]}..{known[-1]}" if len(known) > 1 else str(known[0])
             raise bad_input(
-                f"--rank {rank}: job {s.job} has {plural(ranks, 'rank')}",
-                f"give 0..{ranks - 1}",
+                f"--rank {rank}: job {s.job} has {plural(len(known), 'rank')} here",
+                f"give {shown}",
             )
 
 

@@ -90,8 +90,10 @@ class Console:
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
                 stream = Stream(rank, name)
-                if keep is not None:
-                    stream.kept = keep.stream(owner_name(rank), name)
+                if keep is not None:  # by the rank's global number, as its [rN] says
+                    stream.kept = keep.stream(
+                        owner_name(rank + offset if rank >= 0 else rank), name
+                    )
                 owner = "mpirun" if rank == LAUNCHER else str(rank)
                 fd = spec.open_log(attempt, owner, name) if spec is not None else None
                 if fd is not None:

@@ -49,7 +49,9 @@ def test_a_stream_keeps_its_head_and_its_tail_within_its_share(runtime: Path) ->
     # Private: the job's directories 0700, its files 0600.
     assert stat.S_IMODE((runtime / "ttmesh" / "logs" / "big").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in owner.iterdir())
-    kept_back = joblogs.read("big")
+    from ttmesh.runtime import logread
+
+    kept_back = logread.read("big")
     assert kept_back is not None
     stream = kept_back.attempts[0]["0"]["stdout"]
     pieces = list(stream.read(0, stream.end))

@@ -220,11 +220,11 @@ def _none_kept(job: str, sources: list[Source]) -> None:
 def _attempt_not_kept(job: str, sources: list[Source], attempt: int) -> None:
     """``--attempt N`` the job did not run, or whose output is not kept: which ones are."""
     from ttmesh.errors import bad_input
-    from ttmesh.runtime import joblogs
+    from ttmesh.runtime import logread
 
     kept: set[int] = set()
     for s in sources:
-        found = joblogs.read(s.job)
+        found = logread.read(s.job)
         if found is not None:
             kept |= set(found.attempts)
             found.close()
@@ -257,7 +257,7 @@ class Piece:
     when: float
     order: tuple[int, ...]
     label: str
-    stream: Any  # joblogs.StreamFiles, or None for ttmesh's own line
+    stream: Any  # logread.StreamFiles, or None for ttmesh's own line
     start: int
     end: int
     text: str = ""
@@ -289,12 +289,12 @@ def _label(source: Source, owner: str, ranks: int) -> str:
 
 def collect(sources: list[Source], shown: Shown, read_to: dict | None = None) -> Snapshot:
     """Every piece of the streams asked for (from ``read_to``: where each was read to)."""
-    from ttmesh.runtime import joblogs
+    from ttmesh.runtime import logread
 
     snap = Snapshot([], dict(read_to or {}), {}, [], [])
     labels: set[str] = set()
     for si, source in enumerate(sources):
-        kept = joblogs.read(source.job)
+        kept = logread.read(source.job)
         if kept is None:
             snap.missing.append(source.job)
             continue

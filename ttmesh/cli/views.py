@@ -537,13 +537,13 @@ def _diagnosis_lines(diagnosis: object) -> list[str]:
 def _logs_lines(record: dict[str, Any]) -> list[str]:
     """Where the output is kept, and the last lines of the rank that ended the job."""
     from ttmesh.render import printable
-    from ttmesh.runtime import joblogs
+    from ttmesh.runtime import logread
 
     if not record.get("logs"):
         return ["logs: none kept (--no-logs)"] if record.get("layout") != "fleet" else []
     job = str(record.get("job"))
     out = [f"logs: {printable(str(record['logs']))} (ttmesh logs {job})"]
-    tails = joblogs.tail_bytes(job, 4096)
+    tails = logread.tail_bytes(job, 4096)
     if not tails:
         return out
     last = max(int(k.split("/")[0].removeprefix("attempt_")) for k in tails)

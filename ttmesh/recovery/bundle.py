@@ -242,7 +242,7 @@ def _environment(b: Bundle, env: dict[str, str]) -> dict[str, Any]:
 def _jobs(b: Bundle) -> dict[str, Any]:
     """This user's job records (running first, then the newest ended) and the last bytes of
     each of their streams, redacted."""
-    from ttmesh.runtime import joblogs, jobs
+    from ttmesh.runtime import jobs, logread
 
     records = jobs.every()
     records.sort(
@@ -256,7 +256,7 @@ def _jobs(b: Bundle) -> dict[str, Any]:
         job = str(r.get("job"))
         if not b.add_json(f"jobs/{job}.json", r):
             break
-        for where, data in joblogs.tail_bytes(job, TAIL).items():
+        for where, data in logread.tail_bytes(job, TAIL).items():
             clean, n = redact.data(data)
             b.redacted += n
             if not b.add(f"logs/{job}/{where}.log", clean):

@@ -187,7 +187,11 @@ def test_an_unknown_failure_has_no_diagnosis(qb2: Path, tmp_path: Path) -> None:
     assert res.code == 1, res.err
     summary = json.loads(out.read_text())
     assert summary["diagnosis"] is None
-    assert set(summary) == {"source", "rank", "code", "reason", "attempts", "diagnosis", "dumps"}
+    assert set(summary) == {
+        "schema", "job", "host", "user", "uid", "root", "command", "profile", "chips", "server",
+        "logs", "started", "ended", "attempts", "restarts", "resets", "source", "rank", "code",
+        "reason", "diagnosis", "dumps",
+    }  # fmt: skip
     assert summary["dumps"] == []  # no hung attempt: no stacks taken
     assert "known failure" not in res.err
 

@@ -83,6 +83,10 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("reset", ["reset", "--root", "{ROOT}", "--retries", "{V}"], "--retries", WHOLE),
     ("top", ["top", "--root", "{ROOT}", "--once", "--interval", "{V}"], "--interval", POSITIVE),
     ("stop", ["stop", "some-job", "--wait", "{V}"], "--wait", SECONDS),
+    ("logs", ["logs", "some-job", "--rank", "{V}"], "--rank", WHOLE),
+    ("logs", ["logs", "some-job", "--replica", "{V}"], "--replica", WHOLE),
+    ("logs", ["logs", "some-job", "--attempt", "{V}"], "--attempt", WHOLE),
+    ("logs", ["logs", "some-job", "--tail", "{V}"], "--tail", WHOLE),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--heartbeat-hz", "{V}"], "--heartbeat-hz", POSITIVE),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--reset-seconds", "{V}"], "--reset-seconds", SECONDS),
     ("sim fault reset-hangs", ["sim", "fault", "--root", "{ROOT}", "reset-hangs", "--", "{V}"], "reset-hangs", SECONDS),
@@ -621,7 +625,8 @@ def test_a_jobs_output_that_cannot_be_written(qb2: Path, runtime: Path, redirect
     assert res.returncode == 3, res.stderr
     lines = ttmesh_lines(res.stderr)
     lost = [ln for ln in lines if "cannot write the ranks' output to stdout" in ln]
-    assert len(lost) == 1 and "--log-dir keeps every line" in lost[0], res.stderr
+    assert len(lost) == 1 and "; ttmesh logs " in lost[0], res.stderr  # the job's own copy
+    assert lost[0].endswith(" keeps every line)"), res.stderr
     assert not any("supervisor error" in ln for ln in lines), res.stderr
     assert lines[-1] == "ttmesh: exit 3: rank 0's exit code"
 
@@ -735,6 +740,8 @@ def test_ps_rows_fit_the_width(qb2: Path, runtime: Path) -> None:
         assert max(len(r) for r in rows) <= width, proc.stdout
         row = next(r for r in rows if r.startswith("longjob "))
         assert row.endswith("…"), row
+        assert " every rank succeeded " in row and "0000:" in row  # never cut (issue 37)
+        assert "quietbox2 " in row  # a long root loses its start, never its last names
     jobs = json.loads(run_cli("ps", "--all", "--json").out)["jobs"]
     assert next(j for j in jobs if j["job"] == "longjob")["command"][-1] == long
 

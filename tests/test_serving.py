@@ -22,6 +22,9 @@ FAKES = str(REPO / "tests" / "fakes")
 # The user's shell sets PYTHONUNBUFFERED here, so the exact environments below are what
 # ttmesh adds for a server (without it ttmesh adds PYTHONUNBUFFERED=1: test_torchrun_output).
 ENV = {"PYTHONPATH": FAKES, "PYTHONUNBUFFERED": "1"}
+ETH_LINE = (
+    "TT_THROW: Timed out while waiting for active ethernet core (x=1,y=2) to become active again"
+)
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 SEED_1CHIP = [
     "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "31000",
@@ -244,6 +247,7 @@ def test_every_error_rule_refuses_before_anything_starts(
 ) -> None:
     line = refusal(qb2, "--", *program, *argv, env=env)
     assert message in line and f"fix: {fix}" in line, line
+    assert line.startswith("ttmesh: error: "), line  # an error says so, as a warning does
 
 
 @pytest.mark.parametrize(("program", "argv", "message", "fix"), WARNINGS)
@@ -292,14 +296,38 @@ def test_memory_budget_of_the_seeds_qwen3_8b(qb2: Path, tmp_path: Path) -> None:
     assert memory["weights_fit"] and memory["kv_fits"] and data["serving"]["findings"] == []
     kv = 36 * 8 * 128 * 2 * 2 * 16384 / 1e9  # layers x KV heads x head dim x (K,V) x BF16 x tokens
     assert abs(memory["kv_gb_per_chip"] - kv) < 0.01
-    # The default --mem-fraction-static 0.4 leaves no KV cache on one 32 GB chip: a warning.
-    data, _err = plan(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    # Room for the weights, not for the KV cache --max-total-tokens asks: a warning, whose fix
+    # is the fraction this job's chips need (0.61 of a 34.4 GB chip: 0.65).
+    data, _err = plan(
+        qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static="0.6")
+    )
     (finding,) = data["serving"]["findings"]
     assert finding["rule"] == "memory-kv" and finding["severity"] == "warning"
-    assert "--mem-fraction-static 0.4 leaves no room" in finding["message"]
+    assert "--mem-fraction-static 0.6 leaves no room for 2.42 GB of KV cache" in finding["message"]
+    assert finding["fix"].startswith("--mem-fraction-static 0.65 (what 1 chip needs"), finding
     text = run_cli("launch", "--root", str(qb2), "--dry-run", "--", *SGLANG,
                    *seed(1, model_path=str(model)), env=ENV)  # fmt: skip
     assert "MEMORY (1 chip)" in text.out and "8.19 B parameters" in text.out
+
+
+def test_weights_beyond_what_the_fraction_leaves_are_refused_with_this_jobs_fix(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """The weights (and the reservation) need more than --mem-fraction-static leaves per chip:
+    the server would fail after minutes of loading, so it is refused (exit 2), as the docs say,
+    with the fraction that fits this job's chips, not one chip's (issue 37)."""
+    model = _model(tmp_path, "Qwen3-8B")
+    four = refusal(qb2, "--", *SGLANG, *seed(4, model_path=str(model), mem_fraction_static="0.01"))
+    assert four.startswith("ttmesh: error: sglang-torchtpu: the weights need 4.1 GB per chip"), four
+    assert "--mem-fraction-static 0.01 leaves 0.3 GB per chip" in four
+    assert "(fix: --mem-fraction-static 0.2 (what 4 chips need" in four and "one chip" not in four
+    # The default 0.4 on one chip: 16.4 GB of weights, 13.7 GB left: refused too.
+    one = refusal(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    assert "--mem-fraction-static 0.4 leaves 13.7 GB per chip" in one
+    assert "(fix: --mem-fraction-static 0.65 (what 1 chip needs" in one
+    res = run_cli("launch", "--root", str(qb2), "--", *SGLANG,
+                  *seed(4, model_path=str(model), mem_fraction_static="0.01"), env=ENV)  # fmt: skip
+    assert res.code == 2 and "[r0]" not in res.out + res.err  # nothing started
 
 
 def test_weights_that_do_not_fit_are_refused_and_split_over_chips(
@@ -385,6 +413,19 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
     try:
         url = _wait_ready(proc, lines)
         assert url == f"http://127.0.0.1:{port}"
+        # ttmesh ps shows the server's URL and state, as a fleet's replicas (issue 37).
+        job = f"serve-{os.getpid()}-{port}"
+        (mine,) = [j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job]
+        assert mine["server"]["state"] == "serving" and mine["server"]["url"] == url
+        assert mine["profile"] == "sglang-torchtpu" and len(mine["chips"]) == 4
+        rows = run_cli("ps", env={"COLUMNS": "300"}).out.splitlines()
+        (row,) = [r for r in rows if r.startswith(f"{job}/server ")]
+        assert " serving " in row and url in row
+        (main,) = [r for r in rows if r.startswith(f"{job} ")]
+        assert "0000:01:00.0 +3" in main  # the chips: a count, the full list in ps JOB
+        narrow = run_cli("ps", env={"COLUMNS": "80"}).out.splitlines()
+        (row,) = [r for r in narrow if r.startswith(f"{job}/server ")]
+        assert url in row  # an identity: the command is cut, never the URL
         curl = next(proc.stderr).strip()  # type: ignore[arg-type]
         assert curl.startswith(f"ttmesh: try: curl -sS {url}/generate ")
         body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
@@ -411,8 +452,10 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
 def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path) -> None:
     # Ready for 2 s before it crashes: ttmesh probes every 0.5 s (a window as long as that
     # could fall between two probes on a loaded machine).
-    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2"}
-    proc, _ = _serve(qb2, tmp_path, "--max-restarts", "1", env=env)
+    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2", "FAKE_SAY": ETH_LINE}
+    summary = tmp_path / "summary.json"
+    proc, port = _serve(qb2, tmp_path, "--max-restarts", "1", "--summary-json", str(summary),
+                        env=env)  # fmt: skip
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert err.count("ready after") == 2  # restarted once, after recovery
@@ -420,6 +463,24 @@ def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path)
     assert "attempt 2: rank 0 exited with code 3" in err
     assert "fake server: crashing on purpose" in err
     assert _links(qb2) == {"up"}
+    # What happened, with times, in --summary-json and the record (issue 37): the restart,
+    # the resets (verified) and the known failure, whose fix asks no reset the job had
+    # already done and verified (its last line said "chips recovered and verified").
+    job = f"serve-{os.getpid()}-{port}"
+    record = json.loads(run_cli("ps", job, "--json").out)["jobs"][0]
+    for doc in (json.loads(summary.read_text()), record):
+        (restart,) = doc["restarts"]
+        first, second = doc["attempts"]
+        assert restart["attempt"] == 1 and first["ended"] <= restart["at"] <= second["started"]
+        assert [r["recovered"] for r in doc["resets"]] == [True, True]
+        assert first["ended"] <= doc["resets"][0]["at"] <= second["started"]
+        assert doc["diagnosis"]["id"] == "active-eth-core"
+        assert "ttmesh reset" not in doc["diagnosis"]["fix"], doc["diagnosis"]
+        assert doc["diagnosis"]["fix"].startswith("nothing to reset now")
+    assert "fix: stop every process" not in err and "fix: nothing to reset now" in err
+    logs = run_cli("logs", job).out.splitlines()
+    assert logs.count("fake server: crashing on purpose") == 2
+    assert logs.index("ttmesh: attempt 1") < logs.index("ttmesh: attempt 2")
 
 
 def test_a_crashing_server_is_its_own_exit_not_a_dead_scheduler(qb2: Path, tmp_path: Path) -> None:

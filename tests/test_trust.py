@@ -883,3 +883,36 @@ def test_a_failure_another_user_copies_from_an_earlier_job_is_ignored(
     for attempt in (0, 1):
         said = [ln for ln in lines if f"ignored first/{attempt} " in ln]
         assert len(said) == 2 and all("a record of another run of this job" in ln for ln in said)
+
+
+# --------------------------------------------------------------------------- a job's output
+
+
+def test_another_user_cannot_read_a_jobs_output(two: dict[str, User], shared: Path) -> None:
+    """root's job keeps its output (issue 37) where only root can read it: files 0600 in
+    directories 0700 of root's; nobody can neither open them nor have ttmesh logs show them,
+    through root's runtime directory or its own."""
+    root, nobody = two["root"], two["nobody"]
+    top = world_dir("ttmesh-logs-", 0o755)
+    runtime = top / "root-rt"
+    runtime.mkdir(mode=0o700)
+    try:
+        env = {**_env(shared), "XDG_RUNTIME_DIR": str(runtime)}
+        res = root.run("launch", "--root", str(root.sim), "--chips", C01, "--job-id", "mine",
+                       "--", sys.executable, "-c", "print('root only: s3cr3t')", env=env)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert root.run("logs", "mine", env=env).stdout == "root only: s3cr3t\n"
+        logs = runtime / "ttmesh" / "logs" / "mine"
+        files = [p for p in logs.rglob("*") if p.is_file()]
+        assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in [logs, *logs.rglob("*")]
+                   if p.is_dir())  # fmt: skip
+        kept = str(logs / "attempt_0" / "0" / "stdout.log")
+        opened = nobody.py("open(__import__('sys').argv[1]).read()", kept)
+        assert opened.returncode != 0 and "PermissionError" in opened.stderr
+        through = nobody.run("logs", "mine", env={"XDG_RUNTIME_DIR": str(runtime)})
+        assert through.returncode == 2 and "s3cr3t" not in through.stdout + through.stderr
+        own = nobody.run("logs", "mine")
+        assert own.returncode == 2 and "no job 'mine' of yours" in _last(own)
+    finally:
+        shutil.rmtree(top)

@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "ttmesh.cli.launch", "launch_cmd",
         "Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.",
     ),
+    "logs": (
+        "ttmesh.cli.logs", "logs_cmd",
+        "Print a job's output (its ranks', or its server's), running or ended.",
+    ),
     "ls": (
         "ttmesh.cli.ls", "ls_cmd",
         "List the host's chips, who holds or leases them, and their Ethernet links.",

@@ -210,6 +210,13 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     metavar="0-3|R:S,...",
     help="torchrun's: these streams go to the console and the log files (values as --redirects).",
 )
+@click.option(
+    "--no-logs",
+    is_flag=True,
+    help="Keep no copy of the ranks' output with the job's record (ttmesh logs JOB then has "
+    "none). By default every stream is kept, bounded: TTMESH_JOB_LOG_MB per job (64), "
+    "TTMESH_LOGS_MB for every job's together (256).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
     "--no-live",
@@ -680,6 +687,10 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
         raise
+    if prepared.plan.passed_over and not o.dry_run:  # --dry-run lists them in its plan
+        from ttmesh.render import note
+
+        note(passed_over_line(prepared.plan))
     serving = prepared.plan.serving
     if serving is not None:
         from ttmesh.render import note
@@ -701,6 +712,13 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
             click.echo(plan_text(data))
         return 0
     return _start(launch, prepared, mh)
+
+
+def passed_over_line(plan: Any) -> str:
+    """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
+    parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in plan.passed_over]
+    used = ", ".join(b for r in plan.ranks for b in r.bdfs)
+    return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
 
 
 def _check_planned(launch: Launch, prepared: Prepared) -> None:
@@ -735,10 +753,14 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.job.recovery import Recovery
     from ttmesh.launcher.job.run import execute
+    from ttmesh.runtime import joblogs
 
     o = launch.options
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
-    options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
+    options = Options(
+        ranks_filter=shown, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
+        log_limits=joblogs.limits() if not o.no_logs else None,
+    )  # fmt: skip
     recovery = Recovery(
         auto_reset=o.auto_reset,
         reset_on_failure=o.reset_on_failure,

@@ -779,10 +779,11 @@ def top_name(cap: Capture) -> str:
     return f"ttmesh-capture-{host}-{stamp}"
 
 
-def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
+def write_archive(cap: Capture, dest: Path, force: bool = False, flag: str = "--capture") -> Path:
     """Write ``cap`` to ``dest`` (a temporary file renamed into place: never a half archive).
 
-    Without ``force`` an existing ``dest`` is refused, even one that appears meanwhile."""
+    Without ``force`` an existing ``dest`` is refused, even one that appears meanwhile.
+    ``flag``: the option that named ``dest`` (``--bundle`` writes a capture too)."""
     top = top_name(cap)
     now = time.time()
     members: list[tuple[str, bytes | None, str | None]] = [
@@ -816,23 +817,23 @@ def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
         if force:
             kind = paths.not_replaceable(dest)
             if kind is not None:
-                raise bad_input(f"--capture {dest} is {kind}, not a file", "give a new file name")
+                raise bad_input(f"{flag} {dest} is {kind}, not a file", "give a new file name")
             os.replace(tmp, dest)
         else:
             try:
                 os.link(tmp, dest)  # fails if dest appeared meanwhile: never overwritten
             except FileExistsError:
-                raise bad_input(f"--capture {dest} already exists", "add --force to overwrite it")
+                raise bad_input(f"{flag} {dest} already exists", "add --force to overwrite it")
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
                     raise
                 if dest.exists():
-                    raise bad_input(
-                        f"--capture {dest} already exists", "add --force to overwrite it"
-                    )
+                    raise bad_input(f"{flag} {dest} already exists", "add --force to overwrite it")
                 os.replace(tmp, dest)
     except OSError as exc:
-        raise from_os_error(exc, "write the capture", str(dest))
+        raise from_os_error(
+            exc, "write the bundle" if flag == "--bundle" else "write the capture", str(dest)
+        )
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

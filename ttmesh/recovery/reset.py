@@ -200,10 +200,10 @@ def plan(
     lost = [a for a in exp.missing if any(a in (lk.a, lk.b) for lk in outside)] or (
         list(exp.missing) if requested is None else []
     )
-    for asic in lost:
+    for asic in lost:  # an error: the reset cannot make the host whole (reset exits 1)
         warnings.append(
             Problem(
-                WARNING,
+                ERROR,
                 f"chip {chip_name(inv, asic, exp.names)} is missing from "
                 "the host: a reset cannot reach it",
                 "power-cycle the host to bring it back",
@@ -635,13 +635,20 @@ class ResetOutcome:
     stopped: list[int] = field(default_factory=list)  # holder PIDs stopped (--force)
 
     @property
+    def missing(self) -> list[Problem]:
+        """Chips the reset would take that the host lost: the chips there may be reset and
+        verified (``recovered``), yet the host is not whole."""
+        return [p for p in self.problems if p.kind == "missing"]
+
+    @property
     def code(self) -> int:
-        return 0 if self.recovered else 1
+        """``ttmesh reset``'s exit: 0 only when every chip it takes is back and verified."""
+        return 0 if self.recovered and not self.missing else 1
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "recovered": self.recovered,
+            "recovered": self.code == 0,
             "chips": self.chips,
             "attempts": [a.to_json() for a in self.attempts],
             "problems": [p.to_json() for p in self.problems],

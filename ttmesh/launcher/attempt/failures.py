@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 TABLE = Path(__file__).resolve().parents[2] / "configs" / "failures.yaml"
 FIELDS = ("id", "pattern", "cause", "fix", "link")
-OPTIONAL = ("also",)
+OPTIONAL = ("also", "after_reset")
 PLACEHOLDERS = frozenset({"reset", "flag"})  # what a fix may name: see the table's header
 MAX_LINE = 300  # a matched line longer than this is cut for the summary
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -38,6 +38,15 @@ class Entry:
     fix: str  # with placeholders
     link: str
     also: tuple[str, ...] = ()
+    after_reset: str | None = None  # the fix once ttmesh reset and verified the chips itself
+
+
+# When ttmesh reset the job's chips after it ended and verified them, a fix that resets them
+# is wrong: the entry's own ``after_reset``, else this.
+AFTER_RESET = (
+    "nothing to reset now: the job's chips were reset after it ended, and verified "
+    "(ttmesh check{flag} shows them); start the job again"
+)
 
 
 def _text(item: dict[str, Any], key: str, where: str) -> str:
@@ -86,9 +95,13 @@ def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
         for link in links:
             if not link.startswith("https://github.com/"):
                 raise ValueError(f"{where}: {link!r} is not a GitHub address")
+        after = _text(item, "after_reset", where) if "after_reset" in item else None
+        if after is not None and "{reset}" in after:
+            raise ValueError(f"{where}: after_reset cannot name {{reset}}: the chips were reset")
         out.append(
-            Entry(ident, regex, _text(item, "cause", where), fix, links[0], tuple(links[1:]))
-        )
+            Entry(ident, regex, _text(item, "cause", where), fix, links[0], tuple(links[1:]),
+                  after)
+        )  # fmt: skip
     return tuple(out)
 
 
@@ -127,6 +140,7 @@ def match(streams: Iterable[tuple[str, Sequence[str]]]) -> dict[str, Any] | None
                     "fix": entry.fix,
                     "link": entry.link,
                     "also": list(entry.also),
+                    "after_reset": entry.after_reset,
                     "line": line.strip()[:MAX_LINE],
                     "where": where,
                 }
@@ -166,9 +180,16 @@ class Diagnosis:
         ]
 
 
-def explain(found: dict[str, Any] | None, inv: Inventory, chips: Sequence[str]) -> Diagnosis | None:
+def explain(
+    found: dict[str, Any] | None,
+    inv: Inventory,
+    chips: Sequence[str],
+    reset_done: bool = False,
+) -> Diagnosis | None:
     """``found`` (from :func:`match`) with its fix filled in: ``{reset}`` resets ``chips`` and
-    what is linked to them, ``{flag}`` names the host as the user did."""
+    what is linked to them, ``{flag}`` names the host as the user did. ``reset_done``: ttmesh
+    reset the chips after the job and verified them: a fix that would reset them again is the
+    entry's ``after_reset`` instead (:data:`AFTER_RESET` when it has none)."""
     if not found:
         return None
     from ttmesh.fabric import health
@@ -176,6 +197,8 @@ def explain(found: dict[str, Any] | None, inv: Inventory, chips: Sequence[str]) 
     flag = health.root_flag(inv.host)
     values = {"flag": flag, "reset": ""}
     template = str(found["fix"])
+    if reset_done and "{reset}" in template:
+        template = str(found.get("after_reset") or AFTER_RESET)
     if "{reset}" in template:
         values["reset"] = health.reset_fix(inv, chips, inv.links) or f"ttmesh reset{flag}"
     return Diagnosis(

@@ -57,6 +57,7 @@ from ttmesh.launcher.attempt.view import AttemptView, DrainWords
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.runtime.joblogs import JobLogs, owner_name
 from ttmesh.runtime.leftovers import Leftovers
 from ttmesh.states import (
     GUARDIAN_MOVES,
@@ -96,6 +97,11 @@ class Options:
     logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.attempt.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
+    # The job's own copy of every stream (runtime.joblogs, ttmesh logs), opened by the job;
+    # keep_logs False (--no-logs): none; log_limits: its bounds (joblogs.limits()).
+    keep: JobLogs | None = None
+    keep_logs: bool = True
+    log_limits: Any = None
 
 
 # --------------------------------------------------------------------------- guardian
@@ -250,6 +256,7 @@ class Guardian:
             sink=self.observer.output if self.observer is not None else None,
             spec=self.options.logs,
             local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
+            keep=self._kept_files(),
         )
         self.starter.console = self.console
         self.console.bringup = self.bringup
@@ -261,7 +268,7 @@ class Guardian:
             self._listen_for_resets()  # once the ranks are on their way (a notice in between
             # those few milliseconds is not heard: the ranks have not opened their chips yet)
             self._register()
-            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
+            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids, "starting")
             self._step()  # a rank that never started may have ended the attempt already
             while self.phase is not Phase.DONE:
                 for key, _ in self.selector.select(self._timeout()):
@@ -287,6 +294,14 @@ class Guardian:
                 self.wakeups.restore()
         return self._result()
 
+    def _kept_files(self) -> Any:
+        """This attempt's files in the job's own logs (None: --no-logs, or not writable)."""
+        if self.options.keep is None:
+            return None
+        owners = [owner_name(r.rank) for r in self.plan.ranks]
+        owners += [owner_name(-1)] if self.starter.has_launcher else []
+        return self.options.keep.attempt(self.attempt, owners)
+
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
         self._ask_liveness()
@@ -296,6 +311,8 @@ class Guardian:
         now = time.monotonic()
         if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
             self.polled = now
+            if self.console is not None:
+                self.console.flush_kept()
             self.marks.poll(self.running, self.starter.pids)
             if self.phase is Phase.RUNNING:
                 heard = (self.console.heard if self.console else 0.0) or self.started
@@ -511,7 +528,11 @@ class Guardian:
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
         stopping = self.stop is not None or self.first_failure is not None
-        for line, stop in self.readiness.server_events(stopping):
+        was_ready = 0 in self.ready
+        events = self.readiness.server_events(stopping)
+        if not was_ready and 0 in self.ready:  # ttmesh ps: it serves (said before the line is)
+            record.write_server(self.plan, "serving")
+        for line, stop in events:
             self._emit(line)
             if stop is not None:
                 self._begin_stop(stop)

@@ -88,17 +88,44 @@ def error_from_json(data: dict[str, Any] | None) -> TTMeshError | None:
 Tail = Callable[[int, str], list[str]]  # an owner's last lines of a stream (Console.tail)
 
 
-def write_record(plan: LaunchPlan, guardian: int, attempt: int, pids: dict[int, int]) -> None:
+def write_record(
+    plan: LaunchPlan, guardian: int, attempt: int, pids: dict[int, int], server: str | None = None
+) -> None:
     """The job record's guardian, attempt and ranks (a record that cannot be written is not
-    the job's failure)."""
+    the job's failure); ``server``: a server's state now (:func:`server_state`)."""
     from ttmesh.runtime import jobs
 
     ranks = [
         {"rank": r.rank, "pid": pids.get(r.rank), "bdfs": list(r.bdfs), "chips": list(r.chips)}
         for r in plan.ranks
     ]
+    extra = {"server": server_state(plan, server)} if server and plan.serving else {}
     with contextlib.suppress(OSError, TTMeshError):
-        jobs.update(plan.job, guardian=guardian, attempt=attempt, ranks=ranks)
+        jobs.update(plan.job, guardian=guardian, attempt=attempt, ranks=ranks, **extra)
+
+
+def server_state(plan: LaunchPlan, state: str) -> dict[str, Any]:
+    """A server as ``ttmesh ps`` shows it: its URL, health endpoint, state (starting, serving,
+    stopping) and since when."""
+    import time
+
+    assert plan.serving is not None
+    return {
+        "url": plan.serving.url,
+        "health": plan.serving.health_url,
+        "state": state,
+        "since": round(time.time(), 3),
+    }
+
+
+def write_server(plan: LaunchPlan, state: str) -> None:
+    """The job record's server state (a server became ready, or is being stopped)."""
+    from ttmesh.runtime import jobs
+
+    if plan.serving is None:
+        return
+    with contextlib.suppress(OSError, TTMeshError):
+        jobs.update(plan.job, server=server_state(plan, state))
 
 
 def keep_errors(plan: LaunchPlan, attempt: int, spec: LogSpec | None) -> None:

@@ -138,6 +138,7 @@ def child_argv(
         ("--strict", o.strict), ("--strict-links", o.strict_links), ("--auto-reset", o.auto_reset),
         ("--reset-on-failure", o.reset_on_failure), ("--show-env", o.show_env),
         ("--quiet", o.quiet), ("--module", o.module), ("--no-python", o.no_python),
+        ("--no-logs", o.no_logs),
     )  # fmt: skip
     argv += [flag for flag, given in flags if given]
     return [*argv, "--", *r.argv]

@@ -4,7 +4,8 @@ check after a crash, and every host's recovery in a mesh over several hosts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.fabric.devices import discover
@@ -36,6 +37,9 @@ class Recovery:
     # itself and leaves what it needs here (its --summary-json's "needs") for the fleet.
     fleet_of: str | None = None
     deferred: dict[str, Any] | None = None
+    # Every reset the job ran (before a start, after a crash): when, why, verified or not, how
+    # long; for the job's record and --summary-json. Shared by the copies a restart makes.
+    resets: list[dict[str, Any]] = field(default_factory=list)
 
 
 WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
@@ -94,6 +98,7 @@ def reset_chips(
         def progress(chips: list[reset.ChipProgress]) -> None:
             observer.phase(phase, _reset_detail(chips))
 
+    at = time.time()
     try:
         outcome = reset.recover(
             prepared.inv.host,
@@ -109,13 +114,37 @@ def reset_chips(
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
+        recovery.resets.append(_reset_entry(at, phase, why, None, str(exc)))
         return None
+    recovery.resets.append(_reset_entry(at, phase, why, outcome))
     if outcome.recovered:
         note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
     else:
         for p in outcome.problems[:3]:
             note(f"reset: still wrong: {p.what}")
     return outcome
+
+
+def _reset_entry(
+    at: float, phase: JobPhase, why: str | None, outcome: Any, refused: str | None = None
+) -> dict[str, Any]:
+    """One reset as the job's record keeps it."""
+    return {
+        "at": round(at, 3),
+        "when": "before the start" if phase is JobPhase.RESETTING else "after an attempt",
+        "why": why,
+        "chips": [c["bdf"] or c["asic_id"] for c in outcome.chips] if outcome else [],
+        "recovered": bool(outcome and outcome.recovered),
+        "seconds": round(outcome.seconds, 3) if outcome else None,
+        "refused": refused,
+    }
+
+
+def last_reset_verified(recovery: Recovery, since: float) -> bool:
+    """Whether the job's chips were reset and verified after ``since`` (the last attempt's
+    end), and no reset failed meanwhile: advice to reset them again would be wrong."""
+    after = [r for r in recovery.resets if r["at"] >= since]
+    return bool(after) and all(r["recovered"] for r in after)
 
 
 def _reset_detail(chips: list[Any]) -> str:

@@ -98,6 +98,7 @@ class LaunchOptions:
     no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
     events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
+    no_logs: bool = False  # --no-logs: keep no copy of the output with the job's record
 
 
 @dataclass(frozen=True)

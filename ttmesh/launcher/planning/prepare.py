@@ -390,8 +390,8 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
             note(f"{extra.severity}: {extra.message} (fix: {extra.fix})")
         first = errors[0]
         more = f" ({len(errors) - 1} more above)" if len(errors) > 1 else ""
-        raise bad_input(
-            f"{profile.name}: {first.message}{more}",
+        raise bad_input(  # an error, said as one, as warnings say theirs
+            f"error: {profile.name}: {first.message}{more}",
             f"fix: {first.fix}"
             + ("; --strict makes warnings errors" if first.severity == "warning" else ""),
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.fabric.devices import discover
+from ttmesh.fabric.problem import chip_name
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
@@ -110,7 +111,14 @@ def reset_chips(
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
         return None
-    if outcome.recovered:
+    if outcome.recovered and outcome.unreached:  # the others are; these never were
+        lost = ", ".join(chip_name(prepared.inv, a) for a in outcome.unreached)
+        note(
+            f"reset: {plural(len(outcome.plan.chips), 'chip')} recovered and verified "
+            f"({outcome.seconds:.1f} s); not recovered: {lost} (missing from the host: a "
+            "reset cannot reach it; power-cycle the host)"
+        )
+    elif outcome.recovered:
         note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
     else:
         for p in outcome.problems[:3]:

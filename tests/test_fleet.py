@@ -750,3 +750,44 @@ def test_a_fleet_directory_is_swept_only_when_its_fleet_and_guard_are_gone(tmp_p
         link.unlink(missing_ok=True)
         for path in made.values():
             subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_a_reset_never_calls_a_chip_the_host_lost_recovered(
+    make_sim: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process: a job's (or a fleet's) chips reset while one of them is gone from the host
+    (a chip that died for good, lost at an earlier reset): the others are reset and verified,
+    and the line says so of them only, naming the lost one as not recovered; the fleet's check
+    (fleet.between) keeps it for the fleet's last line and exit code (issue 38)."""
+    from types import SimpleNamespace
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric.devices import discover
+    from ttmesh.launcher.fleet import between
+    from ttmesh.launcher.job.recovery import Recovery, reset_chips
+    from ttmesh.recovery import reset
+    from ttmesh.sim import faults
+
+    host = open_host(make_sim("quietbox2"))
+    lost = "0000:07:00.0"
+    asics = [c.asic_id for c in discover(host).chips]
+    gone = faults.chip_dead(host, lost, permanent=True)
+    reset.recover(host, [gone], retries=0, expand_set=False)  # the driver lists it no more
+    faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
+    capsys.readouterr()
+    prepared: Any = SimpleNamespace(inv=discover(host))
+    outcome = reset_chips(prepared, Recovery(), asics)
+    said = capsys.readouterr().err
+    assert outcome is not None and outcome.unreached == (gone,)
+    assert (
+        f"ttmesh: reset: 3 chips recovered and verified ({outcome.seconds:.1f} s); not recovered: "
+        f"{lost} ({gone}) (missing from the host: a reset cannot reach it; power-cycle the host)"
+    ) in said, said
+    assert "reset: chips recovered and verified" not in said, said
+    faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
+    lines: list[str] = []
+    found = between.check(host, asics, {gone: lost}, tt_smi=None, train_timeout=None,
+                          say=lines.append)  # fmt: skip
+    assert found.lost == [f"{lost} ({gone})"] and not found.healthy, lines
+    assert found.clause().startswith(f"1 chip not recovered: {lost} ({gone}) (missing from")
+    assert not [ln for ln in lines if ln.startswith("reset: chips recovered and verified")], lines

@@ -322,3 +322,17 @@ def test_the_routers_complaint_is_one_line_with_the_users_words_escaped(qb2: Pat
         "sglang_router.launch_router --help lists its flags)"
     ], res.err
     assert "\x1b" not in res.err, res.err
+
+
+@pytest.mark.parametrize("host", ["localhost", "my-host", "127.0.0.1\nttmesh: ok", ""])
+def test_a_fleets_host_is_an_ip_address_as_the_router_takes_it(host: str) -> None:
+    """The router listens at the server's --host, and 0.3.2 dies at each start on a name
+    (six starts, then the fleet ends, after its first replica was ready): refused at once."""
+    from ttmesh.launcher.fleet import routeropts
+
+    with pytest.raises(TTMeshError) as err:
+        routeropts.router_host(host)
+    assert err.value.message.startswith(f"--host {host!r}: with --replicas SGLang's router")
+    assert "\n" not in err.value.message
+    for good in ("127.0.0.1", "0.0.0.0", "::1", "::"):
+        assert routeropts.router_host(good) == good

@@ -161,7 +161,8 @@ class Router:
             self.ours = True
         elif NOTHING_YET not in verdict.why and verdict.why != self.said_not_ours:
             self.said_not_ours = verdict.why  # someone else listens there (said once)
-            self.say(f"router: {verdict.why}: the fleet's admin key is not sent to "
+            why = verdict.why.replace(", not the server", ", not the router")
+            self.say(f"router: {why}: the fleet's admin key is not sent to "
                      f"{self.url}")  # fmt: skip
         return self.ours
 

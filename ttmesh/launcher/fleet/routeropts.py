@@ -194,6 +194,22 @@ def read(profile: Any, user: tuple[str, ...], router_port: int, taken: set[int])
     return ro
 
 
+def router_host(text: str) -> str:
+    """The server's --host, where the router listens: an IP address (0.3.2 dies at each start,
+    "Invalid address: invalid socket address syntax", on a name such as ``localhost``)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise bad_input(
+            f"--host {clip(printable(repr(text)), WHAT_MAX)}: with --replicas SGLang's router "
+            "listens there, and sglang-router 0.3.2 takes only an IP address, not a name",
+            "give an address: --host 127.0.0.1 (this host only), or 0.0.0.0 (every address)",
+        ) from None
+    return text
+
+
 def _metrics_host(text: str) -> str:
     """The address the user gave the router's metrics: an IP address, as the router binds it
     (0.3.2 binds 0.0.0.0, every address, for a name such as ``localhost``, without a word)."""

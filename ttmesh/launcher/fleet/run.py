@@ -169,6 +169,7 @@ class Fleet:
         self.dir_lock = _lock_dir(self.dir)  # held by this process and its guard
         self.guard: subprocess.Popen[bytes] | None = None
         self.guard_pipe = -1  # the write end of the guard's standard input
+        self.guard_lost = False  # the guard ended while the fleet ran (said once)
         self.between: Between | None = None  # the fleet's last check of its chips
         self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
         extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
@@ -634,6 +635,7 @@ class Fleet:
                 last_route = time.monotonic()
             if all(m.state == EXITED for m in self.members):
                 break
+            self._guard_gone()
             self._show()  # the last lines, and its clock
 
     def _stop_all(self) -> None:
@@ -726,11 +728,18 @@ class Fleet:
             return
         try:
             os.write(self.guard_pipe, (json.dumps(message) + "\n").encode())
-        except OSError:  # the guard is gone: said once, the fleet runs on
+        except OSError:  # the guard is gone (said by _guard_gone): the fleet runs on
             os.close(self.guard_pipe)
             self.guard_pipe = -1
-            self.say("the fleet's guard has gone: if ttmesh is killed, the links between "
-                     "replicas are left to ttmesh check")  # fmt: skip
+
+    def _guard_gone(self) -> None:
+        """A guard that ended while the fleet runs (killed) is said once: the fleet runs on,
+        and should ttmesh be killed now, nobody resets the links between replicas."""
+        if self.guard is not None and not self.guard_lost and self.guard.poll() is not None:
+            self.guard_lost = True
+            self.say(f"the fleet's guard (pid {self.guard.pid}) has gone "
+                     f"({how_it_ended(self.guard.returncode)}): should ttmesh be killed now, "
+                     "the links between replicas are left to ttmesh check")  # fmt: skip
 
     def _told_guard(self) -> None:
         """The router's PID and start time, for the guard to stop it should this process die."""

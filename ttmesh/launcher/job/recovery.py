@@ -112,7 +112,10 @@ def reset_chips(
         note(f"reset refused: {exc}")
         return None
     if outcome.recovered and outcome.unreached:  # the others are; these never were
-        lost = ", ".join(chip_name(prepared.inv, a) for a in outcome.unreached)
+        from ttmesh.fabric import health
+
+        named = health.expected(prepared.inv).names  # a lost chip by its topology's address
+        lost = ", ".join(chip_name(prepared.inv, a, named) for a in outcome.unreached)
         note(
             f"reset: {plural(len(outcome.plan.chips), 'chip')} recovered and verified "
             f"({outcome.seconds:.1f} s); not recovered: {lost} (missing from the host: a "

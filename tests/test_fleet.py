@@ -664,7 +664,7 @@ for method, path, body in (
 
 
 def test_another_user_cannot_use_the_routers_admin_routes_and_a_sigkilled_fleet_is_ended(
-    qb2: Path, users: dict[str, User]
+    qb2: Path, users: dict[str, User], tmp_path: Path
 ) -> None:
     """Root's fleet: nobody's requests to the router's admin routes (list, add a worker of its
     own, remove one, flush, loads) are refused (401) and the fleet serves on with its two
@@ -672,13 +672,15 @@ def test_another_user_cannot_use_the_routers_admin_routes_and_a_sigkilled_fleet_
     ttmesh said (the fleet's port, its metrics on 127.0.0.1). Then the fleet's ttmesh is
     SIGKILLed: the replicas stop themselves, and its guard stops the router, resets the links
     between the replicas' chips (each replica reset only its own), removes the fleet's /tmp
-    directory and closes its record. The host is healthy and the whole host starts a job."""
+    directory, writes its summary and closes its record. The host is healthy and the whole
+    host starts a job."""
     if "nobody" not in users:
         pytest.skip(NEEDS_NOBODY)
     port, metrics = _free_port(), _free_port()
     job = f"fleetk-{os.getpid()}"
+    summary = tmp_path / "fleet.json"
     proc = start_launch(
-        qb2, "--replicas", "2", "--tp-size", "2", "--job-id", job,
+        qb2, "--replicas", "2", "--tp-size", "2", "--job-id", job, "--summary-json", str(summary),
         f"--router-arg=--prometheus-port={metrics}", "--", *SGLANG, *seed(2, port=str(port)),
         env=ENV,
     )  # fmt: skip
@@ -700,7 +702,7 @@ def test_another_user_cannot_use_the_routers_admin_routes_and_a_sigkilled_fleet_
         dirs = list(Path(tempfile.gettempdir()).glob(f"ttmesh-fleet-{job}-*"))
         assert len(dirs) == 1
         os.kill(proc.pid, signal.SIGKILL)
-        _until(lines, seen, f"fleet {job}: launcher killed", timeout=120)
+        _until(lines, seen, f"fleet {job}: exit 137: launcher killed", timeout=120)
         wait_for(lambda: not alive(guard), timeout=10, what="the guard gone")
     finally:
         proc.kill()
@@ -710,7 +712,10 @@ def test_another_user_cannot_use_the_routers_admin_routes_and_a_sigkilled_fleet_
     assert "the fleet's chips: " in text and "reset: chips recovered and verified" in text, text
     assert not alive(rpid) and not dirs[0].exists()
     ended = {j["job"]: j for j in json.loads(run_cli("ps", "--all", "--json").out)["jobs"]}
-    assert ended[job]["status"].startswith("launcher killed") and ended[job]["code"] is None
+    assert ended[job]["status"].startswith("launcher killed") and ended[job]["code"] == 137
+    data = json.loads(summary.read_text())
+    assert data["code"] == 137 and data["chips"] == {"reset": True, "not_recovered": [], "why": ""}
+    assert [r["outcome"]["code"] for r in data["replicas"]] == [143, 143]  # each its own stop
     assert all(ended[f"{job}-r{k}"].get("ended") for k in (0, 1))
     assert run_cli("check", "--root", str(qb2)).code == 0
     whole = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "--", sys.executable, "-c",

@@ -20,8 +20,10 @@ fleet has ended by itself. The pipe closing without that is ttmesh gone. The gua
    replica started a moment before ttmesh died is waited for too), at most :data:`WAIT` s;
 3. checks the fleet's chips together and resets them where something is wrong
    (``fleet.between``), naming the chips it could not recover;
-4. removes the fleet's directory (only if it is still the one made) and closes the fleet's
-   record (``launcher killed``, exit 1 when chips were not recovered).
+4. writes the fleet's ``--summary-json`` when it was asked for (``ttmesh.fleet/1``: each
+   replica's own summary as its ``outcome``, the router null), removes the fleet's directory
+   (only if it is still the one made) and closes the fleet's record (``launcher killed``; its
+   code 137, as a single job's guardian gives, or 1 when chips were not recovered or checked).
 
 Its lines go to the stderr it inherited (the fleet's terminal), prefixed ``ttmesh:``. It is the
 fleet's ``guardian`` in the job record, so ``ttmesh ps`` shows the fleet running until it is
@@ -45,6 +47,7 @@ POLL = 0.2  # s between looks at the replicas' processes once ttmesh is gone
 WAIT = 900.0  # s at most for the replicas to end (their --grace, then their own recovery)
 ROUTER_GRACE = 5.0  # s between SIGTERM and SIGKILL of the router
 LAUNCHER_KILLED = "launcher killed"
+KILLED_CODE = 128 + signal.SIGKILL  # what a fleet killed under its replicas ends with
 
 
 def say(message: str) -> None:
@@ -140,17 +143,48 @@ def finish(
             say(f"the fleet's chips could not be checked: {exc} (see ttmesh check)")
     else:
         checked = True  # a chipless fleet: nothing to check
-    _remove_dir(spec)
     reason = f"{LAUNCHER_KILLED} (its guard ended the fleet)"
     if result.lost:
         reason += f"; {result.clause()}"
     elif not checked:
         reason += "; its chips not checked"
-    code = 0 if checked and result.healthy else 1
+    code = KILLED_CODE if checked and result.healthy else 1
+    _summary(spec, code, reason, result if checked else None)
+    _remove_dir(spec)
     with contextlib.suppress(OSError, TTMeshError):
-        jobs.close(job, reason, None if code == 0 else code)
-    say(f"fleet {job}: {reason}")
+        jobs.close(job, reason, code)
+    say(f"fleet {job}: exit {code}: {reason}")
     return code
+
+
+def _summary(spec: dict[str, Any], code: int, reason: str, result: Any) -> None:
+    """The fleet's ``--summary-json``, as the fleet would have written it, from what the guard
+    knows: each replica's own summary (in the fleet's directory, written by its job)."""
+    from ttmesh import fileread, paths
+    from ttmesh.errors import TTMeshError
+
+    where = spec.get("summary")
+    if not isinstance(where, str) or not where:
+        return
+    replicas = []
+    for r in spec.get("replicas") or []:
+        if not isinstance(r, dict):
+            continue
+        outcome = None
+        with contextlib.suppress(OSError, ValueError, TTMeshError, TypeError):
+            outcome = json.loads(fileread.read_text(str(r.get("summary")), 1 << 20, "a summary"))
+        replicas.append({**{k: v for k, v in r.items() if k != "summary"}, "state": "exited",
+                         "outcome": outcome})  # fmt: skip
+    summary = {
+        "schema": "ttmesh.fleet/1", "job": spec["job"], "source": "ttmesh", "code": code,
+        "reason": reason, "router": None, "replicas": replicas,
+        "chips": result.to_json() if result is not None else None,
+        "recovery": spec.get("recovery"), "resetting": False, "host_resets": [],
+    }  # fmt: skip
+    try:  # never through a link another user planted (paths.write_text)
+        paths.write_text(where, json.dumps(summary, indent=2) + "\n", "--summary-json")
+    except TTMeshError as err:
+        say(str(err))
 
 
 def _remove_dir(spec: dict[str, Any]) -> None:

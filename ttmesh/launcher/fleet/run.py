@@ -706,7 +706,13 @@ class Fleet:
             "dir": self.dir, "dir_id": list(_identity(self.dir)),
             "asics": [] if self.fp.replicas[0].prepared.plan.chipless else self._asics(),
             "names": self._names(), "tt_smi": self.o.tt_smi,
-            "train_timeout": self.o.train_timeout,
+            "train_timeout": self.o.train_timeout, "summary": self.o.summary_json,
+            "recovery": recovery_mode(self.fp.whole_host_reset),
+            "replicas": [
+                {"replica": m.replica.index, "job": m.replica.job, "chips": m.replica.bdfs,
+                 "url": m.replica.url, "port": m.replica.port, "summary": m.summary}
+                for m in self.members
+            ],
         }  # fmt: skip
         try:
             self.guard = subprocess.Popen(

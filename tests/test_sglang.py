@@ -319,8 +319,9 @@ def _cmd(pid: int) -> str:
 
 
 def _workers(url: str) -> int:
+    """The router's workers (its open /get_server_info: /workers takes the fleet's key only)."""
     try:
-        with urllib.request.urlopen(url + "/workers", timeout=2) as r:
-            return len(json.loads(r.read())["workers"])
-    except (OSError, ValueError):
+        with urllib.request.urlopen(url + "/get_server_info", timeout=2) as r:
+            return int(json.loads(r.read())["workers_count"])
+    except (OSError, ValueError, KeyError):
         return -1

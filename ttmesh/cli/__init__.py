@@ -79,10 +79,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }  # fmt: skip
 
-# Commands ttmesh runs on other hosts through mpirun (never listed in --help): each host's
-# report of itself, one rank of a mesh over several hosts, and a host's part in recovering
-# the chips of such a mesh.
+# Commands ttmesh runs itself (never listed in --help): a fleet's guard; and through mpirun on
+# other hosts: each host's report of itself, one rank of a mesh over several hosts, and a
+# host's part in recovering the chips of such a mesh.
 HIDDEN: dict[str, tuple[str, str]] = {
+    "_fleet-guard": ("ttmesh.cli.fleetguard", "fleet_guard_cmd"),
     "_host-report": ("ttmesh.cli.hostreport", "host_report_cmd"),
     "_rank": ("ttmesh.cli.rank", "rank_cmd"),
     "_recover": ("ttmesh.cli.recover", "recover_cmd"),

@@ -67,8 +67,10 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
     "--router-arg=round_robin, --router-arg=--prometheus-port=29001), after the profile's "
     "router.args, read by the router's own parser before anything starts; its --host, --port "
-    "and --worker-urls are ttmesh's. Its policy and health checks are SGLang's defaults "
-    "otherwise; its Prometheus metrics get a free port unless one is given.",
+    "and --worker-urls are ttmesh's, and a flag whose value is a secret (--api-key, ...) is "
+    "refused: ttmesh closes the router's admin routes with a key of its own, in no command "
+    "line. Its policy and health checks are SGLang's defaults otherwise; its Prometheus "
+    "metrics listen on 127.0.0.1 and a free port unless given.",
 )
 @click.option(
     "--no-memory-check",
@@ -480,7 +482,10 @@ def launch_cmd(**options: Any) -> int:
     whole host (tt-smi -glx_reset): a replica whose chips need one makes the fleet take every
     replica out of the router, drain them within --grace, reset the host once (verified) and
     restart them all; that replica counts a restart, the others a drain. Ctrl-C stops the router,
-    then every replica within --grace. vLLM is refused: it assigns chips to its own
+    then every replica within --grace, then resets the links between replicas; a chip the host
+    lost is named as not recovered (exit 1). If ttmesh is killed, the fleet's guard does the
+    same in its place. The router's admin routes (/workers) take only ttmesh's own key, new at
+    each router start and in no command line. vLLM is refused: it assigns chips to its own
     data-parallel ranks. The host memory the replicas need at their peak (their model's
     weight files on disk times the profile's host_memory factors) is checked against
     MemAvailable before anything starts (--no-memory-check skips it); the router's metrics
@@ -613,7 +618,7 @@ def _fleet(launch: Launch) -> int:
     for n in fp.notes:
         note(f"note: {n}")
     if fp.router_opts is not None:
-        note(f"router: Prometheus metrics at {fp.router_opts.metrics_url}")
+        note(f"router: Prometheus metrics at {fp.router_opts.announced}")
     if o.dry_run:
         from ttmesh.render import emit_json
 

@@ -645,6 +645,12 @@ class ResetOutcome:
         """``ttmesh reset``'s exit: 0 only when every chip it takes is back and verified."""
         return 0 if self.recovered and not self.missing else 1
 
+    @property
+    def unreached(self) -> tuple[str, ...]:
+        """Chips asked for that the host had lost before the reset (no PCI device to reset):
+        never reset nor verified, whatever ``recovered`` says of the others."""
+        return tuple(a for a in self.plan.requested if a not in self.plan.chips)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.fabric.devices import discover
+from ttmesh.fabric.problem import chip_name
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
@@ -117,7 +118,17 @@ def reset_chips(
         recovery.resets.append(_reset_entry(at, phase, why, None, str(exc)))
         return None
     recovery.resets.append(_reset_entry(at, phase, why, outcome))
-    if outcome.recovered:
+    if outcome.recovered and outcome.unreached:  # the others are; these never were
+        from ttmesh.fabric import health
+
+        named = health.expected(prepared.inv).names  # a lost chip by its topology's address
+        lost = ", ".join(chip_name(prepared.inv, a, named) for a in outcome.unreached)
+        note(
+            f"reset: {plural(len(outcome.plan.chips), 'chip')} recovered and verified "
+            f"({outcome.seconds:.1f} s); not recovered: {lost} (missing from the host: a "
+            "reset cannot reach it; power-cycle the host)"
+        )
+    elif outcome.recovered:
         note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
     else:
         for p in outcome.problems[:3]:

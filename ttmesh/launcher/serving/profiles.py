@@ -113,9 +113,11 @@ class Profile:
         table = self.table()
         try:
             return args.read_with(table, cwd)
-        except flags.ParseError as exc:
+        except flags.ParseError as exc:  # it quotes the user's words: escaped, one line
+            from ttmesh.render import clip, printable
+
             raise bad_input(
-                f"{self.name}: the server refuses its command: {exc}",
+                f"{self.name}: the server refuses its command: {clip(printable(str(exc)), 300)}",
                 f"fix its flags; ttmesh reads them with the flag table of {table.server}, "
                 "as its parser does; --profile none runs the command unread",
             ) from None

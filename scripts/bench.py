@@ -774,7 +774,7 @@ class _Fleet:
         report = b.work / "fleet-report"
         report.mkdir(exist_ok=True)
         env = {**b.env, "PYTHONPATH": str(FAKES), "PYTHONUNBUFFERED": "1",
-               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency)}  # fmt: skip
+               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency), "FAKE_PACE": "0"}  # fmt: skip
         batch = ["--max-running-requests", str(FLEET_SLOTS)] if latency else []
         many = ["--replicas", str(replicas), "--max-restarts", "100"] if replicas > 1 else []
         self.summary = b.work / f"fleet-{replicas}.json"

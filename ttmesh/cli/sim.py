@@ -406,6 +406,43 @@ def fault_old_kmd(host: Any, version: str) -> None:
     click.echo(f"tenstorrent driver {version}")
 
 
+@sim_group.command("standin", context_settings=CONTEXT)
+def sim_standin() -> None:
+    """Print the directory of ttmesh's stand-in server, to put on PYTHONPATH.
+
+    \b
+    With it there, the serving stacks' own commands run the stand-in (standard library only):
+      python -m sglang.launch_server ...                  SGLang-TorchTPU (--device tpu), stock SGLang
+      python -m sgl_jax.launch_server ...                 SGLang-JAX
+      python -m vllm.entrypoints.openai.api_server ...    vLLM
+    It prints its start as the stack's log does (engine, chips, weights, KV cache, compile, API
+    server), opens the simulated chips, and serves /health, /generate and the OpenAI routes.
+
+    \b
+    Its environment:
+      FAKE_PACE=S        its start's pace (1: about 15 s, the default; 10: minutes; 0: at once)
+      FAKE_MODE=M        crash, crash-tree, hang, mute, unhealthy, child-dies, ignore-term,
+                         fatal (a TT_THROW while it opens the chips, then it sits there),
+                         slow-compile (FAKE_COMPILE seconds, an hour by default),
+                         hung-healthy (after ready /health answers, generations hang)
+      FAKE_HANG_AT=P     stop the start for good in phase P (engine, device, weights, kv,
+                         compile, server)
+      FAKE_FAIL_AFTER=S  seconds after ready its failure comes (0.5)
+      FAKE_SAY=LINE      a line it prints on stderr as it starts; FAKE_FATAL=LINE the fatal one
+
+    \b
+    Example (serve on a simulated QuietBox 2):
+      export PYTHONPATH=$(ttmesh sim standin)
+      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path Qwen/Qwen3-8B \\
+        --device tpu --tp-size 4 --port 31000 --kv-cache-dtype bfloat16 --grammar-backend none
+    """
+    from pathlib import Path
+
+    import ttmesh.sim
+
+    click.echo(Path(ttmesh.sim.__file__).resolve().parent / "standin")
+
+
 @sim_group.command("clear", context_settings=CONTEXT)
 @host_options
 def sim_clear(host: Any) -> None:

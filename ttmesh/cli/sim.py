@@ -199,6 +199,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --sim quietbox2 link-down 0000:01:00.0 0000:05:00.0
       ttmesh sim fault --root /tmp/t3k-a bad-cable 0000:ca:00.0 --channel 6
       ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
+      ttmesh sim fault --root /tmp/qb2 chip-gone 0000:05:00.0
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
       ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
       ttmesh sim fault --root /tmp/qb2 no-hugepages
@@ -260,6 +261,18 @@ def fault_chip_dead(host: Any, chip: str, permanent: bool) -> None:
 
     faults.chip_dead(host, chip, permanent)
     click.echo(f"chip-dead: {chip}{' (permanent)' if permanent else ''}")
+
+
+@sim_fault.command("chip-gone", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.pass_obj
+def fault_chip_gone(host: Any, chip: str) -> None:
+    """The chip falls off the PCI bus: the driver lists it no more (no /dev/tenstorrent node),
+    and no reset brings it back (ttmesh sim clear stands for the power cycle)."""
+    from ttmesh.sim import faults
+
+    faults.chip_gone(host, chip)
+    click.echo(f"chip-gone: {chip}")
 
 
 @sim_fault.command("reset-fails", context_settings=CONTEXT)

@@ -36,9 +36,11 @@ from typing import Any
 
 from ttmesh import procs
 from ttmesh.errors import TTMeshError
+from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt import dumps, record
 from ttmesh.launcher.attempt.bringup import BringUp
+from ttmesh.fabric.chipwatch import ChipWatch
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.attempt.marks import FabricMarks
@@ -115,6 +117,7 @@ class Guardian:
         host: Host,
         observer: Observer | None = None,
         liveness: Liveness | None = None,
+        inv: Inventory | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer  # the front's view, through the pipe (EventWriter)
@@ -163,6 +166,12 @@ class Guardian:
         # tt-umd's reset notices, heard while the ranks run (chips on this host only).
         self.host = host
         self.resets: Any = None  # attempt.resetwatch.ResetWatch, once listening
+        # The job's chips, read on a timer while the ranks run (fabric.chipwatch), once the
+        # start's own heartbeat check (liveness) is done; what failed under the job, if one did.
+        self.inv = inv
+        self.chipwatch: ChipWatch | None = None
+        self.chips_watched = not (plan.chipless or plan.hosts or not plan.all_chips())
+        self.chip_fault: str | None = None
 
     @property
     def phase(self) -> GuardianPhase:
@@ -291,6 +300,7 @@ class Guardian:
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
         self._ask_liveness()
+        self._watch_chips()
         self._register()
         now = time.monotonic()
         if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
@@ -341,7 +351,48 @@ class Guardian:
             waits.append(SWEEP_POLL)
         if self.liveness is not None:
             waits.append(max(0.0, self.liveness_due - now))
+        if self.chipwatch is not None and self.phase is Phase.RUNNING:
+            waits.append(max(0.0, self.chipwatch.due() - now))
         return min(waits) if waits else None
+
+    def _watch_chips(self) -> None:
+        """The job's chips, read when due while the ranks run (fabric.chipwatch): one that
+        failed (its heartbeat stopped, it left the bus, its links went down) stops the job at
+        once, named with what was seen. A rank that ended meanwhile is heard first: its own end
+        decides the attempt."""
+        if not self.chips_watched or self.phase is not Phase.RUNNING or self.liveness is not None:
+            return
+        if self.stop is not None or self.first_failure is not None or self.front_gone:
+            return
+        if self.chipwatch is None:
+            self.chipwatch = self._chip_watch()
+            return
+        finding = self.chipwatch.step()
+        if finding is None:
+            return
+        self._reap()
+        if self.stop is not None or self.first_failure is not None:
+            return
+        self.chip_fault = finding.line
+        self._emit(f"{finding.line}: stopping every worker")
+        self._begin_stop(Stop(finding.line, 1, restartable=True))
+
+    def _chip_watch(self) -> ChipWatch | None:
+        """The watch, its first read taken (None when the host cannot be read: nothing to
+        watch then, and the job goes on)."""
+        from ttmesh.fabric.devices import discover
+
+        try:
+            inv = self.inv
+            if inv is None:  # (a guardian run on its own: tests) read without opening a chip
+                inv = discover(self.host, topology=not self.host.firmware_opens_chips)
+            watch = ChipWatch(inv, self.plan.all_chips())
+            watch.step()
+        except (OSError, TTMeshError) as exc:
+            self._emit(f"the job's chips cannot be watched while it runs: {exc}")
+            self.chips_watched = False
+            return None
+        return watch
 
     def _ask_liveness(self) -> None:
         """The chips' heartbeats, still being read since the start: ask when due; a refusal
@@ -622,6 +673,7 @@ class Guardian:
             fabric_ranks=sorted(self.marks.fabric),
             duration=time.monotonic() - self.started,
             dumps=list(self.dumped),
+            chip_fault=self.chip_fault,
         )
         tail = self.console.tail
         result = record.verdict(

@@ -53,6 +53,9 @@ class AttemptResult:
     diagnosis: dict[str, Any] | None = None
     # The files the ranks' stacks were written to before a hung job was killed (attempt.dumps).
     dumps: list[str] = field(default_factory=list)
+    # A chip that failed under the running job (fabric.chipwatch): the line said; its chips
+    # are checked and recovered after the attempt whatever the job brought up.
+    chip_fault: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         error, self.error = self.error, None

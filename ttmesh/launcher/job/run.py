@@ -303,7 +303,7 @@ class JobRun:
             liveness, self.prepared.liveness = self.prepared.liveness, None
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self._guardian_started, liveness=liveness,
+                on_start=self._guardian_started, liveness=liveness, inv=self.prepared.inv,
             )  # fmt: skip
             if result.end is AttemptEnd.REFUSED and result.error is not None:
                 # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
@@ -346,7 +346,8 @@ class JobRun:
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
             lost = result.end is AttemptEnd.GUARDIAN_LOST
-            always = lost or plan.serving is not None
+            # A chip failed under the job (fabric.chipwatch): check them whatever it brought up.
+            always = lost or plan.serving is not None or result.chip_fault is not None
             left = after_crash(
                 self.prepared, recovery, result, always=always, observer=self.observer,
                 peers=self.peers, name=f"recover{attempt}",

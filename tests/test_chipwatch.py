@@ -23,8 +23,8 @@ from conftest import REPO, alive, run_cli, start_launch, wait_for
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host
-from ttmesh.fabric.devices import discover
 from ttmesh.fabric.chipwatch import ChipWatch, frozen_after
+from ttmesh.fabric.devices import discover
 from ttmesh.sim import faults
 
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
@@ -274,3 +274,21 @@ def _servers(fleet: int) -> dict[int, int]:
             server = next(p for p in procs.descendants(guardian) if procs.parent(p) == guardian)
             out[int(match.group(1))] = server
     return out
+
+
+def test_links_that_fell_with_a_holder_of_the_chips_are_its_end_to_decide(fast: Path) -> None:
+    """A scheduler killed with the fabric open takes its links down: that is its end (the
+    rank's exit, a server's critical processes decide), not a chip failing under the job."""
+    host = open_host(fast)
+    holder = faults.hold(host, C01)
+    watch = _watch(fast, [C01, C03])
+    assert watch.step(0.0) is None
+    os.kill(holder, signal.SIGKILL)
+    wait_for(lambda: not alive(holder), what="the holder gone")
+    faults.link_down(host, C01, C03)
+    assert [watch.step(t) for t in (1.0, 2.0, 3.0, 4.0)] == [None] * 4
+    faults.clear(host)  # links up again: the next fall is judged anew
+    assert watch.step(5.0) is None
+    faults.link_down(host, C01, C03)
+    assert watch.step(6.0) is None
+    assert watch.step(7.0) is not None

@@ -436,6 +436,7 @@ def sim_standin() -> None:
       FAKE_PACE=S        its start's pace (1: about 15 s, the default; 10: minutes; 0: at once)
       FAKE_MODE=M        crash, crash-tree, hang, mute, unhealthy, child-dies, ignore-term,
                          fatal (a TT_THROW while it opens the chips, then it sits there),
+                         fatal-late (the same line once ready, and it serves on),
                          slow-compile (FAKE_COMPILE seconds, an hour by default),
                          hung-healthy (after ready /health answers, generations hang)
       FAKE_HANG_AT=P     stop the start for good in phase P (engine, device, weights, kv,

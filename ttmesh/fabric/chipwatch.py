@@ -22,6 +22,9 @@ How often, and what counts (docs/recovery.md, "Chips watched while the job runs"
   up, or refused the start): said at the read after the one that first saw it down, once both
   ends' heartbeats moved in between (within 2 s); a hung chip takes its links down with it,
   so an end whose heartbeat stands still is given the heartbeat's verdict first (within 3 s).
+  Links that fell as a process holding the job's chips ended (the driver's holder lists: a
+  scheduler killed with the fabric open takes its links down) are that process's end, which
+  the job's own watch decides on (the rank's exit, a server's critical processes).
   Links are read where that opens no chip: a simulated host. On a real host the Ethernet
   status is read through tt-umd, which opens the chips the job holds (``ttmesh metrics``
   leaves them out there too); the recovery after the end reads them.
@@ -88,6 +91,11 @@ class ChipWatch:
         self.beats: dict[str, tuple[int, float]] = {}  # asic -> (value, when it last moved)
         self.moved: set[str] = set()  # the chips whose heartbeat moved since links went down
         self.links_down_since: float | None = None
+        # The processes holding the job's chips (the driver's holder lists), and whether one
+        # of them ended since the links were last all up: links that fell with a process that
+        # had the fabric open are that process's end, which the job's own watch decides on.
+        self.holders: set[int] | None = None
+        self.holder_lost = False
         self.next = time.monotonic() if now is None else now
 
     @staticmethod
@@ -118,6 +126,22 @@ class ChipWatch:
             return None
         self.next = now + self.every
         return self._gone() or self._heartbeats(now) or self._links(now)
+
+    def _holders(self) -> None:
+        """Note a holder of the job's chips that ended since the last read."""
+        held: set[int] = set()
+        for c in self.chips:
+            # The driver's own list only (never a scan of /proc, which old drivers need).
+            text = (
+                self.host.read_text(f"proc/driver/tenstorrent/{self.devs[c.bdf]}/pids")
+                if c.bdf
+                else None
+            )
+            if text is not None:
+                held.update(int(tok) for tok in text.split() if tok.isdigit())
+        if self.holders is not None and self.holders - held:
+            self.holder_lost = True
+        self.holders = held
 
     def _gone(self) -> Finding | None:
         for c in self.chips:
@@ -174,11 +198,14 @@ class ChipWatch:
         from ttmesh.fabric import links
         from ttmesh.vocab import LinkState
 
+        self._holders()
         states = links.observe(self.inv, self.specs)
         down = [o.spec for o in states if o.state == LinkState.DOWN]
         if not down:
-            self.links_down_since = None
+            self.links_down_since, self.holder_lost = None, False
             return None
+        if self.holder_lost:
+            return None  # they fell with a process of the job: its own end decides
         if self.links_down_since is None:  # first seen now: are both ends' firmware alive?
             self.links_down_since, self.moved = now, set()
             return None

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ttmesh import procs
 from ttmesh.fabric.devices import Inventory
@@ -216,7 +217,7 @@ def _late_stop(result: AttemptResult, stops: list[int], continued: bool) -> Atte
         # It is still the user's stop: the job ends as stopped, never restarted.
         result = replace(
             result, code=128 + stops[0], source=Source.TTMESH, rank=None,
-            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED,
+            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED, asked=True,
         )  # fmt: skip
     return result
 
@@ -262,6 +263,9 @@ class _Plain:
         pass
 
     def lines(self, last: dict[int, str]) -> None:
+        pass
+
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
         pass
 
     def output(self, fd: int, data: bytes) -> None:

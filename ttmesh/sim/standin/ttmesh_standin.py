@@ -31,8 +31,9 @@ never takes a connection: every probe times out), ``unhealthy`` (``/health`` 503
 ``child-dies`` (a child exits after ready), ``ignore-term`` (ignores SIGTERM), ``fatal`` (while
 it opens the chips, prints tt-metal's ``TT_THROW`` for a wedged Ethernet core, ``$FAKE_FATAL``
 to print another line, then sits there, as tt-studio#1283's server did), ``slow-compile`` (its
-compile takes ``$FAKE_COMPILE`` seconds, an hour by default), ``hung-healthy`` (after ready,
-``/health`` still answers while every generation hangs, tt-xla#5828). ``$FAKE_HANG_AT`` (a phase:
+compile takes ``$FAKE_COMPILE`` seconds, an hour by default), ``fatal-late`` (the same line
+once ready: it serves on), ``hung-healthy`` (after ready, ``/health`` still answers while every
+generation hangs, tt-xla#5828). ``$FAKE_HANG_AT`` (a phase:
 engine, device, weights, kv, compile, server) stops the start in that phase for good.
 ``$FAKE_FAIL_AFTER`` seconds after ready a failure comes (0.5). ``$FAKE_READY_AFTER`` seconds
 from listening to ready (0.3). ``$FAKE_SAY``: a line it prints on stderr once it has started
@@ -161,7 +162,9 @@ class Start:
         self.say = Log(stack)
         self.pace = number("FAKE_PACE", 1.0)
         self.hang_at = os.environ.get("FAKE_HANG_AT", "")
-        self.tp = int(one(f, "--tp-size", "1") or 1)
+        # Its chips: --tp-size, else every chip it was given (vLLM: the whole mesh).
+        chips = json.loads(os.environ.get("TTMESH_JOB_CHIPS") or "[]")
+        self.tp = int(one(f, "--tp-size", str(len(chips) or 1)) or 1)
         self.device = one(f, "--device", "tpu" if stack == "sgl_jax" else "")
         model = one(f, "--model-path", one(f, "--model", "Qwen/Qwen3-8B"))
         self.model = model
@@ -188,7 +191,7 @@ class Start:
     def device_open(self, start_children: Callable[[], None]) -> None:
         """Open the chips: the children (each holds its chips), then the mesh."""
         cpu = self.device == "cpu"
-        if self.stack != "vllm":
+        if self.stack == "sglang":
             self.say("Init parallel begin." if cpu else "Init torch distributed begin.")
         if not cpu:
             self.say("Opening user mode device driver")
@@ -202,7 +205,7 @@ class Start:
         self.wait(2.0)
         if not cpu:
             self.say(f"multidevice with {self.tp} devices and grid (1, {self.tp}) is created")
-        if self.stack != "vllm":
+        if self.stack == "sglang":
             self.say(
                 "Init parallel ends. elapsed=0.05 s"
                 if cpu
@@ -412,9 +415,13 @@ def main(stack: str) -> None:
 
 def _after_ready(mode: str, state: dict[str, Any], children: list[subprocess.Popen[bytes]]) -> None:
     """The failure ``mode`` brings once the server is ready (none for most)."""
-    if mode not in ("crash", "crash-tree", "unhealthy", "child-dies", "hung-healthy"):
+    if mode not in ("crash", "crash-tree", "unhealthy", "child-dies", "hung-healthy", "fatal-late"):
         return
     time.sleep(number("FAKE_FAIL_AFTER", 0.5))
+    if mode == "fatal-late":  # its device throws while it serves; the server answers on
+        state["answered"].wait(120)  # once ttmesh has seen it ready (an event, not a time)
+        for line in (os.environ.get("FAKE_FATAL") or FATAL).splitlines():
+            Log("sglang")(line)
     if mode == "crash-tree":
         sys.stderr.write("fake server: a child failed, killing the whole tree\n")
         sys.stderr.flush()

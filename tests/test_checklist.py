@@ -232,3 +232,19 @@ def test_the_live_view_draws_the_rows_the_deadline_and_each_time() -> None:
     )
     assert re.search(r"▸ loading the weights\s+28\.\d s", text), text  # its time so far
     assert "· allocating the KV cache" in text and "\x1b[2J" not in text
+
+
+def test_a_servers_hostile_text_reaches_no_terminal_and_is_bounded() -> None:
+    steps = checklist.load(STEPS, "p")
+    c = checklist.Checklist(steps, t0=0.0)
+    c.feed("server_args=", 1.0)
+    c.feed("KV Cache is allocated. #tokens: 12\x1b[2J\x07", 2.0)  # \d+ stops at the escape
+    c.feed("Opening user mode device driver", 3.0)
+    c.feed("with 4 devices and grid (\x1b]0;pwned\x07" + "x" * 5000 + ")", 4.0)
+    detail = c.rows[1].detail
+    assert "\x1b" not in detail and "pwned" not in detail and len(detail) <= checklist.MAX_DETAIL
+    one = checklist.load([{**STEPS[1], "detail": {"match": r"with (?P<n>\d+) devices?",
+                                                 "say": "{n:chip}"}}], "p")  # fmt: skip
+    c = checklist.Checklist(one, t0=0.0)
+    c.feed("Opening user mode device driver with 1 devices", 1.0)
+    assert c.rows[0].detail == "1 chip"

@@ -365,7 +365,8 @@ def test_a_fatal_line_after_ready_stops_a_server_that_answers_on(qb2: Path, tmp_
                   env={**ENV, "FAKE_MODE": "fatal-late", "FAKE_FATAL": SAMPLES["fw-init"][1]},
                   timeout=120)  # fmt: skip
     assert res.code == 1, res.err
-    assert res.err.index("ready after") < res.err.index("ttmesh: fatal line in")
+    # The stand-in throws once ttmesh's probe got its 200 (an event, not a time): ready first.
+    assert "ready after" in res.err and "ttmesh: fatal line in" in res.err, res.err
     assert "ttmesh: known failure (fw-init)" in res.err
 
 
@@ -428,3 +429,16 @@ def test_a_profiles_own_fatal_line_stops_its_server_and_a_broken_one_is_refused(
             f"ttmesh: profile {profiles / 'mine.yaml'}: failures, pjrt-lost: pattern does not compile"
         )
     ), bad.err
+
+
+def test_a_hostile_line_is_bounded_and_shown_without_its_escapes() -> None:
+    """A line with a hint, a backtracking-bait body and terminal escapes: matched in linear
+    time (RE2), said without an escape reaching the terminal."""
+    live = failures.live_lines()
+    hostile = (b"\x1b]0;pwned\x07\x1b[2J" + b"a" * 60_000 + b"!"
+               + b" Timed out while waiting for active ethernet core \x07\x08")  # fmt: skip
+    [hit] = live.scan(hostile, "w")
+    assert hit.entry.id == "active-eth-core"
+    assert "\x1b" not in hit.line and "\x07" not in hit.line and "pwned" not in hit.line
+    assert hit.found()["line"] == hit.line.strip()[: failures.MAX_LINE]
+    assert live.scan(b"active ethernet core" * 10_000, "w") == []  # the hint alone: no line

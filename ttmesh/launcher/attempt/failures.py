@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.patterns import Matcher, PatternError, compile_pattern
+from ttmesh.render import printable
 
 if TYPE_CHECKING:
     from ttmesh.fabric.devices import Inventory
@@ -310,7 +311,7 @@ class LiveLines:
         for raw in block.split(b"\n"):
             if not any(h in raw for h in self.hints):
                 continue
-            line = clean(raw.decode(errors="replace"))
+            line = printable(clean(raw.decode(errors="replace")))  # no escape reaches a terminal
             for entry in self.entries:
                 if any(h in raw for h in entry.hints) and entry.regex.search(line):
                     hits.append(Hit(entry, line, where))

@@ -276,12 +276,14 @@ class Guardian:
         self.console.bringup = self.bringup
         if self.readiness.pattern is not None or self.observer is not None:
             self.console.on_line = self._on_line
-        self.live = self._live_lines()
-        if self.live or (self.server is not None and self.server.checklist):
-            self.console.on_block = self._on_block
         try:
             self._report()
             self._start()
+            # The known lines to watch as they arrive: read once the ranks are on their way
+            # (the table and RE2 cost some milliseconds; no output is read before the loop).
+            self.live = self._live_lines()
+            if self.live or (self.server is not None and self.server.checklist):
+                self.console.on_block = self._on_block
             self._listen_for_resets()  # once the ranks are on their way (a notice in between
             # those few milliseconds is not heard: the ranks have not opened their chips yet)
             self._register()

@@ -23,7 +23,7 @@ from typing import Any
 
 from ttmesh.errors import bad_input
 from ttmesh.patterns import Matcher, PatternError, compile_pattern
-from ttmesh.render import clock, noun
+from ttmesh.render import clock, noun, printable
 
 MAX_STEPS = 24  # steps a profile may declare
 MAX_PATTERNS = 16  # patterns per list
@@ -259,7 +259,9 @@ class Checklist:
             found = d.match.search(line)
             if found is not None:
                 text = SAY.format(d.say, **{k: (v or "") for k, v in found.groupdict().items()})
-                text = " ".join(text.split())
+                text = printable(
+                    " ".join(text.split())
+                )  # a server's text: no escape reaches a terminal
                 if text:
                     row.details[i] = text
                     self.changed = True

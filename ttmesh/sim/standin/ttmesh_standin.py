@@ -35,7 +35,8 @@ compile takes ``$FAKE_COMPILE`` seconds, an hour by default), ``fatal-late`` (th
 once ready: it serves on), ``hung-healthy`` (after ready, ``/health`` still answers while every
 generation hangs, tt-xla#5828). ``$FAKE_HANG_AT`` (a phase:
 engine, device, weights, kv, compile, server) stops the start in that phase for good.
-``$FAKE_FAIL_AFTER`` seconds after ready a failure comes (0.5). ``$FAKE_READY_AFTER`` seconds
+``$FAKE_FAIL_AFTER`` seconds after its ``/health`` first answered 200 (its supervisor saw it
+ready) a failure comes (0.5). ``$FAKE_READY_AFTER`` seconds
 from listening to ready (0.3). ``$FAKE_SAY``: a line it prints on stderr once it has started
 (what a failing libtt or tt-metal would say). ``$FAKE_LISTEN_PORT``: the port it really
 listens on (a server that ignores its ``--port``). ``$FAKE_SEMAPHORE``: each child holds a
@@ -417,9 +418,11 @@ def _after_ready(mode: str, state: dict[str, Any], children: list[subprocess.Pop
     """The failure ``mode`` brings once the server is ready (none for most)."""
     if mode not in ("crash", "crash-tree", "unhealthy", "child-dies", "hung-healthy", "fatal-late"):
         return
+    # Once its supervisor has seen it ready (its /health answered 200: an event, not a time;
+    # under load the first probe may come later than FAKE_FAIL_AFTER), then that long.
+    state["answered"].wait(120)
     time.sleep(number("FAKE_FAIL_AFTER", 0.5))
     if mode == "fatal-late":  # its device throws while it serves; the server answers on
-        state["answered"].wait(120)  # once ttmesh has seen it ready (an event, not a time)
         for line in (os.environ.get("FAKE_FATAL") or FATAL).splitlines():
             Log("sglang")(line)
     if mode == "crash-tree":
@@ -436,9 +439,6 @@ def _after_ready(mode: str, state: dict[str, Any], children: list[subprocess.Pop
         time.sleep(number("FAKE_CRASH_LINGER", 0))
         os._exit(3)
     if mode == "unhealthy":
-        # Unhealthy once ttmesh has seen it ready (an event, not a time: under load its
-        # first probe may come later than FAKE_FAIL_AFTER).
-        state["answered"].wait(120)
         state["unhealthy"] = True
     if mode == "hung-healthy":  # its device hangs; /health is a thread of its own, still 200
         state["wedged"] = True

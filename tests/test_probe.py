@@ -33,7 +33,7 @@ def _port() -> int:
 
 
 def test_a_server_hung_behind_a_healthy_health_endpoint_is_dumped_stopped_and_recovered(
-    qb2: Path, tmp_path: Path
+    qb2: Path, tmp_path: Path, runtime: Path
 ) -> None:
     out = tmp_path / "s.json"
     port = _port()
@@ -52,6 +52,7 @@ def test_a_server_hung_behind_a_healthy_health_endpoint_is_dumped_stopped_and_re
     assert res.err.index(line) < res.err.index("ttmesh: stacks of 1 rank before killing them: ")
     summary = json.loads(out.read_text())
     assert summary["dumps"] and all(Path(f).name == "rank0.txt" for f in summary["dumps"])
+    assert all(f.startswith(str(runtime)) for f in summary["dumps"])  # the test's own directory
     assert "chips recovered and verified" in res.err  # a server's chips: checked
     assert res.err.strip().splitlines()[-1].startswith("ttmesh: exit 124: hung: a one-token")
 
@@ -123,7 +124,9 @@ def test_probe_timeout_needs_an_interval_and_a_profile_needs_a_probe(
         assert res.code == 2 and said in res.err, (bad, res.err)
 
 
-def test_a_hung_replica_is_taken_out_of_the_router_and_dumped(qb2: Path, tmp_path: Path) -> None:
+def test_a_hung_replica_is_taken_out_of_the_router_and_dumped(
+    qb2: Path, tmp_path: Path, runtime: Path
+) -> None:
     """Each replica's server hangs once ready behind a /health that answers (hung-healthy):
     each replica's job says it is down before its stacks are dumped, the fleet takes it out of
     the router, and with --max-restarts 0 the fleet ends hung (124)."""

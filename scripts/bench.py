@@ -47,6 +47,10 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   ready: routed to" again and the router lists both workers, and the requests answered and
   failed meanwhile. Each fleet is stopped with SIGINT and checked: exit 130, no process of its
   tree alive, no port of it still listening.
+* ``idle``: the launcher's own CPU while a job idles: 4 ranks of ``sleep`` on a QuietBox 2
+  (ttmesh's guardian reads the job's chips every second meanwhile: attempt.chipwatch); after
+  2 s, the user and system time of the launcher's processes (ttmesh: the front and its
+  guardian; torchrun's agent; bare) over 8 s, as a share of one core (%).
 * ``fan-in``: 4 ranks writing 50 MB together (100-byte lines) to the launcher's stdout, a pipe
   this script drains. ttmesh cuts every line and prefixes it with its rank; torchrun and bare
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
@@ -77,7 +81,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-BENCHES = ("launch", "start", "preflight", "metal", "failure", "help", "rss", "fanin", "flags")
+BENCHES = (
+    "launch", "start", "preflight", "metal", "failure", "help", "rss", "idle", "fanin", "flags",
+)  # fmt: skip
 SLOW = ("fleet",)  # not in the default set: ~75 s a run (--only fleet)
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
@@ -563,6 +569,46 @@ def bench_rss(b: Bench) -> list[dict]:
     ]
 
 
+IDLE_WARM, IDLE_WINDOW = 2.0, 8.0  # seconds before measuring, and measured
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system time of ``pid`` so far (its own, not its children's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle(b: Bench, launcher: str) -> float:
+    """% of one core the launcher's own processes use while 4 ranks of ``sleep`` idle."""
+    seconds = str(IDLE_WARM + IDLE_WINDOW + 2)
+    argv = b.argv(launcher, 4, ["sleep", seconds], "qb2")
+    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    python = os.path.realpath(f"/proc/{proc.pid}/exe")
+    time.sleep(IDLE_WARM)
+    own = [p for p in [proc.pid, *_children(proc.pid)] if _exe(p) == python]
+    before = {p: _cpu_seconds(p) for p in own}
+    t0 = time.monotonic()
+    time.sleep(IDLE_WINDOW)
+    used = sum(_cpu_seconds(p) - before[p] for p in own)
+    took = time.monotonic() - t0
+    if proc.wait() != 0:
+        sys.exit(f"{launcher}: sleep job failed (exit {proc.returncode})")
+    return 100 * used / took
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def bench_idle(b: Bench) -> list[dict]:
+    med = interleaved(b.runs, {k: (lambda k=k: _idle(b, k)) for k in LAUNCHERS})
+    return [row("launcher CPU while 4 ranks idle", "% core", med, lower=True)]
+
+
 def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> tuple[float, float]:
     """(MB/s while the ranks write, MB/s over the whole run). The first is 50 MB over the time
     from the first rank starting to write to the last one done (each rank records both):
@@ -774,7 +820,7 @@ class _Fleet:
         report = b.work / "fleet-report"
         report.mkdir(exist_ok=True)
         env = {**b.env, "PYTHONPATH": str(FAKES), "PYTHONUNBUFFERED": "1",
-               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency)}  # fmt: skip
+               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency), "FAKE_PACE": "0"}  # fmt: skip
         batch = ["--max-running-requests", str(FLEET_SLOTS)] if latency else []
         many = ["--replicas", str(replicas), "--max-restarts", "100"] if replicas > 1 else []
         self.summary = b.work / f"fleet-{replicas}.json"

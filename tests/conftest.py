@@ -252,6 +252,9 @@ def _our_processes() -> set[int]:
 
 SESSION = f"{os.getpid()}-{os.urandom(4).hex()}"
 os.environ["TTMESH_TEST_SESSION"] = SESSION  # inherited by everything the suite starts
+# The stand-in server (ttmesh/sim/standin) paces its start as a real one's (about 15 s); the
+# suite's servers start at once unless a test asks otherwise.
+os.environ.setdefault("FAKE_PACE", "0")
 
 
 def _ours(pid: int) -> bool:

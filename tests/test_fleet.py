@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import alive, run_cli, start_launch, wait_for
-from test_serving import ENV, FAKES, SGLANG, _free_port, seed
+from test_serving import ENV, SGLANG, _free_port, seed
 from users import NEEDS_NOBODY, User, users_fixture  # noqa: F401
 
 from ttmesh import procs
@@ -598,13 +598,13 @@ def test_routed_to_is_said_of_a_replica_only_once_the_router_lists_it(
     """A replica's job says it is ready: the fleet asks the router to add it, and says
     "routed to" only when the router lists it; a refusal (its status and reason, escaped, on
     one line) is said instead, once, and nothing is said to be routed to. In-process, with a
-    stand-in router (tests/fakes/fake_router.py) started as the fleet starts the real one."""
+    stand-in router (tests/workers/fake_router.py) started as the fleet starts the real one."""
     from types import SimpleNamespace
 
     from ttmesh.launcher.fleet.router import Router
     from ttmesh.launcher.fleet.run import Fleet, Member
 
-    monkeypatch.setenv("PYTHONPATH", FAKES)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "workers"))
     urls = ["http://127.0.0.1:1/refuse", "http://127.0.0.1:2/reject", "http://127.0.0.1:3"]
     fleet: Any = Fleet.__new__(Fleet)
     fleet.members = [

@@ -180,12 +180,12 @@ def test_launch_draws_ranks_and_phases_and_keeps_the_output(
     for rank in range(4):
         assert f"[r{rank}] hello from rank {rank}" in text  # the output still scrolls above
     final = last_frame(text)
-    times = re.compile(r" (\d+\.\ds|\d+:\d\d(:\d\d)?)$")
+    times = re.compile(r" (\d+\.\d s|\d+:\d\d(:\d\d)?)$")
     phases = [times.sub("", p) for p in phase_line(final).strip().split(" › ")]
     assert phases[:3] == ["checking fabric", "starting", "ready"]
     assert phases[-1] == "done (exit 0)"
     assert all(cells[3] == "done" for cells in rows(final).values())
-    assert re.search(r"checking fabric \d+\.\ds › starting \d+\.\ds › ready \d+\.\ds", final)
+    assert re.search(r"checking fabric \d+\.\d s › starting \d+\.\d s › ready \d+\.\d s", final)
 
 
 def test_launch_view_of_a_failure_recovery_and_restart(make_sim: Callable[..., Path]) -> None:
@@ -233,7 +233,7 @@ def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     assert code == 130, text[-3000:]
     assert "ttmesh: interrupted: stopping every worker" in text
     final = last_frame(text)
-    assert re.search(r"› stopping \d+\.\ds › done \(exit 130\)$", phase_line(final).strip())
+    assert re.search(r"› stopping \d+\.\d s › done \(exit 130\)$", phase_line(final).strip())
     # Each rank got the SIGINT itself (as under torchrun): its KeyboardInterrupt ended it (by
     # the signal, or with code 1 when it came while Python could only report it).
     states = [cells[3] for cells in rows(final).values()]
@@ -257,7 +257,7 @@ def test_the_live_view_says_what_a_drain_does(
     assert code == 3, text[-3000:]
     assert re.search(r"ttmesh: draining, [\d.]+ s left \(2 ranks still running\)", text), text
     assert "ttmesh: grace over: SIGKILL of 2 processes" in text, text[-3000:]
-    assert re.search(r"› stopping \(draining, 1 s left\) \d+\.\ds", text), text[-3000:]
+    assert re.search(r"› stopping \(draining, 1 s left\) \d+\.\d s", text), text[-3000:]
 
 
 def test_sigkill_of_ttmesh_under_the_view_its_guardian_finishes(

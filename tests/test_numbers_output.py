@@ -65,6 +65,8 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("launch", [*L, "--tp-size", "1", "--heartbeat-timeout", "{V}", "true"], "--heartbeat-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--rdzv-timeout", "{V}", "true"], "--rdzv-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--health-interval", "{V}", "true"], "--health-interval", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--probe-interval", "{V}", "true"], "--probe-interval", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--probe-timeout", "{V}", "true"], "--probe-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "{V}", "true"], "--tp-size", WHOLE),
     ("launch", [*L, "--nproc-per-node", "{V}", "true"], "--nproc-per-node", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--symmetric-dram-mb", "{V}", "true"], "--symmetric-dram-mb", WHOLE),
@@ -468,6 +470,8 @@ DIGITS_ELSEWHERE = {
     "launcher/serving/flags.py": "SGLang's own argument types, word for word: a server's flag "
     "is accepted and refused as the server does",
     "sim/tt_smi.py": "the tt-smi stand-in reads its targets as tt-smi does",
+    "sim/standin/ttmesh_standin.py": "the stand-in server reads its flags as the server it "
+    "stands in for does (standard library only: it runs without ttmesh)",
 }
 
 

@@ -35,6 +35,19 @@ _ESCAPES = re.compile(
 )
 
 
+def clock(seconds: float) -> str:
+    """A duration or a time since, in the one format ttmesh uses everywhere (lines, live views,
+    the checklist): ``0.6 s``, ``40.5 s``, ``3:07``, ``1:02:03``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
 def printable(text: str) -> str:
     """A line another program wrote (a server's last line, a router's log) as one table cell:
     its colours and other escape sequences dropped, tabs and newlines a space, any other

@@ -340,6 +340,20 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     help="Health checks that may fail in a row (with --health-interval).",
 )
 @click.option(
+    "--probe-interval",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="After a server is ready, ask it for a one-token generation every S seconds (its "
+    "profile's probe): no answer within --probe-timeout is a hung server, even while its "
+    "/health answers: its stacks are dumped, it is stopped, recovered and restarted if allowed.",
+)
+@click.option(
+    "--probe-timeout",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="Seconds a --probe-interval generation may take (default: the profile's, 60).",
+)
+@click.option(
     "--strict-links",
     is_flag=True,
     help="Descriptors demand the weakest neighbour pair's link count of every pair (STRICT).",
@@ -729,6 +743,12 @@ def passed_over_line(plan: Any) -> str:
 def _check_planned(launch: Launch, prepared: Prepared) -> None:
     """The options that could only be checked against the plan."""
     o = launch.options
+    serving = prepared.plan.serving
+    if serving is not None and serving.profile.extra.get("failures") is not None:
+        from ttmesh.launcher.attempt import failures  # its own known lines: read before the start
+
+        where = f"profile {serving.profile.path or serving.profile.name}: failures"
+        failures.profile_entries(serving.profile.extra["failures"], where)
     if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
         for flag, given in (
             ("--reset-on-failure", o.reset_on_failure),
@@ -789,6 +809,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
         options.observer = view
+        options.checklist_drawn = True  # the view draws a server's start: no line per step
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
 
 

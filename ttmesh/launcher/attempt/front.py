@@ -21,8 +21,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ttmesh import procs
+from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer
 from ttmesh.launcher.attempt.guardian import Guardian, Options
@@ -48,6 +50,7 @@ def run_attempt(
     host: Host | None = None,
     on_start: Callable[[int], None] | None = None,
     liveness: Liveness | None = None,
+    inv: Inventory | None = None,
 ) -> AttemptResult:
     """Run one attempt of the job (every rank once) and return how it ended.
 
@@ -55,7 +58,8 @@ def run_attempt(
     killed while it ran (finish the job in its place); its return value is the exit code.
     ``host`` hears the job's events (workers holding chips, fabric opened and ended).
     ``liveness``: the chips' heartbeats, still being read: the guardian completes the check
-    while the ranks run (:class:`ttmesh.launcher.planning.liveness.Liveness`)."""
+    while the ranks run (:class:`ttmesh.launcher.planning.liveness.Liveness`). ``inv``: the
+    host's chips as the job found them (the guardian watches the job's while they run)."""
     observer = options.observer
     events: tuple[int, int] | None = None
     if observer is not None:
@@ -81,7 +85,7 @@ def run_attempt(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
     if pid == 0:
-        _guardian_child(plan, attempt, options, base_env, pipes, orphaned, host, liveness)
+        _guardian_child(plan, attempt, options, base_env, pipes, orphaned, host, liveness, inv)
     pipes.close_guardian_ends()
     previous = {}
     stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
@@ -148,6 +152,7 @@ def _guardian_child(
     orphaned: Callable[[AttemptResult], int] | None,
     host: Host | None,
     liveness: Liveness | None,
+    inv: Inventory | None = None,
 ) -> None:
     """The forked guardian: run the attempt, hand the verdict to the front (or, the front
     gone, finish the job in its place), and exit; never returns."""
@@ -164,7 +169,7 @@ def _guardian_child(
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         guardian = Guardian(
             plan, attempt, options, base_env, pipes.alive[0], host or Host(plan.root), writer,
-            liveness,
+            liveness, inv,
         )  # fmt: skip
         result = guardian.run()
         code = result.code
@@ -212,7 +217,7 @@ def _late_stop(result: AttemptResult, stops: list[int], continued: bool) -> Atte
         # It is still the user's stop: the job ends as stopped, never restarted.
         result = replace(
             result, code=128 + stops[0], source=Source.TTMESH, rank=None,
-            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED,
+            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED, asked=True,
         )  # fmt: skip
     return result
 
@@ -258,6 +263,9 @@ class _Plain:
         pass
 
     def lines(self, last: dict[int, str]) -> None:
+        pass
+
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
         pass
 
     def output(self, fd: int, data: bytes) -> None:

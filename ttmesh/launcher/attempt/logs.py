@@ -82,6 +82,9 @@ class Console:
                 local = (local_ranks or {}).get(rank, rank)
                 self.prefixes[rank] = (spec.prefix(rank + offset, local) or "").encode()
         self.on_line: Callable[[int, str], None] | None = None
+        # Each block of whole lines as it is cut (owner, stream, bytes without its last
+        # newline): the guardian's live matches (known fatal lines, a server's checklist).
+        self.on_block: Callable[[int, str, bytes], None] | None = None
         self.bringup: BringUp | None = None  # the fabric lines each block is searched for
         self.heard = 0.0  # when a rank last printed (monotonic; 0: not yet): --hang-timeout
         self.lost: set[int] = set()  # console fds that could not be written (see _lose)
@@ -138,6 +141,8 @@ class Console:
                 self.on_line(stream.rank, line.decode(errors="replace"))
         if stream.kept is not None:  # buffered: flushed by the guardian's clock (flush_kept)
             stream.kept.write(block)
+        if self.on_block is not None:
+            self.on_block(stream.rank, stream.name, body)
         if stream.log is not None:
             stream.log.write(block)
             stream.log.flush()

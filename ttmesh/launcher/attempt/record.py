@@ -53,6 +53,15 @@ class AttemptResult:
     diagnosis: dict[str, Any] | None = None
     # The files the ranks' stacks were written to before a hung job was killed (attempt.dumps).
     dumps: list[str] = field(default_factory=list)
+    # A chip that failed under the running job (fabric.chipwatch): the line said; its chips
+    # are checked and recovered after the attempt whatever the job brought up.
+    chip_fault: str | None = None
+    # The user asked for the stop (a signal to ttmesh, ttmesh stop): what follows (the reset a
+    # server's own teardown makes necessary) is an expected step, not a failure's recovery.
+    asked: bool = False
+    # A server's start as its checklist went (serving.checklist: each step's state, when it
+    # began and how long it took, what it said), for --summary-json; None for any other job.
+    phases: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         error, self.error = self.error, None

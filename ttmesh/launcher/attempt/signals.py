@@ -67,9 +67,12 @@ class Reaction:
     forward: bool = False
 
 
-def react(sig: int, stop: Stop | None, failing: bool) -> Reaction:
+def react(
+    sig: int, stop: Stop | None, failing: bool, whom: str = "every worker", how: str = ""
+) -> Reaction:
     """What ``sig`` does to an attempt whose stop is ``stop`` (None: not stopping) and whose
-    first failing rank is being stopped after (``failing``)."""
+    first failing rank is being stopped after (``failing``); ``whom`` is what a graceful stop
+    stops and ``how``, as said ("the server", "SIGTERM: its own drain, up to 30 s")."""
     if sig == signal.SIGINT:
         if stop is not None or failing:
             if stop is None:  # a failing rank's teardown: the user's stop wins, as SIGTERM's does
@@ -80,12 +83,13 @@ def react(sig: int, stop: Stop | None, failing: bool) -> Reaction:
                 )
             return Reaction("second interrupt: killing every worker now", kill=True)
         return Reaction(
-            "interrupted: stopping every worker (Ctrl-C again to kill at once)",
+            f"interrupted: stopping {whom} ({how + '; ' if how else ''}Ctrl-C again to kill at once)",
             Stop(stop_reason(sig), 130, user=True, sends=sig),
         )
     if sig in STOPPING and stop is None:
         why = stop_reason(sig)
-        return Reaction(f"{why}: stopping every worker", Stop(why, 128 + sig, user=True, sends=sig))
+        said = f"{why}: stopping {whom}" + (f" ({how})" if how else "")
+        return Reaction(said, Stop(why, 128 + sig, user=True, sends=sig))
     if sig == PEER_STOP and stop is None and not failing:
         return Reaction(stop=Stop("stopped: another host of the job failed", 128 + signal.SIGTERM))
     if sig in (signal.SIGUSR1, signal.SIGUSR2):

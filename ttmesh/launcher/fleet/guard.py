@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ttmesh import numeric
+
 SCHEMA = "ttmesh.fleet-guard/1"
 LINE_MAX = 1 << 20  # bytes of one line from the fleet (its plan's chips: a few KiB)
 POLL = 0.2  # s between looks at the replicas' processes once ttmesh is gone
@@ -81,7 +83,7 @@ def replicas_running(job: str, uid: int) -> list[int]:
 
     out = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
+        if not numeric.digits(name) or int(name) == os.getpid():
             continue
         pid = int(name)
         if procs.uid_of(pid) != uid or procs.is_zombie(pid):

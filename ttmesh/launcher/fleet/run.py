@@ -139,6 +139,7 @@ def child_argv(
         ("--on-reset-notice", o.on_reset_notice), ("--symmetric-dram-mb", o.symmetric_dram_mb),
         ("--profile", o.profile_name), ("--health-interval", o.health_interval),
         ("--health-failures", o.health_failures), ("--ready-timeout", o.ready_timeout),
+        ("--probe-interval", o.probe_interval), ("--probe-timeout", o.probe_timeout),
         ("--ready-pattern", o.ready_pattern), ("--tt-smi", o.tt_smi),
         ("--mesh-shape", o.mesh_shape), ("--log-dir", o.log_dir), ("--workdir", o.workdir),
         ("--launcher", o.launcher),

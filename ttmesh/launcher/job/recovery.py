@@ -216,11 +216,23 @@ def after_crash(
         return None
     why = down[0].what if down else "--reset-on-failure"
     if not defers_reset(recovery.fleet_of, inv):
-        note(f"the job ended ({why}): resetting its chips")
+        note(_recovery_line(plan, result, why))
     reset_chips(prepared, recovery, plan.all_chips(), observer, why=why)
     if recovery.deferred is not None:
         return f"its chips need the whole-host reset, which fleet {recovery.fleet_of} does"
     return None
+
+
+def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
+    """What the check after an attempt found, and that the chips are reset: a stop the user
+    asked for reads as one (a server whose own teardown leaves the chips to reset says why it
+    is expected), a failure as a failure."""
+    if not result.asked:
+        return f"the job ended ({why}): resetting its chips"
+    teardown = plan.serving.profile.teardown if plan.serving is not None else ""
+    if teardown:
+        return f"the server stopped as asked: {teardown}; resetting them, as expected ({why})"
+    return f"the job stopped as asked and left its chips to reset ({why}): resetting them"
 
 
 def recover_with_peers(

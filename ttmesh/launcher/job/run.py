@@ -125,8 +125,6 @@ class JobRun:
         self.started = time.time()
         self.times: dict[int, tuple[float, float]] = {}  # attempt -> (started, ended)
         self.restarts: list[dict[str, Any]] = []  # {attempt, at, after}
-        # Per-phase start times (a server's: loading, compiling, ...), when something says them.
-        self.phases: list[dict[str, Any]] = []
 
     def run(self) -> int:
         try:
@@ -338,7 +336,7 @@ class JobRun:
             began = time.time()
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self._guardian_started, liveness=liveness,
+                on_start=self._guardian_started, liveness=liveness, inv=self.prepared.inv,
             )  # fmt: skip
             self.times[attempt] = (began, time.time())
             if result.end is AttemptEnd.REFUSED and result.error is not None:
@@ -382,7 +380,8 @@ class JobRun:
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
             lost = result.end is AttemptEnd.GUARDIAN_LOST
-            always = lost or plan.serving is not None
+            # A chip failed under the job (fabric.chipwatch): check them whatever it brought up.
+            always = lost or plan.serving is not None or result.chip_fault is not None
             left = after_crash(
                 self.prepared, recovery, result, always=always, observer=self.observer,
                 peers=self.peers, name=f"recover{attempt}",
@@ -492,7 +491,7 @@ class JobRun:
                 "attempt": r.attempt, "started": began and round(began, 3),
                 "ended": ended and round(ended, 3), "code": r.code, "rank": r.rank,
                 "reason": r.reason,
-            })  # fmt: skip
+            } | ({"phases": r.phases} if r.phases is not None else {}))  # fmt: skip
         facts: dict[str, Any] = {
             "ended": round(time.time(), 3),
             "attempts": attempts,
@@ -500,8 +499,8 @@ class JobRun:
             "resets": list(self.recovery.resets),
             "diagnosis": diagnosis.to_json() if diagnosis else None,
         }
-        if self.phases:
-            facts["phases"] = list(self.phases)
+        if final.phases is not None:  # a server's start, step by step (its checklist)
+            facts["phases"] = final.phases
         return facts
 
     def _reset_after(self, final: AttemptResult) -> bool:

@@ -169,12 +169,15 @@ def write_summary(
         "attempts": (facts or {}).get("attempts")
         or [
             {"attempt": r.attempt, "code": r.code, "rank": r.rank, "reason": r.reason}
+            | ({"phases": r.phases} if r.phases is not None else {})
             for r in results
         ],
         "diagnosis": diagnosis.to_json() if diagnosis else None,
         # The stack dumps taken before a hung attempt was killed (py-spy, tt-triage), every attempt's.
         "dumps": [f for r in results for f in r.dumps],
     }
+    if final.phases is not None:  # a server's start, step by step (its checklist)
+        data["phases"] = final.phases
     if needs is not None:
         data["needs"] = needs
     return _write_json(path, data)

@@ -80,6 +80,8 @@ class LaunchOptions:
     strict: bool
     health_interval: float | None
     health_failures: int
+    probe_interval: float | None
+    probe_timeout: float | None
     nnodes: str | None
     node_rank: int | None
     rdzv_endpoint: str | None
@@ -257,6 +259,19 @@ def _request(
     job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
     if o.health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
+    for flag, given in (
+        ("--probe-interval", o.probe_interval),
+        ("--probe-timeout", o.probe_timeout),
+    ):
+        if given is not None and server is None:
+            raise bad_input(f"{flag} goes with a server", "see ttmesh profiles")
+    if o.probe_timeout is not None and o.probe_interval is None:
+        raise bad_input("--probe-timeout goes with --probe-interval", "add --probe-interval S")
+    if o.probe_interval is not None and server is not None and not server[0].probe:
+        raise bad_input(
+            f"--probe-interval: profile {server[0].name} has no probe (a one-token generation)",
+            "add probe: {path, body, timeout} to the profile, or drop --probe-interval",
+        )
     grace = o.grace
     if grace is None:
         grace = server[0].grace if server is not None else 5.0
@@ -300,6 +315,8 @@ def _request(
         strict=o.strict,
         health_interval=o.health_interval,
         health_failures=o.health_failures,
+        probe_interval=o.probe_interval,
+        probe_timeout=o.probe_timeout,
         tp_hosts=tp_hosts,
     )
     if o.ready_pattern is not None:

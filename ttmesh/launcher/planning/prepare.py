@@ -382,6 +382,9 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
     )
     serving.health_interval = req.health_interval
     serving.health_failures = req.health_failures
+    serving.probe_interval = req.probe_interval
+    if req.probe_interval is not None:
+        serving.probe_timeout = req.probe_timeout or serving.profile.probe.get("timeout", 60.0)
     ready_timeout = serving.ready_timeout if req.ready_timeout is None else req.ready_timeout
     serving.ready_timeout = ready_timeout
     errors = serving.errors(req.strict)

@@ -75,6 +75,8 @@ class LaunchRequest:
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job
+    probe_interval: float | None = None  # after ready: a one-token generation every S seconds
+    probe_timeout: float | None = None  # the seconds it may take (None: the profile's)
     cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)

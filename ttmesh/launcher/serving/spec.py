@@ -43,6 +43,8 @@ class ServingSpec:
     ready_timeout: float = 1800.0
     health_interval: float | None = None
     health_failures: int = 3
+    probe_interval: float | None = None  # a one-token generation every S s after ready (opt-in)
+    probe_timeout: float = 60.0  # the seconds it may take: no answer is a hung server
     tp: int = 1  # the chips it drives; a chipless server: its own ranks (its --tp-size)
 
     @property
@@ -184,6 +186,7 @@ def build(
 ) -> ServingSpec:
     """The spec for ``tp`` chips; ``environ`` and ``user_env`` (``--env``) win over the profile."""
     spec = ServingSpec(profile, args, findings=list(findings or []), tp=tp)
+    profile.steps()  # its checklist, checked before anything starts
     mine = {**environ, **user_env}
     for key, value in profile.env.items():
         theirs = mine.get(key)

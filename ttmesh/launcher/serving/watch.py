@@ -27,6 +27,7 @@ from ttmesh import procs
 from ttmesh.render import plural
 
 STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"
+HUNG = "hung"  # a one-token generation got no answer in time (--probe-interval), /health or not
 FOREIGN = "foreign"  # the port answers, but not from the server's tree (not an end: it waits on)
 PROBE_EVERY = 0.5  # seconds between probes until ready
 CRITICAL_EVERY = 0.25  # seconds between looks at the critical processes
@@ -55,6 +56,24 @@ def probe(url: str, timeout: float) -> int | None:
         return None
 
 
+def generate(url: str, body: bytes, timeout: float) -> str:
+    """POST ``body`` to ``url``: "answered" (any HTTP answer), "timeout" (none within
+    ``timeout``), or "refused" (no connection: the server's end is for others to see)."""
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read(65536)
+        return "answered"
+    except urllib.error.HTTPError:
+        return "answered"
+    except TimeoutError:
+        return "timeout"
+    except urllib.error.URLError as exc:
+        return "timeout" if isinstance(exc.reason, TimeoutError) else "refused"
+    except OSError:
+        return "refused"
+
+
 class Watch(threading.Thread):
     """Reports events to ``wake_fd`` (a byte each) and keeps them in ``events``."""
 
@@ -68,6 +87,7 @@ class Watch(threading.Thread):
         critical: tuple[str, ...] = (),
         health_interval: float | None = None,
         failures: int = 3,
+        probe: tuple[str, bytes, float, float] | None = None,
     ) -> None:
         super().__init__(name="ttmesh-serving-watch", daemon=True)
         self.url = url
@@ -79,6 +99,8 @@ class Watch(threading.Thread):
         self.critical = critical
         self.health_interval = health_interval
         self.failures = failures
+        # --probe-interval: (url, body, every, timeout) of a one-token generation after ready.
+        self.probe = probe
         self.events: collections.deque[Event] = collections.deque()
         self.done = threading.Event()
 
@@ -120,6 +142,8 @@ class Watch(threading.Thread):
             self.done.wait(PROBE_EVERY)
         if self.done.is_set():
             return
+        if self.probe is not None:  # in a thread of its own: it may wait up to its timeout
+            threading.Thread(target=self._probe, name="ttmesh-serving-probe", daemon=True).start()
         for pid, seen in self._critical().items():
             watched.setdefault(pid, seen)
         misses = 0
@@ -142,6 +166,18 @@ class Watch(threading.Thread):
                     )
                     return
                 next_health = time.monotonic() + self.health_interval
+
+    def _probe(self) -> None:
+        """Every ``every`` seconds, a one-token generation: no answer within its timeout is a
+        hung server (its /health may go on answering from the host process while every
+        request waits on the device). An answer of any kind, an error included, is a server
+        that runs: its health is the health check's to judge."""
+        assert self.probe is not None
+        url, body, every, timeout = self.probe
+        while not self.done.wait(every):
+            if generate(url, body, timeout) == "timeout" and not self.done.is_set():
+                self._say(HUNG, f"a one-token generation ({url}) got no answer in {timeout:g} s")
+                return
 
     def _tree(self) -> list[int]:
         return [self.server, *procs.descendants(self.server)]

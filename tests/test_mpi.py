@@ -6,6 +6,7 @@ in tests/test_conformance_mpi.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -46,6 +47,54 @@ def test_demux_splits_tagged_chunks_into_ranks() -> None:
     assert by_rank[(0, "stdout")] == b"x\n"
     assert b"Exit code:    3" in by_rank[(LAUNCHER, "stderr")]
     assert d.first_failure() == (1, 3)
+
+
+NOT_STARTED_LINE = (
+    b"ttmesh: not started on ttmh-1: cannot run /tmp/j.sh: No such file or directory\n"
+)
+# Open MPI 4.1's words when a rank exits non-zero, untagged on mpirun's stderr (as a fresh CI
+# machine got them, in one read with the rank's last line).
+PRIMARY_JOB = (
+    b"-------\nPrimary job  terminated normally, but 1 process returned\n"
+    b"a non-zero exit code. Per user-direction, the job has been aborted.\n-------\n"
+)
+FIRST_FAILED = (
+    b"-------\nmpirun detected that one or more processes exited with non-zero status, thus "
+    b"causing\nthe job to be terminated. The first process to do so was:\n\n"
+    b"  Process name: [[20528,1],1]\n  Exit code:    127\n-------\n"
+)
+
+
+@pytest.mark.parametrize("ver", [(4, 1), (5, 0)])
+@pytest.mark.parametrize("rank_first", [True, False])
+def test_a_ranks_not_started_line_is_its_last_however_the_reads_cut_mpiruns_report(
+    ver: tuple[int, int], rank_first: bool
+) -> None:
+    """The rank's one line (tagged) and mpirun's report of its exit 127 (untagged) reach the
+    guardian in whichever order and however its reads cut them, one read holding both
+    included: the rank's stderr ends with its line, the report is mpirun's, so the launcher
+    refuses the job with that line rather than calling exit 127 a crash."""
+    from ttmesh.launcher.attempt.logs import Console
+    from ttmesh.launcher.hosts.rankshim import refused_before_start
+
+    tag = b"[1,1]<stderr>:" + (b" " if ver >= (5, 0) else b"")
+    said = tag + b"simulated host: /h1/root\n" + tag + NOT_STARTED_LINE
+    stream = said + PRIMARY_JOB + FIRST_FAILED if rank_first else PRIMARY_JOB + said + FIRST_FAILED
+    for cuts in [(), *((i,) for i in range(1, len(stream))), (5, len(said) + 3)]:
+        console = Console(2, quiet=True, launcher=True, sink=lambda *_: None)
+        demux = Demux(console.feed, ver)
+        edges = [0, *cuts, len(stream)]
+        for a, b in itertools.pairwise(edges):
+            demux.data("stderr", stream[a:b])
+        demux.flush()
+        console.close(1, "stderr")
+        console.close(LAUNCHER, "stderr")
+        tail = console.tail(1)
+        assert tail == ["simulated host: /h1/root", NOT_STARTED_LINE.decode().strip()], cuts
+        assert refused_before_start(127, tail) == NOT_STARTED_LINE.decode()[8:].strip(), cuts
+        mpirun_said = "\n".join(console.tail(LAUNCHER))
+        assert "Primary job  terminated normally" in mpirun_said, cuts
+        assert demux.first_failure(127) == (1, 127) and demux.ranks_ran(), cuts
 
 
 def test_demux_reads_signal_reports() -> None:

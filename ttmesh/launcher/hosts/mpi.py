@@ -184,16 +184,28 @@ class Demux:
         self._text(stream, buf[pos:])
 
     def _text(self, stream: str, text: bytes) -> None:
+        """``text`` that follows a tag, or untagged. mpirun tags every line a rank writes (and
+        each piece of one cut across its reads), so a rank owns text up to the end of its
+        line only: an untagged line after it is mpirun's own, however the reads cut them
+        (one read may hold a rank's last line and mpirun's report of its exit)."""
         if not text:
             return
         owner = self.owner.get(stream) if not self.at_line_start[stream] else None
-        if owner is None:
-            owner = (LAUNCHER, stream)
-            self.text.append(text.decode(errors="replace"))
-        self.feed(owner[0], owner[1], text)
-        self.at_line_start[stream] = text.endswith(b"\n")
-        if self.at_line_start[stream]:
+        if owner is not None:
+            end = text.find(b"\n") + 1
+            if not end:  # the rank's line goes on in a later read
+                self.feed(owner[0], owner[1], text)
+                return
+            self.feed(owner[0], owner[1], text[:end])
             self.owner.pop(stream, None)
+            self.at_line_start[stream] = True
+            text = text[end:]
+            if not text:
+                return
+        self.text.append(text.decode(errors="replace"))
+        self.feed(LAUNCHER, stream, text)
+        self.at_line_start[stream] = text.endswith(b"\n")
+        self.owner.pop(stream, None)
 
     def flush(self) -> None:
         for stream in ("stdout", "stderr"):

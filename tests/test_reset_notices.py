@@ -176,6 +176,43 @@ def test_a_notice_stops_only_the_job_whose_chips_it_resets(qb2: Path) -> None:
     assert not resetscope.judge(host, by_node, mine, me).heed
 
 
+@pytest.mark.parametrize(
+    ("args", "heed"),
+    [
+        (["7"], True),  # past the end: tt-umd resets every device
+        (["0000:09:00.0"], True),  # no such chip: every device
+        (["0000:09:00.0,{bdf1}"], True),
+        (["{other}"], False),
+        (["/dev/tenstorrent/ {dev1}"], True),  # tt-smi strips the number
+        (["/dev/tenstorrent/9"], False),  # no such node: tt-umd resets nothing
+        (["{umd1}"], True),
+        (["-0"], True),  # UMD id 0, which is a job chip
+        (["-1"], True),  # before tt-umd's list (undefined): any device
+        (["²"], True),  # tt-smi refuses it: whoever sent this, its scope is unknown
+        (["2147483648"], True),  # tt-umd's binding refuses it: likewise
+        (["{umd3},0000:01:00.0"], True),  # mixed kinds: tt-smi refuses
+        (["{other}", "--no_reinit"], False),
+    ],
+)
+def test_a_notice_names_the_chips_tt_umd_would_reset(
+    qb2: Path, args: list[str], heed: bool
+) -> None:
+    """tt-smi's targets are mapped to chips as tt-umd maps them: ids or addresses matching
+    nothing reset EVERY device (the job is concerned); /dev numbers matching nothing reset
+    none; targets tt-smi or tt-umd would refuse are no tt-smi's (scope unknown)."""
+    host = open_host(qb2)
+    every = resetscope.targets(host, sorted(c.bdf for c in discover(host).chips if c.bdf))
+    mine = [every[0], every[1]]  # UMD ids 0 and 1: the first two in PCI order
+    fill = {
+        "bdf1": mine[1].bdf, "other": every[3].bdf, "dev1": mine[1].dev_index,
+        "umd1": 1, "umd3": 3,
+    }  # fmt: skip
+    me = os.getuid()
+    for flag in ("-r", "--res"):
+        notice = Notice("pre-reset", 1, me, ("tt-smi", flag, *(a.format(**fill) for a in args)))
+        assert resetscope.judge(host, notice, mine, me).heed is heed, (flag, args)
+
+
 def test_a_notice_from_a_user_who_cannot_reset_the_chips_is_ignored(qb2: Path) -> None:
     host = open_host(qb2)
     inv = discover(host)

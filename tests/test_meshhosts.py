@@ -237,10 +237,10 @@ def test_open_mpi_4_and_5_spell_rankfiles_and_agents_differently() -> None:
     assert mpi.rankfile_args((5, 0), "rf") == ["--map-by", "rankfile:file=rf"]
     assert mpi.agent_args((4, 1), "/a") == ["--mca", "plm_rsh_agent", "/a"]
     assert mpi.agent_args((5, 0), "/a") == ["--prtemca", "plm_ssh_agent", "/a"]
-    assert mpi.tcp_args("eth0", {}) == [
+    assert mpi.tcp_args("eth0", {}, (5, 0)) == [
         "--mca",
         "btl",
-        "self,tcp",
+        "self,sm,tcp",  # tt-metal#57284: shared memory between ranks of one host
         "--mca",
         "btl_tcp_if_include",
         "eth0",

@@ -211,6 +211,100 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
 # --------------------------------------------------------------------------- real mpirun
 
 
+RANK_PROBE = """
+import ctypes, os, sys
+print("BTL", os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_MCA_btl"), flush=True)
+try:
+    lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+except OSError:
+    sys.exit(0)  # no libmpi to load here: the transports are still what mpirun gave
+lib.MPI_Init(None, None)
+world = ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+dup = ctypes.c_void_p()
+assert lib.MPI_Comm_dup(ctypes.c_void_p(world), ctypes.byref(dup)) == 0  # tt-metal#57284's call
+assert lib.MPI_Barrier(dup) == 0
+print("DUP", os.environ.get("OMPI_COMM_WORLD_RANK"), flush=True)
+lib.MPI_Finalize()
+"""
+
+
+def _ranks_over_hosts(mpirun: str, environ: dict[str, str], tmp_path: Path) -> tuple[list, str]:
+    """Two ranks started with the options a mesh over several hosts gets (one host here,
+    TCP on loopback); what each rank says of its transports, and mpirun's stderr."""
+    from ttmesh.launcher.hosts import mpi
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(RANK_PROBE)
+    ver = mpi.version(mpirun)
+    argv = [mpirun, *mpi.tcp_args("lo", environ, ver), "-np", "2", "--oversubscribe"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    lib = str(Path(mpirun).resolve().parent.parent / "lib" / "libmpi.so.40")
+    lib = lib if os.path.exists(lib) else "libmpi.so.40"
+    proc = subprocess.run([*argv, sys.executable, str(probe), lib], capture_output=True,
+                          text=True, env=environ, timeout=120)  # fmt: skip
+    said = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("BTL"))
+    dup = sorted(line for line in proc.stdout.splitlines() if line.startswith("DUP"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        import ctypes
+
+        ctypes.CDLL(lib)
+    except OSError:
+        return said, proc.stderr  # no libmpi here: what the ranks were given is still checked
+    assert dup == ["DUP 0", "DUP 1"], proc.stdout  # MPI_Comm_dup ran over those transports
+    return said, proc.stderr
+
+
+# Open MPI 5's mpirun, when the conformance cache has it (tests/test_conformance_meshhosts.py).
+OMPI5 = (
+    Path(os.environ.get("TTMESH_CONFORMANCE_CACHE") or Path.home() / ".cache/ttmesh-conformance")
+    / "ompi5/bin/mpirun"
+)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("which", ["PATH", "ompi5"])
+def test_ranks_over_hosts_get_shared_memory_beside_tcp_unless_the_user_chose(
+    tmp_path: Path, which: str
+) -> None:
+    """Ranks of a mesh over several hosts that share a host talk through shared memory, not
+    TCP loopback (tt-metal#57284: tt-run's self,tcp deadlocks MPI_Comm_dup at 80 ranks,
+    self,sm,tcp does not), under the name this Open MPI gives it; the user's OMPI_MCA_btl, or
+    a btl line in their Open MPI parameter file, wins."""
+    from ttmesh.launcher.hosts import mpi
+
+    mpirun = shutil.which("mpirun") if which == "PATH" else str(OMPI5)
+    if which == "ompi5" and not OMPI5.exists():
+        pytest.skip("no Open MPI 5 in the conformance cache")
+    assert mpirun is not None
+    ver = mpi.version(mpirun)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    base["HOME"] = str(tmp_path)
+    said, _ = _ranks_over_hosts(mpirun, base, tmp_path)
+    want = "self,sm,tcp" if ver is not None and ver >= (5, 0) else "self,vader,tcp"
+    assert said == [["0", want], ["1", want]]
+    said, _ = _ranks_over_hosts(mpirun, {**base, "OMPI_MCA_btl": "self,tcp"}, tmp_path)
+    assert said == [["0", "self,tcp"], ["1", "self,tcp"]]
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.parent.mkdir()
+    conf.write_text("# mine: loopback is fine here\n  btl_tcp_if_include = lo\nbtl = self,tcp\n")
+    assert mpi.tcp_args("lo", base, ver) == ["--mca", "btl_tcp_if_include", "lo"]
+    said, _ = _ranks_over_hosts(mpirun, base, tmp_path)
+    # the file's, as Open MPI reads it (5.x hands it on in the ranks' environment, 4.x does not)
+    assert said in ([["0", "None"], ["1", "None"]], [["0", "self,tcp"], ["1", "self,tcp"]])
+    listed = {**base, "OMPI_MCA_mca_base_param_files": str(tmp_path / "none.conf")}
+    assert mpi.tcp_args("lo", listed, ver)[:3] == ["--mca", "btl", want]
+
+
+def test_the_shared_memory_transport_is_named_as_each_open_mpi_names_it() -> None:
+    from ttmesh.launcher.hosts import mpi
+
+    assert mpi.btl((5, 0)) == "self,sm,tcp"  # tt-metal#57284
+    assert mpi.btl((4, 1)) == "self,vader,tcp"  # 4.x's "sm" fails MPI_Init
+    assert mpi.btl(None) == "self,vader,tcp"  # 5.x takes vader as sm's alias
+
+
 @needs_mpirun
 def test_mpi_job_output_env_and_failure(qb2: Path, tmp_path: Path) -> None:
     res = run_cli(

@@ -470,6 +470,9 @@ DIGITS_ELSEWHERE = {
     "launcher/serving/flags.py": "SGLang's own argument types, word for word: a server's flag "
     "is accepted and refused as the server does",
     "sim/tt_smi.py": "the tt-smi stand-in reads its targets as tt-smi does",
+    "sim/smitable.py": "COLUMNS and LINES read as rich reads them (tt-smi's tables, byte for byte)",
+    "fabric/resetscope.py": "a reset notice's tt-smi targets, read as tt-smi 6.8.0 reads them "
+    "(its int() of '٣' is 3: that tt-smi resets chip 3)",
     "sim/standin/ttmesh_standin.py": "the stand-in server reads its flags as the server it "
     "stands in for does (standard library only: it runs without ttmesh)",
 }

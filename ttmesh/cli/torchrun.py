@@ -264,6 +264,8 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         "duplicate_stdout_filters": kwargs.pop("tr_dup_out"),
         "duplicate_stderr_filters": kwargs.pop("tr_dup_err"),
     }
+    if unused["logs_specs"] is not None:
+        _logs_specs(unused["logs_specs"], _named(ctx, "tr_logs_specs"))
     if unused["monitor_interval"] is not None:
         where = _named(ctx, "tr_monitor_interval")
         numeric.number(unused["monitor_interval"], where, low=0, unit="seconds")
@@ -413,6 +415,31 @@ def _signals(value: str, where: str) -> None:
             )
 
 
+# torch's own entry under torchrun.logs_specs (torch-2.13.0.dist-info/entry_points.txt), there
+# whether or not torch is installed beside ttmesh.
+TORCH_LOGS_SPECS = ("default",)
+
+
+def _logs_specs(name: str, where: str) -> None:
+    """torchrun's ``--logs-specs NAME`` names an entry point of the ``torchrun.logs_specs``
+    group, and torchrun refuses a name no installed package registers (torch 2.13's
+    ``torch/distributed/run.py`` ``_get_logs_specs_class``, L810-837: "Could not find
+    entrypoint under 'torchrun.logs_specs[NAME]' key"); ttmesh refuses it too, and writes the
+    ranks' logs itself whatever it names."""
+    from importlib import metadata
+
+    names = {
+        *TORCH_LOGS_SPECS,
+        *(e.name for e in metadata.entry_points(group="torchrun.logs_specs")),
+    }
+    if name not in names:
+        raise bad_input(
+            f"{where} {shown(name)}: torchrun finds no entry point torchrun.logs_specs[{shown(name)}] "
+            f"(installed: {', '.join(sorted(names))})",
+            "drop it: ttmesh writes the ranks' logs itself (--log-dir DIR)",
+        )
+
+
 def _rdzv_conf(value: str, current: float, ctx: click.Context) -> float:
     """torchrun's ``--rdzv-conf k=v,...``: join_timeout is ttmesh's --rdzv-timeout."""
     out = current
@@ -428,10 +455,21 @@ def _rdzv_conf(value: str, current: float, ctx: click.Context) -> float:
         if key == "join_timeout":
             out = numeric.number(val, "--rdzv-conf join_timeout", low=0, low_open=True,
                                  unit="seconds")  # fmt: skip
+        elif key.strip("'\"") == "join_timeout":
+            # torchrun reads keys as written: quotes typed into one word (pytorch's own launcher
+            # tests pass "--rdzv-conf='join_timeout=5,...'") are part of the key, not join_timeout
+            note(f"note: --rdzv-conf key {key!r} is not join_timeout (its quotes are part of it, "
+                 "as torchrun reads it; drop them to set the join timeout): not used")  # fmt: skip
         else:
-            note(f"note: --rdzv-conf {shown(key)}: not used by ttmesh's rendezvous (--rdzv-timeout, "
-                 "--heartbeat-timeout)")  # fmt: skip
+            note(f"note: --rdzv-conf key {_key(key)}: not used by ttmesh's rendezvous "
+                 "(--rdzv-timeout, --heartbeat-timeout)")  # fmt: skip
     return out
+
+
+def _key(key: str) -> str:
+    """A --rdzv-conf key as a note shows it: quoted when it holds a quote or a character a
+    terminal must not be sent, so no quote of the user's looks like the note's own."""
+    return key if key.isprintable() and not set("'\"") & set(key) else repr(key)
 
 
 class Nproc(click.ParamType):

@@ -264,15 +264,19 @@ def test_a_chip_that_freezes_under_one_replica_leaves_the_other_serving(
 
 
 def _servers(fleet: int) -> dict[int, int]:
-    """Each replica's server pid: the grandchild of its job (``--job-id FLEET-rK``)."""
+    """Each replica's server pid: the grandchild of its job (``--job-id FLEET-rK``). A replica
+    between attempts (its guardian or server not started yet, or gone) has none."""
     out = {}
     for pid in procs.descendants(fleet):
         cmd = procs.command_line(pid) or ""
-        match = re.search(r"--job-id \S+-r(\d+)", cmd)
+        match = re.search(r"--job-id \S+-r([0-9]+)", cmd)
         if match and "--fleet-of" in cmd:
-            guardian = next(p for p in procs.descendants(pid) if procs.parent(p) == pid)
-            server = next(p for p in procs.descendants(guardian) if procs.parent(p) == guardian)
-            out[int(match.group(1))] = server
+            guardian = next((p for p in procs.descendants(pid) if procs.parent(p) == pid), None)
+            server = next(
+                (p for p in procs.descendants(guardian) if procs.parent(p) == guardian), None
+            ) if guardian is not None else None  # fmt: skip
+            if server is not None:
+                out[int(match.group(1))] = server
     return out
 
 

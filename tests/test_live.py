@@ -150,12 +150,15 @@ def test_launch_draws_ranks_and_phases_and_keeps_the_output(
     go = tmp_path / "go"
 
     def all_ready(text: str) -> bool:
+        # Every rank ready and rank 0's line read: the ready file and the line reach the
+        # guardian on two channels, so a frame can show the one before the other.
         frame = last_frame(text)
         shown = rows(frame)
         return (
             sorted(shown) == [0, 1, 2, 3]
             and all(cells[3] == "ready" for cells in shown.values())
             and phase_line(frame).strip().split(" › ")[-1].startswith("ready")
+            and "hello from rank 0" in frame
         )
 
     with Terminal(

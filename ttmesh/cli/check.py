@@ -106,7 +106,8 @@ def check_cmd(
     if profile_name is not None:
         from ttmesh.launcher.serving import profiles
 
-        requires = profiles.named(profile_name).system
+        server = profiles.named(profile_name)  # a program profile asks nothing of the host
+        requires = server.system if server is not None else None
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)

@@ -679,6 +679,13 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
         raise
+    program = prepared.plan.program
+    if program is not None:  # a program profile's job: which, why, and its stack
+        from ttmesh.render import note
+
+        note(f"{program.profile.name}: {program.profile.title}, chosen because {program.why}")
+        for n in program.notes:
+            note(f"note: {n}")
     serving = prepared.plan.serving
     if serving is not None:
         from ttmesh.render import note

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.launcher.attempt.hostviews import Views
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env
@@ -72,6 +73,7 @@ class Starter:
         self.streams: list[Stream] = []
         self.console: Console | None = None
         self.launcher_error: str | None = None  # the launcher failed before any rank ran
+        self.notice: str | None = None  # one line for the job's output (the guardian says it)
 
     def start(self) -> list[RankExit]:
         """Start every rank; the ranks that could not start (exit 127)."""
@@ -109,7 +111,12 @@ class Starter:
     # -- shared by the modes
 
     def _popen(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, wrap: bool = False
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        wrap: bool = False,
+        pass_fds: tuple[int, ...] = (),
     ) -> subprocess.Popen:
         """Start ``argv`` in its own session, SIGKILLed if the guardian dies. ``wrap``: through
         setpriv's parent-death signal when the system has it (Python then spawns with vfork:
@@ -127,6 +134,7 @@ class Starter:
             start_new_session=True,
             preexec_fn=None if prefix else procs.pdeathsig_preexec(self.guardian),
             close_fds=True,
+            pass_fds=pass_fds,
         )
         proc.returncode = 0  # reaped by the guardian's own waitpid, never by Popen
         return proc
@@ -173,18 +181,41 @@ class DirectStarter(Starter):
             except OSError as exc:
                 return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             checked.add(program)
-        for rank, env in ranks:
-            cwd = rank.workdir or self.plan.cwd or None
-            try:
-                if rank.workdir:
-                    os.makedirs(rank.workdir, exist_ok=True)
-                proc = self._popen(list(rank.argv), env, cwd, wrap=True)
-            except OSError as exc:
-                # The ranks already started are stopped; the rest never start.
-                return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
-            self.pids[rank.rank] = proc.pid
-            self._watch(proc, rank.rank)
+        views = self._views()
+        try:
+            for rank, env in ranks:
+                cwd = rank.workdir or self.plan.cwd or None
+                try:
+                    for own in (rank.workdir, rank.tmpdir):  # a program profile's, in the run dir
+                        if own:
+                            os.makedirs(own, mode=0o700, exist_ok=True)
+                    argv = list(rank.argv)
+                    if views is not None:  # a simulated host's chips at the real paths
+                        argv = [*views.prefix(os.path.abspath(cwd or ".")), *argv]
+                    fds = views.fds if views is not None else ()
+                    proc = self._popen(argv, env, cwd, wrap=True, pass_fds=fds)
+                except OSError as exc:
+                    # The ranks already started are stopped; the rest never start.
+                    return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
+                self.pids[rank.rank] = proc.pid
+                self._watch(proc, rank.rank)
+        finally:
+            if views is not None:
+                views.close()
         return []
+
+    def _views(self) -> Views | None:
+        """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""
+        if self.plan.host_view is None:
+            return None
+        views = Views(self.plan.host_view)
+        views.open()
+        if views.notice is not None:
+            self.notice = (
+                "the ranks see this machine's own /dev/tenstorrent and /proc/driver/tenstorrent, "
+                f"not the simulated host's: {views.notice}"
+            )
+        return views
 
     def reaped(
         self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain

@@ -253,6 +253,13 @@ def _request(
             f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
             "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
         )
+    program = None
+    if server is None:  # a program on a stack a profile knows (torch_tpu on libtt, ...)
+        from ttmesh.launcher.planning import programs
+
+        program = programs.choose(o.profile_name, dict(os.environ), env)
+        if program is not None:
+            programs.check_layout(program, mesh_layout, rank_binding)
     job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
     if o.health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
@@ -296,6 +303,7 @@ def _request(
         profile=server[0] if server else None,
         server_args=server[1] if server else None,
         server_findings=server[3] if server else [],
+        program=program,
         strict=o.strict,
         health_interval=o.health_interval,
         health_failures=o.health_failures,
@@ -414,7 +422,7 @@ def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Ser
         return None
     parsed = args.parse(list(o.command), o.module)
     profile = (
-        profiles.named(o.profile_name)
+        profiles.named(o.profile_name)  # None: a program profile's name
         if o.profile_name
         else profiles.recognise(parsed, dict(os.environ))
     )

@@ -16,6 +16,7 @@ from ttmesh.vocab import Layout, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.adapters.ttrun import BindingFile
+    from ttmesh.launcher.planning.programs import ProgramSpec
     from ttmesh.launcher.serving.args import ServerArgs
     from ttmesh.launcher.serving.profiles import Profile
     from ttmesh.launcher.serving.rules import Finding
@@ -71,6 +72,7 @@ class LaunchRequest:
     profile: Profile | None = None  # the server's profile
     server_args: ServerArgs | None = None  # its parsed command line
     server_findings: list[Finding] = field(default_factory=list)  # found before selection
+    program: ProgramSpec | None = None  # a program profile's job (torch_tpu on libtt, ...)
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job

@@ -402,20 +402,47 @@ def user_dir() -> Path | None:
     return path
 
 
-def every() -> list[Profile]:
-    """Every profile, the most specific (highest priority) first."""
+def profile_paths() -> list[Path]:
+    """Every profile's file: the stock ones, then ``TTMESH_PROFILES``'s."""
     paths = sorted(profiles_dir().glob("*.yaml"))
     extra = user_dir()
     if extra is not None:
         paths += sorted(extra.glob("*.yaml"))
+    return paths
+
+
+def kind_of(path: Path) -> str:
+    """A profile's ``kind``: ``server`` (the default: a serving stack, this module's) or
+    ``program`` (plain programs on a known stack: ``launcher.planning.programs``)."""
+    from ttmesh import yamlio
+
+    data = yamlio.load_cached(path, "profile", MAX_BYTES)
+    kind = data.get("kind", "server") if isinstance(data, dict) else "server"
+    if kind not in ("server", "program"):
+        raise bad_input(f"profile {path}: kind {kind!r}", "use kind: server or kind: program")
+    return str(kind)
+
+
+def every() -> list[Profile]:
+    """Every serving profile, the most specific (highest priority) first."""
+    paths = [p for p in profile_paths() if kind_of(p) == "server"]
     return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
 
 
-def named(name: str) -> Profile:
+def named(name: str) -> Profile | None:
+    """The serving profile ``name``; None when it is a program profile of that name; no
+    profile of either kind is one line naming them all."""
     found = {p.name: p for p in every()}
-    if name not in found:
-        raise bad_input(f"--profile {name}: no such profile", "profiles: " + ", ".join(found))
-    return found[name]
+    if name in found:
+        return found[name]
+    from ttmesh.launcher.planning import programs
+
+    others = [p.name for p in programs.every()]
+    if name in others:
+        return None
+    raise bad_input(
+        f"--profile {name}: no such profile", "profiles: " + ", ".join([*found, *others, "none"])
+    )
 
 
 def recognise(args: ServerArgs, environ: dict[str, str]) -> Profile | None:

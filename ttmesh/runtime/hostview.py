@@ -36,6 +36,7 @@ after, the rank exits 126.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 import sys
@@ -102,8 +103,16 @@ def enter() -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
-def _open_path(path: str) -> int:
-    return os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _open_path(path: str, directory: bool = False) -> int:
+    """``path`` opened to be bound (O_PATH), never through a link: a node of the simulated root
+    that is a link (planted, or broken) is refused, not followed."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISLNK(mode) or stat.S_ISDIR(mode) != directory:
+        os.close(fd)
+        what = "a link" if stat.S_ISLNK(mode) else "not a directory" if directory else "a directory"
+        raise OSError(errno.EINVAL, f"{path} is {what}")
+    return fd
 
 
 def _placeholder(dst: str, src_fd: int) -> None:
@@ -134,7 +143,7 @@ def overlay(target: str, name: str, entries: dict[str, int], links: dict[str, st
             if os.path.islink(src):
                 os.symlink(os.readlink(src), dst)
                 continue
-            fd = _open_path(src)
+            fd = os.open(src, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 _bind(fd, dst)
             finally:
@@ -161,8 +170,8 @@ def sources(root: str, devices: list[str]) -> tuple[dict[str, int], dict[str, st
     for index in devices:
         dev[index] = _open_path(os.path.join(base, index))
         driver = os.path.join(root, "proc", "driver", "tenstorrent", index)
-        if os.path.isdir(driver) and not os.path.islink(driver):
-            proc[index] = _open_path(driver)
+        if os.path.lexists(driver):
+            proc[index] = _open_path(driver, directory=True)
     by_id = os.path.join(base, "by-id")
     if os.path.isdir(by_id) and not os.path.islink(by_id):
         for entry in os.listdir(by_id):

@@ -166,10 +166,10 @@ def _words(value: Any, where: str) -> str:
 
 def _releases(raw: Any, where: str) -> tuple[Release, ...]:
     if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{where}: releases must be a list of release lines")
+        raise ValueError(f"{where}.releases must be a list of release lines")
     out: list[Release] = []
     for i, item in enumerate(raw):
-        at = f"{where}: releases[{i}]"
+        at = f"{where}.releases[{i}]"
         if not isinstance(item, dict) or set(item) - {"below", "joins", "chips", "why"}:
             raise ValueError(f"{at} must be a map of below, joins, chips, why")
         below = item.get("below")
@@ -198,12 +198,12 @@ def _libtt(raw: Any, where: str) -> Libtt | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or set(raw) - {"distribution", "required", "releases"}:
-        raise ValueError(f"{where}: libtt must be a map of distribution, required, releases")
+        raise ValueError(f"{where} must be a map of distribution, required, releases")
     required = raw.get("required")
     return Libtt(
-        _words(raw.get("distribution"), f"{where}: libtt.distribution"),
-        _words(required, f"{where}: libtt.required") if required is not None else None,
-        _releases(raw.get("releases"), f"{where}: libtt"),
+        _words(raw.get("distribution"), f"{where}.distribution"),
+        _words(required, f"{where}.required") if required is not None else None,
+        _releases(raw.get("releases"), where),
     )
 
 
@@ -250,7 +250,7 @@ def load(path: Path) -> ProgramProfile:
             contract=str(contract),
             private_dirs=private,
             leftovers=tuple(leftovers),
-            libtt=_libtt(data.get("libtt"), where),
+            libtt=_libtt(data.get("libtt"), "libtt"),
         )
     except TTMeshError:
         raise

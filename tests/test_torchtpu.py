@@ -421,3 +421,66 @@ def test_the_view_helper_needs_its_arguments() -> None:
         proc = subprocess.run([PY, "-I", "-S", simview.HELPER, "--hold", empty, "0"],
                               capture_output=True, text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 3 and proc.stdout.startswith("failed: cannot read"), proc.stdout
+
+
+def test_over_several_hosts_every_rank_gets_the_whole_slice(qb2: Path, tmp_path: Path) -> None:
+    """A torch-tpu job over two hosts: every rank gets every host's addresses (each host's own
+    ports, node-major), node 0's handshake port, the hosts (TPU_WORKER_HOSTNAMES, NNODES,
+    NODE_RANK) and the topology of both hosts' chips."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.hosts.multihost import global_plan
+    from ttmesh.launcher.hosts.rendezvous import Node
+    from ttmesh.launcher.planning import programs, rankenv
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
+
+    site = str(fake_stack(tmp_path, "0.1.5"))
+    req = LaunchRequest(
+        command=[PY, "-c", "pass"], tp_size=2, no_python=True, nnodes=2,
+        environ={**os.environ, "PYTHONPATH": site}, cwd=str(tmp_path),
+        program=programs.choose("torch-tpu", {}, []),
+    )  # fmt: skip
+    try:
+        local = prepare(req, open_host(qb2), ask_metal=False).plan
+    finally:
+        from ttmesh.launcher.planning import ports
+
+        ports.release_held()
+    assert local.program.tpu.topology == "2,1,1"
+    mine = [int(a.rsplit(":", 1)[1]) for a in local.program.tpu.addresses]
+    parts = [("10.0.0.1", [9001, 9002], 9003), ("10.0.0.2", mine, local.program.tpu.handshake_port)]
+    tpu = rankenv.slice_over_hosts(local.program.tpu, parts)
+    nodes = {
+        n: Node(node=n, hostname=f"h{n}", addr=a, nproc=2) for n, (a, _, _) in enumerate(parts)
+    }
+    plan = global_plan(local, nodes, 1, "10.0.0.1", 29500, tpu)
+    envs = [r.env for r in plan.ranks]
+    want = ",".join(["10.0.0.1:9001", "10.0.0.1:9002"] + [f"10.0.0.2:{p}" for p in mine])
+    assert {e["TORCH_TPU_SLICEBUILDER_ADDRESSES"] for e in envs} == {want}
+    assert {e["TORCH_TPU_INTERNAL_HANDSHAKE_PORT"] for e in envs} == {"9003"}
+    assert {e["TPU_WORKER_HOSTNAMES"] for e in envs} == {"10.0.0.1,10.0.0.2"}
+    assert {(e["NNODES"], e["NODE_RANK"], e["TORCH_TPU_DEVICES_PER_HOST"]) for e in envs} == {
+        ("2", "1", "2")
+    }
+    assert {e["TORCH_TPU_TOPOLOGY"] for e in envs} == {"2,2,1"}
+    assert [e["RANK"] for e in envs] == ["2", "3"] and {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert plan.program.tpu == tpu
+
+
+def test_over_several_hosts_a_libtt_that_cannot_join_is_refused(qb2: Path, tmp_path: Path) -> None:
+    """One rank on each of two hosts is a world of two: libtt 0.1.3 refuses it as well."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.errors import TTMeshError
+    from ttmesh.launcher.planning import programs
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
+
+    site = str(fake_stack(tmp_path))
+    req = LaunchRequest(
+        command=[PY, "-c", "pass"], tp_size=1, no_python=True, nnodes=2,
+        environ={**os.environ, "PYTHONPATH": site}, cwd=str(tmp_path),
+        program=programs.choose("torch-tpu", {}, []),
+    )  # fmt: skip
+    with pytest.raises(TTMeshError) as exc:
+        prepare(req, open_host(qb2), ask_metal=False)
+    assert "cannot run 2 processes as one torch_tpu world" in exc.value.message

@@ -308,6 +308,7 @@ def _request(
         health_interval=o.health_interval,
         health_failures=o.health_failures,
         tp_hosts=tp_hosts,
+        nnodes=join.nnodes if join is not None else 1,
     )
     if o.ready_pattern is not None:
         _check_pattern(o.ready_pattern)

@@ -395,7 +395,7 @@ def _with_program(
         python = programs.rank_python(argv, req.python, req.environ.get("PATH"))
         names = [libtt.distribution, *([libtt.required] if libtt.required else [])]
         stack = programs.read_stack(python, names, {**req.environ, **dict(req.env)})
-        spec = programs.check_stack(spec, stack, world, len(sel.chips))
+        spec = programs.check_stack(spec, stack, world * req.nnodes, len(sel.chips))
     if spec.profile.contract == "torch-tpu":
         held = hold_free(world + 1, req.master_addr)
         spec = replace(

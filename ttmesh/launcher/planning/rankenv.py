@@ -193,6 +193,22 @@ def topology(shape: tuple[int, int]) -> str:
     return f"{cols},{rows},1"
 
 
+def slice_over_hosts(local: TpuSlice, hosts: list[tuple[str, list[int], int]]) -> TpuSlice:
+    """The slice of a job over several hosts, from each host's part in node order (its
+    address, the ports it chose and holds for its processes, its handshake port): every
+    process's address, node 0's handshake port (rank 0 binds it on MASTER_ADDR, node 0's), the
+    hosts stacked along y (each host's C,R,1 is C,R x hosts,1 in all), as torch_tpu's own
+    launcher sets TPU_WORKER_HOSTNAMES and the addresses for a multi-host slice."""
+    x, y, z = (int(v) for v in local.topology.split(","))
+    return TpuSlice(
+        addresses=tuple(f"{addr}:{port}" for addr, ports, _ in hosts for port in ports),
+        topology=f"{x},{y * len(hosts)},{z}",
+        handshake_port=hosts[0][2],
+        session=local.session,
+        hosts=tuple(addr for addr, _, _ in hosts),
+    )
+
+
 def torch_tpu_env(tpu: TpuSlice, per_host: int, node: int = 0) -> dict[str, str]:
     """torch_tpu's contract for a rank of a torch-tpu job (beyond torchrun's variables, which
     ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` already give): the same slice addresses,

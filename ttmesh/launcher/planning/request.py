@@ -79,6 +79,7 @@ class LaunchRequest:
     cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
+    nnodes: int = 1  # the job's hosts (a torch-tpu job's world is over all of them)
 
     def __post_init__(self) -> None:
         """The checks a request needs whoever makes it (the launch, ``descriptor``, ``check

@@ -277,7 +277,9 @@ def torchtpu_dir() -> Path:
     """The seed's own stack, real: a venv with torch 2.13.0 (CPU), torch_tpu 0.2.0 and libtt's
     PJRT plugin (jax-tt-plugin 0.1.3), in $TTMESH_TORCHTPU_DIR or ~/.cache/ttmesh-torchtpu
     (installed on first use: scripts/torchtpu/setup; .ci/run builds it first)."""
-    where = Path(os.environ.get("TTMESH_TORCHTPU_DIR") or Path.home() / ".cache" / "ttmesh-torchtpu")
+    where = Path(
+        os.environ.get("TTMESH_TORCHTPU_DIR") or Path.home() / ".cache" / "ttmesh-torchtpu"
+    )
     proc = subprocess.run(
         ["bash", str(REPO / "scripts" / "torchtpu" / "setup"), str(where)],
         capture_output=True, text=True, timeout=1800,

@@ -40,21 +40,27 @@ def chips():
     return sorted(int(c) for c in seen)
 """
 
-JAX = WHICH + r"""
+JAX = (
+    WHICH
+    + r"""
 import jax
 devices = jax.devices()
 print("RANK " + json.dumps({"rank": int(os.environ["RANK"]), "devices": len(devices),
       "kinds": sorted({d.device_kind for d in devices}), "bdfs": os.environ["TT_VISIBLE_DEVICES"],
       "chips": chips()}), flush=True)
 """
+)
 
-TORCH = WHICH + r"""
+TORCH = (
+    WHICH
+    + r"""
 import torch
 x = torch.ones(4, device="tpu") + torch.ones(4, device="tpu")
 x.cpu()
 print("RANK " + json.dumps({"rank": int(os.environ["RANK"]), "bdfs": os.environ.get("TT_VISIBLE_DEVICES"),
       "chips": chips()}), flush=True)
 """
+)
 
 
 def _python(torchtpu_dir: Path) -> str:
@@ -123,9 +129,7 @@ def test_four_one_chip_torch_tpu_ranks(torchtpu_dir: Path, qb2: Path) -> None:
         assert report["chips"] == [asic[b] for b in (report["bdfs"] or "").split(",") if b]
 
 
-def test_each_jax_rank_on_the_plugin_sees_exactly_its_chips(
-    torchtpu_dir: Path, qb2: Path
-) -> None:
+def test_each_jax_rank_on_the_plugin_sees_exactly_its_chips(torchtpu_dir: Path, qb2: Path) -> None:
     """(c) JAX on libtt (JAX_PLATFORMS=tt: the jax-tt profile), two ranks of one chip each,
     starting together: each sees exactly its chip as a TTDevice, and libtt opened that chip
     (its unique id, as libtt's mock chips name their memory)."""

@@ -290,6 +290,7 @@ class Guardian:
                         self._on_output(key.fd)
                 self._step()
         finally:
+            self.starter.close()
             self.console.shutdown()
             record.keep_errors(self.plan, self.attempt, self.options.logs)
             self.readiness.close()

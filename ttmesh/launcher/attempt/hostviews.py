@@ -2,10 +2,12 @@
 
 The starter runs the view's helper (:mod:`ttmesh.runtime.hostview` ``--hold``) once per attempt:
 it makes a mount namespace (and, for a user who is not root, a user namespace mapping the user
-to itself), builds the view there and says ``ready``. The starter opens the helper's namespaces
-and lets it go; each rank then enters them through the system's nsenter (a few milliseconds),
-keeping its working directory (``--wd``: entering a mount namespace moves to its root) and its
-credentials. Without nsenter each rank builds a view of its own (the helper before its program,
+to itself), builds the view there and says ``ready``. The starter opens the helper's namespaces,
+lets it go and keeps them open until the attempt ends; each rank enters them through the
+system's nsenter (a few milliseconds) by the starter's descriptors (``/proc/<guardian>/fd/N``:
+nothing is passed to the rank, and no number is closed and reused while a rank may still open
+it), keeping its working directory (``--wd``: entering a mount namespace moves to its root) and
+its credentials. Without nsenter each rank builds a view of its own (the helper before its program,
 about 10 ms more a rank). When no namespace can be made, :attr:`Views.notice` says why in one
 line and the ranks start as they would have.
 """
@@ -30,7 +32,7 @@ def _nsenter() -> str | None:
 
 class Views:
     """How an attempt's ranks are started in ``view``: :meth:`open` once, :meth:`prefix` per
-    rank (and its ``fds``, passed to it), :meth:`close` once every rank started."""
+    rank, :meth:`close` when the attempt ends."""
 
     def __init__(self, view: HostView) -> None:
         self.view = view
@@ -86,7 +88,8 @@ class Views:
         if self._nsenter is None:
             return [*self.view.helper(), "--"]
         kinds = ("mount",) if len(self.fds) == 1 else ("user", "mount")
-        spaces = [f"--{kind}=/proc/self/fd/{fd}" for kind, fd in zip(kinds, self.fds, strict=True)]
+        me = os.getpid()
+        spaces = [f"--{kind}=/proc/{me}/fd/{fd}" for kind, fd in zip(kinds, self.fds, strict=True)]
         keep = ["--preserve-credentials"] if "user" in kinds else []
         return [self._nsenter, *spaces, *keep, f"--wd={cwd}", "--"]
 

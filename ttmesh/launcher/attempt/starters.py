@@ -74,6 +74,7 @@ class Starter:
         self.console: Console | None = None
         self.launcher_error: str | None = None  # the launcher failed before any rank ran
         self.notice: str | None = None  # one line for the job's output (the guardian says it)
+        self.views: Views | None = None  # a simulated host's view, open while the attempt runs
 
     def start(self) -> list[RankExit]:
         """Start every rank; the ranks that could not start (exit 127)."""
@@ -85,6 +86,9 @@ class Starter:
 
     def discover(self) -> None:
         """Find rank PIDs not known yet."""
+
+    def close(self) -> None:
+        """The attempt has ended: let go of what its start kept."""
 
     def groups(self) -> list[int]:
         """Process groups a stop signals."""
@@ -111,12 +115,7 @@ class Starter:
     # -- shared by the modes
 
     def _popen(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str | None,
-        wrap: bool = False,
-        pass_fds: tuple[int, ...] = (),
+        self, argv: list[str], env: dict[str, str], cwd: str | None, wrap: bool = False
     ) -> subprocess.Popen:
         """Start ``argv`` in its own session, SIGKILLed if the guardian dies. ``wrap``: through
         setpriv's parent-death signal when the system has it (Python then spawns with vfork:
@@ -134,7 +133,6 @@ class Starter:
             start_new_session=True,
             preexec_fn=None if prefix else procs.pdeathsig_preexec(self.guardian),
             close_fds=True,
-            pass_fds=pass_fds,
         )
         proc.returncode = 0  # reaped by the guardian's own waitpid, never by Popen
         return proc
@@ -181,28 +179,27 @@ class DirectStarter(Starter):
             except OSError as exc:
                 return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             checked.add(program)
-        views = self._views()
-        try:
-            for rank, env in ranks:
-                cwd = rank.workdir or self.plan.cwd or None
-                try:
-                    for own in (rank.workdir, rank.tmpdir):  # a program profile's, in the run dir
-                        if own:
-                            os.makedirs(own, mode=0o700, exist_ok=True)
-                    argv = list(rank.argv)
-                    if views is not None:  # a simulated host's chips at the real paths
-                        argv = [*views.prefix(os.path.abspath(cwd or ".")), *argv]
-                    fds = views.fds if views is not None else ()
-                    proc = self._popen(argv, env, cwd, wrap=True, pass_fds=fds)
-                except OSError as exc:
-                    # The ranks already started are stopped; the rest never start.
-                    return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
-                self.pids[rank.rank] = proc.pid
-                self._watch(proc, rank.rank)
-        finally:
-            if views is not None:
-                views.close()
+        self.views = self._views()
+        for rank, env in ranks:
+            cwd = rank.workdir or self.plan.cwd or None
+            try:
+                for own in (rank.workdir, rank.tmpdir):  # a program profile's, in the run dir
+                    if own:
+                        os.makedirs(own, mode=0o700, exist_ok=True)
+                argv = list(rank.argv)
+                if self.views is not None:  # a simulated host's chips at the real paths
+                    argv = [*self.views.prefix(os.path.abspath(cwd or ".")), *argv]
+                proc = self._popen(argv, env, cwd, wrap=True)
+            except OSError as exc:
+                # The ranks already started are stopped; the rest never start.
+                return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
+            self.pids[rank.rank] = proc.pid
+            self._watch(proc, rank.rank)
         return []
+
+    def close(self) -> None:
+        if self.views is not None:
+            self.views.close()
 
     def _views(self) -> Views | None:
         """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""

@@ -94,6 +94,13 @@ def test_a_malformed_program_profile_is_one_line(qb2: Path, tmp_path: Path) -> N
     assert res.code == 2, res.err
     (line,) = [ln for ln in res.err.splitlines() if not ln.startswith("simulated host")]
     assert "mine.yaml: malformed (libtt.releases[0]: below must be a version" in line
+    for leftovers in ("['/etc/passwd']", "['/dev/shm/../etc/x']"):
+        (mine / "mine.yaml").write_text(f"kind: program\nname: mine\nleftovers: {leftovers}\n")
+        res = run_cli("profiles", env={"TTMESH_PROFILES": str(mine)})
+        assert res.code == 2 and "leftovers must be a list of names in /dev/shm" in res.err
+    (mine / "mine.yaml").write_text("kind: program\nname: mine\nenv: {RANK: '3'}\n")
+    res = run_cli("profiles", env={"TTMESH_PROFILES": str(mine)})
+    assert res.code == 2 and "env sets RANK, which ttmesh sets" in res.err, res.err
     (mine / "mine.yaml").write_text("kind: daemon\nname: mine\n")
     res = run_cli("profiles", env={"TTMESH_PROFILES": str(mine)})
     assert res.code == 2 and "kind 'daemon'" in res.err, res.err
@@ -192,6 +199,32 @@ def test_a_libtt_that_cannot_join_is_refused_before_the_start(qb2: Path, tmp_pat
     res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--env",
                   f"PYTHONPATH={bare}", "--", PY, "-c", "pass", env=compat)  # fmt: skip
     assert res.code == 2 and "has no jax-tt-plugin (libtt's PJRT plugin)" in res.err, res.err
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("sleep 30", "did not say which packages it has within 1 s"),
+        ("yes | head -c 10000000", "said more than 64 KiB"),
+        ("exit 3", "exited 3 when asked"),
+        ("echo '[1, 2]'", "exited 0 when asked"),
+    ],
+)
+def test_a_ranks_python_that_does_not_answer_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str
+) -> None:
+    """Reading the ranks' Python's packages is bounded in time and in output, and what it left
+    running is stopped; the launch then goes on, saying the version was not read."""
+    from ttmesh.launcher.planning import programs
+
+    monkeypatch.setattr(programs, "STACK_TIMEOUT", 1.0)
+    python = tmp_path / "python3"
+    python.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\n{body}\n")
+    python.chmod(0o755)
+    stack = programs.read_stack(str(python), ["jax-tt-plugin"], dict(os.environ))
+    assert stack.versions == {} and said in stack.unread, stack.unread
+    pid = int((tmp_path / "pid").read_text())
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the stand-in to be gone")
 
 
 def test_the_release_lines_are_data() -> None:

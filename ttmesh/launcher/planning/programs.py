@@ -17,10 +17,12 @@ what that release cannot run (the prepare stage), before minutes are spent start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +34,7 @@ from ttmesh.render import plural
 KIND = "program"
 CONTRACTS = ("none", "torch-tpu")
 CHIPS = ("pass", "libtt")
-STACK_TIMEOUT = 20.0  # seconds for the rank's Python to say which packages it has
+STACK_TIMEOUT = 10.0  # seconds for the rank's Python to say which packages it has
 STACK_OUTPUT = 64 * 1024  # bytes of its answer read (a few hundred)
 
 
@@ -386,23 +388,58 @@ def read_stack(python: str | None, names: list[str], environ: dict[str, str]) ->
         return Stack(None, {}, "the command is not a Python interpreter ttmesh can name")
     env = {k: v for k, v in environ.items() if k != "LIBTT_TPU_COMPAT"}
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [python, "-c", _READ, *names],
             env=env,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=STACK_TIMEOUT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its whole group is stopped if it does not answer
         )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return Stack(python, {}, f"{python} could not be run ({exc})")
-    text = proc.stdout[:STACK_OUTPUT].decode(errors="replace").strip().splitlines()
+    except OSError as exc:
+        return Stack(python, {}, f"{python} could not be run ({exc.strerror or exc})")
+    assert proc.stdout is not None
+    data, timed_out = _bounded(proc.stdout.fileno(), STACK_OUTPUT, STACK_TIMEOUT)
+    proc.stdout.close()
+    if timed_out or proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    code = proc.wait()
+    if timed_out:
+        return Stack(python, {}, f"{python} did not say which packages it has within "
+                     f"{STACK_TIMEOUT:g} s")  # fmt: skip
+    if len(data) >= STACK_OUTPUT:
+        return Stack(python, {}, f"{python} said more than {STACK_OUTPUT // 1024} KiB when asked "
+                     "which packages it has")  # fmt: skip
+    lines = data.decode(errors="replace").strip().splitlines()
     try:
-        found = json.loads(text[-1]) if text else None
+        found = json.loads(lines[-1]) if lines else None
     except ValueError:
         found = None
-    if proc.returncode != 0 or not isinstance(found, dict):
-        return Stack(python, {}, f"{python} exited {proc.returncode} when asked for its packages")
+    if code != 0 or not isinstance(found, dict):
+        return Stack(python, {}, f"{python} exited {code} when asked which packages it has")
     return Stack(python, {str(k): (str(v) if v else None) for k, v in found.items()})
+
+
+def _bounded(fd: int, limit: int, timeout: float) -> tuple[bytes, bool]:
+    """What ``fd`` gives until EOF, at most ``limit`` bytes, within ``timeout`` seconds:
+    (the bytes, whether the time ran out)."""
+    import selectors
+    import time
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while len(data) < limit:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return data, True
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+    return data, False
 
 
 def check_stack(spec: ProgramSpec, stack: Stack, world: int, chips: int) -> ProgramSpec:

@@ -27,7 +27,7 @@ its ``exec``: it runs as the user it was, and sees the same files.
 ``DEVICES``: the ``/dev/tenstorrent`` indices the job was given, comma-separated ("" for none).
 ``--hold`` builds the view once for every rank of an attempt: it prints ``ready`` and waits
 until its standard input closes (the ranks enter its namespaces with nsenter meanwhile:
-``launcher.attempt.hostviews``), or prints ``failed: WHY`` (one line) and exits 3. The second
+``runtime.rankview``), or prints ``failed: WHY`` (one line) and exits 3. The second
 form builds it for one program and execs it (where there is no nsenter): a view that cannot be
 made is one line on stderr; before anything was mounted the program runs as it would have,
 after, the rank exits 126.

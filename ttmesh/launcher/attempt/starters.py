@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ttmesh import procs
-from ttmesh.launcher.attempt.hostviews import Views
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env
+from ttmesh.runtime.rankview import Views
 from ttmesh.vocab import LAUNCHER, StartMode
 
 Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
@@ -205,7 +205,7 @@ class DirectStarter(Starter):
         """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""
         if self.plan.host_view is None:
             return None
-        views = Views(self.plan.host_view)
+        views = Views(self.plan.host_view.helper())
         views.open()
         if views.notice is not None:
             self.notice = (

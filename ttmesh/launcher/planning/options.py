@@ -422,11 +422,13 @@ def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Ser
     if o.profile_name == "none":
         return None
     parsed = args.parse(list(o.command), o.module)
-    profile = (
-        profiles.named(o.profile_name)  # None: a program profile's name
-        if o.profile_name
-        else profiles.recognise(parsed, dict(os.environ))
-    )
+    if o.profile_name:
+        from ttmesh.launcher.planning import programs
+
+        names = tuple(p.name for p in programs.every())
+        profile = profiles.named(o.profile_name, names)  # None: a program profile's name
+    else:
+        profile = profiles.recognise(parsed, dict(os.environ))
     if profile is None:
         return None
     for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", o.nproc)):

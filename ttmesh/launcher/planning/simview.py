@@ -27,10 +27,10 @@ class HostView:
     devices: tuple[str, ...]
     python: str = sys.executable  # runs the helper (isolated: it needs the standard library)
 
-    def helper(self, *mode: str) -> list[str]:
-        """The helper's command: ``--hold`` (one namespace for an attempt's ranks), or none
-        and ``--`` (one rank's own, where there is no nsenter)."""
-        return [self.python, "-I", "-S", HELPER, *mode, self.root, ",".join(self.devices)]
+    def helper(self) -> list[str]:
+        """The helper's command (``runtime.rankview`` adds its mode: ``--hold``, one namespace
+        for an attempt's ranks; or ``-- PROGRAM``, one rank's own where there is no nsenter)."""
+        return [self.python, "-I", "-S", HELPER, self.root, ",".join(self.devices)]
 
     def to_json(self) -> dict[str, Any]:
         return {

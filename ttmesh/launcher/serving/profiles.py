@@ -429,19 +429,16 @@ def every() -> list[Profile]:
     return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
 
 
-def named(name: str) -> Profile | None:
-    """The serving profile ``name``; None when it is a program profile of that name; no
-    profile of either kind is one line naming them all."""
+def named(name: str, programs: tuple[str, ...] = ()) -> Profile | None:
+    """The serving profile ``name``; None when it is one of ``programs`` (the program profiles'
+    names: ``launcher.planning.programs``); no profile of either kind is one line naming all."""
     found = {p.name: p for p in every()}
     if name in found:
         return found[name]
-    from ttmesh.launcher.planning import programs
-
-    others = [p.name for p in programs.every()]
-    if name in others:
+    if name in programs:
         return None
     raise bad_input(
-        f"--profile {name}: no such profile", "profiles: " + ", ".join([*found, *others, "none"])
+        f"--profile {name}: no such profile", "profiles: " + ", ".join([*found, *programs, "none"])
     )
 
 

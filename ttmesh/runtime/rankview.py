@@ -1,4 +1,4 @@
-"""An attempt's ranks in the simulated host's view (``plan.host_view``): one namespace, built once.
+"""An attempt's ranks in a simulated host's view (``plan.host_view``): one namespace, built once.
 
 The starter runs the view's helper (:mod:`ttmesh.runtime.hostview` ``--hold``) once per attempt:
 it makes a mount namespace (and, for a user who is not root, a user namespace mapping the user
@@ -19,8 +19,6 @@ import os
 import selectors
 import subprocess
 
-from ttmesh.launcher.planning.simview import HostView
-
 NSENTER = ("/usr/bin/nsenter", "/bin/nsenter")  # the system's own (never one found on PATH)
 READY_TIMEOUT = 30.0  # seconds for the helper to build the view (tens of milliseconds)
 LINE = 4096  # the helper's one line, bounded
@@ -31,11 +29,12 @@ def _nsenter() -> str | None:
 
 
 class Views:
-    """How an attempt's ranks are started in ``view``: :meth:`open` once, :meth:`prefix` per
-    rank, :meth:`close` when the attempt ends."""
+    """How an attempt's ranks are started in a view: :meth:`open` once, :meth:`prefix` per
+    rank, :meth:`close` when the attempt ends. ``helper``: the view's helper command without
+    its mode (``launcher.planning.simview.HostView.helper``)."""
 
-    def __init__(self, view: HostView) -> None:
-        self.view = view
+    def __init__(self, helper: list[str]) -> None:
+        self.helper = helper
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
@@ -45,7 +44,7 @@ class Views:
             return  # each rank builds its own (prefix)
         try:
             proc = subprocess.Popen(
-                self.view.helper("--hold"),
+                [*self.helper[:4], "--hold", *self.helper[4:]],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -86,7 +85,7 @@ class Views:
         if not self.usable:
             return []
         if self._nsenter is None:
-            return [*self.view.helper(), "--"]
+            return [*self.helper, "--"]
         kinds = ("mount",) if len(self.fds) == 1 else ("user", "mount")
         me = os.getpid()
         spaces = [f"--{kind}=/proc/{me}/fd/{fd}" for kind, fd in zip(kinds, self.fds, strict=True)]

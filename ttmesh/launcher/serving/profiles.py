@@ -416,7 +416,12 @@ def kind_of(path: Path) -> str:
     ``program`` (plain programs on a known stack: ``launcher.planning.programs``)."""
     from ttmesh import yamlio
 
-    data = yamlio.load_cached(path, "profile", MAX_BYTES)
+    try:
+        data = yamlio.load_cached(path, "profile", MAX_BYTES)  # (cached: _load reads it again)
+    except TTMeshError as exc:
+        raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
     kind = data.get("kind", "server") if isinstance(data, dict) else "server"
     if kind not in ("server", "program"):
         raise bad_input(f"profile {path}: kind {kind!r}", "use kind: server or kind: program")

@@ -1016,18 +1016,27 @@ def torchtpu_python() -> str | None:
     return python if os.access(python, os.X_OK) else None
 
 
-def _tpu_run(b: Bench, argv: list[str], env: dict) -> tuple[float, list[dict]]:
-    """(seconds until the launcher exited, each rank's marks relative to the launch)."""
+TPU_FATAL = ("failed to extract embedded tt-metal runtime archive", "Check failed", "cannot run")
+
+
+def _tpu_run(b: Bench, argv: list[str], env: dict) -> tuple[float, list[dict], str]:
+    """(seconds until the launcher exited, each rank's marks relative to the launch, the first
+    line of its output that says why ranks stopped)."""
     out = b.work / "tpu-out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     t0 = time.time()
-    seconds, _code = b.timed([*argv, str(out)], env=env)
+    proc = subprocess.run([*argv, str(out)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    seconds = time.time() - t0
+    said = next(
+        (ln.strip() for ln in proc.stderr.splitlines() if any(f in ln for f in TPU_FATAL)), ""
+    )
     ranks = []
     for path in sorted(out.glob("rank*.json")):
         data = json.loads(path.read_text())
         ranks.append({"ok": data["ok"], **{k: v - t0 for k, v in data["marks"].items()}})
-    return seconds, ranks
+    return seconds, ranks, f"exit {proc.returncode}" + (f": {said[:120]}" if said else "")
 
 
 def _tpu_note(ranks: list[dict]) -> str:
@@ -1053,14 +1062,15 @@ def bench_torchtpu(b: Bench) -> list[dict]:
     ttmesh = [*b.ttmesh("ttmesh"), "launch", "--root", str(b.roots["qb2"])]
     torchrun = [*b.torchrun_bin, "--standalone", "--nproc-per-node", "4", "--no-python", python]
     rows = []
-    t_sec, t_ranks = _tpu_run(b, [*ttmesh, "--tp-size", "4", "--", python, str(script)], env)
-    r_sec, r_ranks = _tpu_run(b, [*torchrun, str(script)], env)
+    t_sec, t_ranks, t_said = _tpu_run(
+        b, [*ttmesh, "--tp-size", "4", "--", python, str(script)], env
+    )
+    r_sec, r_ranks, r_said = _tpu_run(b, [*torchrun, str(script)], env)
     rows.append(
         row("torch_tpu 4 ranks: until the launcher exits", "s",
             {"ttmesh": t_sec, "torchrun": r_sec}, lower=True,
-            note=f"ttmesh: refused before any start ({len(t_ranks)} ranks ran); torchrun: "
-            f"{sum(r['ok'] == 'ok' for r in r_ranks)} of {len(r_ranks)} ranks' first op ran; "
-            + _tpu_note(r_ranks)),
+            note=f"ttmesh: {len(t_ranks)} ranks ran, {t_said[:60]}...; torchrun: "
+            f"{sum(r['ok'] == 'ok' for r in r_ranks)} of 4 ranks' first op ran, {r_said}"),
     )  # fmt: skip
     one = ["--mesh-layout", "single-process"]
     for name, args, run_env in (
@@ -1068,7 +1078,7 @@ def bench_torchtpu(b: Bench) -> list[dict]:
         ("torch_tpu 1 process, 4 chips: first op (warm)", ["--tp-size", "4", *one], cold),
         ("torch_tpu 1 rank, 1 chip: first op", ["--tp-size", "1"], cold),
     ):
-        seconds, ranks = _tpu_run(b, [*ttmesh, *args, "--", python, str(script)], run_env)
+        seconds, ranks, _said = _tpu_run(b, [*ttmesh, *args, "--", python, str(script)], run_env)
         first = max((r["op"] for r in ranks), default=float("nan"))
         rows.append(row(name, "s", {"ttmesh": first}, lower=True,
                         note=f"exit after {seconds:.1f} s; " + _tpu_note(ranks)))  # fmt: skip

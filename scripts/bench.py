@@ -56,6 +56,17 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
   writing to /dev/null under bare. Throughput in MB/s (1 MB = 10^6 bytes).
 
+* ``torchtpu`` (not in the default set, minutes, one run whatever ``--runs``: ``--only
+  torchtpu``): the seed's own stack, real (torch_tpu 0.2.0 and libtt's plugin 0.1.3 in
+  ``$TTMESH_TORCHTPU_DIR`` or ``~/.cache/ttmesh-torchtpu``: scripts/torchtpu/setup), on a
+  simulated QuietBox 2 in mock mode, with ``LIBTT_TPU_COMPAT=1``: one script that records when
+  it started, when torch and torch_tpu were imported and when its first device op ended (or
+  failed). A 4-rank job: ``ttmesh --tp-size 4`` against ``torchrun --nproc-per-node 4`` (until
+  the launcher exits: ttmesh refuses libtt 0.1.3's 4 processes before any starts, torchrun's
+  ranks start and fail at their first op); then what runs on 0.1.3: one process over the 4
+  chips (``--mesh-layout single-process``), cold (a fresh tt-metal kernel cache) and warm, and
+  one rank of one chip, with the time each phase took.
+
 Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]
 Targets (docs/performance.md): launch overhead <= 1.5 x bare and <= 0.1 x torchrun; everything
 down <= 50 ms after a failure; ``ttmesh --help`` <= 0.15 s; peak RSS <= 40 MB; fan-in >= half a
@@ -84,7 +95,7 @@ from pathlib import Path
 BENCHES = (
     "launch", "start", "preflight", "metal", "failure", "help", "rss", "idle", "fanin", "flags",
 )  # fmt: skip
-SLOW = ("fleet",)  # not in the default set: ~75 s a run (--only fleet)
+SLOW = ("fleet", "torchtpu")  # not in the default set: ~75 s a run, minutes (--only NAME)
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
@@ -1021,6 +1032,103 @@ def bench_fleet(b: Bench) -> list[dict]:
             lower=True,
             note=f"per run: {took} s; requests meanwhile answered {answered}, failed {failed}"),
     ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- torch_tpu
+
+TPU_RANK = r"""
+import json, os, sys, time
+marks = {"start": time.time()}
+import torch
+marks["torch"] = time.time()
+import torch_tpu  # noqa: F401  (libtt's .pth pointed it at libtt.so)
+marks["torch_tpu"] = time.time()
+try:
+    x = torch.ones(4, device="tpu") + torch.ones(4, device="tpu")
+    x.cpu()
+    ok = "ok"
+except Exception as exc:  # noqa: BLE001
+    ok = type(exc).__name__ + ": " + str(exc).splitlines()[0][:160]
+marks["op"] = time.time()
+out = os.path.join(sys.argv[1], "rank" + os.environ.get("RANK", "0") + ".json")
+json.dump({"marks": marks, "ok": ok}, open(out, "w"))
+sys.exit(0 if ok == "ok" else 1)
+"""
+
+
+def torchtpu_python() -> str | None:
+    base = os.environ.get("TTMESH_TORCHTPU_DIR") or os.path.expanduser("~/.cache/ttmesh-torchtpu")
+    python = f"{base}/venv/bin/python"
+    return python if os.access(python, os.X_OK) else None
+
+
+TPU_FATAL = ("failed to extract embedded tt-metal runtime archive", "Check failed", "cannot run")
+
+
+def _tpu_run(b: Bench, argv: list[str], env: dict) -> tuple[float, list[dict], str]:
+    """(seconds until the launcher exited, each rank's marks relative to the launch, the first
+    line of its output that says why ranks stopped)."""
+    out = b.work / "tpu-out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t0 = time.time()
+    proc = subprocess.run([*argv, str(out)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    seconds = time.time() - t0
+    said = next(
+        (ln.strip() for ln in proc.stderr.splitlines() if any(f in ln for f in TPU_FATAL)), ""
+    )
+    ranks = []
+    for path in sorted(out.glob("rank*.json")):
+        data = json.loads(path.read_text())
+        ranks.append({"ok": data["ok"], **{k: v - t0 for k, v in data["marks"].items()}})
+    return seconds, ranks, f"exit {proc.returncode}" + (f": {said[:120]}" if said else "")
+
+
+def _tpu_note(ranks: list[dict]) -> str:
+    if not ranks:
+        return "no rank started"
+    r = max(ranks, key=lambda r: r["op"])
+    said = (
+        f"start {r['start']:.1f}, import torch +{r['torch'] - r['start']:.1f}, torch_tpu "
+        f"+{r['torch_tpu'] - r['torch']:.1f}, first op +{r['op'] - r['torch_tpu']:.1f} s"
+    )
+    return said + ("" if r["ok"] == "ok" else f" ({r['ok']})")
+
+
+def bench_torchtpu(b: Bench) -> list[dict]:
+    python = torchtpu_python()
+    if python is None:
+        print("torchtpu: skipped (no torch_tpu venv: bash scripts/torchtpu/setup DIR)", flush=True)
+        return []
+    script = b.work / "tpu_rank.py"
+    script.write_text(TPU_RANK)
+    env = {**b.env, "LIBTT_TPU_COMPAT": "1"}
+    cold = {**env, "TT_METAL_CACHE": str(b.work / "tt-metal-cache")}
+    ttmesh = [*b.ttmesh("ttmesh"), "launch", "--root", str(b.roots["qb2"])]
+    torchrun = [*b.torchrun_bin, "--standalone", "--nproc-per-node", "4", "--no-python", python]
+    rows = []
+    t_sec, t_ranks, t_said = _tpu_run(
+        b, [*ttmesh, "--tp-size", "4", "--", python, str(script)], env
+    )
+    r_sec, r_ranks, r_said = _tpu_run(b, [*torchrun, str(script)], env)
+    rows.append(
+        row("torch_tpu 4 ranks: until the launcher exits", "s",
+            {"ttmesh": t_sec, "torchrun": r_sec}, lower=True,
+            note=f"ttmesh: {len(t_ranks)} ranks ran, {t_said[:60]}...; torchrun: "
+            f"{sum(r['ok'] == 'ok' for r in r_ranks)} of 4 ranks' first op ran, {r_said}"),
+    )  # fmt: skip
+    one = ["--mesh-layout", "single-process"]
+    for name, args, run_env in (
+        ("torch_tpu 1 process, 4 chips: first op (cold)", ["--tp-size", "4", *one], cold),
+        ("torch_tpu 1 process, 4 chips: first op (warm)", ["--tp-size", "4", *one], cold),
+        ("torch_tpu 1 rank, 1 chip: first op", ["--tp-size", "1"], cold),
+    ):
+        seconds, ranks, _said = _tpu_run(b, [*ttmesh, *args, "--", python, str(script)], run_env)
+        first = max((r["op"] for r in ranks), default=float("nan"))
+        rows.append(row(name, "s", {"ttmesh": first}, lower=True,
+                        note=f"exit after {seconds:.1f} s; " + _tpu_note(ranks)))  # fmt: skip
+    return rows
 
 
 def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:

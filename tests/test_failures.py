@@ -54,6 +54,16 @@ SAMPLES = {
         "RuntimeError: TT_FATAL @ tt_metal/fabric/topology_mapper.cpp:1202: mapping_result.success",
     ),
     "gloo-teardown": ("stderr", "terminate called without an active exception"),
+    "libtt-extract": ("stderr", "failed to extract embedded tt-metal runtime archive"),
+    "libtt-bad-bdf": (
+        "stderr",
+        "Invalid BDF in TT_VISIBLE_DEVICES: 0000:99:00.0. Valid BDFs are part of the cluster "
+        "descriptor.",
+    ),
+    "libtt-mesh-id": (
+        "stderr",
+        "Invalid TT_MESH_ID: Local mesh binding mesh_id 1 not found in mesh graph descriptor",
+    ),
 }
 
 # Prints argv[3] on argv[2] between other lines, then a C++ backtrace of argv[4] frames (the

@@ -584,7 +584,8 @@ def test_profiles_lists_the_stacks() -> None:
     res = run_cli("profiles", "--json")
     assert res.code == 0
     names = [p["name"] for p in json.loads(res.out)["profiles"]]
-    assert set(names) == {"sglang-torchtpu", "sglang-jax", "vllm-tt", "sglang"}
+    assert set(names) == {"sglang-torchtpu", "sglang-jax", "vllm-tt", "sglang", "jax-tt",
+                          "torch-tpu"}  # fmt: skip
     assert (
         "sglang.launch_server and (--device tpu or SGLANG_PLATFORM tpu_oot)"
         in run_cli("profiles").out

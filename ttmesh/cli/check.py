@@ -109,11 +109,7 @@ def check_cmd(
         if value is not None and not active:
             raise bad_input(f"{flag} goes with --active", f"add --active, or drop {flag}")
     mesh_layout = mesh_layout or Layout.SINGLE_PROCESS
-    requires = None
-    if profile_name is not None:
-        from ttmesh.launcher.serving import profiles
-
-        requires = profiles.named(profile_name).system
+    requires = _requires(profile_name)
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)
@@ -203,3 +199,15 @@ def _said_before(inv: Any, shm: Any, notes: list[str], say: bool = True) -> set[
         return set()
     fresh = said.fresh(states)
     return {n for n in notes if n in about and about[n] not in fresh}
+
+
+def _requires(profile_name: str | None) -> Any:
+    """What the serving profile ``profile_name`` asks of the host's system software (None:
+    ttmesh's defaults; a program profile asks nothing more)."""
+    if profile_name is None:
+        return None
+    from ttmesh.launcher.planning import programs
+    from ttmesh.launcher.serving import profiles
+
+    server = profiles.named(profile_name, tuple(p.name for p in programs.every()))
+    return server.system if server is not None else None

@@ -710,6 +710,13 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
         from ttmesh.render import note
 
         note(passed_over_line(prepared.plan))
+    program = prepared.plan.program
+    if program is not None:  # a program profile's job: which, why, and its stack
+        from ttmesh.render import note
+
+        note(f"{program.profile.name}: {program.profile.title}, chosen because {program.why}")
+        for n in program.notes:
+            note(f"note: {n}")
     serving = prepared.plan.serving
     if serving is not None:
         from ttmesh.render import note

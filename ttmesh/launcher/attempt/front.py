@@ -30,6 +30,7 @@ from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer
 from ttmesh.launcher.attempt.guardian import Guardian, Options
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import FORWARDED, forward, stop_reason
+from ttmesh.launcher.planning import ports
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note
@@ -79,6 +80,7 @@ def run_attempt(
     # Unblocked, it would end the front before its forwarders exist, or the guardian before
     # its own, with the front's handlers (a SIGTERM meant to stop the job gracefully).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    ports.release_held()  # the ranks bind the ports the plan chose (a torch-tpu job's slice)
     try:
         pid = os.fork()
     except BaseException:

@@ -114,6 +114,16 @@ class Options:
 # --------------------------------------------------------------------------- guardian
 
 
+def _leftovers(plan: LaunchPlan) -> list[str]:
+    """What the job's profile says its processes leave in shared memory: a server's globs, a
+    program profile's files of the job's chips (libtt's mock chips: tt_device_<id>_memory)."""
+    if plan.serving is not None:
+        return list(plan.serving.profile.leftovers)
+    if plan.program is not None:
+        return plan.program.profile.leftover_paths(plan.all_chips())
+    return []
+
+
 class Guardian:
     """One attempt's ranks, from their start to the last descendant's end: the coordination of
     its parts (signals, readiness, fabric marks, the record) over one loop."""
@@ -172,7 +182,7 @@ class Guardian:
         # Taken before any rank starts: what a server's profile names that appears in shared
         # memory meanwhile is the server's, removed once nothing uses it. (Open MPI's segments
         # go to the job's run directory: plan.SEGMENT_VAR.)
-        self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
+        self.leftovers = Leftovers(_leftovers(plan))
         # What the observer was told, and the lines not yet sent.
         self.view = AttemptView(observer) if observer is not None else None
         # tt-umd's reset notices, heard while the ranks run (chips on this host only).
@@ -212,6 +222,8 @@ class Guardian:
 
     def _start(self) -> None:
         failed = self.starter.start()
+        if self.starter.notice is not None and self.attempt == 0:  # said once for the job
+            self._emit(self.starter.notice)
         for stream in self.starter.streams:
             self.open[stream.fd] = (stream.owner, stream.name)
             self.selector.register(stream.fd, selectors.EVENT_READ, "output")
@@ -309,6 +321,7 @@ class Guardian:
                         self._on_output(key.fd)
                 self._step()
         finally:
+            self.starter.close()
             self.console.shutdown()
             record.keep_errors(self.plan, self.attempt, self.options.logs)
             self.readiness.close()
@@ -371,9 +384,11 @@ class Guardian:
         self._report()
 
     def _clean_leftovers(self) -> None:
-        """Remove what the server left in shared memory and nothing uses, a line each."""
+        """Remove what the server (or a program profile's ranks: libtt's mock chips) left in
+        shared memory and nothing uses, a line each."""
+        whose = "the server" if self.plan.serving is not None else "the ranks"
         for path in self.leftovers.clean():
-            self._emit(f"removed {path}, left behind by the server")
+            self._emit(f"removed {path}, left behind by {whose}")
 
     def _timeout(self) -> float | None:
         now = time.monotonic()

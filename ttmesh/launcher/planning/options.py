@@ -256,6 +256,13 @@ def _request(
             f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
             "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
         )
+    program = None
+    if server is None:  # a program on a stack a profile knows (torch_tpu on libtt, ...)
+        from ttmesh.launcher.planning import programs
+
+        program = programs.choose(o.profile_name, dict(os.environ), env)
+        if program is not None:
+            programs.check_layout(program, mesh_layout, rank_binding)
     job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
     if o.health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
@@ -312,12 +319,14 @@ def _request(
         profile=server[0] if server else None,
         server_args=server[1] if server else None,
         server_findings=server[3] if server else [],
+        program=program,
         strict=o.strict,
         health_interval=o.health_interval,
         health_failures=o.health_failures,
         probe_interval=o.probe_interval,
         probe_timeout=o.probe_timeout,
         tp_hosts=tp_hosts,
+        nnodes=join.nnodes if join is not None else 1,
     )
     if o.ready_pattern is not None:
         _check_pattern(o.ready_pattern)
@@ -429,11 +438,13 @@ def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Ser
     if o.profile_name == "none":
         return None
     parsed = args.parse(list(o.command), o.module)
-    profile = (
-        profiles.named(o.profile_name)
-        if o.profile_name
-        else profiles.recognise(parsed, dict(os.environ))
-    )
+    if o.profile_name:
+        from ttmesh.launcher.planning import programs
+
+        names = tuple(p.name for p in programs.every())
+        profile = profiles.named(o.profile_name, names)  # None: a program profile's name
+    else:
+        profile = profiles.recognise(parsed, dict(os.environ))
     if profile is None:
         return None
     for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", o.nproc)):

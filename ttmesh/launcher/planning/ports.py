@@ -37,6 +37,38 @@ def free_port(addr: str = "127.0.0.1") -> int:
         s.close()
 
 
+# Ports a launch chose and holds (bound, not listening) until its ranks start: a port the kernel
+# hands out for "any free port" meanwhile is never one of these (release_held).
+_HELD: list[Any] = []
+
+
+def hold_free(count: int, addr: str = "127.0.0.1") -> list[int]:
+    """``count`` different free TCP ports of ``addr``, each bound here and held until
+    :func:`release_held` (called as the job's first attempt starts its ranks): one chosen now
+    is free now, and nothing asking for a free port meanwhile is given it."""
+    ports: list[int] = []
+    for _ in range(count):
+        s = _tcp_socket()
+        try:
+            s.bind((addr, 0))
+        except OSError as exc:
+            s.close()
+            release_held()
+            raise bad_input(
+                f"no free TCP port on {addr} for the ranks ({exc.strerror or exc})",
+                "free some ports, or run fewer ranks",
+            ) from None
+        _HELD.append(s)
+        ports.append(int(s.getsockname()[1]))
+    return ports
+
+
+def release_held() -> None:
+    """Let go of the ports :func:`hold_free` holds, for the ranks to bind them."""
+    while _HELD:
+        _HELD.pop().close()
+
+
 def check_port(port: int, addr: str = "127.0.0.1") -> None:
     """torch.distributed's --master-port is free on ``addr`` (nothing has bound it)."""
     if not 0 < port < 65536:

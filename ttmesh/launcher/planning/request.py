@@ -17,6 +17,7 @@ from ttmesh.vocab import Layout, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.adapters.ttrun import BindingFile
+    from ttmesh.launcher.planning.programs import ProgramSpec
     from ttmesh.launcher.serving.args import ServerArgs
     from ttmesh.launcher.serving.profiles import Profile
     from ttmesh.launcher.serving.rules import Finding
@@ -72,6 +73,7 @@ class LaunchRequest:
     profile: Profile | None = None  # the server's profile
     server_args: ServerArgs | None = None  # its parsed command line
     server_findings: list[Finding] = field(default_factory=list)  # found before selection
+    program: ProgramSpec | None = None  # a program profile's job (torch_tpu on libtt, ...)
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job
@@ -80,6 +82,7 @@ class LaunchRequest:
     cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
+    nnodes: int = 1  # the job's hosts (a torch-tpu job's world is over all of them)
 
     def __post_init__(self) -> None:
         """The checks a request needs whoever makes it (the launch, ``descriptor``, ``check

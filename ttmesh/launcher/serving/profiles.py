@@ -462,20 +462,49 @@ def user_dir() -> Path | None:
     return path
 
 
-def every() -> list[Profile]:
-    """Every profile, the most specific (highest priority) first."""
+def profile_paths() -> list[Path]:
+    """Every profile's file: the stock ones, then ``TTMESH_PROFILES``'s."""
     paths = sorted(profiles_dir().glob("*.yaml"))
     extra = user_dir()
     if extra is not None:
         paths += sorted(extra.glob("*.yaml"))
+    return paths
+
+
+def kind_of(path: Path) -> str:
+    """A profile's ``kind``: ``server`` (the default: a serving stack, this module's) or
+    ``program`` (plain programs on a known stack: ``launcher.planning.programs``)."""
+    from ttmesh import yamlio
+
+    try:
+        data = yamlio.load_cached(path, "profile", MAX_BYTES)  # (cached: _load reads it again)
+    except TTMeshError as exc:
+        raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
+    kind = data.get("kind", "server") if isinstance(data, dict) else "server"
+    if kind not in ("server", "program"):
+        raise bad_input(f"profile {path}: kind {kind!r}", "use kind: server or kind: program")
+    return str(kind)
+
+
+def every() -> list[Profile]:
+    """Every serving profile, the most specific (highest priority) first."""
+    paths = [p for p in profile_paths() if kind_of(p) == "server"]
     return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
 
 
-def named(name: str) -> Profile:
+def named(name: str, programs: tuple[str, ...] = ()) -> Profile | None:
+    """The serving profile ``name``; None when it is one of ``programs`` (the program profiles'
+    names: ``launcher.planning.programs``); no profile of either kind is one line naming all."""
     found = {p.name: p for p in every()}
-    if name not in found:
-        raise bad_input(f"--profile {name}: no such profile", "profiles: " + ", ".join(found))
-    return found[name]
+    if name in found:
+        return found[name]
+    if name in programs:
+        return None
+    raise bad_input(
+        f"--profile {name}: no such profile", "profiles: " + ", ".join([*found, *programs, "none"])
+    )
 
 
 def recognise(args: ServerArgs, environ: dict[str, str]) -> Profile | None:

@@ -142,7 +142,9 @@ def bad_cable(host: Host, ref: str, channel: int | None = None) -> list[dict[str
     return out
 
 
-def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
+def chip_dead(host: Host, ref: str, permanent: bool = False, gone: bool = False) -> str:
+    """The chip's firmware hangs: its heartbeat stands still where it was. ``permanent``: no
+    reset brings it back. ``gone``: it also falls off the bus (see :func:`chip_gone`)."""
     sim = sim_of(host)
     asic = core.asic_hex(_chip(sim, ref)["unique_id"])
     with sim.change() as state:
@@ -150,26 +152,19 @@ def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
         if chip["alive"]:
             chip["hb_base"] = sim.heartbeat(state, asic)
             chip["alive"] = False
-        if permanent and asic not in state["faults"]["permanent"]:
+        if gone:
+            chip["present"] = False
+        if (permanent or gone) and asic not in state["faults"]["permanent"]:
             state["faults"]["permanent"].append(asic)
+        if gone:
+            sim.render(state)  # its driver files go
     return asic
 
 
 def chip_gone(host: Host, ref: str) -> str:
     """The chip falls off the bus: not present (its driver files go), and no reset brings it
     back (as a permanent fault: on hardware a lost device needs a power cycle)."""
-    sim = sim_of(host)
-    asic = core.asic_hex(_chip(sim, ref)["unique_id"])
-    with sim.change() as state:
-        chip = state["chips"][asic]
-        if chip["alive"]:
-            chip["hb_base"] = sim.heartbeat(state, asic)
-            chip["alive"] = False
-        chip["present"] = False
-        if asic not in state["faults"]["permanent"]:
-            state["faults"]["permanent"].append(asic)
-        sim.render(state)
-    return asic
+    return chip_dead(host, ref, gone=True)
 
 
 def reset_fails(host: Host, times: int | None) -> None:

@@ -31,10 +31,17 @@ def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def _launch(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
     """What ``ttmesh launch ARGS`` builds from its options (the job is not started)."""
     from ttmesh.cli import launch
+    from ttmesh.launcher import modes
 
     built: list[Any] = []
-    for mode in list(launch.START):
-        monkeypatch.setitem(launch.START, mode, lambda got: built.append(got) or 0)
+
+    class Built(modes.Mode):
+        def run(self) -> modes.Result:
+            built.append(self.launch)
+            return modes.Result(0, self.launch.mode)
+
+    for mode in list(modes.MODES):
+        monkeypatch.setitem(modes.MODES, mode, Built)
     res = CliRunner().invoke(launch.launch_cmd, list(args), catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert len(built) == 1

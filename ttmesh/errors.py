@@ -27,6 +27,18 @@ class TTMeshError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
+class LaunchError(TTMeshError):
+    """A launch refused (``ttmesh.launch``, docs/api.md): nothing of the job ran, or ttmesh could
+    not do what it was asked. ``code`` is the exit code ``ttmesh launch`` gives (2: bad input,
+    3: refused by pre-flight, ...), ``message`` and ``hint`` what its one line says
+    (:attr:`line`). Stable: what a program embedding the launcher catches."""
+
+    @property
+    def line(self) -> str:
+        """The one line ``ttmesh launch`` prints for it (without its ``ttmesh:`` prefix)."""
+        return str(self)
+
+
 def bad_input(message: str, hint: str | None = None) -> TTMeshError:
     return TTMeshError(message, hint, BAD_INPUT)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from ttmesh import __version__
 from ttmesh.cli.options import CONTEXT
 from ttmesh.errors import BAD_INPUT, TTMeshError
+from ttmesh.version import __version__
 
 # name -> (module, attribute, the first paragraph of its help, for the list in ttmesh --help).
 # tests/test_ls.py checks each against the command itself.

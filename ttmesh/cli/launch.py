@@ -1,32 +1,29 @@
 """``ttmesh launch``: one worker per chip, supervised.
 
-The command declares its options and hands them to ``launcher.planning.options`` (checked
-once, the job's mode decided, the request built); what is left here is starting the job the
-way its mode says (:data:`START`)."""
+The command declares its options and makes one call: ``launcher.api.launch`` (what
+``ttmesh.launch`` is from Python) checks them once, decides the job's mode, plans and runs it;
+what is left here is what a terminal shows (:class:`_Console`) and a dry run's plan."""
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ttmesh import __version__, numeric
+from ttmesh import numeric
 from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
 from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
-from ttmesh.errors import TTMeshError, bad_input
-from ttmesh.render import plural
-from ttmesh.vocab import LAYOUTS, JobMode, StartMode
+from ttmesh.version import __version__
+from ttmesh.vocab import LAYOUTS, StartMode
 
 if TYPE_CHECKING:
-    from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.hosts.multihost import MultiHost, Peers
-    from ttmesh.launcher.planning.options import Launch
-    from ttmesh.launcher.planning.prepare import Prepared
-    from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.launcher.attempt.events import Observer
+    from ttmesh.launcher.fleet.run import Watcher
+    from ttmesh.launcher.planning.plan import LaunchPlan
 
 LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -532,323 +529,63 @@ def launch_cmd(**options: Any) -> int:
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
       ttmesh launch --sim quietbox2 --replicas 2 --tp-size 2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 2 --host 0.0.0.0 --port 30000
     """
-    from ttmesh.launcher.planning.options import Launch, LaunchOptions
+    from ttmesh.launcher.api import launch
+    from ttmesh.launcher.planning.options import LaunchOptions
 
-    launch = Launch.from_options(LaunchOptions(**options))
-    if launch.options.events_fd is not None:
-        from ttmesh.launcher.job.feed import open_channel
-
-        open_channel(launch.options.events_fd)  # a pipe of this user's, or one line, exit 2
-    return START[launch.mode](launch)
+    argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
+    result = launch(LaunchOptions(**options, argv=tuple(argv)), _Console(options["no_live"]))
+    if result.plan is not None:  # a dry run: its plan, as JSON or as text
+        _show(result.plan, options["as_json"])
+    return result.code
 
 
 torchrun.adopt(launch_cmd)
 
 
-def _agents(launch: Launch) -> int:
-    """--hosts: mpirun starts one agent per host, each a c10d launch of its own host."""
-    from ttmesh.launcher.hosts import agents
+class _Console:
+    """What ``ttmesh launch`` shows while its job runs (``launcher.modes.View``): on a terminal
+    the live views (``cli.live``, ``cli.fleetview``) unless --no-live, CI or a dumb terminal;
+    plain prefixed lines otherwise."""
 
-    o = launch.options
-    assert launch.join is not None and o.hosts is not None
-    argv = (click.get_current_context().find_root().obj or {}).get("argv", sys.argv[1:])
-    return agents.start(o.hosts, (_multihost(launch), launch.join.job), argv, dry_run=o.dry_run)
+    def __init__(self, no_live: bool) -> None:
+        self.no_live = no_live
 
+    def started(self) -> None:
+        from ttmesh.cli import streams
 
-def _mesh_over_hosts(launch: Launch) -> int:
-    """--hosts with a tt-metal mesh: one global plan over the hosts' reports, one mpirun."""
-    from ttmesh.launcher.hosts import meshhosts
+        streams.job_code = True  # from here the job's code is the exit code, whatever is lost
 
-    o, request = launch.options, _request(launch)
-    assert o.hosts is not None
-    mh = meshhosts.setup(meshhosts.parse_hosts(o.hosts), agent=o.launch_agent,
-                         tcp_interface=o.tcp_interface)  # fmt: skip
+    @contextlib.contextmanager
+    def job(self, plan: LaunchPlan) -> Iterator[Observer | None]:
+        from ttmesh.cli.live import JobView, enabled
 
-    def plan() -> Prepared:
-        if o.chips or o.exclude:
-            raise bad_input("--chips/--exclude name one host's chips", "drop them with --hosts")
-        return meshhosts.prepare(dataclasses.replace(request, mpirun=mh.mpirun), mh)
+        if not enabled(sys.stdout, self.no_live):
+            yield None
+            return
+        with JobView(plan) as view:
+            yield view
 
-    return _run(launch, plan)
+    @contextlib.contextmanager
+    def fleet(self, job: str) -> Iterator[Watcher | None]:
+        from ttmesh.cli.live import enabled
 
+        if not enabled(sys.stdout, self.no_live):
+            yield None  # the replicas' lines, plain
+            return
+        from ttmesh.cli.fleetview import FleetView
 
-def _this_host(launch: Launch) -> int:
-    """This host's chips: the whole job (one host), or this host's part of it (c10d)."""
-    from ttmesh.launcher.planning import tpsize
-    from ttmesh.launcher.planning.prepare import prepare
-
-    o, request = launch.options, _request(launch)
-    mh = None
-    if launch.mode is JobMode.C10D:
-        from ttmesh.launcher.hosts import multihost
-
-        mh = _multihost(launch)
-        multihost.check(mh)
-
-    def plan() -> Prepared:
-        try:
-            prepared = prepare(
-                request, o.host, o.chips, o.exclude, repairable=o.auto_reset,
-                defer_liveness=not o.dry_run and mh is None, dry_run=o.dry_run,
-            )  # fmt: skip
-        except TTMeshError as exc:
-            raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
-        if launch.job_tp is not None and request.tp_hosts > 1:
-            prepared.plan.notes.append(tpsize.note(launch.job_tp, request.tp_hosts))
-        return prepared
-
-    return _run(launch, plan, mh)
+        with FleetView(job) as view:
+            yield view
 
 
-def _fleet(launch: Launch) -> int:
-    """--replicas N: N servers on their own chips behind SGLang's router (launcher.fleet)."""
-    from ttmesh.launcher.fleet import place, router
-    from ttmesh.launcher.job.summary import write_refusal
-    from ttmesh.render import note
+def _show(plan: Mapping[str, Any], as_json: bool) -> None:
+    """A dry run's plan (a job's ttmesh.plan/1, a fleet's ttmesh.fleet-plan/1)."""
+    from ttmesh.render import emit_json
 
-    o = launch.options
-    try:
-        if not o.dry_run:
-            router.check_installed()  # before the host is read or anything is planned
-        fp = place.plan_fleet(launch, o.host)
-        if not o.dry_run:
-            from ttmesh.launcher.planning import ports
+    if as_json:
+        emit_json(dict(plan))
+        return
+    from ttmesh.cli.views import fleet_text, plan_text
 
-            ports.check_server_port(fp.host, fp.port)  # the router's: the user's --host:--port
-            if fp.router_opts is not None:
-                from ttmesh.launcher.fleet import routeropts
-
-                routeropts.check_free(fp.router_opts)  # its metrics port, when given
-    except TTMeshError as exc:
-        if o.summary_json and not o.dry_run:
-            write_refusal(o.summary_json, exc)
-        raise
-    serving = fp.replicas[0].prepared.plan.serving
-    note(f"{serving.profile.name}: {serving.profile.title}")
-    for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
-        note(f"note: {n}")
-    for f in serving.findings:
-        note(f"{f.severity}: {f.message} (fix: {f.fix})")
-    for n in fp.notes:
-        note(f"note: {n}")
-    if fp.router_opts is not None:
-        note(f"router: Prometheus metrics at {fp.router_opts.announced}")
-    if o.dry_run:
-        from ttmesh.render import emit_json
-
-        if o.as_json:
-            emit_json(fp.to_json(o.show_env))
-        else:
-            from ttmesh.cli.views import fleet_text
-
-            click.echo(fleet_text(fp.to_json(o.show_env)))
-        return 0
-    from ttmesh.cli import streams
-    from ttmesh.cli.live import enabled
-    from ttmesh.launcher.fleet.run import Fleet
-
-    streams.job_code = True
-    if not enabled(sys.stdout, o.no_live):
-        return Fleet(o, o.host, fp).run()  # the replicas' lines, plain
-    from ttmesh.cli.fleetview import FleetView
-
-    with FleetView(fp.job) as view:
-        return Fleet(o, o.host, fp, view).run()
-
-
-# How each mode starts (``Launch.mode``, decided once by launcher.planning.options).
-START: dict[JobMode, Callable[[Launch], int]] = {
-    JobMode.ONE_HOST: _this_host,
-    JobMode.C10D: _this_host,
-    JobMode.HOSTS: _agents,
-    JobMode.MESH_OVER_HOSTS: _mesh_over_hosts,
-    JobMode.FLEET: _fleet,
-}
-
-
-def _request(launch: Launch) -> LaunchRequest:
-    assert launch.request is not None  # every mode but --hosts has one
-    return launch.request
-
-
-def _multihost(launch: Launch) -> MultiHost:
-    """How this agent joins the job, as the rendezvous takes it."""
-    from ttmesh.launcher.hosts.multihost import MultiHost
-
-    join = launch.join
-    assert join is not None
-    return MultiHost(
-        nnodes=join.nnodes,
-        node_rank=join.node_rank,
-        endpoint=join.endpoint,
-        token=join.token,
-        local_addr=join.local_addr,
-        join_timeout=join.join_timeout,
-        heartbeat_timeout=join.heartbeat_timeout,
-        tp_size=launch.job_tp or 0,
-    )
-
-
-def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = None) -> int:
-    """The plan, its checks (a refusal written to --summary-json), then the dry run's output
-    or the job."""
-    from ttmesh.launcher.job.preflight import dry_run_checks
-    from ttmesh.launcher.job.summary import write_refusal
-
-    o = launch.options
-    try:
-        prepared = plan()
-        _check_planned(launch, prepared)
-        if o.dry_run:  # every check the launch runs before its start, or why it is skipped
-            dry_run_checks(prepared, o.auto_reset, rendezvous=mh is not None)
-        torchrun.apply_plan(prepared.plan, o.torchrun_flags, o.host)
-    except TTMeshError as exc:
-        if o.summary_json and not o.dry_run:
-            write_refusal(o.summary_json, exc)
-        raise
-    if prepared.plan.passed_over and not o.dry_run:  # --dry-run lists them in its plan
-        from ttmesh.render import note
-
-        note(passed_over_line(prepared.plan))
-    program = prepared.plan.program
-    if program is not None:  # a program profile's job: which, why, and its stack
-        from ttmesh.render import note
-
-        note(f"{program.profile.name}: {program.profile.title}, chosen because {program.why}")
-        for n in program.notes:
-            note(f"note: {n}")
-    serving = prepared.plan.serving
-    if serving is not None:
-        from ttmesh.render import note
-
-        note(f"{serving.profile.name}: {serving.profile.title}")
-        for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
-            note(f"note: {n}")
-        for f in serving.findings:
-            note(f"{f.severity}: {f.message} (fix: {f.fix})")
-    if o.dry_run:
-        from ttmesh.render import emit_json
-
-        data = prepared.plan.to_json(o.show_env)
-        if o.as_json:
-            emit_json(data)
-        else:
-            from ttmesh.cli.views import plan_text
-
-            click.echo(plan_text(data))
-        return 0
-    return _start(launch, prepared, mh)
-
-
-def passed_over_line(plan: Any) -> str:
-    """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
-    parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in plan.passed_over]
-    used = ", ".join(b for r in plan.ranks for b in r.bdfs)
-    return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
-
-
-def _check_planned(launch: Launch, prepared: Prepared) -> None:
-    """The options that could only be checked against the plan."""
-    o = launch.options
-    serving = prepared.plan.serving
-    if serving is not None and serving.profile.extra.get("failures") is not None:
-        from ttmesh.launcher.attempt import failures  # its own known lines: read before the start
-
-        where = f"profile {serving.profile.path or serving.profile.name}: failures"
-        failures.profile_entries(serving.profile.extra["failures"], where)
-    if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
-        for flag, given in (
-            ("--reset-on-failure", o.reset_on_failure),
-            ("--tt-smi", o.tt_smi),
-            ("--train-timeout", o.train_timeout is not None),
-        ):
-            if given:
-                assert prepared.plan.serving is not None
-                raise bad_input(f"{flag}: {prepared.plan.serving.chipless_what}", "drop it")
-    shown_ranks = launch.shown_ranks
-    if shown_ranks is not None:
-        world = len(prepared.plan.ranks)
-        extra = sorted(r for r in shown_ranks if not 0 <= r < world)
-        if extra:
-            err = bad_input(
-                f"--ranks-filter {o.ranks_filter}: no rank {', '.join(map(str, extra))} "
-                f"in a job of {plural(world, 'rank')}",
-                f"ranks are 0..{world - 1}",
-            )
-            raise prepared.liveness.first(err) if prepared.liveness else err
-
-
-def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
-    """The job itself: its hosts joined (c10d), its logs' directory, then its attempts."""
-    from ttmesh.cli import streams
-    from ttmesh.cli.live import JobView, enabled
-    from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.job.recovery import Recovery
-    from ttmesh.launcher.job.run import execute
-    from ttmesh.runtime import joblogs
-
-    o = launch.options
-    shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
-    options = Options(
-        ranks_filter=shown, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
-        log_limits=joblogs.limits() if not o.no_logs else None,
-    )  # fmt: skip
-    recovery = Recovery(
-        auto_reset=o.auto_reset,
-        reset_on_failure=o.reset_on_failure,
-        tt_smi=o.tt_smi,
-        train_timeout=o.train_timeout,
-        fleet_of=o.fleet_of,
-    )
-    peers = None if mh is None else _join(launch, prepared, mh)
-    if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):
-        from ttmesh.launcher.planning import logspec
-        from ttmesh.render import note
-
-        assert launch.logs is not None
-        where = logspec.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
-        note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
-    streams.job_code = True  # from here the job's code is the exit code, whatever is lost
-    if o.events_fd is not None:  # a replica of a fleet: its events on the fleet's pipe
-        return _fed(prepared, options, o.events_fd, lambda: execute(
-            prepared, options, o.summary_json, recovery=recovery, peers=peers))  # fmt: skip
-    if not enabled(sys.stdout, o.no_live):
-        return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
-    with JobView(prepared.plan) as view:
-        options.observer = view
-        options.checklist_drawn = True  # the view draws a server's start: no line per step
-        return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
-
-
-def _fed(prepared: Prepared, options: Options, fd: int, run: Callable[[], int]) -> int:
-    """The job with its events written to its fleet's pipe (``launcher.job.feed``), the last
-    one its exit code: also when it is refused, or stopped between attempts."""
-    from ttmesh.launcher.job.feed import Feed
-
-    plan = prepared.plan
-    url = plan.serving.url if plan.serving is not None else None
-    feed = Feed(fd, url, [b for r in plan.ranks for b in r.bdfs], options.observer)
-    options.observer = feed
-    code = 1
-    try:
-        code = run()
-    except TTMeshError as exc:
-        code = exc.code
-        raise
-    finally:
-        feed.ended(code)
-    return code
-
-
-def _join(launch: Launch, prepared: Prepared, mh: MultiHost) -> Peers:
-    """The other hosts joined: the plan becomes the job's global one."""
-    from ttmesh.launcher.hosts.multihost import Peers
-
-    peers = Peers(mh, launch.rdzv_job)
-    try:
-        prepared.plan = peers.join(prepared.plan)
-        torchrun.apply_plan(prepared.plan, launch.options.torchrun_flags, launch.options.host)
-    except BaseException:
-        peers.coord.close()
-        raise
-    return peers
+    fleet = str(plan.get("schema", "")).startswith("ttmesh.fleet-plan/")
+    click.echo(fleet_text(dict(plan)) if fleet else plan_text(dict(plan)))

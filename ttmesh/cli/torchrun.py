@@ -17,14 +17,16 @@ import functools
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ttmesh import addresses, numeric
 from ttmesh.errors import bad_input
 from ttmesh.render import note
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.planning.options import TorchrunFlags
 
 # Every long flag of torch 2.13's `torchrun --help` -> its argparse dest (PET_<DEST> is its
 # environment default: torch/distributed/argparse_util.py, env and check_env).
@@ -83,16 +85,6 @@ INSTEAD: dict[str, str] = {
 }
 
 
-@dataclass
-class Flags:
-    """What the plan takes from torchrun's flags (applied by :func:`apply_plan`)."""
-
-    master_addr: str | None = None
-    role: str | None = None
-    virtual_local_rank: bool = False
-    numa_binding: str | None = None
-
-
 def underscore(flag: str) -> str:
     """``--rdzv-id`` -> ``--rdzv_id`` (torchrun takes both)."""
     return "--" + flag[2:].replace("-", "_")
@@ -130,7 +122,8 @@ def _opt(flag: str, dest: str, **kwargs: Any) -> Callable[..., Any]:
 def options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """torchrun's flags ``ttmesh launch`` has no option of its own for, resolved into the
     launch command's own values (``rdzv_endpoint``, ``master_port``, ...) and a
-    ``torchrun_flags`` keyword argument (:class:`Flags`)."""
+    ``torchrun_flags`` keyword argument (``planning.options.TorchrunFlags``, planned with the
+    job: ``planning.rankenv`` and ``planning.numa`` write their effects into each rank)."""
 
     @_opt(
         "--standalone",
@@ -244,8 +237,10 @@ def _named(ctx: click.Context, dest: str) -> str:
     return dest
 
 
-def resolve(kwargs: dict[str, Any]) -> Flags:
+def resolve(kwargs: dict[str, Any]) -> TorchrunFlags:
     """Pop torchrun's values from ``kwargs`` and turn them into the launch command's own."""
+    from ttmesh.launcher.planning.options import TorchrunFlags
+
     ctx = click.get_current_context()
     standalone = kwargs.pop("tr_standalone")
     master_addr = kwargs.pop("tr_master_addr")
@@ -342,7 +337,7 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         master_addr = None
     if master_addr is not None:
         master_addr = _local_addr(master_addr)
-    return Flags(master_addr=master_addr, role=role, virtual_local_rank=virtual, numa_binding=numa)
+    return TorchrunFlags(master_addr, role, virtual, numa)
 
 
 def _one_host(hosts: int | None) -> bool:
@@ -491,17 +486,3 @@ class Nproc(click.ParamType):
                 "use --nproc-per-node auto (one per chip) or a number",
             )
         return self.number.convert(value, param, ctx)
-
-
-def apply_plan(plan: Any, flags: Flags, host: Any) -> None:
-    """What torchrun's flags change in every rank: ROLE_NAME, LOCAL_RANK, the NUMA binding
-    (read from ``host``). Applied again to a plan that changed (a rendezvous): no change twice."""
-    for rank in plan.ranks:
-        if flags.role is not None:
-            rank.env["ROLE_NAME"] = flags.role
-        if flags.virtual_local_rank:
-            rank.env["LOCAL_RANK"] = "0"
-    if flags.numa_binding == "node":
-        from ttmesh.cli import numa
-
-        numa.bind(plan, host)

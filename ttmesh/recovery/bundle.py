@@ -26,9 +26,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ttmesh import __version__
 from ttmesh.host.base import Host
 from ttmesh.recovery import capture, redact
+from ttmesh.version import __version__
 
 SCHEMA = "ttmesh.bundle/1"
 DIR = "bundle"

@@ -65,11 +65,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ttmesh import __version__, fileread, paths
+from ttmesh import fileread, paths
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import CLASS_DIR, Host
 from ttmesh.render import json_text
+from ttmesh.version import __version__
 
 SCHEMA = "ttmesh.capture/1"
 MANIFEST = "manifest.json"

@@ -9,12 +9,12 @@ import shutil
 import time
 from pathlib import Path
 
-from ttmesh import __version__
 from ttmesh.errors import bad_input
 from ttmesh.host import clusterdesc
 from ttmesh.sim import cables as simcables
 from ttmesh.sim import core
 from ttmesh.sim.system import SystemModel
+from ttmesh.version import __version__
 
 HERE = Path(__file__).resolve().parent
 TOOLS = {

@@ -11,9 +11,9 @@ import json
 import os
 from pathlib import Path
 
-from ttmesh import __version__
 from ttmesh.errors import bad_input
 from ttmesh.sim.core import MARKER, read_marker
+from ttmesh.version import __version__
 
 
 def cache_root() -> Path:

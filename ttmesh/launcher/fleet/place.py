@@ -121,6 +121,7 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
     """Every replica planned (or one line saying what the host can give instead)."""
     from ttmesh.launcher.planning import ports
     from ttmesh.launcher.planning.options import Launch as LaunchOf
+    from ttmesh.launcher.planning.options import TorchrunFlags
     from ttmesh.runtime import jobs
 
     o, req = launch.options, launch.request
@@ -151,6 +152,8 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
             no_memory_check=False,
             job_id=f"{fleet[:56]}-r{k}", chips=chips, exclude=",".join(excluded) or None,
             summary_json=None,
+            # A replica's job is started without torchrun's flags (fleet.run): plan it so.
+            torchrun_flags=TorchrunFlags(master_addr=o.torchrun_flags.master_addr),
         )  # fmt: skip
         try:
             prepared = _prepare(LaunchOf.from_options(one), host, one)

@@ -13,11 +13,14 @@ import os
 import secrets
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ttmesh import addresses, paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher.hosts import mpi
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.hosts.multihost import MultiHost
 
 # ttmesh launch's options that --hosts replaces for the agents
 DROPPED = {"--hosts": True, "--nnodes": True, "--node-rank": True, "--node_rank": True}
@@ -46,9 +49,9 @@ def agent_argv(argv: list[str], nnodes: int, endpoint: str, job: str) -> list[st
     return [*out[: launch + 1], *extra, *out[launch + 1 :]]
 
 
-def start(hosts: str, multi: Any, argv: list[str], *, dry_run: bool = False) -> int:
-    """Run the agents on ``hosts`` under mpirun; mpirun's exit code (the first failing agent's)."""
-    mh, job = multi
+def start(hosts: str, mh: MultiHost, job: str, argv: list[str], *, dry_run: bool = False) -> int:
+    """Run the agents on ``hosts`` under mpirun (``mh``: how they join, ``job``: the id every
+    agent shares); mpirun's exit code (the first failing agent's)."""
     names = addresses.hosts(hosts, "--hosts", example="--hosts node0,node1")
     mpirun = mpi.find_mpirun()
     token = mh.token or secrets.token_hex(16)

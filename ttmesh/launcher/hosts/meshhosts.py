@@ -110,6 +110,11 @@ def plan_over(
 ) -> Prepared:
     """The global plan from the hosts' reports (in ``mh.names`` order)."""
 
+    if req.numa_binding:
+        raise bad_input(
+            "--numa-binding with a job planned over several hosts",
+            "drop it, or run one ttmesh per host (--nnodes)",
+        )
     cluster = meshcluster.join([view for view, _why, _who in reported])
     why: dict[str, str] = {}
     who: dict[str, str] = {}

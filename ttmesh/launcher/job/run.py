@@ -125,6 +125,7 @@ class JobRun:
         self.started = time.time()
         self.times: dict[int, tuple[float, float]] = {}  # attempt -> (started, ended)
         self.restarts: list[dict[str, Any]] = []  # {attempt, at, after}
+        self.final: AttemptResult | None = None  # how the job ended, once it has
 
     def run(self) -> int:
         try:
@@ -509,7 +510,7 @@ class JobRun:
         return times is not None and last_reset_verified(self.recovery, times[1])
 
     def finish(self, status: str | None = None) -> int:
-        final = self.stop or self.results[-1]
+        final = self.final = self.stop or self.results[-1]
         if self.peers is not None:
             if self.results:
                 self.peers.close(len(self.results) - 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ttmesh import addresses, numeric, paths
 from ttmesh.errors import bad_input
@@ -32,68 +32,81 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TorchrunFlags:
+    """What the plan takes from torchrun's flags (``cli.torchrun`` resolves them): rank 0's
+    address on one host, every rank's ROLE_NAME, LOCAL_RANK 0 in every rank, the NUMA binding
+    (``node``: each rank on its chips' NUMA node's CPUs, ``planning.numa``)."""
+
+    master_addr: str | None = None
+    role: str | None = None
+    virtual_local_rank: bool = False
+    numa_binding: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
-    """``ttmesh launch``'s options as click parsed them (named as the command's parameters)."""
+    """``ttmesh launch``'s options (named as the command's parameters; the defaults are the
+    command's): what ``ttmesh.launch`` takes from Python too (docs/api.md)."""
 
     host: Host
     command: tuple[str, ...]
-    tp_size: int | None
-    nproc: int | None
-    chips: str | None
-    exclude: str | None
-    mesh_shape: str | None
-    mesh_layout: str | None
-    symmetric_dram_mb: int
-    env_items: tuple[str, ...]
-    master_port: int
-    max_restarts: int
-    grace: float | None
-    fabric_grace: float
-    op_timeout: float | None
-    on_reset_notice: str
-    ranks_filter: str | None
-    log_dir: str | None
-    redirects: str | None
-    tee: str | None
-    quiet: bool
-    no_live: bool
-    module: bool
-    no_python: bool
-    strict_links: bool
-    job_id: str | None
-    dry_run: bool
-    as_json: bool
-    show_env: bool
-    summary_json: str | None
-    launcher: str | None
-    workdir: str | None
-    rank_binding: str | None
-    rank_bindings_mapping: str | None
-    auto_reset: bool
-    reset_on_failure: bool
-    train_timeout: float | None
-    ready_timeout: float | None
-    hang_timeout: float | None
-    ready_pattern: str | None
-    tt_smi: str | None
-    profile_name: str | None
-    strict: bool
-    health_interval: float | None
-    health_failures: int
-    probe_interval: float | None
-    probe_timeout: float | None
-    nnodes: str | None
-    node_rank: int | None
-    rdzv_endpoint: str | None
-    rdzv_backend: str | None
-    rdzv_token: str | None
-    local_addr: str | None
-    heartbeat_timeout: float
-    rdzv_timeout: float
-    hosts: str | None
-    launch_agent: str | None
-    tcp_interface: str | None
-    torchrun_flags: Any  # cli.torchrun.Flags: what the plan takes from torchrun's flags
+    tp_size: int | None = None
+    nproc: int | None = None
+    chips: str | None = None
+    exclude: str | None = None
+    mesh_shape: str | None = None
+    mesh_layout: str | None = None
+    symmetric_dram_mb: int = 2048
+    env_items: tuple[str, ...] = ()
+    master_port: int = 0
+    max_restarts: int = 0
+    grace: float | None = None
+    fabric_grace: float = 20.0
+    op_timeout: float | None = None
+    on_reset_notice: str = "stop"
+    ranks_filter: str | None = None
+    log_dir: str | None = None
+    redirects: str | None = None
+    tee: str | None = None
+    quiet: bool = False
+    no_live: bool = False
+    module: bool = False
+    no_python: bool = False
+    strict_links: bool = False
+    job_id: str | None = None
+    dry_run: bool = False
+    as_json: bool = False
+    show_env: bool = False
+    summary_json: str | None = None
+    launcher: str | None = None
+    workdir: str | None = None
+    rank_binding: str | None = None
+    rank_bindings_mapping: str | None = None
+    auto_reset: bool = False
+    reset_on_failure: bool = False
+    train_timeout: float | None = None
+    ready_timeout: float | None = None
+    hang_timeout: float | None = None
+    ready_pattern: str | None = None
+    tt_smi: str | None = None
+    profile_name: str | None = None
+    strict: bool = False
+    health_interval: float | None = None
+    health_failures: int = 3
+    probe_interval: float | None = None
+    probe_timeout: float | None = None
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str | None = None
+    rdzv_token: str | None = None
+    local_addr: str | None = None
+    heartbeat_timeout: float = 5.0
+    rdzv_timeout: float = 300.0
+    hosts: str | None = None
+    launch_agent: str | None = None
+    tcp_interface: str | None = None
+    torchrun_flags: TorchrunFlags = TorchrunFlags()
     replicas: int | None = None  # --replicas: a serving fleet (launcher.fleet)
     replicas_parallel: bool = False
     router_args: tuple[str, ...] = ()
@@ -101,6 +114,8 @@ class LaunchOptions:
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
     events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
     no_logs: bool = False  # --no-logs: keep no copy of the output with the job's record
+    # The ttmesh command line (its words after ``ttmesh``): --hosts' agents each run it again.
+    argv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -313,6 +328,9 @@ def _request(
         binding=binding,
         environ=dict(os.environ),
         master_addr=o.torchrun_flags.master_addr or "127.0.0.1",
+        role=o.torchrun_flags.role,
+        virtual_local_rank=o.torchrun_flags.virtual_local_rank,
+        numa_binding=o.torchrun_flags.numa_binding == "node",
         ready_timeout=o.ready_timeout,
         hang_timeout=o.hang_timeout,
         ready_pattern=o.ready_pattern,

@@ -8,6 +8,7 @@ Files the job needs (mesh graph descriptors) are part of the plan, with their co
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,12 @@ class LaunchPlan:
         meshes = [a for r in self.ranks for a in r.chips]
         idle = [a for r in self.ranks for u in r.units for a in u.chips if a not in meshes]
         return meshes + list(dict.fromkeys(idle))
+
+    def passed_over_line(self) -> str:
+        """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
+        parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in self.passed_over]
+        used = ", ".join(b for r in self.ranks for b in r.bdfs)
+        return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
 
     def to_json(self, show_env: bool = False) -> dict[str, Any]:
         def shown(env: dict[str, str]) -> dict[str, str]:
@@ -283,6 +290,8 @@ class Surroundings:
 
     home: str  # the launcher's home directory (its caches go under it)
     cwd_refusal: str | None = None  # why the launch directory is not on PYTHONPATH (rank binding)
+    # --numa-binding node: each rank's command prefix (rank -> taskset -c CPUS, planning.numa)
+    numa: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def surroundings(req: LaunchRequest) -> Surroundings:
@@ -451,28 +460,6 @@ def _cache_base(req: LaunchRequest, home: str) -> str:
     return str(Path(base) / "ttmesh" / "tt-metal-cache")
 
 
-def _torchrun_env(job: _Job, rank: int) -> dict[str, str]:
-    """torchrun's contract and ttmesh's own variables for ``rank``."""
-    req, run_dir, world, node = job.req, job.req.run_dir, job.world, job.nodes[rank]
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank - node * job.per_node),
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(job.per_node),
-        "GROUP_RANK": str(node),
-        "GROUP_WORLD_SIZE": str(job.nnodes),
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": req.master_addr,
-        "MASTER_PORT": str(req.master_port),
-        "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
-        "TORCHELASTIC_RUN_ID": req.job,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCHELASTIC_ERROR_FILE": f"{run_dir}/errors/rank{rank}.json",
-    }
-
-
 def _host_env(job: _Job, node: int) -> dict[str, str]:
     """What the rank's host adds for the job's chips there (a simulated host: its root)."""
     if job.req.cluster is None:
@@ -500,8 +487,9 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
     req, rank, run_dir = job.req, block.rank, job.req.run_dir
     node = job.nodes[rank]
     mesh_id, host_rank = layout.mesh_ids(job.sp, block)
+    place = rankenv.Place(rank, job.world, job.per_node, node, job.nnodes)
     env = {
-        **_torchrun_env(job, rank),
+        **rankenv.torchrun_env(place, req),
         "TT_VISIBLE_DEVICES": ",".join(block.bdfs),
         "TT_MESH_GRAPH_DESC_PATH": job.desc_of[rank],
         "TT_MESH_ID": str(mesh_id),
@@ -545,6 +533,7 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
     if req.program is not None:
         env, workdir, tmpdir = _program_env(job, rank, env, workdir)
     env.update(dict(req.env))
+    env.update(rankenv.torchrun_flags(req))  # a server's too, as torchrun's agent sets them
     return RankPlan(
         rank=rank,
         units=block.units,
@@ -553,7 +542,7 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
         coord=block.origin,
         host_rank=host_rank,
         mesh_id=mesh_id,
-        argv=tuple(argv),
+        argv=(*job.outside.numa.get(rank, ()), *argv),
         env=env,
         block_shape=block.shape,
         workdir=workdir,
@@ -633,6 +622,7 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         "TTMESH_READY_FILE": f"{run_dir}/ready/rank0",
         **req.serving.env,
         **dict(req.env),
+        **rankenv.torchrun_flags(req),
     }
     rank = RankPlan(
         rank=0, units=(), chips=(), bdfs=(), coord=(0, 0), host_rank=0, mesh_id=0,

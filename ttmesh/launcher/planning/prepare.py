@@ -307,6 +307,10 @@ def chipless(
     argv = resolve_command(req)
     server_port_free(serving, dry_run)
     req = _identity(req)
+    if req.numa_binding:
+        from ttmesh.launcher.planning import numa
+
+        numa.prefixes(host, [])  # no chip to be near, but taskset is still asked for
     unused = f"; {host.flag} is not read" if host.flag else ""
     serving.notes.append(f"{what}: none is chosen, leased, checked or recovered{unused}")
     inv = Inventory(host=host, driver="", chips=[], links=[], topology="none")
@@ -358,7 +362,13 @@ def _plan(
     cluster = None if descriptor_only else host.mock_cluster()
     if cluster is not None:
         req = replace(req, mocks=mock_clusters(cluster, split, req))
-    plan = build(req, inv, sel, argv, split, surroundings(req))
+    outside = surroundings(req)
+    if req.numa_binding:  # each rank's command under taskset, near its chips
+        from ttmesh.launcher.planning import numa
+
+        ranks = [(b.rank, b.bdfs) for b in split.blocks]
+        outside = replace(outside, numa=numa.prefixes(host, ranks))
+    plan = build(req, inv, sel, argv, split, outside)
     if not descriptor_only:
         _host_view(plan, inv)
     requires = req.profile.system if req.profile is not None else None

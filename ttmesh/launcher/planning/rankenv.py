@@ -101,6 +101,76 @@ def owner_flag(key: str) -> str | None:
     return next((flag for p, flag in OWNED_PREFIXES.items() if key.startswith(p)), None)
 
 
+# --------------------------------------------------------------------------- torchrun's contract
+
+
+class _Job(Protocol):
+    """What torchrun's variables take from the request (``planning.request.LaunchRequest``)."""
+
+    @property
+    def master_addr(self) -> str: ...
+    @property
+    def master_port(self) -> int: ...
+    @property
+    def max_restarts(self) -> int: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def role(self) -> str | None: ...
+    @property
+    def virtual_local_rank(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Place:
+    """A rank's place in the job, as torchrun's variables say it (node-major over hosts)."""
+
+    rank: int
+    world: int
+    local_world: int  # ranks on its host
+    node: int  # its host (0 on one host)
+    nnodes: int
+
+
+def torchrun_env(place: Place, req: _Job) -> dict[str, str]:
+    """torchrun's contract and ttmesh's own variables for a rank of ``req``
+    (``planning.request.LaunchRequest``): its place, where ranks meet, the job's restarts,
+    id and error file; ``ROLE_NAME`` and ``LOCAL_RANK`` as torchrun's ``--role`` and
+    ``--virtual-local-rank`` say (:func:`torchrun_flags`)."""
+    rank, world = place.rank, place.world
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank - place.node * place.local_world),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(place.local_world),
+        "GROUP_RANK": str(place.node),
+        "GROUP_WORLD_SIZE": str(place.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": req.master_addr,
+        "MASTER_PORT": str(req.master_port),
+        "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
+        "TORCHELASTIC_RUN_ID": req.job,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": f"{req.run_dir}/errors/rank{rank}.json",
+        **torchrun_flags(req),
+    }
+
+
+def torchrun_flags(req: _Job) -> dict[str, str]:
+    """What torchrun's ``--role`` and ``--virtual-local-rank`` set in every rank, whatever its
+    kind (a server's too): ROLE_NAME, and LOCAL_RANK 0 (each rank sees only its own chips)."""
+    out = {}
+    if req.role is not None:
+        out["ROLE_NAME"] = req.role
+    if req.virtual_local_rank:
+        out["LOCAL_RANK"] = "0"
+    return out
+
+
 # --------------------------------------------------------------------------- program profiles
 
 # torch_tpu's distributed variables (torch_tpu 0.2.0: WORLD_SIZE present, even 1, puts it in

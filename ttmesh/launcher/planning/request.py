@@ -42,6 +42,9 @@ class LaunchRequest:
     symmetric_dram_mb: int = 2048
     env: list[tuple[str, str]] = field(default_factory=list)
     master_addr: str = "127.0.0.1"
+    role: str | None = None  # torchrun's --role: every rank's ROLE_NAME (None: "default")
+    virtual_local_rank: bool = False  # torchrun's --virtual-local-rank: LOCAL_RANK 0 in every rank
+    numa_binding: bool = False  # --numa-binding node: each rank on its chips' NUMA node's CPUs
     master_port: int = 0
     max_restarts: int = 0
     grace: float = 5.0

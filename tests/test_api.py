@@ -1,0 +1,107 @@
+"""ttmesh from Python (docs/api.md): ``ttmesh.launch(options) -> Result``, the launch the
+command line runs, embedded in a program: a job on a simulated host started, its result read,
+stopped from another thread; a refusal raised as ``ttmesh.LaunchError`` with its code and line.
+
+Each test is one in-process launch of two ranks of the standard-library test worker."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import TAG, TW, wait_for
+
+import ttmesh
+
+
+def _options(root: Path, *actions: str, **more: object) -> ttmesh.LaunchOptions:
+    more.setdefault("tp_size", 2)
+    return ttmesh.LaunchOptions(
+        host=ttmesh.open_host(root), command=(sys.executable, TW, TAG, *actions),
+        **more,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_job_started_from_python_returns_its_result(
+    qb2: Path, runtime: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The job's exit code is the failing rank's, and the result says which rank and why."""
+    result = ttmesh.launch(_options(qb2, "say=hello", "fail-rank=1:3", "exit=0"))
+    assert isinstance(result, ttmesh.Result)
+    assert (result.code, result.rank, result.source, result.attempts) == (3, 1, "worker", 1)
+    assert result.job and result.plan is None
+    assert result.reason == "rank 1 exited with code 3"
+    out, err = capfd.readouterr()
+    assert "[r1] hello from rank 1" in out  # (rank 0 may be stopped before it says it)
+    assert "exit 3: rank 1's exit code" in err
+
+
+def test_a_stop_from_another_thread_stops_the_job(
+    qb2: Path, runtime: Path, tmp_path: Path
+) -> None:
+    """Control.stop() from another thread is ttmesh stop's SIGTERM: every rank stopped, the
+    job's code 128 + 15, its chips' leases released."""
+    from ttmesh.runtime import jobs
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    control = ttmesh.Control()
+
+    def stop_once_running() -> None:
+        wait_for(lambda: len(list(pids.glob("*.pid"))) == 2, 60, "both ranks")
+        control.stop()
+
+    stopper = threading.Thread(target=stop_once_running)
+    stopper.start()
+    try:
+        result = ttmesh.launch(_options(qb2, f"pids={pids}"), control=control)
+    finally:
+        stopper.join()
+    assert (result.code, result.reason) == (143, "terminated (SIGTERM)")
+    assert not [r for r in jobs.running() if r["job"] == result.job]
+
+
+def test_a_stop_asked_before_the_launch_starts_nothing(qb2: Path, runtime: Path) -> None:
+    from ttmesh.runtime import jobs
+
+    control = ttmesh.Control()
+    control.stop()
+    result = ttmesh.launch(_options(qb2, "exit=0"), control=control)
+    assert (result.code, result.reason, result.attempts) == (143, "terminated (SIGTERM)", 0)
+    assert not jobs.running()
+
+
+def test_a_refusal_is_a_launch_error_with_its_code_and_line(qb2: Path, runtime: Path) -> None:
+    with pytest.raises(ttmesh.LaunchError) as info:
+        ttmesh.launch(_options(qb2, "exit=0", env_items=("RANK=5",)))
+    assert info.value.code == 2
+    assert info.value.line == (
+        "--env RANK: ttmesh sets RANK for every rank (drop it: each rank gets its own)"
+    )
+    with pytest.raises(ttmesh.LaunchError) as info:
+        ttmesh.launch(_options(qb2, "exit=0", chips="0000:01:00.0", tp_size=3))
+    assert info.value.code == 2 and "--tp-size is 3" in info.value.line
+
+
+def test_a_dry_run_returns_its_plan_and_runs_in_any_thread(qb2: Path, runtime: Path) -> None:
+    """A dry run starts nothing and handles no signal: any thread may ask for one; a launch
+    that starts a job runs in the main thread, and says so from any other."""
+    got: list[object] = []
+
+    def plan_it() -> None:
+        got.append(ttmesh.launch(_options(qb2, "exit=0", dry_run=True)))
+        try:
+            ttmesh.launch(_options(qb2, "exit=0"))
+        except ttmesh.LaunchError as exc:
+            got.append(exc)
+
+    thread = threading.Thread(target=plan_it)
+    thread.start()
+    thread.join()
+    result, refusal = got
+    assert isinstance(result, ttmesh.Result) and result.code == 0 and result.plan is not None
+    assert result.plan["schema"] == "ttmesh.plan/1" and len(result.plan["ranks"]) == 2
+    assert isinstance(refusal, ttmesh.LaunchError) and refusal.code == 2
+    assert "runs in the main thread" in refusal.line

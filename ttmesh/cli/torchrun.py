@@ -17,12 +17,12 @@ import functools
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.render import note
 

@@ -19,11 +19,12 @@ import os
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric import domains, heartbeat, holders, known_good, links, syscheck, umdlocks
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip

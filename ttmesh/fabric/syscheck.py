@@ -20,10 +20,10 @@ What is asked (a profile may ask more: ``system:`` in its YAML, :func:`requireme
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host import system

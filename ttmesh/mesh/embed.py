@@ -18,8 +18,9 @@ unplaced neighbours. Mirror images of the grid are searched once.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
+
+from ttmesh.dataclass import dataclass
 
 Coord = tuple[int, int]
 Shape = tuple[int, int]

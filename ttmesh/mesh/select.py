@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import TypeVar
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.mesh import embed, placement

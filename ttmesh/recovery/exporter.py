@@ -29,10 +29,11 @@ import selectors
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from ttmesh.dataclass import dataclass, field
 
 MAX_CONNECTIONS = 128
 BATCH = 64  # connections accepted per turn

@@ -26,11 +26,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input, failed, refused
 from ttmesh.fabric import domains, health, heartbeat, links
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover

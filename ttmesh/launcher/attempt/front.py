@@ -20,9 +20,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer
 from ttmesh.launcher.attempt.guardian import Guardian, Options

@@ -31,10 +31,10 @@ import os
 import selectors
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt import dumps, record

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.attempt.starters import RankExit

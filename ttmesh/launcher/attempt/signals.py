@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.states import AttemptEnd
 
 FORWARDED = (

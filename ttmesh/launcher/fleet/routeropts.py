@@ -13,9 +13,9 @@ fleet's router is given a free one, none that another fleet of this user's recor
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 
 OURS = {"host": "--host", "port": "--port", "worker_urls": "--worker-urls"}

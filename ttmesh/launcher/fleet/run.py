@@ -26,9 +26,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import Router, die_with_parent
 from ttmesh.launcher.job import feed

@@ -31,10 +31,10 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
 
 PREFIX = "ttmesh/"

@@ -4,9 +4,9 @@ check after a crash, and every host's recovery in a mesh over several hosts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import discover
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult

@@ -8,10 +8,10 @@ Files the job needs (mesh graph descriptors) are part of the plan, with their co
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS

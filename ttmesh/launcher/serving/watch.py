@@ -21,9 +21,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.render import plural
 
 STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"

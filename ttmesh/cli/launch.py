@@ -747,11 +747,11 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     )
     peers = None if mh is None else _join(launch, prepared, mh)
     if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):
-        from ttmesh.launcher.planning import logspec
+        from ttmesh.launcher.job import logdir
         from ttmesh.render import note
 
         assert launch.logs is not None
-        where = logspec.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
+        where = logdir.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
         note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
     streams.job_code = True  # from here the job's code is the exit code, whatever is lost
     if o.events_fd is not None:  # a replica of a fleet: its events on the fleet's pipe

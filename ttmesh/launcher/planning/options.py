@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import numeric, paths
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
 from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
@@ -31,9 +31,14 @@ if TYPE_CHECKING:
     Server = tuple[Profile, ServerArgs, int | None, list[Finding]]
 
 
-@dataclass(frozen=True)
 class LaunchOptions:
-    """``ttmesh launch``'s options as click parsed them (named as the command's parameters)."""
+    """``ttmesh launch``'s options as click parsed them (named as the command's parameters),
+    read-only.
+
+    A plain class, not a dataclass: Python 3.11 compiles a dataclass's methods as its module is
+    imported, and for these 60-odd fields that was ~4% of a launch. Nothing compares or copies
+    these options: ``__init__`` refuses a name that is no field and a missing field without a
+    default, as a dataclass's would."""
 
     host: Host
     command: tuple[str, ...]
@@ -98,6 +103,24 @@ class LaunchOptions:
     no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
     events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
+
+    def __init__(self, **values: Any) -> None:
+        fields = LaunchOptions.__annotations__
+        unknown = sorted(values.keys() - fields.keys())
+        missing = [n for n in fields if n not in values and not hasattr(LaunchOptions, n)]
+        if unknown or missing:
+            raise TypeError(f"LaunchOptions: unknown {unknown}, missing {missing}")
+        self.__dict__.update(values)
+
+    def replace(self, **changes: Any) -> LaunchOptions:
+        """A copy with ``changes`` (as ``dataclasses.replace``)."""
+        return LaunchOptions(**{**vars(self), **changes})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"LaunchOptions are read-only: cannot set {name}")
+
+    def __repr__(self) -> str:
+        return f"LaunchOptions({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
 @dataclass(frozen=True)
@@ -364,7 +387,7 @@ def _workdir(value: str | None) -> str:
 
 def _log_dir(value: str | None) -> str | None:
     """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
-    makes it, and the job's directory in it (launcher.planning.logspec.make_run_dir)."""
+    makes it, and the job's directory in it (launcher.job.logdir.make_run_dir)."""
     if value is None:
         return None
     return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
@@ -448,8 +471,6 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
     of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
     (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
-    from ttmesh.launcher.hosts import slurm
-
     env = os.environ
     count, endpoint, node_rank = _nnodes(o.nnodes), o.rdzv_endpoint, o.node_rank
     if hosts is not None:
@@ -485,6 +506,8 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             "give each host its own node rank",
         )
     if endpoint is None and in_slurm:
+        from ttmesh.launcher.hosts import slurm  # (socket, subprocess): under Slurm only
+
         endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
     if node_rank is None and hosts is None:
         raise bad_input(

@@ -349,6 +349,8 @@ def _link_problems(
         by_pair.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
     known = {c.asic_id: c for c in inv.chips}
     for pair, group in by_pair.items():
+        if all(s.state == links.UP for s in group):
+            continue  # nothing to say: naming the chips (a walk over every chip) is skipped
         a, b = sorted(pair, key=lambda x: chip_name(inv, x, exp.names))
         na, nb = chip_name(inv, a, exp.names), chip_name(inv, b, exp.names)
         for state in (links.DOWN, links.UNKNOWN):

@@ -124,14 +124,14 @@ class SystemReport:
 def _devices(inv: Inventory, asics: Iterable[str] | None) -> list[Chip]:
     """The PCI devices of ``asics`` (a remote chip: its partner), each once, in order."""
     wanted = None if asics is None else set(asics)
-    out: list[Chip] = []
+    out: dict[str, Chip] = {}  # by asic id: a list's `in` compares every chip field by field
     for c in inv.chips:
         if wanted is not None and c.asic_id not in wanted:
             continue
         lead = inv.lead(c)
-        if lead is not None and lead.dev_index is not None and lead not in out:
-            out.append(lead)
-    return out
+        if lead is not None and lead.dev_index is not None:
+            out.setdefault(lead.asic_id, lead)
+    return list(out.values())
 
 
 def read(inv: Inventory, asics: Iterable[str] | None, requires: Requirements) -> SystemReport:

@@ -309,6 +309,7 @@ class _Job:
     descriptors: dict[str, str]  # name -> path
     desc_of: dict[int, str]  # rank -> its mesh graph descriptor
     outside: Surroundings
+    host_envs: dict[int, dict[str, str]] = field(default_factory=dict)  # node -> _host_env's
 
     @property
     def world(self) -> int:
@@ -464,12 +465,18 @@ def _torchrun_env(job: _Job, rank: int) -> dict[str, str]:
 
 
 def _host_env(job: _Job, node: int) -> dict[str, str]:
-    """What the rank's host adds for the job's chips there (a simulated host: its root)."""
+    """What the rank's host adds for the job's chips there (a simulated host: its root), the
+    same for every rank of the host: asked once per host."""
+    if node in job.host_envs:
+        return job.host_envs[node]
     if job.req.cluster is None:
-        return job.inv.host.rank_env(job.sel.chips)
-    view = job.req.cluster.hosts[node]
-    mine = {c.asic_id for c in view.inv.chips}
-    return view.inv.host.rank_env([a for a in job.sel.chips if a in mine])
+        env = job.inv.host.rank_env(job.sel.chips)
+    else:
+        view = job.req.cluster.hosts[node]
+        mine = {c.asic_id for c in view.inv.chips}
+        env = view.inv.host.rank_env([a for a in job.sel.chips if a in mine])
+    job.host_envs[node] = env
+    return env
 
 
 def _workdir(req: LaunchRequest) -> str:

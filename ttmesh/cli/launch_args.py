@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.errors import bad_input
 
 # torchrun's flags that ttmesh does not take (yet), and what to do instead. Every other flag of
@@ -51,8 +52,9 @@ def command_start(params: list[click.Parameter], args: list[str]) -> tuple[int, 
     return len(args), len(args)
 
 
-class LaunchCommand(click.Command):
-    """A click command whose trailing argument is a command line passed through untouched."""
+class LaunchCommand(SectionedCommand):
+    """A click command whose trailing argument is a command line passed through untouched
+    (its --help in sections)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end, start = command_start(self.get_params(ctx), args)

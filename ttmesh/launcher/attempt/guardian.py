@@ -480,7 +480,8 @@ class Guardian:
         """The job's chips, read when due while the ranks run (fabric.chipwatch): one that
         failed (its heartbeat stopped, it left the bus, its links went down) stops the job at
         once, named with what was seen. A rank that ended meanwhile is heard first: its own end
-        decides the attempt."""
+        decides the attempt; so does a server's critical process that ended (links that fell
+        with it are its end: _critical_ended)."""
         if not self.chips_watched or self.phase is not Phase.RUNNING or self.liveness is not None:
             return
         if self.stop is not None or self.first_failure is not None or self.front_gone:
@@ -507,13 +508,20 @@ class Guardian:
             inv = self.inv
             if inv is None:  # (a guardian run on its own: tests) read without opening a chip
                 inv = discover(self.host, topology=not self.host.firmware_opens_chips)
-            watch = ChipWatch(inv, self.plan.all_chips())
+            watch = ChipWatch(inv, self.plan.all_chips(), ended=self._critical_ended)
             watch.step()
         except (OSError, TTMeshError) as exc:
             self._emit(f"the job's chips cannot be watched while it runs: {exc}")
             self.chips_watched = False
             return None
         return watch
+
+    def _critical_ended(self) -> str | None:
+        """A server's critical process that ended while it ran (its watch says it died, or
+        the server's exit comes first): the job's own end, which links that fell with it are
+        part of. None when every one lives, or nothing is followed (no server, no health URL)."""
+        watch = self.server.watch if self.server is not None else None
+        return watch.ended() if watch is not None else None
 
     def _ask_liveness(self) -> None:
         """The chips' heartbeats, still being read since the start: ask when due; a refusal

@@ -48,10 +48,16 @@ class Event:
     at: float = 0.0
 
 
+# Every request ttmesh makes of a server or a router goes to a loopback address it chose: never
+# through a proxy the environment names (http_proxy), which would answer for the server or not
+# at all (a server then never "ready" is killed at --ready-timeout).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def probe(url: str, timeout: float) -> int | None:
     """The HTTP status of GET ``url``; None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with DIRECT.open(url, timeout=timeout) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -64,7 +70,7 @@ def generate(url: str, body: bytes, timeout: float) -> str:
     ``timeout``), or "refused" (no connection: the server's end is for others to see)."""
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             response.read(65536)
         return "answered"
     except urllib.error.HTTPError:

@@ -151,7 +151,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
     its release numbers."""
     parts: list[int] = []
     for piece in text.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
+        match = re.match(r"[0-9]+", piece)
         if match is None:
             break
         parts.append(int(match.group()))

@@ -104,6 +104,9 @@ def test_a_chips_reset_moves_only_as_its_table_allows() -> None:
     track = _Tracker(plan, lambda chips: heard.append([(c.asic, c.stage) for c in chips]))
     with pytest.raises(IllegalTransition, match="the reset of a: QUEUED -> WAIT_LINKS"):
         track.set(["a"], ResetStage.WAIT_LINKS, 1)  # tt-smi has not run yet
+    for word in ("done", GuardianPhase.DONE):  # equal to ResetStage.DONE as strings, no stage
+        with pytest.raises(IllegalTransition, match="is not one of its states"):
+            track.set(["a"], word, 1)  # type: ignore[arg-type]
     track.set(["a", "b", "not in the plan"], ResetStage.RESETTING, 1, "tt-smi -r")
     track.set(["b"], ResetStage.WAIT_PCI, 1)
     track.set(["a"], ResetStage.DONE, 1)

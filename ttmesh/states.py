@@ -32,6 +32,8 @@ def move(allowed: Mapping[S, frozenset[S]], name: str, old: S, new: S) -> S:
     """The door of every machine: ``new``, when ``allowed`` (each state -> the states it may
     move to; a state missing from the table moves nowhere) lets ``old`` move there;
     :class:`IllegalTransition`, naming the machine ``name``, when it does not."""
+    if type(new) is not type(old):  # a StrEnum equals its word: "done" is every machine's DONE
+        raise IllegalTransition(f"{name}: {new!r} is not one of its states")
     if new not in allowed.get(old, frozenset()):
         raise IllegalTransition(f"{name}: {old.name} -> {new.name} is not a move it makes")
     return new

@@ -82,9 +82,10 @@ def test_every_table_here_is_what_production_code_moves_by() -> None:
     root = Path(states.__file__).parent
     used: set[str] = set()  # the names code (not a comment, not a docstring) refers to
     for path in root.rglob("*.py"):
-        if path == Path(states.__file__):
+        text = path.read_text()
+        if path == Path(states.__file__) or "_MOVES" not in text:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Name):
                 used.add(node.id)
             elif isinstance(node, ast.Attribute):

@@ -265,7 +265,7 @@ class Guardian:
         ):  # fmt: skip
             return
         self._emit(f"{reason}: stopping every worker")
-        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
+        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, AttemptEnd.RESET_ELSEWHERE))
 
     # -- the loop
 
@@ -473,7 +473,7 @@ class Guardian:
             return
         hit = self.fatal
         self._begin_stop(
-            Stop(f"fatal line ({hit.entry.id}): {hit.line[:300]}", 1, restartable=True)
+            Stop(f"fatal line ({hit.entry.id}): {hit.line[:300]}", 1, AttemptEnd.FAILED)
         )
 
     def _watch_chips(self) -> None:
@@ -497,7 +497,7 @@ class Guardian:
             return
         self.chip_fault = finding.line
         self._emit(f"{finding.line}: stopping every worker")
-        self._begin_stop(Stop(finding.line, 1, restartable=True))
+        self._begin_stop(Stop(finding.line, 1, AttemptEnd.FAILED))
 
     def _chip_watch(self) -> ChipWatch | None:
         """The watch, its first read taken (None when the host cannot be read: nothing to
@@ -540,7 +540,9 @@ class Guardian:
             return
         self.refusal, self.liveness = self.liveness.refusal, None
         if self.refusal is not None:
-            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
+            self._begin_stop(
+                Stop(f"refused: {self.refusal}", self.refusal.code, AttemptEnd.REFUSED)
+            )
 
     # -- events
 
@@ -702,7 +704,7 @@ class Guardian:
             record.write_server(self.plan, "serving")
         for line, stop in events:
             self._emit(line)
-            if stop is not None and stop.code == HUNG:
+            if stop is not None and stop.end is AttemptEnd.HUNG:
                 # Hung but healthy: out of service first (a fleet takes the replica out of its
                 # router on the stop the view hears), then its stacks, then the stop.
                 self.stop = stop

@@ -458,17 +458,20 @@ class JobRun:
     def _release(
         self, status: str | None = None, code: int | None = None, ended: dict | None = None
     ) -> None:
+        # The record is closed last: a job ps calls ended has left nothing behind (its leases,
+        # its run directory with the ranks' TMPDIRs, its logs closed), also when its guardian
+        # finishes it after the launcher was killed.
+        if self.held is not None:
+            self.held.release()
+        if self.run_dir is not None:
+            self.run_dir.remove()
+        self._close_logs()
         if self.unrecorded:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.remove(self.plan.job)
         elif status is not None:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.close(self.plan.job, status, code, ended)
-        if self.held is not None:
-            self.held.release()
-        if self.run_dir is not None:
-            self.run_dir.remove()
-        self._close_logs()
 
     def _close_logs(self) -> None:
         """The job's log directory closed; other jobs' logs beyond the bounds removed."""

@@ -47,10 +47,25 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   ready: routed to" again and the router lists both workers, and the requests answered and
   failed meanwhile. Each fleet is stopped with SIGINT and checked: exit 130, no process of its
   tree alive, no port of it still listening.
+* ``idle``: the launcher's own CPU while a job idles: 4 ranks of ``sleep`` on a QuietBox 2
+  (ttmesh's guardian reads the job's chips every second meanwhile: attempt.chipwatch); after
+  2 s, the user and system time of the launcher's processes (ttmesh: the front and its
+  guardian; torchrun's agent; bare) over 8 s, as a share of one core (%).
 * ``fan-in``: 4 ranks writing 50 MB together (100-byte lines) to the launcher's stdout, a pipe
   this script drains. ttmesh cuts every line and prefixes it with its rank; torchrun and bare
   let the workers write to the pipe directly (a raw pipe); ``/dev/null`` is the same workers
   writing to /dev/null under bare. Throughput in MB/s (1 MB = 10^6 bytes).
+
+* ``torchtpu`` (not in the default set, minutes, one run whatever ``--runs``: ``--only
+  torchtpu``): the seed's own stack, real (torch_tpu 0.2.0 and libtt's plugin 0.1.3 in
+  ``$TTMESH_TORCHTPU_DIR`` or ``~/.cache/ttmesh-torchtpu``: scripts/torchtpu/setup), on a
+  simulated QuietBox 2 in mock mode, with ``LIBTT_TPU_COMPAT=1``: one script that records when
+  it started, when torch and torch_tpu were imported and when its first device op ended (or
+  failed). A 4-rank job: ``ttmesh --tp-size 4`` against ``torchrun --nproc-per-node 4`` (until
+  the launcher exits: ttmesh refuses libtt 0.1.3's 4 processes before any starts, torchrun's
+  ranks start and fail at their first op); then what runs on 0.1.3: one process over the 4
+  chips (``--mesh-layout single-process``), cold (a fresh tt-metal kernel cache) and warm, and
+  one rank of one chip, with the time each phase took.
 
 Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]...
 Targets (docs/performance.md): launch overhead <= 1.5 x bare and <= 0.1 x torchrun; everything
@@ -77,8 +92,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-BENCHES = ("launch", "start", "preflight", "metal", "failure", "help", "rss", "fanin", "flags")
-SLOW = ("fleet",)  # not in the default set: ~75 s a run (--only fleet)
+BENCHES = (
+    "launch", "start", "preflight", "metal", "failure", "help", "rss", "idle", "fanin", "flags",
+)  # fmt: skip
+SLOW = ("fleet", "torchtpu")  # not in the default set: ~75 s a run, minutes (--only NAME)
 LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before", "before2", ... with --compare
 
 
@@ -572,6 +589,46 @@ def bench_rss(b: Bench) -> list[dict]:
     ]
 
 
+IDLE_WARM, IDLE_WINDOW = 2.0, 8.0  # seconds before measuring, and measured
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system time of ``pid`` so far (its own, not its children's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle(b: Bench, launcher: str) -> float:
+    """% of one core the launcher's own processes use while 4 ranks of ``sleep`` idle."""
+    seconds = str(IDLE_WARM + IDLE_WINDOW + 2)
+    argv = b.argv(launcher, 4, ["sleep", seconds], "qb2")
+    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    python = os.path.realpath(f"/proc/{proc.pid}/exe")
+    time.sleep(IDLE_WARM)
+    own = [p for p in [proc.pid, *_children(proc.pid)] if _exe(p) == python]
+    before = {p: _cpu_seconds(p) for p in own}
+    t0 = time.monotonic()
+    time.sleep(IDLE_WINDOW)
+    used = sum(_cpu_seconds(p) - before[p] for p in own)
+    took = time.monotonic() - t0
+    if proc.wait() != 0:
+        sys.exit(f"{launcher}: sleep job failed (exit {proc.returncode})")
+    return 100 * used / took
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def bench_idle(b: Bench) -> list[dict]:
+    med = interleaved(b.runs, {k: (lambda k=k: _idle(b, k)) for k in LAUNCHERS})
+    return [row("launcher CPU while 4 ranks idle", "% core", med, lower=True)]
+
+
 def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> tuple[float, float]:
     """(MB/s while the ranks write, MB/s over the whole run). The first is 50 MB over the time
     from the first rank starting to write to the last one done (each rank records both):
@@ -783,7 +840,7 @@ class _Fleet:
         report = b.work / "fleet-report"
         report.mkdir(exist_ok=True)
         env = {**b.env, "PYTHONPATH": str(FAKES), "PYTHONUNBUFFERED": "1",
-               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency)}  # fmt: skip
+               "FAKE_REPORT": str(report), "FAKE_LATENCY": str(latency), "FAKE_PACE": "0"}  # fmt: skip
         batch = ["--max-running-requests", str(FLEET_SLOTS)] if latency else []
         many = ["--replicas", str(replicas), "--max-restarts", "100"] if replicas > 1 else []
         self.summary = b.work / f"fleet-{replicas}.json"
@@ -984,6 +1041,103 @@ def bench_fleet(b: Bench) -> list[dict]:
             lower=True,
             note=f"per run: {took} s; requests meanwhile answered {answered}, failed {failed}"),
     ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- torch_tpu
+
+TPU_RANK = r"""
+import json, os, sys, time
+marks = {"start": time.time()}
+import torch
+marks["torch"] = time.time()
+import torch_tpu  # noqa: F401  (libtt's .pth pointed it at libtt.so)
+marks["torch_tpu"] = time.time()
+try:
+    x = torch.ones(4, device="tpu") + torch.ones(4, device="tpu")
+    x.cpu()
+    ok = "ok"
+except Exception as exc:  # noqa: BLE001
+    ok = type(exc).__name__ + ": " + str(exc).splitlines()[0][:160]
+marks["op"] = time.time()
+out = os.path.join(sys.argv[1], "rank" + os.environ.get("RANK", "0") + ".json")
+json.dump({"marks": marks, "ok": ok}, open(out, "w"))
+sys.exit(0 if ok == "ok" else 1)
+"""
+
+
+def torchtpu_python() -> str | None:
+    base = os.environ.get("TTMESH_TORCHTPU_DIR") or os.path.expanduser("~/.cache/ttmesh-torchtpu")
+    python = f"{base}/venv/bin/python"
+    return python if os.access(python, os.X_OK) else None
+
+
+TPU_FATAL = ("failed to extract embedded tt-metal runtime archive", "Check failed", "cannot run")
+
+
+def _tpu_run(b: Bench, argv: list[str], env: dict) -> tuple[float, list[dict], str]:
+    """(seconds until the launcher exited, each rank's marks relative to the launch, the first
+    line of its output that says why ranks stopped)."""
+    out = b.work / "tpu-out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t0 = time.time()
+    proc = subprocess.run([*argv, str(out)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    seconds = time.time() - t0
+    said = next(
+        (ln.strip() for ln in proc.stderr.splitlines() if any(f in ln for f in TPU_FATAL)), ""
+    )
+    ranks = []
+    for path in sorted(out.glob("rank*.json")):
+        data = json.loads(path.read_text())
+        ranks.append({"ok": data["ok"], **{k: v - t0 for k, v in data["marks"].items()}})
+    return seconds, ranks, f"exit {proc.returncode}" + (f": {said[:120]}" if said else "")
+
+
+def _tpu_note(ranks: list[dict]) -> str:
+    if not ranks:
+        return "no rank started"
+    r = max(ranks, key=lambda r: r["op"])
+    said = (
+        f"start {r['start']:.1f}, import torch +{r['torch'] - r['start']:.1f}, torch_tpu "
+        f"+{r['torch_tpu'] - r['torch']:.1f}, first op +{r['op'] - r['torch_tpu']:.1f} s"
+    )
+    return said + ("" if r["ok"] == "ok" else f" ({r['ok']})")
+
+
+def bench_torchtpu(b: Bench) -> list[dict]:
+    python = torchtpu_python()
+    if python is None:
+        print("torchtpu: skipped (no torch_tpu venv: bash scripts/torchtpu/setup DIR)", flush=True)
+        return []
+    script = b.work / "tpu_rank.py"
+    script.write_text(TPU_RANK)
+    env = {**b.env, "LIBTT_TPU_COMPAT": "1"}
+    cold = {**env, "TT_METAL_CACHE": str(b.work / "tt-metal-cache")}
+    ttmesh = [*b.ttmesh("ttmesh"), "launch", "--root", str(b.roots["qb2"])]
+    torchrun = [*b.torchrun_bin, "--standalone", "--nproc-per-node", "4", "--no-python", python]
+    rows = []
+    t_sec, t_ranks, t_said = _tpu_run(
+        b, [*ttmesh, "--tp-size", "4", "--", python, str(script)], env
+    )
+    r_sec, r_ranks, r_said = _tpu_run(b, [*torchrun, str(script)], env)
+    rows.append(
+        row("torch_tpu 4 ranks: until the launcher exits", "s",
+            {"ttmesh": t_sec, "torchrun": r_sec}, lower=True,
+            note=f"ttmesh: {len(t_ranks)} ranks ran, {t_said[:60]}...; torchrun: "
+            f"{sum(r['ok'] == 'ok' for r in r_ranks)} of 4 ranks' first op ran, {r_said}"),
+    )  # fmt: skip
+    one = ["--mesh-layout", "single-process"]
+    for name, args, run_env in (
+        ("torch_tpu 1 process, 4 chips: first op (cold)", ["--tp-size", "4", *one], cold),
+        ("torch_tpu 1 process, 4 chips: first op (warm)", ["--tp-size", "4", *one], cold),
+        ("torch_tpu 1 rank, 1 chip: first op", ["--tp-size", "1"], cold),
+    ):
+        seconds, ranks, _said = _tpu_run(b, [*ttmesh, *args, "--", python, str(script)], run_env)
+        first = max((r["op"] for r in ranks), default=float("nan"))
+        rows.append(row(name, "s", {"ttmesh": first}, lower=True,
+                        note=f"exit after {seconds:.1f} s; " + _tpu_note(ranks)))  # fmt: skip
+    return rows
 
 
 def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = "") -> dict:

@@ -41,7 +41,7 @@ STOCK = [
 # (namespaces, their own mpirun or Slurm cluster), a real mpirun, SGLang, torch, tt-metal's
 # libraries (conformance), and the chaos matrix.
 SLOW_MODULES = {"test_multihost", "test_emuhosts", "test_mpi"}
-SLOW_FIXTURES = {"world", "ttnn_python", "sglang_dir"}
+SLOW_FIXTURES = {"world", "ttnn_python", "sglang_dir", "torchtpu_dir"}
 SLOW_MARKERS = {"conformance", "sglang", "torch", "slow"}
 
 
@@ -252,6 +252,9 @@ def _our_processes() -> set[int]:
 
 SESSION = f"{os.getpid()}-{os.urandom(4).hex()}"
 os.environ["TTMESH_TEST_SESSION"] = SESSION  # inherited by everything the suite starts
+# The stand-in server (ttmesh/sim/standin) paces its start as a real one's (about 15 s); the
+# suite's servers start at once unless a test asks otherwise.
+os.environ.setdefault("FAKE_PACE", "0")
 
 
 def _ours(pid: int) -> bool:
@@ -301,6 +304,24 @@ def ttnn_python() -> str:
         pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def torchtpu_dir() -> Path:
+    """The seed's own stack, real: a venv with torch 2.13.0 (CPU), torch_tpu 0.2.0 and libtt's
+    PJRT plugin (jax-tt-plugin 0.1.3), in $TTMESH_TORCHTPU_DIR or ~/.cache/ttmesh-torchtpu
+    (installed on first use: scripts/torchtpu/setup; .ci/run builds it first)."""
+    where = Path(
+        os.environ.get("TTMESH_TORCHTPU_DIR") or Path.home() / ".cache" / "ttmesh-torchtpu"
+    )
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "torchtpu" / "setup"), str(where)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if proc.returncode == 3:
+        pytest.skip(f"torch_tpu prerequisite missing: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    return where
 
 
 # --------------------------------------------------------------------------- shared helpers

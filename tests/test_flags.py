@@ -144,6 +144,20 @@ def test_no_forms_as_the_server_has_them(qb2: Path, tmp_path: Path) -> None:
     assert "unrecognized arguments: --no-enable-torch-compile" in line, line
 
 
+def test_the_servers_complaint_is_one_line_with_the_users_words_escaped(qb2: Path) -> None:
+    """The server's parser quotes the words it refuses: a word with a newline (a second line
+    that could pose as ttmesh's) or a terminal escape is said on one line, escaped."""
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", "--", *SGLANG, *seed(1),
+                  "--no-such\nttmesh: all good\x1b]0;owned\x07", env=ENV)  # fmt: skip
+    assert res.code == 2, res.err
+    (line,) = lines_of(res.err)
+    assert line.startswith(
+        "ttmesh: sglang-torchtpu: the server refuses its command: sglang serve: error: "
+        "unrecognized arguments: --no-such ttmesh: all good (fix its flags;"
+    ), line
+    assert "\x1b" not in res.err and "\x07" not in res.err, res.err
+
+
 def test_a_command_the_server_refuses_is_refused_before_anything_starts(
     qb2: Path, tmp_path: Path
 ) -> None:

@@ -11,6 +11,8 @@ import re
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 from conftest import alive, run_cli, start_launch, wait_for
 from test_serving import ENV, SGLANG, _free_port, seed
+from users import NEEDS_NOBODY, User, users_fixture  # noqa: F401
 
 from ttmesh import procs
 
@@ -176,10 +179,12 @@ def _until(lines: queue.Queue[str], seen: list[str], text: str, timeout: float =
 
 
 def _serving(router: str) -> int:
+    """How many workers the router has (its open /get_server_info: /workers takes the fleet's
+    key only)."""
     try:
-        with urllib.request.urlopen(router + "/workers", timeout=2) as r:
-            return len(json.loads(r.read())["workers"])
-    except (OSError, ValueError):
+        with urllib.request.urlopen(router + "/get_server_info", timeout=2) as r:
+            return int(json.loads(r.read())["workers_count"])
+    except (OSError, ValueError, KeyError):
         return -1
 
 
@@ -196,7 +201,7 @@ def _resets(root: Path) -> list[set[str]]:
     return [set(r["targets"]) for r in state["resets"]]
 
 
-def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
+def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing_but_a_lost_chip(
     qb2: Path, tmp_path: Path
 ) -> None:
     port, metrics = _free_port(), _free_port()
@@ -260,24 +265,41 @@ def test_one_replica_fails_the_other_serves_then_ctrl_c_leaves_nothing(
         wait_for(lambda: _serving(router) == 2, timeout=30, what="the router back with both")
         assert _ask(router) == " Amsterdam."
         tree = sorted({*tree, *procs.descendants(proc.pid)})
+        # A chip of replica 1's dies for good: the reset at the stop loses it from the host.
+        lost = chips[f"{job}-r1"][-1]
+        run_cli("sim", "fault", "--root", str(qb2), "chip-dead", lost, "--permanent")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 130, "".join(seen)
+    while not lines.empty():
+        seen.append(lines.get_nowait())
+    text = "".join(seen)
+    # Its last word names the chip it could not verify; the others were reset and verified.
+    assert proc.returncode == 1, text
+    said = re.search(rf"ttmesh: fleet {job}: exit 1: stopped \(SIGINT\); 1 chip not recovered: "
+                     rf"{lost} \({asic[lost]}\) \((.*)\)\n", text)  # fmt: skip
+    assert said and "power-cycle the host" in said.group(1), text
+    last = text.split("the fleet's chips:")[-1]  # what its last check said
+    assert "reset: 3 chips recovered and verified" in last, text
+    assert "reset: chips recovered and verified" not in last, text
     wait_for(lambda: not any(alive(p) for p in tree), timeout=10, what="every process gone")
     for p in (port, metrics, *(r["port"] for r in json.loads(summary.read_text())["replicas"])):
         with socket.socket() as s:  # nothing listens there any more (closed ones may linger)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", p))
     data = json.loads(summary.read_text())
-    assert data["code"] == 130
+    assert data["code"] == 1 and data["reason"].startswith("stopped (SIGINT); 1 chip not")
+    assert data["chips"]["not_recovered"] == [f"{lost} ({asic[lost]})"]
     assert [r["restarts"] for r in data["replicas"]] == [1, 0]
     assert data["router"]["restarts"] == 1
     assert data["router"]["metrics"]["url"] == f"http://127.0.0.1:{metrics}/metrics"
     assert not [p for p in Path("/dev/shm").glob(f"ttmesh-*/runs/{job}*")]
-    assert run_cli("check", "--root", str(qb2)).code == 0
+    # The host's one problem is that chip: every link between the others was reset together.
+    check = run_cli("check", "--root", str(qb2))
+    errors = [ln for ln in check.out.splitlines() if ln.startswith("error:")]
+    assert check.code == 1 and errors and all(lost in ln for ln in errors), check.out
 
 
 # --------------------------------------------------------------------------- events
@@ -484,3 +506,293 @@ def test_a_drain_all_counts_a_restart_for_the_failed_replica_only() -> None:
     for outcome in (None, [], "x", {"code": 1}, {"needs": "whole-host-reset"},
                     {"needs": {"what": "other"}}):  # fmt: skip
         assert drain.needs_whole_host(outcome) is None
+
+
+# --------------------------------------------------------------------------- the router's doors
+
+
+class _Worker:
+    """A server the real router takes as a worker: /health, /model_info and /server_info
+    answer 200 (what 0.3.2 asks of a worker it adds), on a loopback port of its own."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b'{"model_path": "m"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    import psutil
+
+    conns = psutil.Process(pid).net_connections(kind="tcp")
+    return {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_routers_admin_key_is_in_no_command_line_and_its_ports_are_where_said(
+    tmp_path: Path,
+) -> None:
+    """The real router (sglang-router 0.3.2), started as a fleet starts it: its admin key
+    (one per start) is on its stdin only, never in any of its processes' command lines or
+    environments; ttmesh's own requests carry it (a worker added is listed, then removed); one
+    without it is refused; it listens where ttmesh says: the fleet's --host:--port and its
+    metrics on 127.0.0.1 (0.3.2 alone would take every address, 0.0.0.0)."""
+    from types import SimpleNamespace
+
+    from ttmesh.launcher.fleet import routeropts
+    from ttmesh.launcher.fleet.router import Router
+
+    port = _free_port()
+    opts = routeropts.read(SimpleNamespace(extra={}, path="", name="p"), (), port, {port})
+    said: list[str] = []
+    router = Router("127.0.0.1", port, opts.args, str(tmp_path / "router.log"), said.append)
+    worker = _Worker()
+    try:
+        router.start([])
+        first = router.key
+        wait_for(lambda: router.reconcile([worker.url]) and worker.url in router.listed,
+                 timeout=60, what="the worker added and listed")  # fmt: skip
+        for pid in (router.pid, *procs.descendants(router.pid)):
+            for part in ("cmdline", "environ"):
+                shown = Path(f"/proc/{pid}/{part}").read_bytes()
+                assert first.encode() not in shown and b"api-key" not in shown, (pid, part)
+        assert _listening(router.pid) == {("127.0.0.1", port), ("127.0.0.1", opts.metrics_port)}
+        for method, path in (
+            ("GET", "/workers"),
+            ("DELETE", f"/workers/{'0' * 8}-0000-4000-8000-{'0' * 12}"),
+        ):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 401
+        router.reconcile([])  # ttmesh's DELETE, with the key: taken
+        wait_for(lambda: router.workers() == {}, timeout=30, what="the worker removed")
+        assert not [s for s in said if "refuses" in s], said
+        router.stop(5.0)
+        router.start([])
+        assert router.key and router.key != first  # each start its own
+    finally:
+        router.stop(5.0)
+        worker.close()
+
+
+def test_routed_to_is_said_of_a_replica_only_once_the_router_lists_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A replica's job says it is ready: the fleet asks the router to add it, and says
+    "routed to" only when the router lists it; a refusal (its status and reason, escaped, on
+    one line) is said instead, once, and nothing is said to be routed to. In-process, with a
+    stand-in router (tests/workers/fake_router.py) started as the fleet starts the real one."""
+    from types import SimpleNamespace
+
+    from ttmesh.launcher.fleet.router import Router
+    from ttmesh.launcher.fleet.run import Fleet, Member
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "workers"))
+    urls = ["http://127.0.0.1:1/refuse", "http://127.0.0.1:2/reject", "http://127.0.0.1:3"]
+    fleet: Any = Fleet.__new__(Fleet)
+    fleet.members = [
+        Member(SimpleNamespace(index=k, url=u, job=f"f-r{k}", bdfs=[]), "")  # type: ignore[arg-type]
+        for k, u in enumerate(urls)
+    ]
+    fleet.lock, fleet.view, fleet.failed, fleet.guard_pipe = threading.Lock(), None, None, -1
+    fleet.record = lambda: None
+    port = _free_port()
+    fleet.router = Router("127.0.0.1", port, [], str(tmp_path / "router.log"), fleet.say,
+                          module="fake_router")  # fmt: skip
+    try:
+        fleet.router.start([])
+        wait_for(lambda: fleet.router.workers() is not None, timeout=30, what="the router")
+        for k, m in enumerate(fleet.members):
+            m.state = "starting"
+            fleet._event(k, {"event": "ready", "url": m.replica.url})
+        wait_for(lambda: (fleet._route(), fleet.members[2].routed)[1], timeout=30,
+                 what="the third replica routed to")  # fmt: skip
+        fleet._route()
+        err = capsys.readouterr().err
+    finally:
+        fleet.router.stop(5.0)
+    routed = [ln for ln in err.splitlines() if re.match(r"ttmesh: replica \d: ready: routed", ln)]
+    assert routed == ["ttmesh: replica 2: ready: routed to at http://127.0.0.1:3"], err
+    (refusal,) = [ln for ln in err.splitlines() if ln.startswith("ttmesh: replica 0:")]
+    assert refusal == (
+        "ttmesh: replica 0: ready, but the router refuses to route to it (HTTP 400: worker "
+        "refused ttmesh: replica 0: ready: routed to): asking again every 10 s"
+    ), err
+    assert (
+        "ttmesh: replica 1: ready, but the router refuses to route to it (HTTP 202: not today): "
+        "asking again every 10 s"
+    ) in err, err
+    assert "\x1b" not in err, err
+    assert [m.routed for m in fleet.members] == [False, False, True]
+
+
+# Another user's requests to the router's admin routes (standard library only: nobody's Python).
+NOBODY_ASKS = r"""
+import json, sys, urllib.error, urllib.request
+port, theirs = sys.argv[1], sys.argv[2]
+for method, path, body in (
+    ("GET", "/workers", None), ("POST", "/workers", {"url": theirs}),
+    ("DELETE", "/workers/00000000-0000-4000-8000-000000000000", None),
+    ("POST", "/flush_cache", None), ("GET", "/get_loads", None),
+):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            print(method, path, r.status)
+    except urllib.error.HTTPError as e:
+        print(method, path, e.code)
+"""
+
+
+def test_another_user_cannot_use_the_routers_admin_routes_and_a_sigkilled_fleet_is_ended(
+    qb2: Path, users: dict[str, User], tmp_path: Path
+) -> None:
+    """Root's fleet: nobody's requests to the router's admin routes (list, add a worker of its
+    own, remove one, flush, loads) are refused (401) and the fleet serves on with its two
+    replicas; no process of the fleet has a key in its command line; the router listens where
+    ttmesh said (the fleet's port, its metrics on 127.0.0.1). Then the fleet's ttmesh is
+    SIGKILLed: the replicas stop themselves, and its guard stops the router, resets the links
+    between the replicas' chips (each replica reset only its own), removes the fleet's /tmp
+    directory, writes its summary and closes its record. The host is healthy and the whole
+    host starts a job."""
+    if "nobody" not in users:
+        pytest.skip(NEEDS_NOBODY)
+    port, metrics = _free_port(), _free_port()
+    job = f"fleetk-{os.getpid()}"
+    summary = tmp_path / "fleet.json"
+    proc = start_launch(
+        qb2, "--replicas", "2", "--tp-size", "2", "--job-id", job, "--summary-json", str(summary),
+        f"--router-arg=--prometheus-port={metrics}", "--", *SGLANG, *seed(2, port=str(port)),
+        env=ENV,
+    )  # fmt: skip
+    router = f"http://127.0.0.1:{port}"
+    lines, seen = _lines(proc), []
+    try:
+        _until(lines, seen, "replica 1: ready: routed to")
+        wait_for(lambda: _serving(router) == 2, timeout=30, what="both replicas in the router")
+        record = _fleet_record(job)
+        rpid, guard = record["fleet"]["router"]["pid"], record["guardian"]
+        assert _listening(rpid) == {("127.0.0.1", port), ("127.0.0.1", metrics)}
+        for pid in (proc.pid, *procs.descendants(proc.pid), rpid, guard):
+            assert not [w for w in procs.argv(pid) if "api-key" in w or "api_key" in w], pid
+        asked = users["nobody"].py(NOBODY_ASKS, str(port), "http://127.0.0.1:9/theirs")
+        assert asked.returncode == 0, asked.stderr
+        codes = [ln.rsplit(" ", 1)[1] for ln in asked.stdout.splitlines()]
+        assert codes == ["401"] * 5, asked.stdout
+        assert _serving(router) == 2 and _ask(router) == " Amsterdam."
+        dirs = list(Path(tempfile.gettempdir()).glob(f"ttmesh-fleet-{job}-*"))
+        assert len(dirs) == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        _until(lines, seen, f"fleet {job}: exit 137: launcher killed", timeout=120)
+        wait_for(lambda: not alive(guard), timeout=10, what="the guard gone")
+    finally:
+        proc.kill()
+        proc.wait()
+    text = "".join(seen)
+    assert f"ttmesh: fleet {job}: ttmesh was killed: ending the fleet in its place" in text, text
+    assert "the fleet's chips: " in text and "reset: chips recovered and verified" in text, text
+    assert not alive(rpid) and not dirs[0].exists()
+    ended = {j["job"]: j for j in json.loads(run_cli("ps", "--all", "--json").out)["jobs"]}
+    assert ended[job]["status"].startswith("launcher killed") and ended[job]["code"] == 137
+    data = json.loads(summary.read_text())
+    assert data["code"] == 137 and data["chips"] == {"reset": True, "not_recovered": [], "why": ""}
+    assert [r["outcome"]["code"] for r in data["replicas"]] == [143, 143]  # each its own stop
+    assert all(ended[f"{job}-r{k}"].get("ended") for k in (0, 1))
+    assert run_cli("check", "--root", str(qb2)).code == 0
+    whole = run_cli("launch", "--root", str(qb2), "--tp-size", "4", "--", sys.executable, "-c",
+                    "pass")  # fmt: skip
+    assert whole.code == 0, whole.err
+
+
+def test_a_fleet_directory_is_swept_only_when_its_fleet_and_guard_are_gone(tmp_path: Path) -> None:
+    """What a fleet whose ttmesh and guard were both killed left in /tmp goes at the next
+    fleet's start: only this user's directories whose lock nobody holds; never one a fleet
+    or its guard still holds, one without the lock (a ttmesh without it: unknown), another
+    user's, or a link."""
+    import fcntl
+
+    from ttmesh import paths
+    from ttmesh.launcher.fleet import run
+
+    base = Path(tempfile.gettempdir())
+    made = {name: Path(tempfile.mkdtemp(prefix=f"ttmesh-fleet-sweep{name}-")) for name in
+            ("gone", "held", "nolock", "theirs")}  # fmt: skip
+    link = base / f"ttmesh-fleet-sweeplink-{os.getpid()}"
+    try:
+        for name in ("gone", "held", "theirs"):
+            (made[name] / paths.LOCK).touch()
+        if os.geteuid() == 0:  # another user's (only root can give it away)
+            os.chown(made["theirs"], 65534, 65534)
+        else:
+            made.pop("theirs")
+        link.symlink_to(made["gone"])
+        with open(made["held"] / paths.LOCK) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            removed = run.sweep_dirs()
+        assert str(made["gone"]) in removed and not made["gone"].exists()
+        assert all(made[n].exists() for n in made if n != "gone"), removed
+        assert link.is_symlink() and str(link) not in removed
+    finally:
+        link.unlink(missing_ok=True)
+        for path in made.values():
+            subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_a_reset_never_calls_a_chip_the_host_lost_recovered(
+    make_sim: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process: a job's (or a fleet's) chips reset while one of them is gone from the host
+    (a chip that died for good, lost at an earlier reset): the others are reset and verified,
+    and the line says so of them only, naming the lost one as not recovered; the fleet's check
+    (fleet.between) keeps it for the fleet's last line and exit code (issue 38)."""
+    from types import SimpleNamespace
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric.devices import discover
+    from ttmesh.launcher.fleet import between
+    from ttmesh.launcher.job.recovery import Recovery, reset_chips
+    from ttmesh.recovery import reset
+    from ttmesh.sim import faults
+
+    host = open_host(make_sim("quietbox2"))
+    lost = "0000:07:00.0"
+    asics = [c.asic_id for c in discover(host).chips]
+    gone = faults.chip_dead(host, lost, permanent=True)
+    reset.recover(host, [gone], retries=0, expand_set=False)  # the driver lists it no more
+    faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
+    capsys.readouterr()
+    prepared: Any = SimpleNamespace(inv=discover(host))
+    outcome = reset_chips(prepared, Recovery(), asics)
+    said = capsys.readouterr().err
+    assert outcome is not None and outcome.unreached == (gone,)
+    assert (
+        f"ttmesh: reset: 3 chips recovered and verified ({outcome.seconds:.1f} s); not recovered: "
+        f"{lost} ({gone}) (missing from the host: a reset cannot reach it; power-cycle the host)"
+    ) in said, said
+    assert "reset: chips recovered and verified" not in said, said
+    faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
+    lines: list[str] = []
+    found = between.check(host, asics, {gone: lost}, tt_smi=None, train_timeout=None,
+                          say=lines.append)  # fmt: skip
+    assert found.lost == [f"{lost} ({gone})"] and not found.healthy, lines
+    assert found.clause().startswith(f"1 chip not recovered: {lost} ({gone}) (missing from")
+    assert not [ln for ln in lines if ln.startswith("reset: chips recovered and verified")], lines

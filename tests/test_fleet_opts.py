@@ -154,7 +154,8 @@ def test_a_profiles_router_args_go_to_the_router_before_the_users(
     router = json.loads(res.out)["router"]
     port = router["metrics"]["port"]
     assert router["args"] == ["--policy", "cache_aware", "--cache-threshold", "0.4",
-                              "--policy", "round_robin", "--prometheus-port", str(port)]  # fmt: skip
+                              "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+                              "--prometheus-port", str(port)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -222,7 +223,8 @@ def test_two_fleets_routers_get_different_metrics_ports(
     monkeypatch.setattr(ports, "free_port", lambda addr="127.0.0.1": next(handed))
     profile = SimpleNamespace(extra={}, path="", name="p")
     first = routeropts.read(profile, (), 31000, {31000})
-    assert first.metrics_port == 41234 and first.args == ["--prometheus-port", "41234"]
+    assert first.metrics_port == 41234
+    assert first.args == ["--prometheus-host", "127.0.0.1", "--prometheus-port", "41234"]
     jobs.write({"job": "fleet-a", "pid": os.getpid(), "guardian": None, "layout": "fleet",
                 "started": 0, "command": [], "ranks": [],
                 "fleet": {"router": {"metrics": first.to_json()}, "replicas": []}})  # fmt: skip
@@ -235,9 +237,10 @@ def test_a_given_prometheus_port_is_kept_and_the_plan_says_the_metrics_url(qb2: 
     res = _dry(qb2, "--router-arg=--prometheus-port", "--router-arg=29555")
     assert res.code == 0, res.err
     router = json.loads(res.out)["router"]
-    assert router["metrics"] == {"host": "0.0.0.0", "port": 29555,
+    assert router["metrics"] == {"host": "127.0.0.1", "port": 29555,
                                  "url": "http://127.0.0.1:29555/metrics", "given": True}  # fmt: skip
-    assert router["args"] == ["--prometheus-port", "29555"]
+    # Where ttmesh says the metrics are: 0.3.2's own default is every address (0.0.0.0).
+    assert router["args"] == ["--prometheus-port", "29555", "--prometheus-host", "127.0.0.1"]
     assert "router: Prometheus metrics at http://127.0.0.1:29555/metrics" in res.err
     res = run_cli("launch", "--root", str(qb2), "--replicas", "2", "--tp-size", "2",
                   "--dry-run", "--", *_command("Qwen/Qwen3-8B"), env=ENV)  # fmt: skip
@@ -263,3 +266,73 @@ def test_a_given_metrics_port_that_is_taken_is_refused_before_the_start() -> Non
             routeropts.check_free(given)
         assert err.value.message.startswith(f"the router's --prometheus-port {port} is already")
         routeropts.check_free(routeropts.RouterOptions(metrics_port=port))  # ttmesh's: free
+
+
+# ---------------------------------------------------------------------------- what is refused
+
+
+@pytest.mark.parametrize(
+    ("words", "said", "fix"),
+    [
+        (["--api-key", "K"], "sets the router's --api-key, a secret every local user would read "
+         "in the router's command line (ps, /proc/PID/cmdline)", "ttmesh keeps the router's admin "
+         "routes closed with a key of its own"),
+        (["--api=K"], "sets the router's --api-key, a secret", "drop it"),  # its prefix
+        (["--control-plane-api-keys", "a:b:admin:c"], "sets the router's "
+         "--control-plane-api-keys, a secret", "given on a pipe"),
+        (["--oracle-password", "pw"], "--oracle-password, a secret", "set ATP_PASSWORD"),
+        (["--redis-url=redis://u:pw@h"], "--redis-url, a secret", "set REDIS_URL"),
+        (["--postgres-db-url", "postgres://u:pw@h/d"], "--postgres-db-url, a secret",
+         "set POSTGRES_DB_URL"),
+        (["--mini-lb"], "sets the router's --mini-lb: SGLang's Python debugging balancer has no "
+         "/workers routes", "drop --mini-lb"),
+        (["--prometheus-host", "localhost"], "the router's --prometheus-host 'localhost': not an "
+         "IP address", "127.0.0.1 (this host only)"),
+        (["--prometheus-host="], "the router's --prometheus-host '': not an IP address", "::1"),
+        (["--prometheus-port", "٢٩٠٠١"], "the router's --prometheus-port ٢٩٠٠١: not a number",
+         "1 to 65535"),
+        (["--prometheus-port=29_001"], "the router's --prometheus-port 29_001: not a number",
+         "1 to 65535"),
+        (["--prometheus-port", "0"], "the router's --prometheus-port 0: too small", "1 to 65535"),
+    ],
+)  # fmt: skip
+def test_a_secret_or_an_address_the_router_would_misuse_is_refused(
+    words: list[str], said: str, fix: str
+) -> None:
+    """A secret in the router's words would be every local user's to read (its command line);
+    ttmesh keeps the admin routes closed itself. A name for the metrics address is bound by
+    0.3.2 as every address (0.0.0.0); a port is plain ASCII digits, as every ttmesh number."""
+    from ttmesh.launcher.fleet import routeropts
+
+    profile = SimpleNamespace(extra={}, path="", name="p")
+    with pytest.raises(TTMeshError) as err:
+        routeropts.read(profile, tuple(words), 31000, {31000})
+    assert said in err.value.message and fix in (err.value.hint or ""), err.value
+
+
+def test_the_routers_complaint_is_one_line_with_the_users_words_escaped(qb2: Path) -> None:
+    """A word with a newline and a terminal escape: the router's parser quotes it; ttmesh says
+    it on one line, escaped, so a second line cannot pose as ttmesh's."""
+    res = _dry(qb2, "--router-arg=--bogus\nttmesh: all good\x1b[2J")
+    assert res.code == 2
+    ours = [ln for ln in res.err.splitlines() if ln.startswith("ttmesh:")]
+    assert ours == [
+        "ttmesh: --router-arg: the router refuses '--bogus\\nttmesh: all good\\x1b[2J': "
+        "unrecognized arguments: --bogus ttmesh: all good (fix it: python -m "
+        "sglang_router.launch_router --help lists its flags)"
+    ], res.err
+    assert "\x1b" not in res.err, res.err
+
+
+@pytest.mark.parametrize("host", ["localhost", "my-host", "127.0.0.1\nttmesh: ok", ""])
+def test_a_fleets_host_is_an_ip_address_as_the_router_takes_it(host: str) -> None:
+    """The router listens at the server's --host, and 0.3.2 dies at each start on a name
+    (six starts, then the fleet ends, after its first replica was ready): refused at once."""
+    from ttmesh.launcher.fleet import routeropts
+
+    with pytest.raises(TTMeshError) as err:
+        routeropts.router_host(host)
+    assert err.value.message.startswith(f"--host {host!r}: with --replicas SGLang's router")
+    assert "\n" not in err.value.message
+    for good in ("127.0.0.1", "0.0.0.0", "::1", "::"):
+        assert routeropts.router_host(good) == good

@@ -33,7 +33,7 @@ from ttmesh.launcher.attempt.events import EventReader, EventWriter
 from ttmesh.launcher.attempt.logs import COLOURS
 from ttmesh.recovery import reset
 from ttmesh.sim import core, faults
-from ttmesh.states import JobPhase
+from ttmesh.states import JobPhase, ResetStage
 
 QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -150,12 +150,15 @@ def test_launch_draws_ranks_and_phases_and_keeps_the_output(
     go = tmp_path / "go"
 
     def all_ready(text: str) -> bool:
+        # Every rank ready and rank 0's line read: the ready file and the line reach the
+        # guardian on two channels, so a frame can show the one before the other.
         frame = last_frame(text)
         shown = rows(frame)
         return (
             sorted(shown) == [0, 1, 2, 3]
             and all(cells[3] == "ready" for cells in shown.values())
             and phase_line(frame).strip().split(" › ")[-1].startswith("ready")
+            and "hello from rank 0" in frame
         )
 
     with Terminal(
@@ -180,12 +183,12 @@ def test_launch_draws_ranks_and_phases_and_keeps_the_output(
     for rank in range(4):
         assert f"[r{rank}] hello from rank {rank}" in text  # the output still scrolls above
     final = last_frame(text)
-    times = re.compile(r" (\d+\.\ds|\d+:\d\d(:\d\d)?)$")
+    times = re.compile(r" (\d+\.\d s|\d+:\d\d(:\d\d)?)$")
     phases = [times.sub("", p) for p in phase_line(final).strip().split(" › ")]
     assert phases[:3] == ["checking fabric", "starting", "ready"]
     assert phases[-1] == "done (exit 0)"
     assert all(cells[3] == "done" for cells in rows(final).values())
-    assert re.search(r"checking fabric \d+\.\ds › starting \d+\.\ds › ready \d+\.\ds", final)
+    assert re.search(r"checking fabric \d+\.\d s › starting \d+\.\d s › ready \d+\.\d s", final)
 
 
 def test_launch_view_of_a_failure_recovery_and_restart(make_sim: Callable[..., Path]) -> None:
@@ -233,7 +236,7 @@ def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     assert code == 130, text[-3000:]
     assert "ttmesh: interrupted: stopping every worker" in text
     final = last_frame(text)
-    assert re.search(r"› stopping \d+\.\ds › done \(exit 130\)$", phase_line(final).strip())
+    assert re.search(r"› stopping \d+\.\d s › done \(exit 130\)$", phase_line(final).strip())
     # Each rank got the SIGINT itself (as under torchrun): its KeyboardInterrupt ended it (by
     # the signal, or with code 1 when it came while Python could only report it).
     states = [cells[3] for cells in rows(final).values()]
@@ -257,7 +260,7 @@ def test_the_live_view_says_what_a_drain_does(
     assert code == 3, text[-3000:]
     assert re.search(r"ttmesh: draining, [\d.]+ s left \(2 ranks still running\)", text), text
     assert "ttmesh: grace over: SIGKILL of 2 processes" in text, text[-3000:]
-    assert re.search(r"› stopping \(draining, 1 s left\) \d+\.\ds", text), text[-3000:]
+    assert re.search(r"› stopping \(draining, 1 s left\) \d+\.\d s", text), text[-3000:]
 
 
 def test_sigkill_of_ttmesh_under_the_view_its_guardian_finishes(
@@ -388,17 +391,17 @@ def test_reset_progress_per_chip(make_sim: Callable[..., Path]) -> None:
                 seen.append(c.stage)
     assert sorted(stages) == QB2
     # (a chip's device may drop off the bus for a moment while tt-smi runs: waiting for PCI)
-    assert stages[dead][:2] == [reset.QUEUED, reset.RESETTING]
-    assert {reset.WAIT_PCI, reset.RETRYING} <= set(stages[dead])
-    assert stages[dead][-1] == reset.FAILED
+    assert stages[dead][:2] == [ResetStage.QUEUED, ResetStage.RESETTING]
+    assert {ResetStage.WAIT_PCI, ResetStage.RETRYING} <= set(stages[dead])
+    assert stages[dead][-1] == ResetStage.FAILED
     for linked in ("0000:03:00.0", "0000:05:00.0"):  # its Ethernet neighbours
-        assert {reset.WAIT_LINKS, reset.RETRYING} <= set(stages[linked])
-        assert stages[linked][-1] == reset.FAILED
-    assert stages["0000:01:00.0"][-1] == reset.DONE
+        assert {ResetStage.WAIT_LINKS, ResetStage.RETRYING} <= set(stages[linked])
+        assert stages[linked][-1] == ResetStage.FAILED
+    assert stages["0000:01:00.0"][-1] == ResetStage.DONE
     final = {c.name: c for c in heard[-1]}
     assert final[dead].detail == "gone" and final["0000:05:00.0"].detail == "links down"
     assert final[dead].attempt == 2
-    while_running = [b for b in heard if all(c.stage == reset.RESETTING for c in b)]
+    while_running = [b for b in heard if all(c.stage == ResetStage.RESETTING for c in b)]
     assert len(while_running) >= 3  # told on entering the stage, then every 0.25 s of 0.6 s
 
 

@@ -175,7 +175,9 @@ def test_ranks_are_node_major_with_the_global_torchrun_contract(base: Path) -> N
         assert r.env["TTMESH_SIM_ROOT"].endswith(f"dual-t3k-{r.node}")  # the rank's own host
     assert plan.mpi_args == [
         "--host", "h0:2,h1:2", "--rankfile", "mpi/rankfile",
-        "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_exclude", "docker0,lo", "--oversubscribe",
+        # two ranks a host: shared memory between them (Open MPI 4.1's vader), tt-metal#57284
+        "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_exclude", "docker0,lo",
+        "--oversubscribe",
     ]  # fmt: skip
     assert plan.files["/run-dir/mpi/rankfile"] == (
         "rank 0=h0 slot=0\nrank 1=h0 slot=0\nrank 2=h1 slot=0\nrank 3=h1 slot=0\n"
@@ -237,10 +239,10 @@ def test_open_mpi_4_and_5_spell_rankfiles_and_agents_differently() -> None:
     assert mpi.rankfile_args((5, 0), "rf") == ["--map-by", "rankfile:file=rf"]
     assert mpi.agent_args((4, 1), "/a") == ["--mca", "plm_rsh_agent", "/a"]
     assert mpi.agent_args((5, 0), "/a") == ["--prtemca", "plm_ssh_agent", "/a"]
-    assert mpi.tcp_args("eth0", {}) == [
+    assert mpi.tcp_args("eth0", {}, (5, 0)) == [
         "--mca",
         "btl",
-        "self,tcp",
+        "self,sm,tcp",  # tt-metal#57284: shared memory between ranks of one host
         "--mca",
         "btl_tcp_if_include",
         "eth0",

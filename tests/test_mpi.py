@@ -6,6 +6,7 @@ in tests/test_conformance_mpi.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -46,6 +47,54 @@ def test_demux_splits_tagged_chunks_into_ranks() -> None:
     assert by_rank[(0, "stdout")] == b"x\n"
     assert b"Exit code:    3" in by_rank[(LAUNCHER, "stderr")]
     assert d.first_failure() == (1, 3)
+
+
+NOT_STARTED_LINE = (
+    b"ttmesh: not started on ttmh-1: cannot run /tmp/j.sh: No such file or directory\n"
+)
+# Open MPI 4.1's words when a rank exits non-zero, untagged on mpirun's stderr (as a fresh CI
+# machine got them, in one read with the rank's last line).
+PRIMARY_JOB = (
+    b"-------\nPrimary job  terminated normally, but 1 process returned\n"
+    b"a non-zero exit code. Per user-direction, the job has been aborted.\n-------\n"
+)
+FIRST_FAILED = (
+    b"-------\nmpirun detected that one or more processes exited with non-zero status, thus "
+    b"causing\nthe job to be terminated. The first process to do so was:\n\n"
+    b"  Process name: [[20528,1],1]\n  Exit code:    127\n-------\n"
+)
+
+
+@pytest.mark.parametrize("ver", [(4, 1), (5, 0)])
+@pytest.mark.parametrize("rank_first", [True, False])
+def test_a_ranks_not_started_line_is_its_last_however_the_reads_cut_mpiruns_report(
+    ver: tuple[int, int], rank_first: bool
+) -> None:
+    """The rank's one line (tagged) and mpirun's report of its exit 127 (untagged) reach the
+    guardian in whichever order and however its reads cut them, one read holding both
+    included: the rank's stderr ends with its line, the report is mpirun's, so the launcher
+    refuses the job with that line rather than calling exit 127 a crash."""
+    from ttmesh.launcher.attempt.logs import Console
+    from ttmesh.launcher.hosts.rankshim import refused_before_start
+
+    tag = b"[1,1]<stderr>:" + (b" " if ver >= (5, 0) else b"")
+    said = tag + b"simulated host: /h1/root\n" + tag + NOT_STARTED_LINE
+    stream = said + PRIMARY_JOB + FIRST_FAILED if rank_first else PRIMARY_JOB + said + FIRST_FAILED
+    for cuts in [(), *((i,) for i in range(1, len(stream))), (5, len(said) + 3)]:
+        console = Console(2, quiet=True, launcher=True, sink=lambda *_: None)
+        demux = Demux(console.feed, ver)
+        edges = [0, *cuts, len(stream)]
+        for a, b in itertools.pairwise(edges):
+            demux.data("stderr", stream[a:b])
+        demux.flush()
+        console.close(1, "stderr")
+        console.close(LAUNCHER, "stderr")
+        tail = console.tail(1)
+        assert tail == ["simulated host: /h1/root", NOT_STARTED_LINE.decode().strip()], cuts
+        assert refused_before_start(127, tail) == NOT_STARTED_LINE.decode()[8:].strip(), cuts
+        mpirun_said = "\n".join(console.tail(LAUNCHER))
+        assert "Primary job  terminated normally" in mpirun_said, cuts
+        assert demux.first_failure(127) == (1, 127) and demux.ranks_ran(), cuts
 
 
 def test_demux_reads_signal_reports() -> None:
@@ -160,6 +209,100 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
 
 
 # --------------------------------------------------------------------------- real mpirun
+
+
+RANK_PROBE = """
+import ctypes, os, sys
+print("BTL", os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_MCA_btl"), flush=True)
+try:
+    lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+except OSError:
+    sys.exit(0)  # no libmpi to load here: the transports are still what mpirun gave
+lib.MPI_Init(None, None)
+world = ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+dup = ctypes.c_void_p()
+assert lib.MPI_Comm_dup(ctypes.c_void_p(world), ctypes.byref(dup)) == 0  # tt-metal#57284's call
+assert lib.MPI_Barrier(dup) == 0
+print("DUP", os.environ.get("OMPI_COMM_WORLD_RANK"), flush=True)
+lib.MPI_Finalize()
+"""
+
+
+def _ranks_over_hosts(mpirun: str, environ: dict[str, str], tmp_path: Path) -> tuple[list, str]:
+    """Two ranks started with the options a mesh over several hosts gets (one host here,
+    TCP on loopback); what each rank says of its transports, and mpirun's stderr."""
+    from ttmesh.launcher.hosts import mpi
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(RANK_PROBE)
+    ver = mpi.version(mpirun)
+    argv = [mpirun, *mpi.tcp_args("lo", environ, ver), "-np", "2", "--oversubscribe"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    lib = str(Path(mpirun).resolve().parent.parent / "lib" / "libmpi.so.40")
+    lib = lib if os.path.exists(lib) else "libmpi.so.40"
+    proc = subprocess.run([*argv, sys.executable, str(probe), lib], capture_output=True,
+                          text=True, env=environ, timeout=120)  # fmt: skip
+    said = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("BTL"))
+    dup = sorted(line for line in proc.stdout.splitlines() if line.startswith("DUP"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        import ctypes
+
+        ctypes.CDLL(lib)
+    except OSError:
+        return said, proc.stderr  # no libmpi here: what the ranks were given is still checked
+    assert dup == ["DUP 0", "DUP 1"], proc.stdout  # MPI_Comm_dup ran over those transports
+    return said, proc.stderr
+
+
+# Open MPI 5's mpirun, when the conformance cache has it (tests/test_conformance_meshhosts.py).
+OMPI5 = (
+    Path(os.environ.get("TTMESH_CONFORMANCE_CACHE") or Path.home() / ".cache/ttmesh-conformance")
+    / "ompi5/bin/mpirun"
+)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("which", ["PATH", "ompi5"])
+def test_ranks_over_hosts_get_shared_memory_beside_tcp_unless_the_user_chose(
+    tmp_path: Path, which: str
+) -> None:
+    """Ranks of a mesh over several hosts that share a host talk through shared memory, not
+    TCP loopback (tt-metal#57284: tt-run's self,tcp deadlocks MPI_Comm_dup at 80 ranks,
+    self,sm,tcp does not), under the name this Open MPI gives it; the user's OMPI_MCA_btl, or
+    a btl line in their Open MPI parameter file, wins."""
+    from ttmesh.launcher.hosts import mpi
+
+    mpirun = shutil.which("mpirun") if which == "PATH" else str(OMPI5)
+    if which == "ompi5" and not OMPI5.exists():
+        pytest.skip("no Open MPI 5 in the conformance cache")
+    assert mpirun is not None
+    ver = mpi.version(mpirun)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    base["HOME"] = str(tmp_path)
+    said, _ = _ranks_over_hosts(mpirun, base, tmp_path)
+    want = "self,sm,tcp" if ver is not None and ver >= (5, 0) else "self,vader,tcp"
+    assert said == [["0", want], ["1", want]]
+    said, _ = _ranks_over_hosts(mpirun, {**base, "OMPI_MCA_btl": "self,tcp"}, tmp_path)
+    assert said == [["0", "self,tcp"], ["1", "self,tcp"]]
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.parent.mkdir()
+    conf.write_text("# mine: loopback is fine here\n  btl_tcp_if_include = lo\nbtl = self,tcp\n")
+    assert mpi.tcp_args("lo", base, ver) == ["--mca", "btl_tcp_if_include", "lo"]
+    said, _ = _ranks_over_hosts(mpirun, base, tmp_path)
+    # the file's, as Open MPI reads it (5.x hands it on in the ranks' environment, 4.x does not)
+    assert said in ([["0", "None"], ["1", "None"]], [["0", "self,tcp"], ["1", "self,tcp"]])
+    listed = {**base, "OMPI_MCA_mca_base_param_files": str(tmp_path / "none.conf")}
+    assert mpi.tcp_args("lo", listed, ver)[:3] == ["--mca", "btl", want]
+
+
+def test_the_shared_memory_transport_is_named_as_each_open_mpi_names_it() -> None:
+    from ttmesh.launcher.hosts import mpi
+
+    assert mpi.btl((5, 0)) == "self,sm,tcp"  # tt-metal#57284
+    assert mpi.btl((4, 1)) == "self,vader,tcp"  # 4.x's "sm" fails MPI_Init
+    assert mpi.btl(None) == "self,vader,tcp"  # 5.x takes vader as sm's alias
 
 
 @needs_mpirun

@@ -160,7 +160,7 @@ def test_multihost_bad_input(qb2: Path) -> None:
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2"], "--node-rank 2: must be 0..1"),
         (["--nnodes", "1:4", "--tp-size", "1"], "no elastic MIN:MAX"),
         (["--node-rank", "1", "--tp-size", "1"], "--node-rank goes with --nnodes N"),
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "2"], "expected HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "x:99999", "--tp-size", "2"], "port 99999: too large"),
         (["--hosts", "a", "--tp-size", "1"], "name two or more different hosts"),
         (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "1", "--dry-run"], "--tp-size 2 for 1 chip on each host"),
     ):  # fmt: skip
@@ -338,17 +338,34 @@ def test_a_crash_under_slurm_resets_both_t3ks_cable_ends_together(slurm_t3k: Slu
     ), notes
 
 
+def _without_numpy(world: Path) -> dict[str, str]:
+    """An environment in which ``import numpy`` fails, as where torch was installed alone
+    (NumPy is no dependency of torch): torch then warns when it is imported."""
+    stand_in = world / "no-numpy" / "numpy"
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
+    )
+    (world / "no-numpy").chmod(0o755)
+    return {"PYTHONPATH": f"{world / 'no-numpy'}:{REPO}"}
+
+
 @needs_hosts
 def test_a_rank_failing_on_host1_stops_every_host(two_qb2, world: Path) -> None:
+    """Rank 6 (host 1) fails: both agents stop and exit 7, naming it. Without NumPy, the agents'
+    torch (the store, the rendezvous) says nothing of it: torch's NumPy warning was printed by
+    every agent of every launch over hosts."""
     pids = world / "pids"
     pids.mkdir()
     pids.chmod(0o777)
     t0 = time.monotonic()
     results = _finish(_agents(two_qb2, _port(), "--tp-size", "8", "--grace", "2", "--",
-                              sys.executable, TW, TAG, f"pids={pids}", "fail-after=6:2:7"))  # fmt: skip
+                              sys.executable, TW, TAG, f"pids={pids}", "fail-after=6:2:7",
+                              env=_without_numpy(world)))  # fmt: skip
     took = time.monotonic() - t0
     for code, _o, e in results:
         assert code == 7, e
+        assert "NumPy" not in e, e
     assert "exit 7: rank 6's exit code (on host ttmh-1)" in results[0][2]
     assert "rank 6 (0000:" in results[1][2]
     assert took < 60

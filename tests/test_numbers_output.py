@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -63,6 +65,8 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("launch", [*L, "--tp-size", "1", "--heartbeat-timeout", "{V}", "true"], "--heartbeat-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--rdzv-timeout", "{V}", "true"], "--rdzv-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "1", "--health-interval", "{V}", "true"], "--health-interval", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--probe-interval", "{V}", "true"], "--probe-interval", POSITIVE),
+    ("launch", [*L, "--tp-size", "1", "--probe-timeout", "{V}", "true"], "--probe-timeout", POSITIVE),
     ("launch", [*L, "--tp-size", "{V}", "true"], "--tp-size", WHOLE),
     ("launch", [*L, "--nproc-per-node", "{V}", "true"], "--nproc-per-node", WHOLE),
     ("launch", [*L, "--tp-size", "1", "--symmetric-dram-mb", "{V}", "true"], "--symmetric-dram-mb", WHOLE),
@@ -81,6 +85,10 @@ NUMBER_OPTIONS: list[tuple[str, list[str], str, str]] = [
     ("reset", ["reset", "--root", "{ROOT}", "--retries", "{V}"], "--retries", WHOLE),
     ("top", ["top", "--root", "{ROOT}", "--once", "--interval", "{V}"], "--interval", POSITIVE),
     ("stop", ["stop", "some-job", "--wait", "{V}"], "--wait", SECONDS),
+    ("logs", ["logs", "some-job", "--rank", "{V}"], "--rank", WHOLE),
+    ("logs", ["logs", "some-job", "--replica", "{V}"], "--replica", WHOLE),
+    ("logs", ["logs", "some-job", "--attempt", "{V}"], "--attempt", WHOLE),
+    ("logs", ["logs", "some-job", "--tail", "{V}"], "--tail", WHOLE),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--heartbeat-hz", "{V}"], "--heartbeat-hz", POSITIVE),
     ("sim config", ["sim", "config", "--root", "{ROOT}", "--reset-seconds", "{V}"], "--reset-seconds", SECONDS),
     ("sim fault reset-hangs", ["sim", "fault", "--root", "{ROOT}", "reset-hangs", "--", "{V}"], "reset-hangs", SECONDS),
@@ -333,6 +341,174 @@ def test_rank_binding_ranks_that_are_not_small_whole_numbers_are_refused(
     assert f": {problem} (give " in line
 
 
+# --------------------------------------------------------------------------- plain ASCII everywhere
+
+# Numbers, ports and host names are read by one rule wherever they come from (ttmesh.numeric,
+# ttmesh.addresses): a digit is 0-9, a host name is ASCII labels or an IP address, an IPv6
+# address with a port is in brackets. Python's int() takes '٣' and str.isdigit() takes '²'
+# (then int('²') raised: an internal error); a host name with a line break, a space or a
+# leading '-' reached mpirun, which exited 255 with no ttmesh line.
+EP = ["launch", "--root", "{ROOT}", "--nnodes", "2", "--node-rank", "0", "--tp-size", "2",
+      "--dry-run"]  # fmt: skip
+HOSTS = ["launch", "--root", "{ROOT}", "--tp-size", "2", "--dry-run", "--hosts"]
+SERVER = ["launch", "--root", "{ROOT}", "--dry-run", "--", "python", "-m", "sglang.launch_server",
+          "--model-path", "M", "--device", "tpu", "--tp-size", "1"]  # fmt: skip
+ASCII_RULE: list[tuple[list[str], str]] = [
+    ([*EP, "--rdzv-endpoint", "127.0.0.1:²", "true"], "--rdzv-endpoint 127.0.0.1:²: port ²: not a number (give a whole number from 1 to 65535"),
+    ([*EP, "--rdzv-endpoint", "127.0.0.1:٣٠٠٠", "true"], "--rdzv-endpoint 127.0.0.1:٣٠٠٠: port ٣٠٠٠: not a number"),
+    ([*EP, "--rdzv-endpoint", "127.0.0.1:+5", "true"], "--rdzv-endpoint 127.0.0.1:+5: port +5: digits only"),
+    ([*EP, "--rdzv-endpoint", "::1", "true"], "--rdzv-endpoint ::1: an IPv6 address goes in brackets: [::1]:29400"),
+    ([*EP, "--rdzv-endpoint", "fe80::1:29400", "true"], "--rdzv-endpoint fe80::1:29400: an IPv6 address goes in brackets: [fe80::1]:29400"),
+    ([*EP, "--rdzv-endpoint", "[::1", "true"], "--rdzv-endpoint [::1: '[' without its ']'"),
+    ([*EP, "--rdzv-endpoint", "[node0]:29400", "true"], "--rdzv-endpoint [node0]:29400: no IPv6 address in the brackets"),
+    ([*EP, "--rdzv-endpoint", "-oProxyCommand=x:1", "true"], "--rdzv-endpoint -oProxyCommand=x:1: it starts with '-'"),
+    ([*EP, "--rdzv-endpoint", "nöde0:1", "true"], "--rdzv-endpoint nöde0:1: it is not ASCII"),
+    ([*EP, "--rdzv-endpoint", "node\n0:1", "true"], "--rdzv-endpoint 'node\\n0:1': it has a line break"),
+    ([*EP, "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "a b", "true"], "--local-addr 'a b': it has a space"),
+    ([*HOSTS, "node0,node 1", "true"], "--hosts: 'node 1' is not a host: it has a space"),
+    ([*HOSTS, "node0,-x", "true"], "--hosts: -x is not a host: it starts with '-'"),
+    ([*HOSTS, "node0,node\n1", "true"], "--hosts: 'node\\n1' is not a host: it has a line break"),
+    ([*HOSTS, "node0,\x1b[2Jnode1", "true"], "--hosts: '\\x1b[2Jnode1' is not a host: it has a control"),
+    ([*HOSTS, "node0,::1", "true"], "--hosts: ::1 is not a host: an IPv6 address, which mpirun's --host cannot take"),
+    ([*HOSTS, "node0,node1:4", "true"], "--hosts: node1:4 is not a host: ':' is in no host name"),
+    (["ls", "--hosts", "node0,-x"], "--hosts: -x is not a host: it starts with '-'"),
+    (["launch", "--root", "{ROOT}", "--tp-size", "1", "--master-addr", "a\nb", "--master-port", "5", "--dry-run", "true"], "--master-addr 'a\\nb': it has a line break"),
+    (["launch", "--root", "{ROOT}", "--tp-size", "1", "--ranks-filter", "٣", "--dry-run", "true"], "--ranks-filter '٣': expected rank numbers"),
+    (["launch", "--root", "{ROOT}", "--tp-size", "1", "--ranks-filter", "1_0", "--dry-run", "true"], "--ranks-filter '1_0': expected rank numbers"),
+    (["launch", "--root", "{ROOT}", "--mesh-shape", "٢x٢", "--dry-run", "true"], "--mesh-shape ٢x٢: expected ROWSxCOLS"),
+    (["launch", "--root", "{ROOT}", "--tp-size", "1", "--tee", "٠:1", "--dry-run", "true"], "--tee '٠:1': not 0-3 or a map of local ranks"),
+    ([*SERVER, "--host", "a\nb", "--port", "30000"], "the server's --host 'a\\nb': it has a line break"),
+    ([*SERVER, "--host", "[::1]", "--port", "30000"], "the server's --host [::1]: write the IPv6 address without brackets: ::1"),
+    ([*SERVER, "--port", "٣٠٠٠٠"], "--port ٣٠٠٠٠: not a number (give a whole number from 1 to 65535"),
+    (["launch", "--root", "{ROOT}", "--nnodes", "abc", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes abc: not a number"),
+    (["launch", "--root", "{ROOT}", "--nnodes", "2:٢", "--rdzv-endpoint", "127.0.0.1:1", "--tp-size", "2", "--dry-run", "true"], "--nnodes 2:٢: ttmesh runs a fixed number of hosts (no elastic MIN:MAX) (e.g. --nnodes 2)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"), ASCII_RULE, ids=lambda v: repr(v) if isinstance(v, str) else None
+)
+def test_numbers_ports_and_host_names_are_plain_ascii(
+    qb2: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    """Each is one line naming the value as given (escapes shown, never sent), what is wrong
+    and what to give; exit 2, nothing started (read in-process: the parsers)."""
+    import ttmesh.cli
+
+    code = ttmesh.cli.run([w.replace("{ROOT}", str(qb2)) for w in argv])
+    out, err = capsys.readouterr()
+    assert code == 2, (argv, out, err)
+    line = one_line(err)
+    assert line.startswith(f"ttmesh: {says}") and line.isprintable(), line
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "says"),
+    [
+        ("-n[0-1]", "SLURM_JOB_NODELIST: host -n0: it starts with '-'"),
+        ("n[٠-١]", "SLURM_JOB_NODELIST n[٠-١]: cannot read [٠-١]"),
+        ("nöde[0-1]", "SLURM_JOB_NODELIST: host nöde0: it is not ASCII"),
+    ],
+)
+def test_slurms_first_host_follows_the_rule_too(
+    qb2: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    nodelist: str, says: str,
+) -> None:  # fmt: skip
+    """Node 0 of a Slurm step is the endpoint: its name is read as every host name is."""
+    import ttmesh.cli
+
+    for key, value in {**SLURM, "SLURM_JOB_NODELIST": nodelist}.items():
+        monkeypatch.setenv(key, value)
+    code = ttmesh.cli.run(["launch", "--root", str(qb2), "--tp-size", "2", "--dry-run", "true"])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2 and line.startswith(f"ttmesh: {says}"), line
+
+
+def test_an_ipv6_endpoint_in_brackets_is_taken_and_passed_on_in_brackets(
+    qb2: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[::1]:29400`` and ``[::1]`` (torchrun's default port) are node 0 at ::1; the agents
+    ``--hosts`` starts are given it in brackets (``::1:29400`` would be host ``::1:29400``)."""
+    import ttmesh.cli
+
+    for endpoint in ("[::1]:29400", "[::1]"):
+        argv = [w.replace("{ROOT}", str(qb2)) for w in EP]
+        assert ttmesh.cli.run([*argv, "--rdzv-endpoint", endpoint, "true"]) == 0, endpoint
+        capsys.readouterr()
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))  # ranks meet on ::1 (was: "--master-port P is already in use on ::1")
+        port = s.getsockname()[1]
+    one = ["launch", "--root", str(qb2), "--tp-size", "1", "--dry-run", "--master-addr", "::1"]
+    assert ttmesh.cli.run([*one, "--master-port", str(port), "true"]) == 0
+    assert f", master [::1]:{port}\n" in capsys.readouterr().out
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs mpirun (apt-get install openmpi-bin)")
+    argv = [w.replace("{ROOT}", str(qb2)) for w in HOSTS]
+    assert ttmesh.cli.run([*argv, "node0,node1", "--rdzv-endpoint", "[::1]", "true"]) == 0
+    out = capsys.readouterr().out
+    assert " --rdzv-endpoint [::1]:29400 --job-id rdzv---1-29400 " in out, out
+
+
+def test_a_rankfiles_ranks_are_plain_digits() -> None:
+    """``rank ٠=node0`` was rank 0 (``\\d`` and int() take any script's digits)."""
+    from ttmesh.errors import TTMeshError
+    from ttmesh.launcher.hosts import meshhosts
+
+    text = "rank 0=node0 slot=0\nrank 1=node1 slot=0\n"
+    assert meshhosts.parse_rankfile(text, "b.rankfile", ["node0", "node1"], 2) == ["node0", "node1"]
+    with pytest.raises(TTMeshError) as bad:
+        meshhosts.parse_rankfile(
+            text.replace("rank 0", "rank ٠"), "b.rankfile", ["node0", "node1"], 2
+        )
+    assert str(bad.value).startswith("b.rankfile: not a rankfile line: 'rank ٠=node0 slot=0'")
+
+
+# Where ttmesh may still test digits otherwise, and why (each a program ttmesh stands in for,
+# read as that program reads it, or work that moves to the rule elsewhere).
+DIGITS_ELSEWHERE = {
+    "launcher/serving/flags.py": "SGLang's own argument types, word for word: a server's flag "
+    "is accepted and refused as the server does",
+    "sim/tt_smi.py": "the tt-smi stand-in reads its targets as tt-smi does",
+    "sim/smitable.py": "COLUMNS and LINES read as rich reads them (tt-smi's tables, byte for byte)",
+    "fabric/resetscope.py": "a reset notice's tt-smi targets, read as tt-smi 6.8.0 reads them "
+    "(its int() of '٣' is 3: that tt-smi resets chip 3)",
+    "sim/standin/ttmesh_standin.py": "the stand-in server reads its flags as the server it "
+    "stands in for does (standard library only: it runs without ttmesh)",
+}
+
+
+SUSPECT = re.compile(r"isdigit|isdecimal|isnumeric|\\[dD]")  # the files worth tokenizing
+
+
+def test_every_digit_is_read_by_the_rule() -> None:
+    """No ``str.isdigit()``/``isdecimal()``/``isnumeric()`` and no ``\\d`` in a pattern (both
+    take '²' and '٣'): ttmesh.numeric.digits, or a pattern of [0-9] (bytes patterns are ASCII)."""
+    import io
+    import tokenize
+
+    found = []
+    for path in sorted((REPO / "ttmesh").rglob("*.py")):
+        rel = str(path.relative_to(REPO / "ttmesh"))
+        text = path.read_text()
+        if rel in DIGITS_ELSEWHERE or rel == "numeric.py" or not SUSPECT.search(text):
+            continue
+        previous = None
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.NAME and previous == "." and tok.string in (
+                "isdigit", "isdecimal", "isnumeric"
+            ):  # fmt: skip
+                found.append(f"{rel}:{tok.start[0]}: .{tok.string}()")
+            if tok.type == tokenize.STRING:
+                prefix = re.match(r"[A-Za-z]*", tok.string)
+                kind = prefix.group(0).lower() if prefix else ""
+                escaped = "\\d" if "r" in kind else "\\\\d"
+                if "b" not in kind and (escaped in tok.string or escaped.upper() in tok.string):
+                    found.append(f"{rel}:{tok.start[0]}: {tok.string[:50]}")
+            previous = tok.string if tok.type == tokenize.OP else None
+    assert not found, "digits read outside the rule:\n" + "\n".join(found)
+
+
 # --------------------------------------------------------------------------- output: stdout
 
 PY = [sys.executable, "-m", "ttmesh"]
@@ -456,7 +632,8 @@ def test_a_jobs_output_that_cannot_be_written(qb2: Path, runtime: Path, redirect
     assert res.returncode == 3, res.stderr
     lines = ttmesh_lines(res.stderr)
     lost = [ln for ln in lines if "cannot write the ranks' output to stdout" in ln]
-    assert len(lost) == 1 and "--log-dir keeps every line" in lost[0], res.stderr
+    assert len(lost) == 1 and "; ttmesh logs " in lost[0], res.stderr  # the job's own copy
+    assert lost[0].endswith(" keeps every line)"), res.stderr
     assert not any("supervisor error" in ln for ln in lines), res.stderr
     assert lines[-1] == "ttmesh: exit 3: rank 0's exit code"
 
@@ -570,6 +747,8 @@ def test_ps_rows_fit_the_width(qb2: Path, runtime: Path) -> None:
         assert max(len(r) for r in rows) <= width, proc.stdout
         row = next(r for r in rows if r.startswith("longjob "))
         assert row.endswith("…"), row
+        assert " every rank succeeded " in row and "0000:" in row  # never cut (issue 37)
+        assert "quietbox2 " in row  # a long root loses its start, never its last names
     jobs = json.loads(run_cli("ps", "--all", "--json").out)["jobs"]
     assert next(j for j in jobs if j["job"] == "longjob")["command"][-1] == long
 

@@ -445,11 +445,18 @@ def test_lost_chip_is_never_a_target(qb2: Path, cli: Callable) -> None:
     assert (gone["before"], gone["after"], gone["dev_after"]) == ("frozen", "gone", None)
     problem = next(p for p in doc["problems"] if "did not come back" in p["what"])
     assert problem["fix"].startswith("power-cycle the host")
-    # The host now lacks 05: a reset of what is there recovers it, and says 05 is missing.
+    # The host now lacks 05: a reset of what is there resets and verifies those chips, but the
+    # host is not whole: exit 1, not 0, saying so (issue 37; docs/architecture.md Exit codes).
     code, doc, err = do_reset(cli, qb2)
-    assert code == 0, err
+    assert code == 1, err
     assert doc["attempts"][0]["argv"][2] == f"{C01},{C03},{C07}"
-    assert any("missing from the host" in p["what"] for p in doc["problems"])
+    assert doc["recovered"] is False and doc["attempts"][0]["verified"] is True
+    (missing,) = [p for p in doc["problems"] if "missing from the host" in p["what"]]
+    assert missing["severity"] == "error" and missing["fix"].startswith("power-cycle the host")
+    (line,) = ttmesh_lines(err)[-1:]
+    assert line.startswith("ttmesh: not recovered: ") and "missing from the host" in line
+    text = cli("reset", "--root", str(qb2), "--backoff", "0")
+    assert text.code == 1 and "NOT RECOVERED" in text.out and "error: chip" in text.out
 
 
 # --------------------------------------------------------------------------- recover()

@@ -182,6 +182,43 @@ def test_a_notice_stops_only_the_job_whose_chips_it_resets(qb2: Path) -> None:
     assert not resetscope.judge(host, by_node, mine, me).heed
 
 
+@pytest.mark.parametrize(
+    ("args", "heed"),
+    [
+        (["7"], True),  # past the end: tt-umd resets every device
+        (["0000:09:00.0"], True),  # no such chip: every device
+        (["0000:09:00.0,{bdf1}"], True),
+        (["{other}"], False),
+        (["/dev/tenstorrent/ {dev1}"], True),  # tt-smi strips the number
+        (["/dev/tenstorrent/9"], False),  # no such node: tt-umd resets nothing
+        (["{umd1}"], True),
+        (["-0"], True),  # UMD id 0, which is a job chip
+        (["-1"], True),  # before tt-umd's list (undefined): any device
+        (["²"], True),  # tt-smi refuses it: whoever sent this, its scope is unknown
+        (["2147483648"], True),  # tt-umd's binding refuses it: likewise
+        (["{umd3},0000:01:00.0"], True),  # mixed kinds: tt-smi refuses
+        (["{other}", "--no_reinit"], False),
+    ],
+)
+def test_a_notice_names_the_chips_tt_umd_would_reset(
+    qb2: Path, args: list[str], heed: bool
+) -> None:
+    """tt-smi's targets are mapped to chips as tt-umd maps them: ids or addresses matching
+    nothing reset EVERY device (the job is concerned); /dev numbers matching nothing reset
+    none; targets tt-smi or tt-umd would refuse are no tt-smi's (scope unknown)."""
+    host = open_host(qb2)
+    every = resetscope.targets(host, sorted(c.bdf for c in discover(host).chips if c.bdf))
+    mine = [every[0], every[1]]  # UMD ids 0 and 1: the first two in PCI order
+    fill = {
+        "bdf1": mine[1].bdf, "other": every[3].bdf, "dev1": mine[1].dev_index,
+        "umd1": 1, "umd3": 3,
+    }  # fmt: skip
+    me = os.getuid()
+    for flag in ("-r", "--res"):
+        notice = Notice("pre-reset", 1, me, ("tt-smi", flag, *(a.format(**fill) for a in args)))
+        assert resetscope.judge(host, notice, mine, me).heed is heed, (flag, args)
+
+
 def test_a_notice_from_a_user_who_cannot_reset_the_chips_is_ignored(qb2: Path) -> None:
     host = open_host(qb2)
     inv = discover(host)
@@ -441,20 +478,30 @@ def test_what_a_listener_lets_pass_is_said_in_few_lines_per_user() -> None:
 
 
 @pytest.mark.parametrize(
-    "target",
-    ["²", "٣", "/dev/tenstorrent/²", "/dev/tenstorrent/٣", "7" * 5000, "0x1", "+1", " 1", "1_0"],
+    ("target", "ours"),
+    [
+        ("²", True),  # tt-smi's int() refuses it after isdigit() said yes: nothing is reset
+        ("٣", False),  # tt-smi 6.8.0 reads it as 3 (int('٣')): chip 3, not the job's 0 and 1
+        ("/dev/tenstorrent/²", True),
+        ("/dev/tenstorrent/٣", False),
+        ("7" * 5000, True),  # past a C int: tt-umd's binding refuses it
+        ("0x1", True),  # tt-smi refuses these words: not that tt-smi, the scope is unknown
+        ("+1", True),
+        (" 1", True),  # chip 1, the job's
+        ("1_0", True),
+    ],
 )
-def test_a_reset_target_is_a_number_only_in_plain_ascii_digits(qb2: Path, target: str) -> None:
-    """``tt-smi -r ²`` (which ``int`` refuses after ``isdigit`` said yes) or Arabic-Indic
-    digits name no chip ttmesh can tell: the reset may be the job's, never a crash."""
+def test_a_reset_target_is_read_as_tt_smi_reads_it(qb2: Path, target: str, ours: bool) -> None:
+    """``tt-smi -r ²`` (which ``int`` refuses after ``isdigit`` said yes), Arabic-Indic digits
+    (which tt-smi 6.8.0 reads as the number they are), a number past a C int, a word tt-smi
+    refuses: each is read as tt-smi 6.8.0 reads it (``tt_smi/device_input.py``), and a reset
+    whose scope cannot be told may be the job's. Never a crash."""
     host = open_host(qb2)
     chips = resetscope.targets(host, [c.bdf for c in discover(host).chips[:2] if c.bdf])
     me = os.getuid()
-    verdict = resetscope.judge(
-        host, Notice("pre-reset", 1, me, ("tt-smi", "-r", target)), chips, me
-    )
-    assert verdict.heed and "reset by tt-smi -r" in verdict.why
-    assert resetscope.chips_concerned(Notice("pre-reset", 1, me, ("tt-smi", "-r", target)), chips)
+    notice = Notice("pre-reset", 1, me, ("tt-smi", "-r", target))
+    verdict = resetscope.judge(host, notice, chips, me)
+    assert verdict.heed is ours and "tt-smi -r" in verdict.why, verdict
 
 
 @pytest.mark.skipif(not can_switch(), reason=NEEDS_NOBODY)

@@ -22,6 +22,8 @@ FAKES = str(REPO / "tests" / "fakes")
 # The user's shell sets PYTHONUNBUFFERED here, so the exact environments below are what
 # ttmesh adds for a server (without it ttmesh adds PYTHONUNBUFFERED=1: test_torchrun_output).
 ENV = {"PYTHONPATH": FAKES, "PYTHONUNBUFFERED": "1"}
+# A known failure read after the end (the server exits on its own), not a line stopped live.
+ETH_LINE = "ETH core heartbeat check failed for chip 1 core (x=1,y=25)"
 C01, C03, C05, C07 = "0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"
 SEED_1CHIP = [
     "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "31000",
@@ -244,6 +246,7 @@ def test_every_error_rule_refuses_before_anything_starts(
 ) -> None:
     line = refusal(qb2, "--", *program, *argv, env=env)
     assert message in line and f"fix: {fix}" in line, line
+    assert line.startswith("ttmesh: error: "), line  # an error says so, as a warning does
 
 
 @pytest.mark.parametrize(("program", "argv", "message", "fix"), WARNINGS)
@@ -292,14 +295,38 @@ def test_memory_budget_of_the_seeds_qwen3_8b(qb2: Path, tmp_path: Path) -> None:
     assert memory["weights_fit"] and memory["kv_fits"] and data["serving"]["findings"] == []
     kv = 36 * 8 * 128 * 2 * 2 * 16384 / 1e9  # layers x KV heads x head dim x (K,V) x BF16 x tokens
     assert abs(memory["kv_gb_per_chip"] - kv) < 0.01
-    # The default --mem-fraction-static 0.4 leaves no KV cache on one 32 GB chip: a warning.
-    data, _err = plan(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    # Room for the weights, not for the KV cache --max-total-tokens asks: a warning, whose fix
+    # is the fraction this job's chips need (0.61 of a 34.4 GB chip: 0.65).
+    data, _err = plan(
+        qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static="0.6")
+    )
     (finding,) = data["serving"]["findings"]
     assert finding["rule"] == "memory-kv" and finding["severity"] == "warning"
-    assert "--mem-fraction-static 0.4 leaves no room" in finding["message"]
+    assert "--mem-fraction-static 0.6 leaves no room for 2.42 GB of KV cache" in finding["message"]
+    assert finding["fix"].startswith("--mem-fraction-static 0.65 (what 1 chip needs"), finding
     text = run_cli("launch", "--root", str(qb2), "--dry-run", "--", *SGLANG,
                    *seed(1, model_path=str(model)), env=ENV)  # fmt: skip
     assert "MEMORY (1 chip)" in text.out and "8.19 B parameters" in text.out
+
+
+def test_weights_beyond_what_the_fraction_leaves_are_refused_with_this_jobs_fix(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """The weights (and the reservation) need more than --mem-fraction-static leaves per chip:
+    the server would fail after minutes of loading, so it is refused (exit 2), as the docs say,
+    with the fraction that fits this job's chips, not one chip's (issue 37)."""
+    model = _model(tmp_path, "Qwen3-8B")
+    four = refusal(qb2, "--", *SGLANG, *seed(4, model_path=str(model), mem_fraction_static="0.01"))
+    assert four.startswith("ttmesh: error: sglang-torchtpu: the weights need 4.1 GB per chip"), four
+    assert "--mem-fraction-static 0.01 leaves 0.3 GB per chip" in four
+    assert "(fix: --mem-fraction-static 0.2 (what 4 chips need" in four and "one chip" not in four
+    # The default 0.4 on one chip: 16.4 GB of weights, 13.7 GB left: refused too.
+    one = refusal(qb2, "--", *SGLANG, *seed(1, model_path=str(model), mem_fraction_static=None))
+    assert "--mem-fraction-static 0.4 leaves 13.7 GB per chip" in one
+    assert "(fix: --mem-fraction-static 0.65 (what 1 chip needs" in one
+    res = run_cli("launch", "--root", str(qb2), "--", *SGLANG,
+                  *seed(4, model_path=str(model), mem_fraction_static="0.01"), env=ENV)  # fmt: skip
+    assert res.code == 2 and "[r0]" not in res.out + res.err  # nothing started
 
 
 def test_weights_that_do_not_fit_are_refused_and_split_over_chips(
@@ -373,18 +400,34 @@ def _wait_ready(proc: subprocess.Popen, lines: list[str]) -> str:
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line)
-        match = re.search(r"ready after [\d.]+ s at (http://\S+)", line)
+        match = re.search(r"ready after [\d.:]+(?: s)? at (http://\S+)", line)
         if match:
             return match.group(1)
     raise AssertionError("never ready:\n" + "".join(lines))
 
 
 def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
-    proc, port = _serve(qb2, tmp_path)
+    # A proxy in the environment (as on many company hosts) that nothing answers at: ttmesh's
+    # own probes of the server on loopback go direct, never through it.
+    proxies = {k: "http://127.0.0.1:9" for k in ("http_proxy", "HTTP_PROXY", "all_proxy")}
+    proc, port = _serve(qb2, tmp_path, env={**proxies, "no_proxy": "", "NO_PROXY": ""})
     lines: list[str] = []
     try:
         url = _wait_ready(proc, lines)
         assert url == f"http://127.0.0.1:{port}"
+        # ttmesh ps shows the server's URL and state, as a fleet's replicas (issue 37).
+        job = f"serve-{os.getpid()}-{port}"
+        (mine,) = [j for j in json.loads(run_cli("ps", "--json").out)["jobs"] if j["job"] == job]
+        assert mine["server"]["state"] == "serving" and mine["server"]["url"] == url
+        assert mine["profile"] == "sglang-torchtpu" and len(mine["chips"]) == 4
+        rows = run_cli("ps", env={"COLUMNS": "300"}).out.splitlines()
+        (row,) = [r for r in rows if r.startswith(f"{job}/server ")]
+        assert " serving " in row and url in row
+        (main,) = [r for r in rows if r.startswith(f"{job} ")]
+        assert "0000:01:00.0 +3" in main  # the chips: a count, the full list in ps JOB
+        narrow = run_cli("ps", env={"COLUMNS": "80"}).out.splitlines()
+        (row,) = [r for r in narrow if r.startswith(f"{job}/server ")]
+        assert url in row  # an identity: the command is cut, never the URL
         curl = next(proc.stderr).strip()  # type: ignore[arg-type]
         assert curl.startswith(f"ttmesh: try: curl -sS {url}/generate ")
         body = json.dumps({"text": "The capital of the Netherlands is"}).encode()
@@ -403,7 +446,14 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
     assert proc.returncode == 130, "".join(lines) + err
     wait_for(lambda: not any(alive(p) for p in tree), timeout=5, what="the server's tree gone")
     assert "[r0] fake server: drained and stopped" in out  # its own drain, on SIGTERM
-    # Its schedulers were SIGKILLed holding the chips: ttmesh checked and reset them.
+    # Its schedulers were SIGKILLed holding the chips: ttmesh checked and reset them, and says
+    # so as the expected step of a stop the user asked for, not as a failure (issue 36).
+    assert ("ttmesh: interrupted: stopping the server (SIGTERM: its own drain, up to 30 s; "
+            "Ctrl-C again to kill at once)\n") in err, err  # fmt: skip
+    assert re.search(r"^ttmesh: the server stopped as asked: SGLang kills its schedulers with "
+                     r"SIGKILL when it stops, so they never close the chips; resetting them, as "
+                     r"expected \(2 of 2 links between .* are down .*\)$", err, re.M), err  # fmt: skip
+    assert "the job ended" not in err and "failed" not in err, err
     assert "chips recovered and verified" in err
     assert _links(qb2) == {"up"} and run_cli("check", "--root", str(qb2)).code == 0
 
@@ -411,15 +461,36 @@ def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) ->
 def test_crash_after_ready_is_recovered_and_restarted(qb2: Path, tmp_path: Path) -> None:
     # Ready for 2 s before it crashes: ttmesh probes every 0.5 s (a window as long as that
     # could fall between two probes on a loaded machine).
-    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2"}
-    proc, _ = _serve(qb2, tmp_path, "--max-restarts", "1", env=env)
+    env = {"FAKE_MODE": "crash", "FAKE_FAIL_AFTER": "2", "FAKE_SAY": ETH_LINE}
+    summary = tmp_path / "summary.json"
+    proc, port = _serve(qb2, tmp_path, "--max-restarts", "1", "--summary-json", str(summary),
+                        env=env)  # fmt: skip
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert err.count("ready after") == 2  # restarted once, after recovery
+    assert "ttmesh: the job ended (" in err and "as asked" not in err  # a failure reads as one
     assert "chips recovered and verified" in err
     assert "attempt 2: rank 0 exited with code 3" in err
     assert "fake server: crashing on purpose" in err
     assert _links(qb2) == {"up"}
+    # What happened, with times, in --summary-json and the record (issue 37): the restart,
+    # the resets (verified) and the known failure, whose fix asks no reset the job had
+    # already done and verified (its last line said "chips recovered and verified").
+    job = f"serve-{os.getpid()}-{port}"
+    record = json.loads(run_cli("ps", job, "--json").out)["jobs"][0]
+    for doc in (json.loads(summary.read_text()), record):
+        (restart,) = doc["restarts"]
+        first, second = doc["attempts"]
+        assert restart["attempt"] == 1 and first["ended"] <= restart["at"] <= second["started"]
+        assert [r["recovered"] for r in doc["resets"]] == [True, True]
+        assert first["ended"] <= doc["resets"][0]["at"] <= second["started"]
+        assert doc["diagnosis"]["id"] == "eth-heartbeat"
+        assert "ttmesh reset" not in doc["diagnosis"]["fix"], doc["diagnosis"]
+        assert doc["diagnosis"]["fix"].startswith("nothing to reset now")
+    assert "fix: stop every process" not in err and "fix: nothing to reset now" in err
+    logs = run_cli("logs", job).out.splitlines()
+    assert logs.count("fake server: crashing on purpose") == 2
+    assert logs.index("ttmesh: attempt 1") < logs.index("ttmesh: attempt 2")
 
 
 def test_a_crashing_server_is_its_own_exit_not_a_dead_scheduler(qb2: Path, tmp_path: Path) -> None:
@@ -501,11 +572,13 @@ def test_ttmesh_stop_stops_a_server(qb2: Path, tmp_path: Path) -> None:
         res = run_cli("stop", job)
         assert res.code == 0, res.err
         assert f"job {job} ended: terminated (SIGTERM)" in res.out
-        proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.communicate()
     assert proc.returncode == 143
+    said = "ttmesh: terminated (SIGTERM): stopping the server (SIGTERM: its own drain, up to 30 s)"
+    assert said in err and "the job ended" not in err, err  # one chip: no link to reset
     res = run_cli("stop", job)
     assert res.code == 2 and f"no running job '{job}'" in res.err
 
@@ -514,7 +587,8 @@ def test_profiles_lists_the_stacks() -> None:
     res = run_cli("profiles", "--json")
     assert res.code == 0
     names = [p["name"] for p in json.loads(res.out)["profiles"]]
-    assert set(names) == {"sglang-torchtpu", "sglang-jax", "vllm-tt", "sglang"}
+    assert set(names) == {"sglang-torchtpu", "sglang-jax", "vllm-tt", "sglang", "jax-tt",
+                          "torch-tpu"}  # fmt: skip
     assert (
         "sglang.launch_server and (--device tpu or SGLANG_PLATFORM tpu_oot)"
         in run_cli("profiles").out

@@ -55,7 +55,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(root: Path, sglang_dir: Path, tp: int, job: str) -> tuple[subprocess.Popen, int]:
+def _serve(
+    root: Path, sglang_dir: Path, tp: int, job: str, *extra: str
+) -> tuple[subprocess.Popen, int]:
     port = _port()
     argv = [
         str(sglang_dir / "venv" / "bin" / "python"), "-m", "sglang.launch_server",
@@ -66,7 +68,7 @@ def _serve(root: Path, sglang_dir: Path, tp: int, job: str) -> tuple[subprocess.
     env = {"SGLANG_USE_CPU_ENGINE": "1"}
     if tp == 2:
         env["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
-    proc = start_launch(root, "--job-id", job, "--grace", str(GRACE), "--", *argv, env=env)
+    proc = start_launch(root, "--job-id", job, "--grace", str(GRACE), *extra, "--", *argv, env=env)
     return proc, port
 
 
@@ -75,7 +77,7 @@ def _ready(proc: subprocess.Popen, lines: list[str], timeout: float = 600) -> st
     deadline = time.monotonic() + timeout
     for line in proc.stderr:
         lines.append(line)
-        match = re.search(r"ready after [\d.]+ s at (http://\S+)", line)
+        match = re.search(r"ready after [\d.:]+(?: s)? at (http://\S+)", line)
         if match:
             return match.group(1)
         assert time.monotonic() < deadline, "".join(lines)
@@ -216,17 +218,22 @@ def test_real_sglang_ready_generate_and_ctrl_c(qb2: Path, sglang_dir: Path) -> N
     assert "Traceback" not in err
 
 
-def test_real_sglang_ready_generate_then_scheduler_killed(qb2: Path, sglang_dir: Path) -> None:
+def test_real_sglang_ready_generate_then_scheduler_killed(
+    qb2: Path, sglang_dir: Path, tmp_path: Path
+) -> None:
     """One process: ready, answers; then its scheduler killed. SGLang SIGKILLs its own tree,
     itself and multiprocessing's resource tracker included, so nothing of SGLang's unlinks the
     scheduler's semaphore; ttmesh ends the job with the server's code (stock SGLang has no
     torchrun error file) and leaves nothing of the server's in /dev/shm. One start serves both
     (a start is most of a real SGLang test's time)."""
     before = _shm()
-    proc, port = _serve(qb2, sglang_dir, 1, f"sglang-kill-{os.getpid()}")
+    summary = tmp_path / "s.json"
+    proc, port = _serve(qb2, sglang_dir, 1, f"sglang-kill-{os.getpid()}", "--summary-json",
+                        str(summary))  # fmt: skip
     lines: list[str] = []
     try:
         tree, files = _started(proc, port, 1, lines)
+        _checklist_said(lines)
         scheduler = next(
             p for p in tree if (procs.command_line(p) or "").startswith("sglang::scheduler")
         )
@@ -248,6 +255,27 @@ def test_real_sglang_ready_generate_then_scheduler_killed(qb2: Path, sglang_dir:
     left = _left(files)
     _remove(left)
     assert left == [], "the server's files left in /dev/shm"
+    # Its start, step by step, in --summary-json (issue 36): the profile's patterns, read from
+    # the real SGLang's own log.
+    phases = json.loads(summary.read_text())["phases"]
+    assert [(p["key"], p["state"]) for p in phases] == [
+        (key, "done") for key in ("engine", "ranks", "weights", "kv", "server")
+    ], phases
+    assert phases[3]["detail"] == "2048 tokens" and phases[2]["detail"].startswith("Qwen2")
+
+
+def _checklist_said(lines: list[str]) -> None:
+    """The stock SGLang profile's checklist, one plain line per step (ttmesh's stderr is a
+    pipe here), from the real server's own log, before its ready line (issue 36)."""
+    said = re.compile(
+        r"ttmesh: sglang: \[(\d)/5 · [\d.:]+(?: s)?\] (.+?) in [\d.:]+(?: s)?(?: \((.*)\))?$"
+    )
+    steps = [m.groups() for m in (said.match(ln.rstrip("\n")) for ln in lines) if m]
+    assert [(k, label) for k, label, _ in steps] == [
+        ("1", "engine started"), ("2", "ranks set up"), ("3", "weights loaded"),
+        ("4", "KV cache allocated"), ("5", "API server up"),
+    ], "".join(lines)  # fmt: skip
+    assert steps[3][2] == "2048 tokens" and steps[1][2] == "world size 1", steps
 
 
 def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -> None:
@@ -319,8 +347,9 @@ def _cmd(pid: int) -> str:
 
 
 def _workers(url: str) -> int:
+    """The router's workers (its open /get_server_info: /workers takes the fleet's key only)."""
     try:
-        with urllib.request.urlopen(url + "/workers", timeout=2) as r:
-            return len(json.loads(r.read())["workers"])
-    except (OSError, ValueError):
+        with urllib.request.urlopen(url + "/get_server_info", timeout=2) as r:
+            return int(json.loads(r.read())["workers_count"])
+    except (OSError, ValueError, KeyError):
         return -1

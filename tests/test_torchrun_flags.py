@@ -150,7 +150,7 @@ def test_flags_with_no_meaning_here_are_taken_and_said_once(qb2: Path, tmp_path:
     script.write_text("")
     res = run_cli("launch", "--root", str(qb2), "--dry-run", "--standalone",
                   "--monitor_interval", "5", "--start_method", "fork", "--run_path",
-                  "--logs_specs", "x", "--event_log_handler", "null",
+                  "--logs_specs", "default", "--event_log_handler", "null",
                   "--signals_to_handle", "SIGTERM,SIGUSR1", str(script))  # fmt: skip
     assert res.code == 0, res.err
     for flag in ("--monitor-interval", "--start-method", "--run-path", "--logs-specs",
@@ -276,3 +276,160 @@ def test_command_lines_torchrun_users_type_plan_two_ranks(
     assert data["ranks"][0]["argv"][-3:] == [str(script), "--lr", "1"]
     if "master_port" in line:
         assert data["master"]["port"] == port
+
+
+# --------------------------------------------------------------------------- as written
+
+
+@pytest.mark.parametrize(
+    ("args", "written"),
+    [
+        (["--redirect", "3"], ["--redirects", "3"]),  # pytorch's launcher tests type it so
+        (["--redirect=3"], ["--redirects=3"]),
+        (["--nproc_per", "2"], ["--nproc_per_node", "2"]),
+        (["--nproc-per", "2", "--stand"], ["--nproc-per-node", "2", "--standalone"]),
+        (["--rdzv-i=5", "--no-py"], ["--rdzv-id=5", "--no-python"]),
+        (["--master-a", "h", "--max-restarts", "1"], ["--master-addr", "h", "--max-restarts", "1"]),
+        (["--env", "--redirect", "--redirect", "1"], ["--env", "--redirect", "--redirects", "1"]),
+        (["-r3", "-t1", "--virtual-l"], ["-r3", "-t1", "--virtual-local-rank"]),
+        (["-r=3", "-t==1"], ["-r3", "-t=1"]),  # argparse reads 3 and =1
+    ],
+)
+def test_a_torchrun_flag_is_taken_by_any_prefix_no_other_option_has(
+    args: list[str], written: list[str]
+) -> None:
+    """torchrun's argparse takes any unambiguous prefix of a long flag; so does ttmesh, for
+    torchrun's flags (a value is never read as a flag)."""
+    from ttmesh.cli.launch_args import spelled_out
+
+    line = [*args, "train.py", "--redirect", "1"]
+    assert command_start(_params(), line) == (len(args), len(args))
+    assert spelled_out(_params(), line[: len(args)]) == written
+
+
+@pytest.mark.parametrize(
+    ("prefix", "candidates"),
+    [
+        ("--nproc", ["--nproc-per-node", "--nproc_per_node"]),  # torchrun refuses it too
+        ("--max", ["--max-restarts", "--max_restarts"]),
+        ("--sign", ["--signals-to-handle", "--signals_to_handle"]),
+        ("--t", ["--tp-size", "--tee", "--tcp-interface"]),  # torchrun's --tee; ttmesh's --tp-size
+        ("--r", ["--redirects", "--role", "--run-path", "--rdzv-id", "--root"]),
+        ("--lo", ["--log-dir", "--local-addr", "--logs-specs", "--local-ranks-filter"]),
+    ],
+)
+def test_an_ambiguous_prefix_is_refused_naming_every_option_it_could_be(
+    prefix: str, candidates: list[str]
+) -> None:
+    from ttmesh.errors import TTMeshError
+
+    with pytest.raises(TTMeshError) as info:
+        command_start(_params(), [prefix, "1", "train.py"])
+    assert info.value.code == 2
+    said = str(info.value)
+    assert said.startswith(f"ambiguous option: {prefix} could match ")
+    named = said.split(" could match ", 1)[1].split(" (", 1)[0].split(", ")
+    assert set(candidates) <= set(named) and all(n.startswith(prefix) for n in named)
+
+
+def test_prefixes_end_to_end(qb2: Path, tmp_path: Path) -> None:
+    """A torchrun command line with abbreviated flags plans as written out; an ambiguous one
+    is one line, exit 2; ttmesh's own options are not abbreviated."""
+    script = tmp_path / "t.py"
+    script.write_text("")
+    data = _plan(qb2, "--nproc_per=2", "--redirect", "3", "--rol", "trainer", str(script))
+    assert len(data["ranks"]) == 2 and data["ranks"][0]["env"]["ROLE_NAME"] == "trainer"
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", "--nproc", "2", str(script))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert res.err.startswith(
+        "ttmesh: ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node"
+    )
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", "--summary-js", "x", str(script))
+    assert res.code == 2 and "no such option: --summary-js" in res.err
+
+
+@pytest.mark.slow
+def test_prefixes_are_read_as_torchruns_own_parser_reads_them() -> None:
+    """Every prefix (3 characters or more) of every long flag of the installed torch's own
+    torchrun parser: where torchrun takes it as one flag, ttmesh takes it as that flag, or
+    refuses it naming that flag among options of its own that share the prefix; where
+    torchrun refuses it as ambiguous, ttmesh refuses it too."""
+    import argparse
+
+    from torch.distributed.run import get_args_parser
+
+    from ttmesh.cli.launch_args import spelled_out
+    from ttmesh.errors import TTMeshError
+
+    parser = get_args_parser()
+    longs = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    longs.remove("--help")  # argparse's own; ttmesh launch --help is ttmesh's
+    dest = {o: a.dest for a in parser._actions for o in a.option_strings}
+    ours = {o: torchrun.FLAGS.get(o) or torchrun.FLAGS.get("--" + o[2:].replace("_", "-"))
+            for o in longs}  # fmt: skip
+    checked = 0
+    for flag in longs:
+        for n in range(3, len(flag) + 1):
+            prefix = flag[:n]
+            theirs = [o for o in longs if o.startswith(prefix)]
+            exact = prefix in dest
+            try:
+                mine = spelled_out(_params(), [prefix, "1"])[0]
+            except TTMeshError as exc:
+                named = str(exc).split(" could match ", 1)[-1].split(" (", 1)[0].split(", ")
+                assert not exact, prefix
+                assert set(theirs) <= set(named), (prefix, theirs, named)
+                checked += 1
+                continue
+            assert exact or len(theirs) == 1, (prefix, theirs)
+            assert ours.get(mine) == dest[theirs[0] if not exact else prefix] or mine == prefix, (
+                prefix
+            )
+            checked += 1
+    assert checked > 300
+    assert isinstance(parser, argparse.ArgumentParser) and parser.allow_abbrev
+
+
+def test_logs_specs_torchrun_cannot_find_is_refused(qb2: Path, tmp_path: Path) -> None:
+    """torchrun resolves --logs-specs NAME among the torchrun.logs_specs entry points and
+    refuses a name none has (torch/distributed/run.py _get_logs_specs_class); torch's own
+    "default" is taken (and said: ttmesh writes the logs itself)."""
+    script = tmp_path / "t.py"
+    script.write_text("")
+    for spelling in ("--logs-specs", "--logs_specs", "--logs-spec"):
+        res = run_cli("launch", "--root", str(qb2), "--dry-run", spelling, "DOESNOT_EXIST",
+                      str(script))  # fmt: skip
+        assert res.code == 2, res.err
+        line = res.err.strip().splitlines()[-1]
+        assert "Traceback" not in res.err
+        said = spelling if spelling != "--logs-spec" else "--logs-specs"  # as written out
+        assert line.startswith(
+            f"ttmesh: {said} DOESNOT_EXIST: torchrun finds no entry point "
+            "torchrun.logs_specs[DOESNOT_EXIST] (installed: default"
+        ), line
+    res = run_cli("launch", "--root", str(qb2), "--dry-run", "--logs-specs", "default",
+                  str(script))  # fmt: skip
+    assert res.code == 0, res.err
+    assert "note: --logs-specs is torchrun's: ttmesh writes the ranks' logs itself" in res.err
+
+
+def test_rdzv_conf_keys_are_shown_as_torchrun_reads_them(qb2: Path, tmp_path: Path) -> None:
+    """pytorch's launcher tests pass "--rdzv-conf='join_timeout=5,last_call_timeout=1,
+    timeout=5'" as one word: the quotes are part of the first key and the last value, as
+    torchrun's _parse_rendezvous_config reads them. The note names that key whole, in quotes
+    of its own, and says it is not join_timeout."""
+    script = tmp_path / "t.py"
+    script.write_text("")
+    res = run_cli("launch", "--root", str(qb2), "--dry-run",
+                  "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", str(script))  # fmt: skip
+    assert res.code == 0, res.err
+    notes = [ln for ln in res.err.splitlines() if "--rdzv-conf" in ln]
+    assert notes == [
+        'ttmesh: note: --rdzv-conf key "\'join_timeout" is not join_timeout (its quotes are part '
+        "of it, as torchrun reads it; drop them to set the join timeout): not used",
+        "ttmesh: note: --rdzv-conf key last_call_timeout: not used by ttmesh's rendezvous "
+        "(--rdzv-timeout, --heartbeat-timeout)",
+        "ttmesh: note: --rdzv-conf key timeout: not used by ttmesh's rendezvous "
+        "(--rdzv-timeout, --heartbeat-timeout)",
+    ]
+    assert "--rdzv-conf 'join_timeout" not in res.err

@@ -16,12 +16,15 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, TAG, TW, alive, run_cli, start_launch, wait_for, worker
@@ -803,3 +806,113 @@ def test_a_reset_beside_another_users_job_and_the_record_it_leaves(
             job.communicate(input="", timeout=30)
         shutil.rmtree(victim_dir, ignore_errors=True)
         shutil.rmtree(top, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- jobs over hosts
+
+
+def _rendezvous_jobs(job: str, count: int) -> list[list[Any]]:
+    """``count`` jobs named ``job``, each of two agents (node 0 holding a real store on a free
+    port of 127.0.0.1), joined in this process, all at once, through the real join: torch's
+    store and rendezvous."""
+    from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+
+    jobs = []
+    for _ in range(count):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        jobs.append([Coordinator(Endpoint("127.0.0.1", port), job, 2, n, "one-token",
+                                 timeout=60) for n in range(2)])  # fmt: skip
+    every = [c for agents in jobs for c in agents]
+    done = _together(every, lambda c: c.join(Node(c.node, f"h{c.node}", "127.0.0.1", 1)))
+    assert done == [None] * len(every), done
+    return jobs
+
+
+def _together(agents: list[Any], do: Callable[[Any], Any]) -> list[Any]:
+    """``do(agent)`` for each agent at once (each waits for the others): results or errors."""
+    out: list[Any] = [None] * len(agents)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = do(agents[i])
+        except Exception as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(agents))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    return out
+
+
+@pytest.mark.torch
+def test_a_failure_another_user_copies_from_an_earlier_job_is_ignored(
+    two: dict[str, User], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two jobs over hosts with the same token and job id (the default id is the endpoint's),
+    one after the other. In each attempt the earlier job's rank 1 exits 7; root, then nobody,
+    each with no token and no torch (the store's own protocol, tests/rawstore.py), copies that
+    attempt's ``first/N`` record into the later job's store. The later job's agents neither
+    stop nor take 7: each says once that it ignored the copy (it made node 0 exit 7 with every
+    rank healthy)."""
+    pytest.importorskip("torch")
+    copier = (Path(__file__).parent / "rawstore.py").read_text()
+    earlier, later = _rendezvous_jobs("train", 2)
+    failed = {"interrupted": False, "rank": 1, "host": "h1", "reason": "rank 1 exited with code 7"}
+    try:
+        for attempt, user in enumerate(("root", "nobody")):
+            ends = [c.report_end(attempt, {**failed, "code": 7 if c.node == 1 else 0})
+                    for c in earlier[::-1]]  # node 1 ended first  # fmt: skip
+            assert [e["code"] for e in ends] == [7, 7], ends
+            copied = two[user].py(copier, str(earlier[0].endpoint.port),
+                                  str(later[0].endpoint.port), f"ttmesh/first/{attempt}")  # fmt: skip
+            assert copied.returncode == 0, copied.stderr
+            for c in later:
+                c.watch(attempt, lambda: pytest.fail("stopped for a copied record"))
+                c._check_ends()  # what the heartbeat does while the ranks run
+            ends = _together(later, lambda c, a=attempt: c.report_end(
+                a, {**failed, "code": 0, "rank": None}))  # fmt: skip
+            assert [e["code"] for e in ends] == [0, 0], ends
+    finally:
+        for c in [*later, *earlier]:
+            c.close()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("ttmesh: ")]
+    for attempt in (0, 1):
+        said = [ln for ln in lines if f"ignored first/{attempt} " in ln]
+        assert len(said) == 2 and all("a record of another run of this job" in ln for ln in said)
+
+
+# --------------------------------------------------------------------------- a job's output
+
+
+def test_another_user_cannot_read_a_jobs_output(two: dict[str, User], shared: Path) -> None:
+    """root's job keeps its output (issue 37) where only root can read it: files 0600 in
+    directories 0700 of root's; nobody can neither open them nor have ttmesh logs show them,
+    through root's runtime directory or its own."""
+    root, nobody = two["root"], two["nobody"]
+    top = world_dir("ttmesh-logs-", 0o755)
+    runtime = top / "root-rt"
+    runtime.mkdir(mode=0o700)
+    try:
+        env = {**_env(shared), "XDG_RUNTIME_DIR": str(runtime)}
+        res = root.run("launch", "--root", str(root.sim), "--chips", C01, "--job-id", "mine",
+                       "--", sys.executable, "-c", "print('root only: s3cr3t')", env=env)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert root.run("logs", "mine", env=env).stdout == "root only: s3cr3t\n"
+        logs = runtime / "ttmesh" / "logs" / "mine"
+        files = [p for p in logs.rglob("*") if p.is_file()]
+        assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in [logs, *logs.rglob("*")]
+                   if p.is_dir())  # fmt: skip
+        kept = str(logs / "attempt_0" / "0" / "stdout.log")
+        opened = nobody.py("open(__import__('sys').argv[1]).read()", kept)
+        assert opened.returncode != 0 and "PermissionError" in opened.stderr
+        through = nobody.run("logs", "mine", env={"XDG_RUNTIME_DIR": str(runtime)})
+        assert through.returncode == 2 and "s3cr3t" not in through.stdout + through.stderr
+        own = nobody.run("logs", "mine")
+        assert own.returncode == 2 and "no job 'mine' of yours" in _last(own)
+    finally:
+        shutil.rmtree(top)

@@ -223,16 +223,96 @@ def test_runs_without_ttmesh_installed(ro: Path, work: Path, tmp_path: Path) -> 
     assert len(snapshot(run)["device_info"]) == 4
 
 
-def test_list_shows_each_device_index_beside_its_bdf(ro: Path, work: Path) -> None:
+# tt-smi 6.8.0's -ls on a QuietBox 2 and an n300 at 120 columns, as its own code prints them
+# (tests/test_tt_smi_conformance.py runs that code): two rich tables titled "(UMD)", UMD ids in
+# PCI order, /dev/tenstorrent/N, a remote chip's N/A, and no remote chip among those to reset.
+HEAD = (
+    "┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━{}┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳"
+    "━━━━━━━━━━━━━━━━━━┓\n"
+    "┃ UMD Chip ID ┃ PCI BDF      ┃ PCI Dev ID         {}┃ Board Type ┃ Device Series ┃"
+    " Board Number     ┃\n"
+    "┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━{}╇━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇"
+    "━━━━━━━━━━━━━━━━━━┩\n"
+)
+FOOT = (
+    "└─────────────┴──────────────┴────────────────────{}┴────────────┴───────────────┴"
+    "──────────────────┘\n"
+)
+
+
+def _table(title: str, rows: list[str], wide: bool = False) -> str:
+    more = ("━━", "  ", "━━") if wide else ("", "", "")
+    width = 101 if wide else 99
+    pad = width - len(title)
+    return (
+        " " * (pad // 2) + title + " " * (pad - pad // 2) + "\n" + HEAD.format(*more)
+        + "".join(rows) + FOOT.format("──" if wide else "")
+    )  # fmt: skip
+
+
+QB2_ROWS = [
+    f"│ {n}           │ {bdf} │ /dev/tenstorrent/{dev} │ Blackhole  │ p300a         │ "
+    f"000004513190f00{board} │\n"
+    for n, (bdf, dev, board) in enumerate(
+        [
+            ("0000:01:00.0", 0, 6),
+            ("0000:03:00.0", 1, 6),
+            ("0000:05:00.0", 3, 7),
+            ("0000:07:00.0", 2, 7),
+        ]
+    )
+]
+N300_L = "│ 0           │ 0000:41:00.0 │ /dev/tenstorrent/1 {}│ Wormhole   │ n300 L        │ 010001451170c0c4 │\n"
+N300_R = "│ 1           │ N/A          │ /dev/tenstorrent/N/A │ Wormhole   │ n300 R        │ 010001451170c0c4 │\n"
+
+
+def test_list_prints_tt_smis_two_umd_tables(
+    ro: Path, shared_sim: Callable[[str], Path], work: Path
+) -> None:
+    run = smi(ro, "-ls", work=work, env={"COLUMNS": "120"})
+    assert (run.code, run.err, run.files) == (0, "", [])
+    assert run.out == _table("All available boards on host (UMD):", QB2_ROWS) + _table(
+        "Boards that can be reset (UMD):", QB2_ROWS
+    )
+    run = smi(shared_sim("n300"), "-ls", work=work, env={"COLUMNS": "120"})
+    assert run.out == _table(
+        "All available boards on host (UMD):", [N300_L.format("  "), N300_R], wide=True
+    ) + _table("Boards that can be reset (UMD):", [N300_L.format("")])
+
+
+def test_list_fits_the_console_as_rich_does(ro: Path, work: Path) -> None:
+    """No terminal and no COLUMNS: rich's 80 columns, and cells that do not fit are cut with
+    an ellipsis (a script that greps a PCI address from `tt-smi -ls | ...` finds none there)."""
     run = smi(ro, "-ls", work=work)
     assert run.code == 0
-    assert run.err == ""
-    assert run.files == []
-    host = Host(ro)
-    for n in host.dev_indexes():
-        row = next(line for line in run.out.splitlines() if host.bdf_of(n) in line)
-        assert re.search(rf"\b{n}\b", row), row
-    assert all(bdf in run.out for bdf in QB2_BDFS)
+    lines = run.out.splitlines()
+    assert len(lines) == 20 and all(len(line) <= 80 for line in lines)
+    assert lines[2:4] == [
+        "┃ UMD Chip   ┃            ┃            ┃            ┃ Device      ┃ Board      ┃",
+        "┃ ID         ┃ PCI BDF    ┃ PCI Dev ID ┃ Board Type ┃ Series      ┃ Number     ┃",
+    ]
+    assert (
+        lines[5]
+        == "│ 0          │ 0000:01:0… │ /dev/tens… │ Blackhole  │ p300a       │ 000004513… │"
+    )
+    assert "0000:01:00.0" not in run.out
+    run = smi(ro, "-ls", work=work, env={"COLUMNS": "0"})  # rich renders nothing in no width
+    assert (run.code, run.out, run.err) == (0, "", "")
+
+
+def test_reset_n_resets_the_chip_list_calls_umd_id_n(qb2: Path, work: Path) -> None:
+    """`tt-smi -r N` resets the chip `tt-smi -ls` lists as UMD Chip ID N (tools such as
+    Tenstorrent's `tt` pass their row number), on a host whose /dev numbers are not in PCI
+    order."""
+    ls = smi(qb2, "-ls", work=work, env={"COLUMNS": "200"})
+    rows = [line.split("│")[1:-1] for line in ls.out.splitlines() if line.startswith("│")]
+    listed = {int(cells[0]): cells[1].strip() for cells in rows[:4]}
+    assert sorted(listed) == [0, 1, 2, 3]
+    for umd_id, bdf in listed.items():
+        kill_all(qb2)
+        run = smi(qb2, "-r", str(umd_id), work=work)
+        assert run.out == f"Resetting UMD logical IDs: [{umd_id}]\n" + REINIT
+        assert alive_bdfs(qb2) == {bdf}, umd_id
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -262,8 +342,9 @@ def test_snapshot_of_a_quietbox2_has_tt_smis_shape(ro: Path, work: Path) -> None
     assert re.fullmatch(r"\d+\.\d\d [KMGT]B", doc["host_info"]["Memory"])
     assert doc["host_sw_vers"] == {"tt_smi": "6.8.0", "pyluwen": "0.10.0", "tt_umd": "0.9.12"}
     assert doc["processes"] == []
-    chips = chips_by_id(ro)
-    assert [d["board_info"]["bus_id"] for d in doc["device_info"]] == [c["bdf"] for c in chips]
+    # tt-umd's logical ids: the PCI devices in PCI order (not the descriptor's chip ids)
+    assert [d["board_info"]["bus_id"] for d in doc["device_info"]] == QB2_BDFS
+    assert [c["bdf"] for c in chips_by_id(ro)] != QB2_BDFS
     for dev in doc["device_info"]:
         assert list(dev) == [
             "smbus_telem",
@@ -312,7 +393,9 @@ def test_snapshot_eth_live_status_matches_links(qb2: Path, work: Path, cli: Call
     assert sorted(links.values()).count("down") == 1
     model = system(qb2)
     ids = {c["id"]: core.asic_hex(c["unique_id"]) for c in model["chips"]}
-    for chip, dev in zip(chips_by_id(qb2), doc["device_info"], strict=True):
+    by_bdf = {c["bdf"]: c for c in model["chips"]}
+    for dev in doc["device_info"]:
+        chip = by_bdf[dev["board_info"]["bus_id"]]
         asic = ids[chip["id"]]
         eth = int(dev["smbus_telem"]["ETH_LIVE_STATUS"], 16)
         up = {chan for ends, st in links.items() if st == "up" for a, chan in ends if a == asic}
@@ -550,6 +633,54 @@ def test_reset_matching_nothing_resets_every_device(
 
 
 @pytest.mark.parametrize(
+    ("args", "line", "reset"),
+    [
+        # tt-umd is handed /dev numbers as they are: one no device has names nothing, and
+        # nothing is reset (only an EMPTY list means every device)
+        (["-r", "/dev/tenstorrent/9"], "Resetting /dev/tenstorrent IDs: [9]", set()),
+        # a negative UMD id passes tt-umd's range check and indexes before its list: no device
+        (["-r", "-1"], "Resetting UMD logical IDs: [-1]", set()),
+        (["-r", "-0"], "Resetting UMD logical IDs: [0]", {"0000:01:00.0"}),
+        (["-r", "٣"], "Resetting UMD logical IDs: [3]", {"0000:07:00.0"}),  # Python's int()
+        (["-r", "/dev/tenstorrent/ 1"], "Resetting /dev/tenstorrent IDs: [1]", {"0000:03:00.0"}),
+        (["-r", "0,0", " 00 "], "Resetting UMD logical IDs: [0]", {"0000:01:00.0"}),
+        (["-r", "", ","], "Resetting all PCI devices: [0, 1, 2, 3]", set(QB2_BDFS)),
+    ],
+)
+def test_reset_targets_as_tt_smi_and_tt_umd_take_them(
+    qb2: Path, work: Path, args: list[str], line: str, reset: set[str]
+) -> None:
+    kill_all(qb2)
+    before = resets(qb2)
+    run = smi(qb2, *args, work=work)
+    assert (run.code, run.out, run.err) == (0, line + "\n" + REINIT, "")
+    assert alive_bdfs(qb2) == reset
+    assert resets(qb2) == before + bool(reset)
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "call"),
+    [
+        ("2147483648", "[2147483648]", "warm_reset_chip_id"),
+        ("-2147483649", "[-2147483649]", "warm_reset_chip_id"),
+        ("0,99999999999999999999", "[0, 99999999999999999999]", "warm_reset_chip_id"),
+        ("/dev/tenstorrent/4294967296", "[4294967296]", "warm_reset"),
+    ],
+)
+def test_an_id_beyond_a_c_int_is_tt_umds_type_error_and_resets_nothing(
+    ro: Path, work: Path, target: str, value: str, call: str
+) -> None:
+    """tt-umd's binding takes each id as a C int: tt-smi prints what it resets, then the
+    binding refuses the list (a Python traceback, exit 1) before anything is reset."""
+    run = smi(ro, "-r", target, work=work)  # ro: the state file is checked to be unchanged
+    kind = "/dev/tenstorrent IDs" if call == "warm_reset" else "UMD logical IDs"
+    assert (run.code, run.out) == (1, f"Resetting {kind}: {value}\n")
+    assert run.err.startswith("Traceback (most recent call last):\n")
+    assert f"\nTypeError: {call}(): incompatible function arguments." in run.err
+    assert run.err.endswith("Invoked with types: list, kwargs = { secondary_bus_reset: bool }\n")
+
+
+@pytest.mark.parametrize(
     ("visible", "args", "line", "reset"),
     [
         ("0000:05:00.0", [], "Resetting all PCI devices: [3]", {"0000:05:00.0"}),
@@ -593,6 +724,15 @@ def test_reset_no_reinit_resets_without_reinitialising(qb2: Path, work: Path) ->
         (["-r", "all,0"], "Use 'all' as the only argument to select all devices"),
         (["-r", "0", "all"], "Use 'all' as the only argument to select all devices"),
         (["-r", "foo"], INVALID_TARGET.format("foo")),
+        (["-r", "²"], "invalid literal for int() with base 10: '²'"),  # isdigit, not int
+        (["-r", "/dev/tenstorrent/²"], "invalid literal for int() with base 10: '²'"),
+        (
+            ["-r", "/dev/tenstorrent/../0"],
+            "Invalid path: /dev/tenstorrent/../0 (expected /dev/tenstorrent/<integer>)",
+        ),
+        (["-r", "+1"], INVALID_TARGET.format("+1")),
+        (["-r", "0x1"], INVALID_TARGET.format("0x1")),
+        (["-r", "0000:01:00.0.0"], INVALID_TARGET.format("0000:01:00.0.0")),
         (["-r", "foo,all"], INVALID_TARGET.format("foo")),  # items are checked in order
         (["-r", "0000:1:00.0"], INVALID_TARGET.format("0000:1:00.0")),
         (

@@ -22,10 +22,17 @@ MAX_SECONDS = 30 * 24 * 3600.0
 MAX_CHIPS = 65536
 # Restarts, retries, failures in a row: any count a person means.
 MAX_COUNT = 1_000_000
+# The highest TCP port.
+MAX_PORT = 65535
 
+# The digit rule: a digit is 0-9 (ASCII). ``str.isdigit()``, ``\d`` in a pattern and ``int()``
+# also take digits of other scripts and superscripts (``int('٣')`` is 3; ``'²'.isdigit()`` is
+# true and ``int('²')`` raises): a value one program reads as a number and another does not.
+# Every digit ttmesh reads is checked by :func:`digits` or matched by a pattern of ``[0-9]``
+# (tests/test_numbers_output.py fails on any other test of digits in ttmesh).
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _WHOLE = re.compile(r"[-+]?[0-9]+", re.ASCII)
-_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 def _shown(value: object) -> str:
@@ -127,11 +134,11 @@ def seconds(
     )
 
 
-def digits(text: str, high: int = MAX_COUNT) -> int | None:
-    """``text`` as a count when it is plain ASCII digits and at most ``high``, else None: for
-    words another program wrote (a command line read from ``/proc``), where a word that is no
-    number is not an error. ``str.isdigit`` says yes to ``²`` (which ``int`` refuses) and to
-    ``٣`` (which ``int`` reads as 3): neither is a number here."""
+def count_in(text: str, high: int = MAX_COUNT) -> int | None:
+    """``text`` as a count when it is plain ASCII digits (:func:`digits`) and at most ``high``,
+    else None: for words another program wrote (a command line read from ``/proc``), where a
+    word that is no number is not an error. ``str.isdigit`` says yes to ``²`` (which ``int``
+    refuses) and to ``٣`` (which ``int`` reads as 3): neither is a number here."""
     if not _DIGITS.fullmatch(text) or len(text) > 30:
         return None
     value = int(text)
@@ -149,3 +156,20 @@ def whole(
 ) -> int:
     """An integer in ``low..high`` (strings of ASCII digits; never a bool or 1.5)."""
     return int(number(value, where, whole=True, low=low, high=high, unit=unit, example=example))
+
+
+def digits(text: str) -> bool:
+    """``text`` is one or more ASCII digits, nothing else (the digit rule, above)."""
+    return _DIGITS.fullmatch(text) is not None
+
+
+def port(value: object, where: str, *, zero: bool = False, example: str | None = None) -> int:
+    """A TCP port, 1..65535 (with ``zero``: 0 too, "any free one"): given as text, ASCII
+    digits alone, as torchrun's endpoint rule has it (no sign, no space: ``host:+5``)."""
+    low = 0 if zero else 1
+    if isinstance(value, str) and not digits(value) and _WHOLE.fullmatch(value.strip()):
+        hint = f"give {span(low, MAX_PORT, False, True, '')}" + (
+            f", e.g. {example}" if example else ""
+        )
+        raise bad_input(f"{where} {_shown(value)}: digits only, no sign or space", hint)
+    return whole(value, where, low=low, high=MAX_PORT, example=example)

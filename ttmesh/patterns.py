@@ -28,8 +28,8 @@ class Matcher(Protocol):
     @property
     def pattern(self) -> str: ...
 
-    def search(self, text: str) -> Any:
-        """A match (``group(n)``, as ``re``'s) or None."""
+    def search(self, text: Any) -> Any:
+        """A match (``group(n)``, as ``re``'s) or None; ``text`` is str, or bytes."""
         ...
 
 

@@ -18,8 +18,13 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
 import signal
 from collections.abc import Callable, Iterable
+
+# A process's directory under /proc (the digit rule of ttmesh.numeric, which this module
+# cannot import: the two are one layer).
+_PID = re.compile(r"[0-9]+", re.ASCII)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -145,7 +150,7 @@ def parents() -> dict[int, int]:
     """pid -> ppid for every live process (zombies included)."""
     out = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
+        if _PID.fullmatch(name):
             fields = _stat(int(name))
             with contextlib.suppress(IndexError, ValueError, TypeError):
                 out[int(name)] = int(fields[1])  # type: ignore[index]

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 PIPE_WIDTH = 160  # the width a fitted table takes in a pipe (when COLUMNS does not say)
@@ -33,6 +33,19 @@ def noun(n: int, word: str, many: str | None = None) -> str:
 _ESCAPES = re.compile(
     r"\x1b\[[0-9;?<=>]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?|\x9b[0-9;?]*[ -/]*[@-~]?"
 )
+
+
+def clock(seconds: float) -> str:
+    """A duration or a time since, in the one format ttmesh uses everywhere (lines, live views,
+    the checklist): ``0.6 s``, ``40.5 s``, ``3:07``, ``1:02:03``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def printable(text: str) -> str:
@@ -67,18 +80,29 @@ def clip(text: str, width: int) -> str:
 
 
 def fit(
-    lines: list[list[str]], width: int, keep: Sequence[int] = (), gap: int = 2, least: int = 8
+    lines: list[list[str]],
+    width: int,
+    keep: Sequence[int] = (),
+    gap: int = 2,
+    least: int = 8,
+    floors: Mapping[int, int] | None = None,
+    left: Sequence[int] = (),
 ) -> list[list[str]]:
     """Rows (the first is the header) cut to ``width`` columns: the widest cells shrink
-    first, no column below its header or ``least`` characters, and the columns in ``keep``
-    (a name the user types again, like a job id) never. One long value (a state, a command)
-    must not make every row of a listing hundreds of columns wide."""
+    first, no column below its header or ``least`` characters (or its ``floors`` entry: the
+    start of a cell that must stay whole, like a URL), and the columns in ``keep`` (a name
+    the user types again, like a job id) never; a column in ``left`` loses its start, not
+    its end (a path: its last names tell it apart). One long value (a state, a command) must
+    not make every row of a listing hundreds of columns wide."""
     if not lines:
         return lines
     n = len(lines[0])
     widths = [max(len(row[i]) for row in lines) for i in range(n)]
     floor = [
-        widths[i] if i in keep else min(widths[i], max(len(lines[0][i]), least)) for i in range(n)
+        widths[i]
+        if i in keep
+        else min(widths[i], max(len(lines[0][i]), least, (floors or {}).get(i, 0)))
+        for i in range(n)
     ]
     excess = sum(widths) + gap * (n - 1) - width
     while excess > 0:
@@ -90,7 +114,18 @@ def fit(
         step = min(room, excess, max(room - (others[0] if others else 0), 1))
         widths[i] -= step
         excess -= step
-    return [[clip(cell, widths[i]) for i, cell in enumerate(row)] for row in lines]
+    return [
+        [
+            clip_left(cell, widths[i]) if i in left else clip(cell, widths[i])
+            for i, cell in enumerate(row)
+        ]
+        for row in lines
+    ]
+
+
+def clip_left(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters from the left, with an ellipsis when cut."""
+    return text if len(text) <= width else "…" + text[len(text) - max(width - 1, 0) :]
 
 
 def width() -> int:
@@ -106,6 +141,8 @@ def table(
     stream: IO[str] | None = None,
     fitted: bool = False,
     keep: Sequence[int] = (),
+    floors: Mapping[int, int] | None = None,
+    left: Sequence[int] = (),
 ) -> str:
     """``rows`` under ``headers``, for printing to ``stream`` (stdout by default); ``fitted``:
     cut to the terminal's width (:func:`fit`, ``keep``: columns never cut), for listings
@@ -113,7 +150,10 @@ def table(
     cells = [["-" if v is None else str(v) for v in r] for r in rows]
     drawing = _drawing(stream or sys.stdout)
     if fitted:  # rich puts 3 columns between cells (its padding and the box's separator)
-        lines = fit([[str(h) for h in headers], *cells], width(), keep, gap=3 if drawing else 2)
+        lines = fit(
+            [[str(h) for h in headers], *cells], width(), keep, 3 if drawing else 2,
+            floors=floors, left=left,
+        )  # fmt: skip
         headers, cells = lines[0], lines[1:]
     if drawing:
         return _rich_table([str(h) for h in headers], cells, fitted, keep)

@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "ttmesh.cli.launch", "launch_cmd",
         "Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.",
     ),
+    "logs": (
+        "ttmesh.cli.logs", "logs_cmd",
+        "Print a job's output (its ranks', or its server's), running or ended.",
+    ),
     "ls": (
         "ttmesh.cli.ls", "ls_cmd",
         "List the host's chips, who holds or leases them, and their Ethernet links.",
@@ -75,10 +79,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }  # fmt: skip
 
-# Commands ttmesh runs on other hosts through mpirun (never listed in --help): each host's
-# report of itself, one rank of a mesh over several hosts, and a host's part in recovering
-# the chips of such a mesh.
+# Commands ttmesh runs itself (never listed in --help): a fleet's guard; and through mpirun on
+# other hosts: each host's report of itself, one rank of a mesh over several hosts, and a
+# host's part in recovering the chips of such a mesh.
 HIDDEN: dict[str, tuple[str, str]] = {
+    "_fleet-guard": ("ttmesh.cli.fleetguard", "fleet_guard_cmd"),
     "_host-report": ("ttmesh.cli.hostreport", "host_report_cmd"),
     "_rank": ("ttmesh.cli.rank", "rank_cmd"),
     "_recover": ("ttmesh.cli.recover", "recover_cmd"),

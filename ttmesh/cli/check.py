@@ -31,6 +31,12 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout
     "see ttmesh profiles).",
 )
 @click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
+@click.option(
+    "--notes",
+    "all_notes",
+    is_flag=True,
+    help="Say every note about the host, also those said before while it stayed as it is.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
 @click.option(
     "--active",
@@ -49,6 +55,7 @@ def check_cmd(
     host: Any,
     chips: str | None,
     strict: bool,
+    all_notes: bool,
     as_json: bool,
     active: bool,
     ttnn_python: str | None,
@@ -73,17 +80,12 @@ def check_cmd(
     """
     from ttmesh.fabric import health
     from ttmesh.fabric.devices import discover
-    from ttmesh.runtime import leftovers
 
     for flag, value in (("--mesh-layout", mesh_layout), ("--ttnn-python", ttnn_python)):
         if value is not None and not active:
             raise bad_input(f"{flag} goes with --active", f"add --active, or drop {flag}")
     mesh_layout = mesh_layout or Layout.SINGLE_PROCESS
-    requires = None
-    if profile_name is not None:
-        from ttmesh.launcher.serving import profiles
-
-        requires = profiles.named(profile_name).system
+    requires = _requires(profile_name)
     inv = discover(host)
     lost = {bdf: asic for asic, bdf in health.expected(inv).names.items()}
     selected = health.parse_chips(inv, chips, extra=lost)
@@ -98,9 +100,7 @@ def check_cmd(
 
     cables = observe_cables(inv)  # this host's ends; check --hosts joins both ends of each
     click.get_current_context().meta[CABLES_META] = cables
-    shm = leftovers.stale_segments()  # the machine's: ranks run here, whatever root is read
-    if (shm_note := shm.note()) is not None:
-        report.notes.append(shm_note)
+    shm = _stale_segments(report)
     probe = None
     if active and report.healthy:
         bdfs = None
@@ -114,6 +114,7 @@ def check_cmd(
         data = report.to_json()
         data["shm"] = shm.to_json()
         data["cables"] = cables
+        _said_before(inv, shm, report.notes, say=False)
         if active:
             data["active"] = (
                 probe.to_json() if probe else {"ok": False, "reason": "not run: unhealthy"}
@@ -123,7 +124,8 @@ def check_cmd(
     else:
         from ttmesh.cli.views import check_text
 
-        click.echo(check_text(report))
+        held = set() if all_notes else _said_before(inv, shm, report.notes)
+        click.echo(check_text(report, held))
         if probe is not None:
             click.echo(
                 f"active probe ({probe.layout}): {'ok' if probe.ok else 'FAILED'}: {probe.reason}"
@@ -140,3 +142,48 @@ def check_cmd(
         sys.stderr.write(f"ttmesh: unhealthy: {plural(len(errors), 'error')}{detail}\n")
         return 1
     return 0
+
+
+def _stale_segments(report: Any) -> Any:
+    """The machine's stale Open MPI segments (ranks run here, whatever root is read), and
+    their note in the report when there are any."""
+    from ttmesh.runtime import leftovers
+
+    shm = leftovers.stale_segments()
+    if (shm_note := shm.note()) is not None:
+        report.notes.append(shm_note)
+    return shm
+
+
+def _said_before(inv: Any, shm: Any, notes: list[str], say: bool = True) -> set[str]:
+    """The notes about the host as a whole that this user was told while it was as it is now
+    (runtime.said): not said again. A note about a chip or a lock is always said. ``say``
+    False (--json, which always has every note): only forget what is gone from the host."""
+    from ttmesh.fabric.health import device_notes
+    from ttmesh.runtime import said
+
+    nodes, shm_key = f"device-nodes {inv.host.root}", f"shm {shm.directory}"
+    states = {nodes: "", shm_key: ""}  # nothing to say: forgotten, said again when it comes
+    about: dict[str, str] = {}  # note -> what it is about
+    for note in device_notes(inv):
+        about[note], states[nodes] = nodes, note
+    if (shm_note := shm.note()) is not None:  # a count that grows is the same state
+        about[shm_note] = shm_key
+        states[shm_key] = f"{shm.count.bit_length()} {shm.unjudged.bit_length()}"
+    if not say:
+        said.fresh({key: state for key, state in states.items() if not state})
+        return set()
+    fresh = said.fresh(states)
+    return {n for n in notes if n in about and about[n] not in fresh}
+
+
+def _requires(profile_name: str | None) -> Any:
+    """What the serving profile ``profile_name`` asks of the host's system software (None:
+    ttmesh's defaults; a program profile asks nothing more)."""
+    if profile_name is None:
+        return None
+    from ttmesh.launcher.planning import programs
+    from ttmesh.launcher.serving import profiles
+
+    server = profiles.named(profile_name, tuple(p.name for p in programs.every()))
+    return server.system if server is not None else None

@@ -24,7 +24,8 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             "--launcher", "--symmetric-dram-mb", "--strict-links",
         )),
         ("Serving and fleets (docs/serving.md)", (
-            "--profile", "--strict", "--health-interval", "--health-failures", "--replicas",
+            "--profile", "--strict", "--health-interval", "--health-failures", "--probe-interval",
+            "--probe-timeout", "--replicas",
             "--replicas-parallel", "--router-arg", "--no-memory-check",
         )),
         ("Several hosts (docs/multihost.md)", (
@@ -39,6 +40,7 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         )),
         ("Output", (
             "--ranks-filter", "--log-dir", "--redirects", "--tee", "--quiet", "--no-live",
+            "--no-logs",
         )),
         ("torchrun's and tt-run's flags (docs/torchrun.md, docs/tt-run.md)", (
             "--master-port", "--standalone", "--master-addr", "--rdzv-conf", "--role",
@@ -49,7 +51,7 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "check": (
         ("The chips", ("--sim", "--root", "--chips", "--strict", "--profile")),
         ("Running ttnn on them", ("--active", "--ttnn-python", "--mesh-layout")),
-        ("Output", ("--json", "--help")),
+        ("Output", ("--json", "--notes", "--help")),
         ("Several hosts (docs/multihost.md)", ("--hosts", "--launch-agent")),
     ),
     "reset": (

@@ -193,6 +193,11 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     metavar="0-3|R:S,...",
     help="torchrun's: these streams go to the console and the log files (values as --redirects).",
 )
+@click.option(
+    "--no-logs",
+    is_flag=True,
+    help="Keep no copy of the ranks' output with the job's record (ttmesh logs JOB then has none).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
     "--no-live",
@@ -225,8 +230,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--rdzv_endpoint",
     "rdzv_endpoint",
     metavar="HOST[:PORT]",
-    help="Where the hosts meet: node 0's address (port 29400 by default). Under Slurm: the job's "
-    "first host.",
+    help="Where the hosts meet: node 0's address (port 29400 by default; IPv6 in brackets). "
+    "Under Slurm: the job's first host.",
 )
 @click.option(
     "--rdzv-backend",
@@ -240,8 +245,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--rdzv-token",
     metavar="TOKEN",
     envvar="TTMESH_RDZV_TOKEN",
-    help="A secret every host of the job shares: what an agent publishes is signed with it. Env: "
-    "TTMESH_RDZV_TOKEN.",
+    help="A secret every host of the job shares: what an agent publishes is signed with it (for "
+    "this job and run). Env: TTMESH_RDZV_TOKEN.",
 )
 @click.option(
     "--local-addr",
@@ -307,6 +312,19 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     show_default=True,
     metavar="K",
     help="Health checks that may fail in a row (with --health-interval).",
+)
+@click.option(
+    "--probe-interval",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="After a server is ready, ask it for a one-token generation every S seconds: no answer "
+    "in --probe-timeout is a hang.",
+)
+@click.option(
+    "--probe-timeout",
+    type=seconds(zero=False, example="60"),
+    metavar="S",
+    help="Seconds a --probe-interval generation may take (default: the profile's, 60).",
 )
 @click.option(
     "--strict-links",
@@ -531,7 +549,7 @@ def _fleet(launch: Launch) -> int:
     for n in fp.notes:
         note(f"note: {n}")
     if fp.router_opts is not None:
-        note(f"router: Prometheus metrics at {fp.router_opts.metrics_url}")
+        note(f"router: Prometheus metrics at {fp.router_opts.announced}")
     if o.dry_run:
         from ttmesh.render import emit_json
 
@@ -605,6 +623,17 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
         if o.summary_json and not o.dry_run:
             write_refusal(o.summary_json, exc)
         raise
+    if prepared.plan.passed_over and not o.dry_run:  # --dry-run lists them in its plan
+        from ttmesh.render import note
+
+        note(passed_over_line(prepared.plan))
+    program = prepared.plan.program
+    if program is not None:  # a program profile's job: which, why, and its stack
+        from ttmesh.render import note
+
+        note(f"{program.profile.name}: {program.profile.title}, chosen because {program.why}")
+        for n in program.notes:
+            note(f"note: {n}")
     serving = prepared.plan.serving
     if serving is not None:
         from ttmesh.render import note
@@ -628,9 +657,22 @@ def _run(launch: Launch, plan: Callable[[], Prepared], mh: MultiHost | None = No
     return _start(launch, prepared, mh)
 
 
+def passed_over_line(plan: Any) -> str:
+    """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
+    parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in plan.passed_over]
+    used = ", ".join(b for r in plan.ranks for b in r.bdfs)
+    return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
+
+
 def _check_planned(launch: Launch, prepared: Prepared) -> None:
     """The options that could only be checked against the plan."""
     o = launch.options
+    serving = prepared.plan.serving
+    if serving is not None and serving.profile.extra.get("failures") is not None:
+        from ttmesh.launcher.attempt import failures  # its own known lines: read before the start
+
+        where = f"profile {serving.profile.path or serving.profile.name}: failures"
+        failures.profile_entries(serving.profile.extra["failures"], where)
     if prepared.plan.chipless:  # no chip to recover (chipless refuses the rest)
         for flag, given in (
             ("--reset-on-failure", o.reset_on_failure),
@@ -660,10 +702,14 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.job.recovery import Recovery
     from ttmesh.launcher.job.run import execute
+    from ttmesh.runtime import joblogs
 
     o = launch.options
     shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
-    options = Options(ranks_filter=shown, quiet=o.quiet, logs=launch.logs)
+    options = Options(
+        ranks_filter=shown, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
+        log_limits=joblogs.limits() if not o.no_logs else None,
+    )  # fmt: skip
     recovery = Recovery(
         auto_reset=o.auto_reset,
         reset_on_failure=o.reset_on_failure,
@@ -687,6 +733,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
     with JobView(prepared.plan) as view:
         options.observer = view
+        options.checklist_drawn = True  # the view draws a server's start: no line per step
         return execute(prepared, options, o.summary_json, recovery=recovery, peers=peers)
 
 

@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.events import write_all
-from ttmesh.render import plural
+from ttmesh.render import clock, plural
 from ttmesh.states import JobPhase
 
 if TYPE_CHECKING:
@@ -39,17 +39,6 @@ def enabled(stream: IO[str], no_live: bool = False) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def clock(seconds: float) -> str:
-    """``4.2s``, ``3:07``, ``1:02:03``."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}:{secs:02d}"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def plain(text: str) -> str:
@@ -252,6 +241,11 @@ class JobView:
         self.phases: list[list[Any]] = []  # [phase, detail, start]
         self.number = 0  # the attempt
         self.t0 = time.monotonic()
+        # A server's start as its checklist (serving.checklist): the rows, the time allowed,
+        # and when the attempt began (the rows' times count from there).
+        self.steps: list[dict[str, Any]] = []
+        self.allowed: float | None = None
+        self.attempt_t0 = self.t0
         self.err_tty = enabled(sys.stderr)
         self.screen = Screen(stream or sys.stdout, self.render)
 
@@ -281,6 +275,7 @@ class JobView:
     def attempt(self, attempt: int) -> None:
         self.screen.flush()
         self.number = attempt
+        self.steps, self.attempt_t0 = [], time.monotonic()
         for row in self.ranks.values():
             row.pid, row.state, row.started, row.ended = None, "waiting", None, None
             row.restarts = attempt
@@ -317,6 +312,10 @@ class JobView:
             row = self.ranks.get(rank)
             if row is not None:
                 row.last = plain(text)
+        self.screen.changed()
+
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
+        self.steps, self.allowed = list(rows), timeout
         self.screen.changed()
 
     def output(self, fd: int, data: bytes) -> None:
@@ -362,7 +361,51 @@ class JobView:
                 Text(str(row.restarts)),
                 Text(row.last, style="dim"),
             )
+        if self.steps:
+            return Group(head, self._phase_line(now), self._checklist(now), table)
         return Group(head, self._phase_line(now), table)
+
+    def _checklist(self, now: float) -> Any:
+        """A server's start: ``[k/N · elapsed]`` and the deadline, then a row per step with
+        its time (finished rows kept, steps to come dim)."""
+        from rich.table import Table
+        from rich.text import Text
+
+        elapsed = now - self.attempt_t0
+        at = next((i for i, r in enumerate(self.steps) if r["state"] == "active"), None)
+        if at is None:
+            done = [i for i, r in enumerate(self.steps) if r["state"] == "done"]
+            at = done[-1] if done else None
+        head = Text()
+        head.append(f"[{0 if at is None else at + 1}/{len(self.steps)} · {clock(elapsed)}]")
+        if at is not None:
+            head.append(f" {self.steps[at]['label']}", style="bold")
+        ready = self.steps and all(r["state"] in ("done", "skipped") for r in self.steps)
+        if self.allowed and not ready:
+            by = time.strftime("%H:%M", time.localtime(time.time() + self.allowed - elapsed))
+            head.append(f" · ready within {clock(self.allowed)} (by {by})", style="dim")
+        rows = Table.grid(padding=(0, 1))
+        for name in ("mark", "label", "time"):
+            rows.add_column(name, no_wrap=True, justify="right" if name == "time" else "left")
+        for r in self.steps:
+            state = r["state"]
+            mark, style = {
+                "done": ("✓", "green"), "active": ("▸", "bold yellow"), "skipped": ("–", "dim"),
+            }.get(state, ("·", "dim"))  # fmt: skip
+            label = Text(plain(r["label"]), style="dim" if state in ("planned", "skipped") else "")
+            if r.get("detail"):
+                label.append(f"  {plain(r['detail'])}", style="dim")
+            took = r.get("seconds")
+            if state == "active" and r.get("started") is not None:
+                took = elapsed - r["started"]
+            rows.add_row(
+                Text(mark, style=style),
+                label,
+                Text("" if took is None else clock(took), style="cyan"),
+            )
+        from rich.console import Group
+
+        return Group(head, rows)
 
     def _phase_line(self, now: float) -> Any:
         from rich.text import Text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import signal
 import socket
 import sys
@@ -12,6 +11,7 @@ from typing import Any
 
 import click
 
+from ttmesh import addresses
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import bad_input, from_os_error
 
@@ -21,28 +21,12 @@ MISSING_FIX = "pip install 'ttmesh[metrics]' (or: pip install 'prometheus-client
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (an IPv6 address in brackets) as (host, port); bad input otherwise."""
-    shown = text[:80]
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise bad_input(f"--listen {shown!r} is not HOST:PORT", LISTEN_FIX)
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise bad_input(f"--listen {shown!r}: {host[:60]!r} is not an IPv6 address", LISTEN_FIX)
-    elif ":" in host:
-        raise bad_input(f"--listen {shown!r}: write an IPv6 address in brackets", LISTEN_FIX)
-    if (
-        not host.strip()
-        or len(host) > 253  # the longest DNS name
-        or any(ch.isspace() or not ch.isprintable() for ch in host)
-    ):
-        raise bad_input(f"--listen {shown!r}: {host[:60]!a} is not a host name", LISTEN_FIX)
-    if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
-        raise bad_input(f"--listen {shown!r}: port {port[:20]!a} is not 0-65535", LISTEN_FIX)
-    return host, int(port)
+    """``HOST:PORT`` (an IPv6 address in brackets; port 0: any free one) as (host, port), read
+    by the rule of every host and port ttmesh is given (:func:`ttmesh.addresses.endpoint`)."""
+    return addresses.endpoint(
+        text, "--listen", None, zero=True,
+        example="--listen 127.0.0.1:9464 or [::1]:9464; port 0 is any free one",
+    )  # fmt: skip
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:

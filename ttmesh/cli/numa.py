@@ -16,7 +16,7 @@ from typing import Any
 from ttmesh.errors import bad_input
 from ttmesh.render import note, noun
 
-_CPULIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_CPULIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 
 
 def bind(plan: Any, host: Any) -> None:

@@ -112,8 +112,9 @@ def reset_cmd(
     --no-live, --json, a pipe or CI set in the environment print lines instead.
 
     \b
-    Exit 0 recovered and verified, 1 not recovered (says what is still wrong), 2 bad input
-    (or tt-smi missing: pip install tt-smi), 3 refused.
+    Exit 0 recovered and verified, 1 not recovered (says what is still wrong; also when a
+    chip the reset would take is missing from the host: a power-cycle brings it back), 2 bad
+    input (or tt-smi missing: pip install tt-smi), 3 refused.
 
     \b
     Examples:
@@ -171,6 +172,9 @@ def reset_cmd(
         sys.stderr.write(
             f"ttmesh: not recovered after {plural(n, 'attempt')}: {'; '.join(wrong)}\n"
         )
+    elif outcome.missing:  # the chips there are back; the host is not whole
+        lost = outcome.missing[0]
+        sys.stderr.write(f"ttmesh: not recovered: {lost.what} ({lost.fix})\n")
     return outcome.code
 
 

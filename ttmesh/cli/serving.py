@@ -21,10 +21,17 @@ def profiles_cmd(as_json: bool) -> None:
     how the stack is recognised, how its chips are passed, the environment it needs, its flag rules, how
     readiness is known and how it stops. `ttmesh launch -- COMMAND` picks the first that
     matches COMMAND; `--profile NAME` picks one, `--profile none` none.
+
+    \b
+    Program profiles (kind: program, listed last) are plain programs on a known stack, run once
+    per rank: torch-tpu (PyTorch on torch_tpu over libtt, chosen by LIBTT_TPU_COMPAT=1 in the
+    job's environment) and jax-tt (JAX on libtt, by JAX_PLATFORMS=tt). See docs/torch-tpu.md.
     """
+    from ttmesh.launcher.planning import programs
     from ttmesh.launcher.serving import profiles
 
     found = profiles.every()
+    plain = programs.every()  # plain programs on a stack: after every server
     if as_json:
         from ttmesh.render import emit_json
 
@@ -43,8 +50,27 @@ def profiles_cmd(as_json: bool) -> None:
                         "rules": [r.get("id") for r in p.rules],
                         "path": p.path,
                         "flags": p.flags,  # the server's flag table
+                        "kind": "server",
                     }
                     for p in found
+                ]
+                + [
+                    {
+                        "name": p.name,
+                        "title": p.title,
+                        "recognise": {"env": p.recognise},
+                        "chips": "pass",
+                        "env": p.env,
+                        "ready": None,
+                        "grace": None,
+                        "rules": [],
+                        "path": p.path,
+                        "flags": None,
+                        "kind": "program",
+                        "contract": p.contract,
+                        "private_dirs": p.private_dirs,
+                    }
+                    for p in plain
                 ],
             }
         )
@@ -52,6 +78,7 @@ def profiles_cmd(as_json: bool) -> None:
     from ttmesh.render import table
 
     rows = [[p.name, _recognised(p.recognise), p.chips, len(p.rules), p.title] for p in found]
+    rows += [[p.name, _recognised({"env": p.recognise}), "pass", 0, p.title] for p in plain]
     click.echo(table(["PROFILE", "RECOGNISED BY", "CHIPS", "RULES", "STACK"], rows))
 
 

@@ -201,6 +201,7 @@ def sim_fault(ctx: click.Context, host: Any) -> None:
       ttmesh sim fault --sim quietbox2 link-down 0000:01:00.0 0000:05:00.0
       ttmesh sim fault --root /tmp/t3k-a bad-cable 0000:ca:00.0 --channel 6
       ttmesh sim fault --root /tmp/qb2 chip-dead 0000:03:00.0 --permanent
+      ttmesh sim fault --root /tmp/qb2 chip-gone 0000:05:00.0
       ttmesh sim fault --root /tmp/qb2 reset-fails --times 2
       ttmesh sim fault --root /tmp/qb2 fw-mismatch 0000:05:00.0 --version 18.6.0.0
       ttmesh sim fault --root /tmp/qb2 no-hugepages
@@ -262,6 +263,18 @@ def fault_chip_dead(host: Any, chip: str, permanent: bool) -> None:
 
     faults.chip_dead(host, chip, permanent)
     click.echo(f"chip-dead: {chip}{' (permanent)' if permanent else ''}")
+
+
+@sim_fault.command("chip-gone", context_settings=CONTEXT)
+@click.argument("chip", metavar="BDF")
+@click.pass_obj
+def fault_chip_gone(host: Any, chip: str) -> None:
+    """The chip falls off the PCI bus: the driver lists it no more (no /dev/tenstorrent node),
+    and no reset brings it back (ttmesh sim clear stands for the power cycle)."""
+    from ttmesh.sim import faults
+
+    faults.chip_gone(host, chip)
+    click.echo(f"chip-gone: {chip}")
 
 
 @sim_fault.command("reset-fails", context_settings=CONTEXT)
@@ -406,6 +419,44 @@ def fault_old_kmd(host: Any, version: str) -> None:
 
     faults.old_kmd(host, version)
     click.echo(f"tenstorrent driver {version}")
+
+
+@sim_group.command("standin", context_settings=CONTEXT)
+def sim_standin() -> None:
+    """Print the directory of ttmesh's stand-in server, to put on PYTHONPATH.
+
+    \b
+    With it there, the serving stacks' own commands run the stand-in (standard library only):
+      python -m sglang.launch_server ...                  SGLang-TorchTPU (--device tpu), stock SGLang
+      python -m sgl_jax.launch_server ...                 SGLang-JAX
+      python -m vllm.entrypoints.openai.api_server ...    vLLM
+    It prints its start as the stack's log does (engine, chips, weights, KV cache, compile, API
+    server), opens the simulated chips, and serves /health, /generate and the OpenAI routes.
+
+    \b
+    Its environment:
+      FAKE_PACE=S        its start's pace (1: about 15 s, the default; 10: minutes; 0: at once)
+      FAKE_MODE=M        crash, crash-tree, hang, mute, unhealthy, child-dies, ignore-term,
+                         fatal (a TT_THROW while it opens the chips, then it sits there),
+                         fatal-late (the same line once ready, and it serves on),
+                         slow-compile (FAKE_COMPILE seconds, an hour by default),
+                         hung-healthy (after ready /health answers, generations hang)
+      FAKE_HANG_AT=P     stop the start for good in phase P (engine, device, weights, kv,
+                         compile, server)
+      FAKE_FAIL_AFTER=S  seconds after ready its failure comes (0.5)
+      FAKE_SAY=LINE      a line it prints on stderr as it starts; FAKE_FATAL=LINE the fatal one
+
+    \b
+    Example (serve on a simulated QuietBox 2):
+      export PYTHONPATH=$(ttmesh sim standin)
+      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path Qwen/Qwen3-8B \\
+        --device tpu --tp-size 4 --port 31000 --kv-cache-dtype bfloat16 --grammar-backend none
+    """
+    from pathlib import Path
+
+    import ttmesh.sim
+
+    click.echo(Path(ttmesh.sim.__file__).resolve().parent / "standin")
 
 
 @sim_group.command("clear", context_settings=CONTEXT)

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from ttmesh import numeric
+from ttmesh import addresses, numeric
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.render import note
@@ -264,6 +264,8 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
         "duplicate_stdout_filters": kwargs.pop("tr_dup_out"),
         "duplicate_stderr_filters": kwargs.pop("tr_dup_err"),
     }
+    if unused["logs_specs"] is not None:
+        _logs_specs(unused["logs_specs"], _named(ctx, "tr_logs_specs"))
     if unused["monitor_interval"] is not None:
         where = _named(ctx, "tr_monitor_interval")
         numeric.number(unused["monitor_interval"], where, low=0, unit="seconds")
@@ -307,7 +309,9 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
                     f"note: --standalone: {flag} ignored, as torchrun does (one host, a free port)"
                 )
                 kwargs[key] = None
-    if _one_host(hosts) and kwargs.get("hosts") is None:
+    # An --nnodes ttmesh cannot read is refused by the launch command: nothing is said first.
+    readable = hosts is not None or kwargs.get("nnodes") is None
+    if readable and _one_host(hosts) and kwargs.get("hosts") is None:
         if kwargs.get("nnodes") is None and kwargs.get("node_rank") == 0:
             kwargs["node_rank"] = None  # torchrun's --nnodes defaults to 1: node 0 is this host
         endpoint = kwargs.get("rdzv_endpoint")
@@ -327,9 +331,13 @@ def resolve(kwargs: dict[str, Any]) -> Flags:
             )
             master_addr = None
     elif master_addr is not None and kwargs.get("rdzv_endpoint") is None:
-        kwargs["rdzv_endpoint"] = master_addr  # static rendezvous: rank 0's host is where they meet
+        # static rendezvous: rank 0's host is where they meet (an IPv6 address in brackets)
+        host = addresses.host(
+            master_addr, _named(ctx, "tr_master_addr"), example="--master-addr 10.0.0.1"
+        )
+        kwargs["rdzv_endpoint"] = f"[{host}]" if ":" in host else host
         master_addr = None
-    if master_addr is not None and not _one_host(hosts):
+    if master_addr is not None and readable and not _one_host(hosts):
         note("note: --master-addr: over several hosts MASTER_ADDR is node 0's address")
         master_addr = None
     if master_addr is not None:
@@ -350,10 +358,8 @@ def _hosts(nnodes: str | None) -> int | None:
     if nnodes is None:
         return None
     low, _, high = nnodes.strip().partition(":")
-    try:
-        return int(high or low)
-    except ValueError:
-        return None  # the launch command says what is wrong with it
+    count = high or low
+    return int(count) if numeric.digits(count) else None  # else the launch command says why
 
 
 def _endpoint(value: str) -> None:
@@ -373,9 +379,7 @@ def _local_addr(addr: str) -> str:
     """``--master-addr`` on one host: rank 0 listens there, so it must be this host's."""
     import socket
 
-    host = addr.strip().strip("[]")
-    if not host:
-        raise bad_input("--master-addr '': no address named", "give an address of this host")
+    host = addresses.host(addr, "--master-addr", example="--master-addr 127.0.0.1")
     if host == "localhost":
         return "127.0.0.1"
     try:
@@ -411,6 +415,31 @@ def _signals(value: str, where: str) -> None:
             )
 
 
+# torch's own entry under torchrun.logs_specs (torch-2.13.0.dist-info/entry_points.txt), there
+# whether or not torch is installed beside ttmesh.
+TORCH_LOGS_SPECS = ("default",)
+
+
+def _logs_specs(name: str, where: str) -> None:
+    """torchrun's ``--logs-specs NAME`` names an entry point of the ``torchrun.logs_specs``
+    group, and torchrun refuses a name no installed package registers (torch 2.13's
+    ``torch/distributed/run.py`` ``_get_logs_specs_class``, L810-837: "Could not find
+    entrypoint under 'torchrun.logs_specs[NAME]' key"); ttmesh refuses it too, and writes the
+    ranks' logs itself whatever it names."""
+    from importlib import metadata
+
+    names = {
+        *TORCH_LOGS_SPECS,
+        *(e.name for e in metadata.entry_points(group="torchrun.logs_specs")),
+    }
+    if name not in names:
+        raise bad_input(
+            f"{where} {shown(name)}: torchrun finds no entry point torchrun.logs_specs[{shown(name)}] "
+            f"(installed: {', '.join(sorted(names))})",
+            "drop it: ttmesh writes the ranks' logs itself (--log-dir DIR)",
+        )
+
+
 def _rdzv_conf(value: str, current: float, ctx: click.Context) -> float:
     """torchrun's ``--rdzv-conf k=v,...``: join_timeout is ttmesh's --rdzv-timeout."""
     out = current
@@ -426,10 +455,21 @@ def _rdzv_conf(value: str, current: float, ctx: click.Context) -> float:
         if key == "join_timeout":
             out = numeric.number(val, "--rdzv-conf join_timeout", low=0, low_open=True,
                                  unit="seconds")  # fmt: skip
+        elif key.strip("'\"") == "join_timeout":
+            # torchrun reads keys as written: quotes typed into one word (pytorch's own launcher
+            # tests pass "--rdzv-conf='join_timeout=5,...'") are part of the key, not join_timeout
+            note(f"note: --rdzv-conf key {key!r} is not join_timeout (its quotes are part of it, "
+                 "as torchrun reads it; drop them to set the join timeout): not used")  # fmt: skip
         else:
-            note(f"note: --rdzv-conf {shown(key)}: not used by ttmesh's rendezvous (--rdzv-timeout, "
-                 "--heartbeat-timeout)")  # fmt: skip
+            note(f"note: --rdzv-conf key {_key(key)}: not used by ttmesh's rendezvous "
+                 "(--rdzv-timeout, --heartbeat-timeout)")  # fmt: skip
     return out
+
+
+def _key(key: str) -> str:
+    """A --rdzv-conf key as a note shows it: quoted when it holds a quote or a character a
+    terminal must not be sent, so no quote of the user's looks like the note's own."""
+    return key if key.isprintable() and not set("'\"") & set(key) else repr(key)
 
 
 class Nproc(click.ParamType):

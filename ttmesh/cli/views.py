@@ -116,9 +116,11 @@ def _domains_text(data: dict, bdf_of: dict) -> list[str]:
 def plan_text(data: dict) -> str:
     if data.get("chipless"):
         return _chipless_text(data)
+    addr = data["master"]["addr"]
+    addr = f"[{addr}]" if ":" in addr else addr  # an IPv6 address, as an endpoint is written
     lines = [
         f"job {data['job']}: layout {data['layout']}, mesh {data['mesh_shape'][0]}x{data['mesh_shape'][1]}, "
-        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {data['master']['addr']}:{data['master']['port']}"
+        f"symmetric DRAM {data['symmetric_dram_mb']} MB per chip, master {addr}:{data['master']['port']}"
     ]
     if data["grouping"]:
         lines.append(data["grouping"])
@@ -236,7 +238,8 @@ def system_line(system: dict[str, Any] | None) -> str | None:
     )
 
 
-def check_text(report: Any) -> str:
+def check_text(report: Any, said: set[str] | frozenset[str] = frozenset()) -> str:
+    """``check``'s text; ``said``: notes about the host this user was told already (not again)."""
     rows = []
     for c in report.chips:
         pids = ",".join(str(h.pid) for h in c.holders or [])
@@ -261,7 +264,7 @@ def check_text(report: Any) -> str:
     out.append(f"Ethernet links: {summary}")
     system = system_line(report.system)
     out += [system] if system else []
-    out += [f"note: {n}" for n in report.notes]
+    out += [f"note: {n}" for n in report.notes if n not in said]
     errors = len(report.errors)
     warnings = len(report.problems) - errors
     if report.healthy:
@@ -297,7 +300,14 @@ def reset_text(outcome: Any) -> str:
             f"stopped holder {'pid' if len(outcome.stopped) == 1 else 'pids'}: "
             + ", ".join(map(str, outcome.stopped))
         )
-    if outcome.recovered:
+    if outcome.recovered and outcome.missing:  # what is there is back; the host is not whole
+        out.append(
+            f"NOT RECOVERED: {plural(len(outcome.chips), 'chip')} reset and verified after "
+            f"{plural(n, 'attempt')}, {outcome.seconds:.1f} s, but "
+            f"{plural(len(outcome.missing), 'chip')} of the host "
+            f"{'is' if len(outcome.missing) == 1 else 'are'} missing"
+        )
+    elif outcome.recovered:
         out.append(
             f"recovered and verified: {plural(len(outcome.chips), 'chip')} after "
             f"{plural(n, 'attempt')}, "
@@ -314,11 +324,15 @@ def _dev(value: int | None) -> str:
 
 
 def problem_lines(problems: list[Any]) -> list[str]:
-    """Each problem once, with its fix under it."""
-    out = []
+    """Each problem once, with its fix under it; problems one fix cures are said together,
+    the fix once under them (in the order each fix first comes)."""
+    by_fix: dict[str, list[Any]] = {}
     for p in problems:
-        out.append(f"{p.severity}: {p.what}")
-        out.append(f"  fix: {p.fix}")
+        by_fix.setdefault(p.fix, []).append(p)
+    out = []
+    for fix, group in by_fix.items():
+        out += [f"{p.severity}: {p.what}" for p in group]
+        out.append(f"  fix: {fix}")
     return out
 
 
@@ -407,3 +421,144 @@ def fleet_text(data: dict) -> str:
         for name, path in r["descriptors"].items():
             lines.append(f"  descriptor {name}: {path}")
     return "\n".join(lines)
+
+
+def _clock(when: object, date: bool = False) -> str:
+    """A Unix time as local time (``-`` when unknown)."""
+    import time
+
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or when <= 0:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", time.localtime(when))
+
+
+def job_text(record: dict[str, Any]) -> str:
+    """``ttmesh ps JOB``: one job's record, for the person who comes back to it: where and what
+    it ran, how each attempt ended, the restarts and resets, the known failure and its fix,
+    and where its output is (with the failing rank's last lines)."""
+    from ttmesh.render import printable
+
+    job = printable(str(record.get("job")))
+    if record.get("ended"):
+        code = record.get("code")
+        head = f"job {job}: ended: {printable(str(record.get('status') or '?'))}"
+        head += f" (exit {code})" if code is not None else ""
+    else:
+        head = f"job {job}: running (pid {record.get('pid')}, supervisor pid {record.get('guardian') or '-'})"
+    out = [head]
+    who = [f"host {printable(str(record.get('host') or '?'))}"]
+    if record.get("user"):
+        who.append(f"user {printable(str(record['user']))}")
+    who.append(f"root {printable(str(record.get('root') or '-'))}")
+    out.append("  " + ", ".join(who))
+    times = f"  started {_clock(record.get('started'), date=True)}"
+    if record.get("ended"):
+        took = float(record["ended"]) - float(record.get("started") or record["ended"])
+        times += f", ended {_clock(record['ended'])} ({took:.1f} s)"
+    out.append(times)
+    out.append(f"  command: {printable(' '.join(map(str, record.get('command') or [])))}")
+    server = record.get("server") if isinstance(record.get("server"), dict) else None
+    if record.get("profile") or server:
+        line = f"  profile: {printable(str(record.get('profile') or '-'))}"
+        if server:
+            line += f"; server {printable(str(server.get('url')))}"
+            if server.get("state") and not record.get("ended"):
+                line += f" ({printable(str(server['state']))} since {_clock(server.get('since'))})"
+        out.append(line)
+    out += _ranks_lines(record)
+    out += _history_lines(record)
+    out += _diagnosis_lines(record.get("diagnosis"))
+    out += _logs_lines(record)
+    return "\n".join(out)
+
+
+def _ranks_lines(record: dict[str, Any]) -> list[str]:
+    from ttmesh.render import printable
+
+    ranks = [r for r in record.get("ranks") or [] if isinstance(r, dict)]
+    chips = [b for r in ranks for b in r.get("bdfs") or []]
+    out = [f"  chips: {printable(', '.join(chips))}" if chips else "  chips: none"]
+    if ranks:
+        rows = [
+            [r.get("rank"), r.get("pid") or "-", printable(",".join(r.get("bdfs") or [])) or "-",
+             printable(",".join(r.get("chips") or [])) or "-"]
+            for r in ranks
+        ]  # fmt: skip
+        out.append(table(["RANK", "PID", "PCI", "ASIC"], rows))
+    return out
+
+
+def _history_lines(record: dict[str, Any]) -> list[str]:
+    """Attempts, restarts, resets and phases, each with its time."""
+    from ttmesh.render import printable
+
+    out: list[str] = []
+    attempts = [a for a in record.get("attempts") or [] if isinstance(a, dict)]
+    if attempts:
+        out.append(f"{plural(len(attempts), 'attempt')}:")
+        for a in attempts:
+            out.append(
+                f"  {int(a.get('attempt') or 0) + 1}: {_clock(a.get('started'))}-"
+                f"{_clock(a.get('ended'))} exit {a.get('code')}: {printable(str(a.get('reason')))}"
+            )
+    for r in record.get("restarts") or []:
+        if isinstance(r, dict):
+            out.append(
+                f"restart: attempt {int(r.get('attempt') or 0) + 1} at {_clock(r.get('at'))}, "
+                f"after {printable(str(r.get('after')))}"
+            )
+    for r in record.get("resets") or []:
+        if not isinstance(r, dict):
+            continue
+        if r.get("refused"):
+            what = f"refused ({printable(str(r['refused']))})"
+        else:
+            verdict = "recovered and verified" if r.get("recovered") else "NOT recovered"
+            what = f"{plural(len(r.get('chips') or []), 'chip')} {verdict} ({r.get('seconds')} s)"
+        why = f" ({printable(str(r['why']))})" if r.get("why") else ""
+        out.append(f"reset {r.get('when') or ''} at {_clock(r.get('at'))}: {what}{why}")
+    for p in record.get("phases") or []:
+        if isinstance(p, dict):
+            out.append(f"phase {printable(str(p.get('phase')))} at {_clock(p.get('at'))}")
+    return out
+
+
+def _diagnosis_lines(diagnosis: object) -> list[str]:
+    from ttmesh.render import printable
+
+    if not isinstance(diagnosis, dict):
+        return []
+    return [
+        f"known failure ({printable(str(diagnosis.get('id')))}): {printable(str(diagnosis.get('cause')))}",
+        f"  seen: {printable(str(diagnosis.get('line')))}",
+        f"  fix: {printable(str(diagnosis.get('fix')))}",
+        f"  see {printable(str(diagnosis.get('link')))}",
+    ]
+
+
+def _logs_lines(record: dict[str, Any]) -> list[str]:
+    """Where the output is kept, and the last lines of the rank that ended the job."""
+    from ttmesh.render import printable
+    from ttmesh.runtime import logread
+
+    if not record.get("logs"):
+        return ["logs: none kept (--no-logs)"] if record.get("layout") != "fleet" else []
+    job = str(record.get("job"))
+    out = [f"logs: {printable(str(record['logs']))} (ttmesh logs {job})"]
+    tails = logread.tail_bytes(job, 4096)
+    if not tails:
+        return out
+    last = max(int(k.split("/")[0].removeprefix("attempt_")) for k in tails)
+    failing = next(
+        (a.get("rank") for a in reversed(record.get("attempts") or []) if isinstance(a, dict)),
+        None,
+    )
+    owner = str(failing) if isinstance(failing, int) else "0"
+    for stream in ("stderr", "stdout"):
+        data = tails.get(f"attempt_{last}/{owner}/{stream}")
+        if data:
+            lines = data.decode(errors="replace").rstrip("\n").split("\n")[-5:]
+            out.append(f"  last lines of rank {owner}'s {stream} (attempt {last + 1}):")
+            out += [f"    {printable(line)}" for line in lines]
+            break
+    return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from ttmesh import numeric
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.fabric.problem import WARNING, Problem, chip_name
 from ttmesh.fileread import GiB, MiB, size_text
@@ -43,7 +44,7 @@ def node_fix(inv: Inventory, chip: Chip | None, box: Container) -> str:
     dev = None
     if chip is not None and chip.dev_index is not None:
         dev = inv.host.attr(chip.dev_index, "dev")  # "MAJOR:MINOR" (the class device's)
-    major = dev.split(":", 1)[0] if dev and dev.split(":", 1)[0].isdigit() else "MAJOR"
+    major = dev.split(":", 1)[0] if dev and numeric.digits(dev.split(":", 1)[0]) else "MAJOR"
     return (
         "the host's driver made this node after the container started (a reset re-creates "
         "them) and a container sees only the nodes it started with: restart the container, "

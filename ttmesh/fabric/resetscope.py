@@ -20,14 +20,13 @@ import os
 import re
 import stat
 
-from ttmesh import numeric, procs
+from ttmesh import procs
 from ttmesh.dataclass import dataclass
 from ttmesh.host.base import Host
 from ttmesh.host.umdnotice import Notice
 
-_BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")  # tt-smi's
 _DEV = "/dev/tenstorrent/"
-MAX_CHIPS = numeric.MAX_CHIPS
 
 
 @dataclass(frozen=True)
@@ -46,13 +45,19 @@ class Target:
 
 def targets(host: Host, bdfs: list[str]) -> list[Target]:
     """The job's PCI devices ``bdfs`` as the driver lists them now (sysfs reads only)."""
+    devs = _devices(host)
+    order = {b: i for i, b in enumerate(sorted(devs))}
+    return [Target(b, devs.get(b), order.get(b)) for b in dict.fromkeys(bdfs)]
+
+
+def _devices(host: Host) -> dict[str, int]:
+    """Every PCI device of the host: its address and /dev/tenstorrent number."""
     devs: dict[str, int] = {}
     for dev in host.dev_indexes():
         bdf = host.bdf_of(dev)
         if bdf is not None:
             devs[bdf] = dev
-    order = {b: i for i, b in enumerate(sorted(devs))}
-    return [Target(b, devs.get(b), order.get(b)) for b in dict.fromkeys(bdfs)]
+    return devs
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,18 @@ class Verdict:
 
     heed: bool
     why: str
+
+
+# argparse takes an argument that looks like a negative number as a value (tt-smi has no
+# option that looks like one): Python 3.11's ``_negative_number_matcher``.
+_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _is_reset_flag(arg: str) -> bool:
+    """``-r``, ``--reset`` or a prefix argparse takes for it (``--res``: tt-smi has no other
+    long option starting ``--r``)."""
+    name = arg.split("=", 1)[0]
+    return arg == "-r" or (len(name) > 2 and "--reset".startswith(name))
 
 
 def reset_targets(command: tuple[str, ...]) -> list[str] | None:
@@ -73,42 +90,91 @@ def reset_targets(command: tuple[str, ...]) -> list[str] | None:
         return None
     args = list(command[tool + 1 :])
     for i, arg in enumerate(args):
-        if arg in ("-r", "--reset"):
-            values = args[i + 1 :]
-            values = values[: next((j for j, a in enumerate(values) if a.startswith("-")), None)]
-            break
-        if arg.startswith("--reset="):
-            values = [arg.split("=", 1)[1]]
+        if _is_reset_flag(arg):
+            if "=" in arg:
+                values = [arg.split("=", 1)[1]]
+            else:
+                values = args[i + 1 :]
+                ends = (
+                    j for j, a in enumerate(values) if a.startswith("-") and not _NEGATIVE.match(a)
+                )
+                values = values[: next(ends, None)]
             break
     else:
         return None  # tt-smi without -r: not the reset that sent this (-glx_reset: every tray)
     items = [p.strip() for v in values for p in v.split(",") if p.strip()]
-    return [] if not items or items == ["all"] else items
+    return [] if not items or (len(items) == 1 and items[0].lower() == "all") else items
 
 
-def _named(target: str, chip: Target) -> bool:
-    """Does the reset target ``target`` (a word of the sender's command line) name ``chip``?
-    Numbers are plain ASCII digits (:func:`ttmesh.numeric.digits`): ``²`` or ``٣`` is a word
-    nobody can say tt-smi's reading of, so it may name any chip."""
-    if _BDF.fullmatch(target):
-        return chip.bdf == target  # tt-smi matches the address exactly, as written
-    node = numeric.digits(target[len(_DEV) :], MAX_CHIPS) if target.startswith(_DEV) else None
-    if node is not None:
-        return chip.dev_index == node
-    logical = numeric.digits(target, MAX_CHIPS)
-    if logical is not None:
-        return chip.pci_index == logical  # tt-umd's logical id: the PCI-sorted position
-    return True  # a word tt-smi would refuse, or read its own way: assume ours
+_C_INT = range(-(2**31), 2**31)  # what tt-umd's binding takes as an id
 
 
-def chips_concerned(notice: Notice, chips: list[Target]) -> list[Target] | None:
-    """The job's chips the notice's reset names; None when the reset's scope is unknown."""
+def _classify(items: list[str]) -> tuple[str, list[int | str]] | None:
+    """tt-smi 6.8.0's reading of its targets (``tt_smi/device_input.py``): one kind and its
+    values; None when tt-smi would refuse them, or tt-umd's binding would (an id outside a C
+    int): then tt-smi resets nothing and tells no one, so whoever sent the notice is not that
+    tt-smi and the scope is unknown."""
+    kind: str | None = None
+    values: list[int | str] = []
+    for item in items:
+        value: int | str | None
+        try:
+            if item.lower() == "all":
+                return None
+            if item.startswith(_DEV):
+                suffix = item[len(_DEV) :].strip()
+                this, value = "dev", int(suffix) if suffix.isdigit() else None
+            elif _BDF.match(item):
+                this, value = "bdf", item
+            elif item.lstrip("-").isdigit():
+                this, value = "umd", int(item)
+            else:
+                return None
+        except ValueError:  # "²" is a digit to str.isdigit, not to int()
+            return None
+        if value is None or (kind is not None and this != kind):
+            return None
+        if isinstance(value, int) and value not in _C_INT:
+            return None
+        kind = this
+        values.append(value)
+    return (kind, values) if kind is not None else None
+
+
+def chips_concerned(
+    notice: Notice, chips: list[Target], every: list[Target] | None = None
+) -> list[Target] | None:
+    """The job's chips the notice's reset names; None when the reset's scope is unknown.
+
+    ``every``: all the host's PCI devices (default: the job's): the targets are mapped to
+    devices as tt-umd 0.9.12 maps them (``device/warm_reset.cpp``): a UMD logical id is the
+    device at that place in PCI order, ids past the end are skipped; PCI addresses match
+    exactly; /dev numbers are taken as they are. An EMPTY result is every device ("If
+    pci_device_ids is empty, enumerate all devices"): ``tt-smi -r 7`` on four chips, or an
+    address no chip has, resets them all."""
     targets = reset_targets(notice.command)
     if targets is None:
         return None
     if not targets:
         return list(chips)
-    return [c for c in chips if any(_named(t, c) for t in targets)]
+    parsed = _classify(targets)
+    if parsed is None:
+        return None
+    kind, values = parsed
+    devices = sorted(every if every is not None else chips, key=lambda t: t.bdf)
+    ids: list[int | None]
+    if kind == "umd":
+        numbers = [v for v in values if isinstance(v, int)]
+        if any(v < 0 for v in numbers):
+            return None  # indexes before tt-umd's list (undefined in C++): any device
+        ids = [devices[v].dev_index for v in numbers if v < len(devices)]
+    elif kind == "bdf":
+        ids = [t.dev_index for t in devices if t.bdf in values]
+    else:
+        ids = [v for v in values if isinstance(v, int)]
+    if not ids:
+        return list(chips)
+    return [c for c in chips if c.dev_index is not None and c.dev_index in ids]
 
 
 def could_reset(host: Host, notice: Notice, chips: list[Target], job_uid: int) -> bool:
@@ -139,7 +205,8 @@ def judge(host: Host, notice: Notice, chips: list[Target], job_uid: int) -> Verd
     if not could_reset(host, notice, chips, job_uid):
         return Verdict(False, f"ignored a reset notice from {who}: that user cannot reset the "
                               "job's chips")  # fmt: skip
-    named = chips_concerned(notice, chips)
+    every = [Target(b, d, None) for b, d in _devices(host).items()]
+    named = chips_concerned(notice, chips, every)
     if named is None:
         return Verdict(True, f"a reset of this host's chips by {who}")
     if not named:

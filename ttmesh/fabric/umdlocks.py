@@ -44,7 +44,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ttmesh import procs
+from ttmesh import numeric, procs
 from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.problem import ERROR, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
@@ -58,7 +58,7 @@ BLOCKING = "CHIP_IN_USE"  # held for a chip's whole open: a launch would wait on
 MAX_FILES = 1024  # lock files judged (7 kinds x 64 chips is ~450)
 MAX_SCAN = 1 << 20  # directory entries looked at, at most
 MAX_ODD = 4  # notes about files that are not tt-umd's, at most
-NAME_RE = re.compile(r"(?P<kind>[A-Z_]+?)_(?P<dev>\d{1,4})_(?P<type>PCIe|JTAG|Undefined)")
+NAME_RE = re.compile(r"(?P<kind>[A-Z_]+?)_(?P<dev>[0-9]{1,4})_(?P<type>PCIe|JTAG|Undefined)")
 
 OWNER_DIED = 0x40000000  # the kernel's mark on a dead owner's lock word (robust-futex-ABI.rst)
 TID_MASK = 0x3FFFFFFF  # the owner's TID, in the lock word's lower 30 bits
@@ -178,7 +178,7 @@ def _mappers(keys: set[tuple[int, int]]) -> dict[tuple[int, int], set[int]] | No
     from ttmesh.runtime.leftovers import mapped
 
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not numeric.digits(name):
             continue
         try:
             keys_mapped = mapped(name) & keys

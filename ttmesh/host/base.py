@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ttmesh import fileread
+from ttmesh import fileread, numeric
 from ttmesh.errors import TTMeshError, bad_input, from_os_error, owner_of
 from ttmesh.host import boards
 from ttmesh.paths import SharedDir, shared_dir
@@ -147,7 +147,7 @@ class Host:
             return []
         found = []
         for name in names:
-            match = re.fullmatch(r"tenstorrent!(\d+)", name)
+            match = re.fullmatch(r"tenstorrent!([0-9]+)", name)
             if match:
                 found.append(int(match.group(1)))
         return sorted(found)
@@ -195,7 +195,7 @@ class Host:
                     f"leads out of {nodes} (to {real[:200]}): not a link tt-kmd's udev rules make",
                 )
             base = os.path.basename(real)
-            if base.isdigit() and int(base) not in out:
+            if numeric.digits(base) and int(base) not in out:
                 out[int(base)] = name
         return out
 
@@ -206,7 +206,7 @@ class Host:
         """PIDs holding /dev/tenstorrent/<dev>; None when it cannot be known (permissions)."""
         text = self.read_text(f"proc/driver/tenstorrent/{dev}/pids")
         if text is not None:
-            return sorted({int(tok) for tok in text.split() if tok.isdigit()})
+            return sorted({int(tok) for tok in text.split() if numeric.digits(tok)})
         return self._scan_holders(dev)
 
     def _scan_holders(self, dev: int) -> list[int] | None:

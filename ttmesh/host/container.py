@@ -30,7 +30,7 @@ MARKERS = (".dockerenv", "run/.containerenv")
 RUNTIMES = ("docker", "kubepods", "containerd", "libpod", "crio")
 LISTENERS = "/tmp/tt_umd_listeners"  # tt-umd's reset-notice sockets
 HUGEPAGES = "/dev/hugepages-1G"  # where tt-umd opens its 1 GiB pages (hugepage.cpp)
-_SIZE = re.compile(r"size=(\d+)([kmgKMG%]?)")
+_SIZE = re.compile(r"size=([0-9]+)([kmgKMG%]?)")
 
 
 @dataclass(frozen=True)

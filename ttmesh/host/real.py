@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ttmesh import numeric
 from ttmesh.errors import bad_input
 from ttmesh.host.base import Host
 
@@ -67,7 +68,7 @@ def _scan_proc_fds(node: str) -> list[int] | None:
     pids: set[int] = set()
     hidden = False
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not numeric.digits(name):
             continue
         fd_dir = f"/proc/{name}/fd"
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ttmesh import numeric
 from ttmesh.dataclass import dataclass, field
 from ttmesh.host.base import CLASS_DIR, DRIVER_VERSION, Host
 
@@ -38,15 +39,17 @@ MEMINFO = "proc/meminfo"
 FW_ATTRS = ("tt_fw_bundle_ver", "tt_arc_fw_ver", "tt_eth_fw_ver")
 IOMMU_TYPES = ("identity", "DMA", "DMA-FQ", "blocked", "unmanaged")
 
-_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){2,3}")
-_KMD = re.compile(r"(\d{1,9})\.(\d{1,9})\.(\d{1,9})(?:\.\d{1,9})?(?:-[0-9A-Za-z.]{1,32})?")
-_COUNT = re.compile(r"\d{1,12}")
-_MEMINFO_LINE = re.compile(r"([A-Za-z0-9_()]+):\s+(\d{1,20})(?: kB)?")
+_VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){2,3}")
+_KMD = re.compile(
+    r"([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(?:\.[0-9]{1,9})?(?:-[0-9A-Za-z.]{1,32})?"
+)
+_COUNT = re.compile(r"[0-9]{1,12}")
+_MEMINFO_LINE = re.compile(r"([A-Za-z0-9_()]+):\s+([0-9]{1,20})(?: kB)?")
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
     """``19.10.0.0`` -> (19, 10, 0, 0); a driver's ``2.10.1-pre`` -> (2, 10, 1)."""
-    return tuple(int(x) for x in re.split(r"[.-]", text) if x.isdigit())
+    return tuple(int(x) for x in re.split(r"[.-]", text) if numeric.digits(x))
 
 
 @dataclass
@@ -131,7 +134,7 @@ def device(host: Host, dev: int, bdf: str | None) -> DeviceFacts:
     numa = iommu = None
     if bdf:
         pci = f"sys/bus/pci/devices/{bdf}"
-        node = _value(host, f"{pci}/numa_node", re.compile(r"-1|\d{1,4}"), "a NUMA node number")
+        node = _value(host, f"{pci}/numa_node", re.compile(r"-1|[0-9]{1,4}"), "a NUMA node number")
         numa = None if node is None else int(node)
         iommu = _value(
             host,
@@ -155,7 +158,7 @@ def node_ids(host: Host) -> list[int]:
         names = os.listdir(host.path(NODE_DIR))
     except OSError:
         return []
-    return sorted(int(n[4:]) for n in names if re.fullmatch(r"node\d{1,4}", n))
+    return sorted(int(n[4:]) for n in names if re.fullmatch(r"node[0-9]{1,4}", n))
 
 
 def hugepages(host: Host) -> HugePages:

@@ -124,6 +124,28 @@ class Budget:
         return self.weights_gb + self.symmetric_gb <= self.chip_gb
 
     @property
+    def room_gb(self) -> float:
+        """What the static fraction leaves for the KV cache once the weights and the
+        reservation are in (negative: the weights alone need more than it leaves)."""
+        return self.static_gb - self.weights_gb - self.symmetric_gb
+
+    def fraction_needed(self, step: float = 0.05) -> float:
+        """The smallest static fraction (a multiple of ``step``) that holds the weights, the
+        reservation and the KV cache on these chips."""
+        import math
+
+        need = (self.weights_gb + self.symmetric_gb + self.kv_gb) / self.chip_gb
+        return round(max(step, math.ceil(need / step - 1e-9) * step), 2)
+
+    def chips_needed(self, usable: float = 0.9) -> int:
+        """The fewest chips whose DRAM (``usable`` of it) holds the weights and reservation."""
+        import math
+
+        total = self.weights_gb * self.chips
+        per_chip = self.chip_gb * usable - self.symmetric_gb
+        return max(self.chips + 1, math.ceil(total / per_chip)) if per_chip > 0 else self.chips + 1
+
+    @property
     def kv_fits(self) -> bool:
         room = self.static_gb - self.weights_gb - self.symmetric_gb
         return room > 0 and room >= self.kv_gb

@@ -121,8 +121,8 @@ SECTIONS = (
 )
 # The hwmon files captured (Documentation/hwmon/sysfs-interface.rst), never the node's links,
 # uevent or power/ directory.
-HWMON_NODE = re.compile(r"hwmon\d{1,6}")
-HWMON_FILE = re.compile(r"name|(temp|power|in|curr)\d{1,3}_(input|label)")
+HWMON_NODE = re.compile(r"hwmon[0-9]{1,6}")
+HWMON_FILE = re.compile(r"name|(temp|power|in|curr)[0-9]{1,3}_(input|label)")
 SKIP_MODULE = frozenset({"sections", "notes"})  # addresses and binary notes: nothing to learn
 MAX_READ = 1 << 20  # bytes read from one host file (a sysfs attribute is one page)
 KERNEL_LINES = 2000  # the most recent matching kernel messages kept
@@ -477,13 +477,13 @@ def _system_files(host: Host, cap: Capture) -> dict[str, Any]:
     rd = _Reader(host, cap)
     stored = 0
     for size in rd.entries(HUGEPAGES_DIR):
-        if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+        if re.fullmatch(r"hugepages-[0-9]{1,12}kB", size):
             stored += rd.directory(f"{HUGEPAGES_DIR}/{size}")
     for node in rd.entries(NODES_DIR):
-        if re.fullmatch(r"node\d{1,4}", node):
+        if re.fullmatch(r"node[0-9]{1,4}", node):
             base = f"{NODES_DIR}/{node}/hugepages"
             for size in rd.entries(base):
-                if re.fullmatch(r"hugepages-\d{1,12}kB", size):
+                if re.fullmatch(r"hugepages-[0-9]{1,12}kB", size):
                     stored += rd.directory(f"{base}/{size}")
     for rel in (f"{NODES_DIR}/online", "proc/meminfo"):
         if rd.lstat(rel) is not None:
@@ -779,10 +779,11 @@ def top_name(cap: Capture) -> str:
     return f"ttmesh-capture-{host}-{stamp}"
 
 
-def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
+def write_archive(cap: Capture, dest: Path, force: bool = False, flag: str = "--capture") -> Path:
     """Write ``cap`` to ``dest`` (a temporary file renamed into place: never a half archive).
 
-    Without ``force`` an existing ``dest`` is refused, even one that appears meanwhile."""
+    Without ``force`` an existing ``dest`` is refused, even one that appears meanwhile.
+    ``flag``: the option that named ``dest`` (``--bundle`` writes a capture too)."""
     top = top_name(cap)
     now = time.time()
     members: list[tuple[str, bytes | None, str | None]] = [
@@ -816,23 +817,23 @@ def write_archive(cap: Capture, dest: Path, force: bool = False) -> Path:
         if force:
             kind = paths.not_replaceable(dest)
             if kind is not None:
-                raise bad_input(f"--capture {dest} is {kind}, not a file", "give a new file name")
+                raise bad_input(f"{flag} {dest} is {kind}, not a file", "give a new file name")
             os.replace(tmp, dest)
         else:
             try:
                 os.link(tmp, dest)  # fails if dest appeared meanwhile: never overwritten
             except FileExistsError:
-                raise bad_input(f"--capture {dest} already exists", "add --force to overwrite it")
+                raise bad_input(f"{flag} {dest} already exists", "add --force to overwrite it")
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
                     raise
                 if dest.exists():
-                    raise bad_input(
-                        f"--capture {dest} already exists", "add --force to overwrite it"
-                    )
+                    raise bad_input(f"{flag} {dest} already exists", "add --force to overwrite it")
                 os.replace(tmp, dest)
     except OSError as exc:
-        raise from_os_error(exc, "write the capture", str(dest))
+        raise from_os_error(
+            exc, "write the bundle" if flag == "--bundle" else "write the capture", str(dest)
+        )
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

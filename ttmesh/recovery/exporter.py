@@ -27,13 +27,13 @@ import itertools
 import os
 import selectors
 import socket
-import sys
 import time
 from typing import Any
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ttmesh.dataclass import dataclass, field
+from ttmesh.render import note
 
 MAX_CONNECTIONS = 128
 BATCH = 64  # connections accepted per turn
@@ -192,7 +192,7 @@ class Server:
             body = encoder(self.registry)
         except Exception as exc:  # a scrape answers; what went wrong goes to stderr too
             first = (str(exc).splitlines() or [""])[0][:200]
-            _say(f"cannot answer a scrape: {type(exc).__name__}: {first}")
+            note(f"cannot answer a scrape: {type(exc).__name__}: {first}")
             return 500, "text/plain; charset=utf-8", b"cannot read the metrics\n", {}
         if gzip_accepted(headers.get("accept-encoding", "")):
             return 200, content_type, gzip.compress(body), {"Content-Encoding": "gzip"}
@@ -258,11 +258,3 @@ def _request(raw: bytes) -> tuple[int, dict[str, str], str]:
         if sep:
             headers[name.strip().lower()] = value.strip()
     return 200, headers, ""
-
-
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(f"ttmesh: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass

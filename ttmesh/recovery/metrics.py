@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from ttmesh.errors import TTMeshError
 from ttmesh.host import umdnotice
 from ttmesh.host.base import Host
 from ttmesh.recovery.top import Sampler
+from ttmesh.render import note
 from ttmesh.runtime import jobs, resetmark
 from ttmesh.vocab import Heartbeat
 
@@ -93,12 +93,12 @@ class ForeignResets:
         self.pauses: dict[tuple[int, int, int | None], float] = {}  # sender -> monotonic end
         self.heard = 0  # notices handled so far
         self.lock = threading.Lock()
-        self.tally = umdnotice.Tally(_say)
+        self.tally = umdnotice.Tally(note)
         self.thread: threading.Thread | None = None
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
-            _say(f"resets by other tools are not seen: {why}")
+            note(f"resets by other tools are not seen: {why}")
             return
         self.thread = threading.Thread(
             target=self._run, args=(self.listener,), name="reset-notices", daemon=True
@@ -123,7 +123,7 @@ class ForeignResets:
                     self.tally.tick()
         except Exception as exc:  # a bug: never a thread gone with its socket left open
             first = (str(exc).splitlines() or [""])[0][:200]
-            _say(f"resets by other tools are no longer seen: {type(exc).__name__}: {first}")
+            note(f"resets by other tools are no longer seen: {type(exc).__name__}: {first}")
         finally:
             self.tally.dropped(listener.take_dropped())
             listener.close()
@@ -212,10 +212,10 @@ class HostCollector(Collector):
             try:
                 sample = self.sampler.sample()
             except TTMeshError as exc:
-                _say(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+                note(exc.message + (f" ({exc.hint})" if exc.hint else ""))
             except Exception as exc:  # a scrape answers: what went wrong goes to stderr
                 first = (str(exc).splitlines() or [""])[0]
-                _say(f"cannot read the host: {type(exc).__name__}: {first}")
+                note(f"cannot read the host: {type(exc).__name__}: {first}")
         ok = gauge("ttmesh_host_read_ok")
         ok.add_metric([], 0 if sample is None else 1)
         yield ok
@@ -282,7 +282,7 @@ def job_families(root: str) -> Iterator[GaugeMetricFamily]:
     try:
         records = jobs.running(root)
     except (OSError, TTMeshError) as exc:
-        _say(f"cannot read the job records: {getattr(exc, 'message', exc)}")
+        note(f"cannot read the job records: {getattr(exc, 'message', exc)}")
         records = []
     for record in records:
         for rank in record.get("ranks") or []:
@@ -301,11 +301,3 @@ def rank_state(rank: dict[str, Any]) -> str:
 
 def chip_labels(chip: dict[str, Any]) -> list[str]:
     return [chip["bdf"] or "", chip["asic_id"], chip["arch"], chip["board_type"]]
-
-
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(f"ttmesh: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass

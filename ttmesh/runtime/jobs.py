@@ -237,12 +237,14 @@ def _read(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def close(job: str, status: str, code: int | None) -> None:
-    """Mark the job ended (``status`` says how, e.g. "exited 0", "launcher killed")."""
+def close(job: str, status: str, code: int | None, facts: Mapping[str, Any] | None = None) -> None:
+    """Mark the job ended (``status`` says how, e.g. "exited 0", "launcher killed");
+    ``facts``: how it went (attempts, restarts, resets, diagnosis: ``ttmesh ps JOB``)."""
     path = jobs_dir() / f"{job}.json"
     record = _read(path) if _exists(jobs_dir()) else None
     if record is None:
         return
+    record.update(facts or {})
     record.update(ended=time.time(), status=status, code=code)
     with contextlib.suppress(OSError, ValueError):
         write(record)

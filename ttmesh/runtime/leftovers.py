@@ -26,7 +26,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from ttmesh import fileread
+from ttmesh import fileread, numeric
 from ttmesh.dataclass import dataclass
 from ttmesh.render import plural
 
@@ -65,7 +65,7 @@ def in_use(files: set[tuple[int, int]]) -> set[tuple[int, int]]:
     me = os.getuid()
     used: set[tuple[int, int]] = set()
     for name in os.listdir("/proc"):
-        if not name.isdigit() or used == files:
+        if not numeric.digits(name) or used == files:
             continue
         try:
             if me != 0 and os.stat(f"/proc/{name}").st_uid != me:

@@ -24,8 +24,8 @@ from ttmesh.host import clusterdesc
 from ttmesh.host.base import Host, Marks
 from ttmesh.sim.core import MARKER, SimCorrupt, SimRoot, recreate_command
 
-_DEV_ATTR = re.compile(r"^sys/class/tenstorrent/tenstorrent!(\d+)/(tt_heartbeat)$")
-_PIDS = re.compile(r"^proc/driver/tenstorrent/(\d+)/pids$")
+_DEV_ATTR = re.compile(r"^sys/class/tenstorrent/tenstorrent!([0-9]+)/(tt_heartbeat)$")
+_PIDS = re.compile(r"^proc/driver/tenstorrent/([0-9]+)/pids$")
 DESCRIPTOR = "cluster_descriptor.yaml"
 PARSED = "sim/cluster_descriptor.parsed.json"
 

@@ -54,7 +54,8 @@ LOCK_FILE = "sim/state.lock"
 STATE_SCHEMA = "ttmesh.simstate/1"
 VENDOR_ID = 0x1E52
 IOMMU_TYPES = ("identity", "DMA", "DMA-FQ", "blocked", "unmanaged")  # sysfs-kernel-iommu_groups
-_FW = re.compile(r"\d{1,9}(\.\d{1,9}){2,3}")
+_FW = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){2,3}")
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)  # the digit rule (ttmesh.numeric: not importable here)
 PCI_DEVICE = {"blackhole": 0xB140, "wormhole_b0": 0x401E}
 LINK_SPEED = {"blackhole": "32.0 GT/s PCIe", "wormhole_b0": "16.0 GT/s PCIe"}
 DEFAULT_CONFIG = {"heartbeat_hz": 10.0, "reset_seconds": 0.05}
@@ -253,7 +254,7 @@ def _check_machine(m: Any) -> str | None:
         return "machine.numa_nodes is not a count of NUMA nodes"
     pages = m.get("hugepages", {})
     if not isinstance(pages, dict) or not all(
-        isinstance(k, str) and k.isdigit() and _int(v) and 0 <= v < 1 << 20
+        isinstance(k, str) and _DIGITS.fullmatch(k) is not None and _int(v) and 0 <= v < 1 << 20
         for k, v in pages.items()
     ):
         return "machine.hugepages is not NUMA node -> count of pages"
@@ -290,7 +291,7 @@ def _check_machine(m: Any) -> str | None:
 
 # The hwmon files the simulator writes (Documentation/hwmon/sysfs-interface.rst: the kernel's
 # names and one value a line), and what it writes by default: 45 °C, TDP 35 W, VCORE 750 mV.
-HWMON_FILE = re.compile(r"name|(temp|power|in|curr)\d{1,3}_(input|label)")
+HWMON_FILE = re.compile(r"name|(temp|power|in|curr)[0-9]{1,3}_(input|label)")
 HWMON_VALUE = re.compile(r"[ -~]{0,64}")
 # A /dev/tenstorrent/by-id name as ttmesh.host.base reads one (BY_ID_NAME: this file is
 # standard library only): printable, never a path.

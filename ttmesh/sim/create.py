@@ -21,6 +21,7 @@ TOOLS = {
     "_ttmesh_simcore.py": HERE / "core.py",
     "_ttmesh_simcables.py": HERE / "cables.py",
     "_ttmesh_fileread.py": HERE.parent / "fileread.py",
+    "_ttmesh_smitable.py": HERE / "smitable.py",
     "tt-smi": HERE / "tt_smi.py",
 }
 # What a simulated root holds; only these are removed when it is recreated.

@@ -9,6 +9,9 @@ was. Faults model what goes wrong on real machines:
   sim/cables.py);
 * ``chip-dead X [--permanent]`` - firmware hangs (heartbeat frozen); a reset revives it unless
   permanent, in which case the chip does not come back from the reset at all;
+* ``chip-gone X`` - the chip falls off the PCI bus: the driver lists it no more (no
+  ``/dev/tenstorrent`` node, no sysfs entry); a reset cannot bring back a device the driver lost
+  (power-cycle: ``sim clear``);
 * ``reset-fails [--times N]`` - tt-smi -r changes nothing yet still exits 0;
 * ``reset-renumbers`` - the next reset brings chips back under other /dev/tenstorrent numbers;
 * ``reset-hangs SECONDS`` - a reset takes that long;
@@ -139,7 +142,9 @@ def bad_cable(host: Host, ref: str, channel: int | None = None) -> list[dict[str
     return out
 
 
-def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
+def chip_dead(host: Host, ref: str, permanent: bool = False, gone: bool = False) -> str:
+    """The chip's firmware hangs: its heartbeat stands still where it was. ``permanent``: no
+    reset brings it back. ``gone``: it also falls off the bus (see :func:`chip_gone`)."""
     sim = sim_of(host)
     asic = core.asic_hex(_chip(sim, ref)["unique_id"])
     with sim.change() as state:
@@ -147,9 +152,19 @@ def chip_dead(host: Host, ref: str, permanent: bool = False) -> str:
         if chip["alive"]:
             chip["hb_base"] = sim.heartbeat(state, asic)
             chip["alive"] = False
-        if permanent and asic not in state["faults"]["permanent"]:
+        if gone:
+            chip["present"] = False
+        if (permanent or gone) and asic not in state["faults"]["permanent"]:
             state["faults"]["permanent"].append(asic)
+        if gone:
+            sim.render(state)  # its driver files go
     return asic
+
+
+def chip_gone(host: Host, ref: str) -> str:
+    """The chip falls off the bus: not present (its driver files go), and no reset brings it
+    back (as a permanent fault: on hardware a lost device needs a power cycle)."""
+    return chip_dead(host, ref, gone=True)
 
 
 def reset_fails(host: Host, times: int | None) -> None:

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ttmesh import numeric
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input, from_os_error
 from ttmesh.host import boards as boardfacts
@@ -101,7 +102,7 @@ def _nodes(ar: cap.Archive, notes: list[str]) -> dict[str, Node]:
     """asic id -> the driver node that shows it."""
     found: dict[str, Node] = {}
     for name in ar.listdir(CLASS):
-        match = re.fullmatch(r"tenstorrent!(\d{1,6})", name)
+        match = re.fullmatch(r"tenstorrent!([0-9]{1,6})", name)
         if not match:
             continue
         base = f"{CLASS}/{name}"
@@ -127,7 +128,7 @@ def _nodes(ar: cap.Archive, notes: list[str]) -> dict[str, Node]:
             bdf=bdf,
             card_type=attr("tt_card_type"),
             serial=_hex(attr("tt_serial")),
-            heartbeat=int(beat) if beat and beat.isdigit() else None,
+            heartbeat=int(beat) if beat and numeric.digits(beat) else None,
             fw=attr("tt_fw_bundle_ver"),
             arch=boardfacts.PCI_DEVICE_IDS.get(device) if device is not None else None,
         )
@@ -292,7 +293,7 @@ def _title(host: dict[str, Any], manifest: dict[str, Any]) -> str:
 
 
 FW_ATTRS = ("tt_fw_bundle_ver", "tt_arc_fw_ver", "tt_eth_fw_ver", "tt_m3app_fw_ver")
-_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){2,3}")
+_VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){2,3}")
 PAGES = "hugepages/hugepages-1048576kB/nr_hugepages"
 
 
@@ -319,7 +320,7 @@ def _machine(
             firmware[n.bdf] = per
         pci = f"{cap.HOST_DIR}/sys/bus/pci/devices/{n.bdf}"
         node = (ar.text(f"{pci}/numa_node") or "").strip()
-        if re.fullmatch(r"-1|\d{1,4}", node):
+        if re.fullmatch(r"-1|[0-9]{1,4}", node):
             numa[n.bdf] = int(node)
         kind = (ar.text(f"{pci}/iommu_group/type") or "").strip()
         types[kind if kind in IOMMU_TYPES else "none"] += 1
@@ -333,14 +334,14 @@ def _machine(
                 + ")"
             )
     base = f"{cap.HOST_DIR}/sys/devices/system/node"
-    node_ids = sorted(int(x[4:]) for x in ar.listdir(base) if re.fullmatch(r"node\d{1,4}", x))
+    node_ids = sorted(int(x[4:]) for x in ar.listdir(base) if re.fullmatch(r"node[0-9]{1,4}", x))
     pages: dict[str, int] = {}
     for i in node_ids:
         value = (ar.text(f"{base}/node{i}/{PAGES}") or "").strip()
-        if value.isdigit() and len(value) < 7:
+        if numeric.digits(value) and len(value) < 7:
             pages[str(i)] = int(value)
     total = (ar.text(f"{cap.HOST_DIR}/sys/kernel/mm/{PAGES}") or "").strip()
-    if not pages and total.isdigit() and len(total) < 7:
+    if not pages and numeric.digits(total) and len(total) < 7:
         pages["0"] = int(total)
     if node_ids:
         machine["numa_nodes"] = max(node_ids) + 1
@@ -451,7 +452,7 @@ def _by_id(
             notes.append(f"/{path[:160]!r}: not a name tt-kmd's udev rules make: not made")
             continue
         lands = posixpath.normpath(posixpath.join(BY_ID, target))
-        match = re.fullmatch(r"dev/tenstorrent/(\d{1,6})", lands)
+        match = re.fullmatch(r"dev/tenstorrent/([0-9]{1,6})", lands)
         if target.startswith("/") or not match or int(match.group(1)) not in by_dev:
             notes.append(
                 f"/{path} led to {shown}, not a chip's /dev/tenstorrent/N (ttmesh refuses such a "
@@ -484,7 +485,7 @@ def _dev_nodes(ar: cap.Archive, rec: Recreation, nodes: dict[str, Node]) -> None
     for e in listing.get("entries") or []:
         if not isinstance(e, dict):
             continue
-        match = re.fullmatch(r"dev/tenstorrent/(\d{1,6})", str(e.get("path")))
+        match = re.fullmatch(r"dev/tenstorrent/([0-9]{1,6})", str(e.get("path")))
         mode = str(e.get("mode"))
         if match and e.get("kind") in ("char", "file"):  # a device; a simulated host's file
             seen[int(match.group(1))] = (

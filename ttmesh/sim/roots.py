@@ -23,7 +23,13 @@ def cache_root() -> Path:
 
 
 # in bin/ (sim.create)
-TOOL_NAMES = ("_ttmesh_simcore.py", "_ttmesh_fileread.py", "tt-smi", "_ttmesh_simcables.py")
+TOOL_NAMES = (
+    "_ttmesh_simcore.py",
+    "_ttmesh_fileread.py",
+    "tt-smi",
+    "_ttmesh_simcables.py",
+    "_ttmesh_smitable.py",
+)
 
 
 def refresh_tools(root: Path) -> None:
@@ -33,10 +39,10 @@ def refresh_tools(root: Path) -> None:
     marker = read_marker(root)
     if not marker:  # none, or garbled: nothing to refresh (a garbled one is refused later)
         return
-    # A root made before the core had a reader (or the cables) of its own has the core
-    # without it.
+    # A root made before the core had a reader (or the cables, or tt-smi its tables) of its
+    # own has the core without it.
     core_alone = (root / "bin" / TOOL_NAMES[0]).is_file() and not all(
-        (root / "bin" / name).is_file() for name in (TOOL_NAMES[1], TOOL_NAMES[3])
+        (root / "bin" / name).is_file() for name in (TOOL_NAMES[1], *TOOL_NAMES[3:])
     )
     stale = marker.get("ttmesh") != __version__ or core_alone
     try:

@@ -2,10 +2,16 @@
 """tt-smi stand-in for a ttmesh simulated host (behaves as tt-smi 6.8.0 does; standard library only).
 
 Installed as ``<root>/bin/tt-smi`` next to ``_ttmesh_simcore.py``; it serves the simulated host
-whose root is the parent of its ``bin/``. Options, messages, exit codes, target grammar and the
-snapshot's shape follow the real tool, including its traps: ``-r`` exits 0 whatever the reset
-did, a target list that matches nothing resets every device, PCI addresses are matched
-case-sensitively, and a chip may come back under another ``/dev/tenstorrent`` number.
+whose root is the parent of its ``bin/``. Options, messages, exit codes, target grammar, the
+``-ls`` tables and the snapshot's shape follow the real tool, including its traps: ``-r`` exits
+0 whatever the reset did, UMD logical ids or PCI addresses that match nothing reset every
+device, PCI addresses are matched case-sensitively, a chip may come back under another
+``/dev/tenstorrent`` number, and ``-ls`` cuts what does not fit the console's width.
+
+Chips are numbered as tt-umd numbers them, which is how tt-smi names them (``-ls``'s UMD Chip ID,
+``-s``'s order, ``-r N``): the PCI devices in PCI-address order, then the remote chips in the
+order discovery reaches them (:meth:`Host.umd_chips`). tests/test_tt_smi_conformance.py runs
+tt-smi 6.8.0's own code against this stand-in.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
 try:  # inside a simulated root
     import _ttmesh_simcore as core
+    import _ttmesh_smitable as smitable
 except ImportError:  # run from the ttmesh package itself
-    from ttmesh.sim import core
+    from ttmesh.sim import core, smitable
 
 VERSION = "6.8.0"
 SW_VERSIONS = {"tt_smi": VERSION, "pyluwen": "0.10.0", "tt_umd": "0.9.12"}
@@ -173,7 +180,14 @@ BH_TAGS = [
     "NUMBER_OF_TAGS",
     "INPUT_POWER",
 ]
-SMI_BOARD_TYPE = {
+SMI_BOARD_TYPE = {  # tt-smi's utils.get_board_type, by the board id's UPI
+    0x3: "e150",
+    0xA: "e300",
+    0x7: "e75",
+    0x8: "nb_cb",
+    0xB: "wh_4u",
+    0x36: "bh-scrappy",
+    0x202: "tt-galaxy-bh",
     0x18: "n150",
     0x14: "n300",
     0x35: "tt-galaxy-wh",
@@ -340,23 +354,44 @@ class Host:
                     break
         return keep
 
-    def present_chips(self, state: dict) -> list[dict]:
-        """Chips discovery finds: present PCI chips and the remote chips behind them."""
-        pci = {asic for _, _, asic in self.pci_devices(state)}
-        found = []
-        for chip in sorted(self.sim.chips(), key=lambda c: c["id"]):
+    def umd_chips(self, state: dict) -> list[dict]:
+        """The chips tt-umd's discovery finds, in the order of their UMD logical ids (tt-smi's
+        UMD Chip ID and device order).
+
+        tt-umd (``device/topology/topology_discovery.cpp``): ``get_connected_devices`` gives
+        the PCI devices the first ids in ``PCIDevice::enumerate_devices`` order, which is PCI
+        address order (``pci_device.cpp`` ``sort_ids_based_on_bdf``, tt-umd #2255; the
+        logical ids of #1915). ``discover_remote_devices`` then takes the chips to explore from
+        a ``std::map`` keyed by ASIC id (smallest first), and over each trained Ethernet link,
+        in channel order, gives the next id to a chip not seen yet whose board is one of the
+        PCI devices' boards (``is_board_id_included``). Blackhole discovers no remote chip.
+        A chip that is a PCI device of its own is never reached as a remote one here."""
+        mmio = [self.sim.chip_by_asic(asic) for _, _, asic in self.pci_devices(state)]
+        found = list(mmio)
+        boards = {c["board_id"] for c in mmio}
+        ends: dict[str, list[tuple[int, str]]] = {}
+        for a, ca, b, cb in self.sim.links():
+            ends.setdefault(a, []).append((ca, b))
+            ends.setdefault(b, []).append((cb, a))
+        live = self.sim.eth_live_statuses(state, sorted(ends))
+        seen = {core.asic_hex(c["unique_id"]) for c in mmio}
+        pending = {c["unique_id"]: c for c in mmio}
+        while pending:
+            chip = pending.pop(min(pending))
+            if chip["arch"] == "blackhole":
+                continue
             asic = core.asic_hex(chip["unique_id"])
-            if chip.get("bdf"):
-                if asic in pci:
-                    found.append(chip)
-            else:
-                lead = [c for c in self.sim.board_chips(chip) if c.get("bdf")]
-                if (
-                    lead
-                    and core.asic_hex(lead[0]["unique_id"]) in pci
-                    and state["chips"][asic]["present"]
-                ):
-                    found.append(chip)
+            for chan, other in sorted(ends.get(asic, ())):
+                if not live.get(asic, 0) >> (16 + chan) & 1 or other in seen:
+                    continue
+                far = self.sim.chip_by_asic(other)
+                if far.get("bdf") or far["board_id"] not in boards:
+                    continue
+                if not state["chips"][other]["present"] or not state["chips"][other]["alive"]:
+                    continue
+                seen.add(other)
+                found.append(far)
+                pending[far["unique_id"]] = far
         return found
 
     def is_galaxy(self) -> bool:
@@ -371,6 +406,7 @@ class TargetError(Exception):
 
 
 def parse_targets(raw: list[str]) -> tuple[str, list]:
+    """tt-smi's ``parse_smi_device_input`` (``tt_smi/device_input.py``): (kind, values)."""
     items: list[str] = []
     for arg in raw:
         items += [p.strip() for p in arg.split(",") if p.strip()]
@@ -378,24 +414,8 @@ def parse_targets(raw: list[str]) -> tuple[str, list]:
         return "ALL", []
     kind = None
     values: list = []
-    value: int | str
     for t in items:
-        if t.lower() == "all":  # checked in order, like tt-smi's classify_single_input
-            raise TargetError("Use 'all' as the only argument to select all devices")
-        if t.startswith("/dev/tenstorrent/"):
-            suffix = t[len("/dev/tenstorrent/") :]
-            if not suffix.isdigit():
-                raise TargetError(f"Invalid path: {t} (expected /dev/tenstorrent/<integer>)")
-            this, value = "DEV_TENSTORRENT_ID", int(suffix)
-        elif BDF_RE.match(t):
-            this, value = "PCI_BDF", t
-        elif t.lstrip("-").isdigit():
-            this, value = "UMD_LOGICAL_ID", int(t)
-        else:
-            raise TargetError(
-                f"Invalid device target: '{t}'. Use UMD logical ID (integer), PCI BDF (e.g. "
-                "0000:0a:00.0), or /dev/tenstorrent/<integer>."
-            )
+        this, value = classify(t)
         if kind is not None and this != kind:
             raise TargetError(
                 f"Mixed device target kinds are not allowed. Got '{t}' which is a {this}, but "
@@ -409,12 +429,97 @@ def parse_targets(raw: list[str]) -> tuple[str, list]:
     return kind or "ALL", values
 
 
+def classify(t: str) -> tuple[str, int | str]:
+    """tt-smi's ``classify_single_input``, checked in its order. Its digit tests are Python's
+    ``str.isdigit`` and ``int``: ``٣`` is the id 3, and ``²`` passes ``isdigit`` but not
+    ``int``, whose ValueError tt-smi prints as the reason."""
+    if t.lower() == "all":
+        raise TargetError("Use 'all' as the only argument to select all devices")
+    if t.startswith(DEV_PREFIX):
+        suffix = t[len(DEV_PREFIX) :].strip()
+        if not suffix.isdigit():
+            raise TargetError(f"Invalid path: {t} (expected /dev/tenstorrent/<integer>)")
+        return "DEV_TENSTORRENT_ID", _int(suffix)
+    if BDF_RE.match(t):
+        return "PCI_BDF", t
+    if t.lstrip("-").isdigit():
+        return "UMD_LOGICAL_ID", _int(t)
+    raise TargetError(
+        f"Invalid device target: '{t}'. Use UMD logical ID (integer), PCI BDF (e.g. "
+        "0000:0a:00.0), or /dev/tenstorrent/<integer>."
+    )
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise TargetError(str(exc)) from None
+
+
+# tt-umd's Python binding (nanobind) takes each id as a C int: a Python int outside it fails the
+# call's argument check, before any reset (checked against tt-umd 0.9.12's wheel).
+C_INT = range(-(2**31), 2**31)
+BINDING = {
+    "UMD_LOGICAL_ID": "warm_reset_chip_id",
+    "DEV_TENSTORRENT_ID": "warm_reset",
+    "ALL": "warm_reset",
+}
+
+
+def binding_refusal(kind: str, values: list) -> str | None:
+    """The TypeError tt-umd's binding raises for ids outside a C int, as Python prints it."""
+    if kind not in BINDING or all(v in C_INT for v in values):
+        return None
+    name = BINDING[kind]
+    first = "chip_ids" if name == "warm_reset_chip_id" else "pci_device_ids"
+    return (
+        f"TypeError: {name}(): incompatible function arguments. The following argument types "
+        f"are supported:\n    1. {name}({first}: collections.abc.Sequence[int] = [], "
+        "reset_m3: bool = False, secondary_bus_reset: bool = True, m3_delay_s: "
+        "datetime.timedelta | float = 20.0) -> bool\n\nInvoked with types: list, kwargs = { "
+        "secondary_bus_reset: bool }"
+    )
+
+
+def chosen_devices(
+    kind: str, values: list, devices: list[tuple[str, int, str]]
+) -> tuple[bool, list[str]]:
+    """Whether tt-umd 0.9.12 goes on to reset (and so tells the listeners), and the asics it
+    resets, for tt-smi's targets (``device/warm_reset.cpp``).
+
+    ``devices`` are ``PCIDevice::enumerate_devices()``: (bdf, /dev number, asic) in PCI order.
+    ``warm_reset_chip_id`` maps each UMD id below the device count to that device and skips
+    the others ("Provided UMD ID {} is out of range. Skipping."); a negative id passes that
+    check and indexes before the list (undefined in C++; here it names no device).
+    ``warm_reset_pci_bdfs`` keeps the devices whose address is one of the targets, exactly as
+    written. ``warm_reset`` is given /dev numbers as they are, and its ioctls reach only
+    enumerated devices among them (``PCIDevice::send_reset_ioctl_to_devices``). Whichever way,
+    an EMPTY list means every device ("If pci_device_ids is empty, enumerate all devices"),
+    and with none at all it returns before telling anyone ("No PCI devices found.")."""
+    every = [asic for _, _, asic in devices]
+    ids: list[int | None]
+    if kind == "ALL":
+        ids = []
+    elif kind == "UMD_LOGICAL_ID":
+        ids = [(devices[i][1] if i >= 0 else None) for i in values if i < len(devices)]
+    elif kind == "PCI_BDF":
+        ids = [dev for bdf, dev, _ in devices if bdf in values]
+    else:
+        ids = list(values)
+    if not ids:
+        return bool(every), every
+    return True, [asic for _, dev, asic in devices if dev in ids]
+
+
 def do_reset(host: Host, args: argparse.Namespace) -> int:
     try:
         kind, values = parse_targets(args.reset)
     except TargetError as exc:
         say(RED, str(exc))
         return 1
+    state = host.sim.read_state()
+    devices = host.pci_devices(state)
     if host.is_galaxy():
         say(
             YELLOW,
@@ -422,32 +527,41 @@ def do_reset(host: Host, args: argparse.Namespace) -> int:
             "tt-smi -r fails, please continue to use tt-smi -glx_reset instead and contact your "
             "system administrator to request a CPLD update.",
         )
-    state = host.sim.read_state()
-    devices = host.pci_devices(state)
-    by_dev = {dev: asic for _, dev, asic in devices}
     if kind == "ALL":
-        print(f"Resetting all PCI devices: {sorted(by_dev)}")
-        chosen = list(by_dev.values())
-    elif kind == "UMD_LOGICAL_ID":
-        print(f"Resetting UMD logical IDs: {values}")
-        chosen = [devices[i][2] for i in values if 0 <= i < len(devices)]
-    elif kind == "PCI_BDF":
-        print(f"Resetting PCI BDFs: {values}")
-        chosen = [asic for bdf, _, asic in devices if bdf in values]  # exact, case-sensitive
+        values = sorted(dev for _, dev, _ in devices)  # enumerate_devices_info's keys
+        print(f"Resetting all PCI devices: {values}")
     else:
-        print(f"Resetting /dev/tenstorrent IDs: {values}")
-        chosen = [by_dev[v] for v in values if v in by_dev]
-    if not chosen:  # tt-umd: an empty list after filtering means every device
-        chosen = list(by_dev.values())
+        print(f"{RESETTING[kind]}: {values}")
     sys.stdout.flush()
-    notify_listeners(host.sim.root, PRE_RESET)
-    try:
-        host.sim.reset(chosen)
-    finally:
-        notify_listeners(host.sim.root, POST_RESET)
+    refusal = binding_refusal(kind, values)
+    if refusal is not None:  # tt-smi does not catch it: Python's traceback, exit 1
+        sys.stderr.write(
+            "Traceback (most recent call last):\n"
+            f'  File "{sys.argv[0]}", line 8, in <module>\n'
+            "    sys.exit(main())\n"
+            f"  (tt_smi/reset.py, umd_pci_warm_reset: WarmReset.{BINDING[kind]}(...))\n"
+            f"{refusal}\n"
+        )
+        return 1
+    goes_on, chosen = chosen_devices(kind, values, devices)
+    if goes_on:
+        notify_listeners(host.sim.root, PRE_RESET)
+        try:
+            if chosen:
+                host.sim.reset(chosen)
+        finally:
+            notify_listeners(host.sim.root, POST_RESET)
     if not args.no_reinit:
         say(PURPLE, "Re-initializing boards after reset....")
     return 0
+
+
+DEV_PREFIX = "/dev/tenstorrent/"
+RESETTING = {
+    "UMD_LOGICAL_ID": "Resetting UMD logical IDs",
+    "PCI_BDF": "Resetting PCI BDFs",
+    "DEV_TENSTORRENT_ID": "Resetting /dev/tenstorrent IDs",
+}
 
 
 # tt-umd's reset notices (device/warm_reset.cpp, WarmResetCommunication): one byte to every
@@ -556,7 +670,7 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
         "FAN_RPM": 2400,
         "INPUT_POWER": 60,
         "TT_FLASH_VERSION": 0x03030000,
-        "ETH_FW_VERSION": 0x07000000 if wormhole else 0x010400,
+        "ETH_FW_VERSION": 0x070000 if wormhole else 0x010400,  # 7.0.0 (8.4.12 bits), 1.4.0
         "DM_APP_FW_VERSION": 0x0E000000,
         "DM_BL_FW_VERSION": 0x81020000,
         "THERM_TRIP_COUNT": 0,
@@ -678,19 +792,53 @@ def device_entry(host: Host, state: dict, chip: dict) -> dict:
             "dm_app_fw": _ver(values["DM_APP_FW_VERSION"]),
             "gddr_fw": "N/A" if wormhole else "2.15",
         },
-        "limits": {
-            "vdd_min": "0.70",
-            "vdd_max": "0.95",
-            "tdp_limit": " 300",
-            "tdc_limit": " 350",
-            "asic_fmax": "1350" if not wormhole else "1000",
-            "therm_trip_l1_limit": "110",
-            "thm_limit": " 90",
-            "bus_peak_limit": 0,
-            "fan_rpm_limit": 0,
-            "board_power_limit": 0 if wormhole else " 300",
-        },
+        "limits": chip_limits(values, wormhole),
     }
+
+
+def chip_limits(values: dict, wormhole: bool) -> dict:
+    """tt-smi's ``get_wh_chip_limits`` / ``get_bh_chip_limits`` (``backend.py``) of the raw
+    telemetry: a field whose tag is absent (or 0) is the number 0, the others formatted text."""
+
+    def tag(name: str) -> int:
+        return values.get(name) or 0
+
+    vdd = tag("VDD_LIMITS")
+    if wormhole:
+        tdp, tdc, aiclk, thm = (
+            tag("TDP") >> 16,
+            tag("TDC") >> 16,
+            tag("AICLK") >> 16,
+            tag("THM_LIMITS"),
+        )
+        fields = [
+            ("tdp_limit", tag("TDP"), f"{tdp:3.0f}"),
+            ("tdc_limit", tag("TDC"), f"{tdc:3.0f}"),
+            ("asic_fmax", tag("AICLK"), f"{aiclk:4.0f}"),
+            ("therm_trip_l1_limit", thm, f"{thm >> 16:2.0f}"),
+            ("thm_limit", thm, f"{thm & 0xFFFF:2.0f}"),
+        ]
+    else:
+        shutdown = tag("THM_LIMIT_SHUTDOWN")
+        fields = [
+            ("tdp_limit", tag("TDP_LIMIT_MAX"), f"{tag('TDP_LIMIT_MAX'):3.0f}"),
+            ("tdc_limit", tag("TDC_LIMIT_MAX"), f"{tag('TDC_LIMIT_MAX'):3.0f}"),
+            ("asic_fmax", tag("AICLK_LIMIT_MAX"), f"{tag('AICLK_LIMIT_MAX'):4.0f}"),
+            ("therm_trip_l1_limit", tag("THM_LIMIT_THROTTLE"), f"{tag('THM_LIMIT_THROTTLE'):2.0f}"),
+            ("thm_limit", shutdown, f"{shutdown:2.0f}"),
+        ]
+    board = tag("BOARD_POWER_LIMIT")
+    known = {
+        "vdd_min": (vdd, f"{(vdd & 0xFFFF) / 1000:4.2f}"),
+        "vdd_max": (vdd, f"{(vdd >> 16) / 1000:4.2f}"),
+        **{name: (raw, text) for name, raw, text in fields},
+        "board_power_limit": (board, f"{board:3.0f}"),
+    }
+    order = [
+        "vdd_min", "vdd_max", "tdp_limit", "tdc_limit", "asic_fmax", "therm_trip_l1_limit",
+        "thm_limit", "bus_peak_limit", "fan_rpm_limit", "board_power_limit",
+    ]  # fmt: skip
+    return {f: (known[f][1] if f in known and known[f][0] else 0) for f in order}
 
 
 def host_info(driver: str) -> dict:
@@ -763,29 +911,55 @@ def snapshot(host: Host, state: dict, chips: list[dict], driver: str) -> str:
     return json.dumps(doc, indent=4)
 
 
-def list_boards(host: Host, state: dict, chips: list[dict]) -> str:
+def board_rows(host: Host, state: dict, chips: list[dict]) -> list[tuple[list[str], bool]]:
+    """Each chip's row of ``-ls`` (UMD id order), and whether it is in the second table.
+
+    tt-smi's ``print_all_available_devices_umd`` (``backend.py``): UMD Chip ID, PCI BDF (N/A
+    for a remote chip), PCI Dev ID as ``/dev/tenstorrent/<n>`` (a remote chip's is
+    ``/dev/tenstorrent/N/A``: ``get_pci_device_id`` gives "N/A" and the f-string keeps it),
+    Board Type the chip's family (``get_device_name``), Device Series the board type with
+    Wormhole's L/R, Board Number the board id. "Boards that can be reset" are the chips that
+    are not remote, whose board is not a ``wh_4u``."""
     by_asic = {asic: (bdf, dev) for bdf, dev, asic in host.pci_devices(state)}
-    lines = [
-        "All available boards on host:",
-        f"{'UMD Chip ID':<12} {'PCI BDF':<14} {'PCI Dev ID':<11} {'Board Type':<14} "
-        f"{'Device Series':<14} {'Board Number'}",
-    ]
+    rows = []
     for umd_id, chip in enumerate(chips):
-        asic = core.asic_hex(chip["unique_id"])
-        bdf, dev = by_asic.get(asic, ("N/A", "N/A"))
+        bdf, dev = by_asic.get(core.asic_hex(chip["unique_id"]), ("N/A", "N/A"))
         series = SMI_BOARD_TYPE.get((chip["board_id"] >> 36) & 0xFFFFF, "N/A")
-        board = chip["card_type"].split("-")[0]
-        lines.append(
-            f"{umd_id:<12} {bdf:<14} {dev!s:<11} {board:<14} {series:<14} "
-            f"{format(chip['board_id'], '016x')}"
-        )
-    lines.append("")
-    lines.append("Boards that can be reset:")
-    lines.append(f"{'PCI Dev ID':<11} {'PCI BDF':<14} {'Board Type':<14}")
-    for bdf, dev, asic in host.pci_devices(state):
-        chip = host.sim.chip_by_asic(asic)
-        lines.append(f"{dev!s:<11} {bdf:<14} {chip['card_type']:<14}")
-    return "\n".join(lines)
+        wormhole = chip["arch"] == "wormhole_b0"
+        remote = not chip.get("bdf")
+        row = [
+            str(umd_id),
+            bdf,
+            f"/dev/tenstorrent/{dev}",
+            "Wormhole" if wormhole else "Blackhole",
+            series + ((" R" if remote else " L") if wormhole else ""),
+            format(chip["board_id"], "016x"),
+        ]
+        rows.append((row, not remote and series != "wh_4u"))
+    return rows
+
+
+LIST_HEADER = [
+    "UMD Chip ID",
+    "PCI BDF",
+    "PCI Dev ID",
+    "Board Type",
+    "Device Series",
+    "Board Number",
+]
+
+
+def list_boards(host: Host, state: dict, chips: list[dict]) -> str:
+    """Both tables of ``tt-smi -ls`` as rich prints them on this console (smitable)."""
+    rows = board_rows(host, state, chips)
+    width = smitable.console_width()
+    ascii_only = not (getattr(sys.stdout, "encoding", None) or "utf-8").lower().startswith("utf")
+    return smitable.render(
+        "All available boards on host (UMD):", LIST_HEADER, [r for r, _ in rows], width, ascii_only
+    ) + smitable.render(
+        "Boards that can be reset (UMD):", LIST_HEADER, [r for r, ok in rows if ok], width,
+        ascii_only,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -807,12 +981,12 @@ def main(argv: list[str] | None = None) -> int:
             args.no_reinit = False
         return do_glx_reset(host, args)
     state = host.sim.read_state()
-    chips = host.present_chips(state)
+    chips = host.umd_chips(state)
     if not chips:
         say(RED, NO_DEVICES)
         return 1
     if args.list:
-        print(list_boards(host, state, chips))
+        sys.stdout.write(list_boards(host, state, chips))
         return 0
     if args.glx_list_tray_to_device:
         for umd_id, chip in enumerate(chips):

@@ -222,7 +222,7 @@ def rank_units(
         if not items:
             raise bad_input(f"{bf.who(b)}: {key} is empty", "name the rank's chips, or drop it")
         for item in items:
-            bdf = by_index.get(int(item)) if item.isascii() and item.isdigit() else item.lower()
+            bdf = by_index.get(int(item)) if numeric.digits(item) else item.lower()
             if bdf not in by_bdf:
                 raise bad_input(
                     f"{bf.who(b)}: {key} entry {item!r} is no chip here",

@@ -46,6 +46,11 @@ class Observer(Protocol):
     def lines(self, last: dict[int, str]) -> None:
         """The last line of output each rank printed since the previous call."""
 
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
+        """A server's start, step by step (``serving.checklist.Row.to_json``: key, label,
+        state planned | active | done | skipped, started and seconds since the attempt began,
+        detail), and the time it is allowed (--ready-timeout; None: no limit)."""
+
     def output(self, fd: int, data: bytes) -> None:
         """Bytes for the console (``fd`` 1 or 2): prefixed worker lines, ttmesh's messages."""
 
@@ -58,7 +63,7 @@ class Observer(Protocol):
 OUTPUT, EVENT = b"o", b"e"
 HEADER = struct.Struct("!cI")
 # The guardian's events the front passes on, and nothing else.
-EVENTS = ("phase", "rank_started", "rank_ready", "rank_exited", "lines")
+EVENTS = ("phase", "rank_started", "rank_ready", "rank_exited", "lines", "checklist")
 
 
 class EventWriter:
@@ -108,6 +113,9 @@ class EventWriter:
     def lines(self, last: dict[int, str]) -> None:
         self._event("lines", {str(r): t for r, t in last.items()})
 
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
+        self._event("checklist", rows, timeout)
+
     def output(self, fd: int, data: bytes) -> None:
         if not self._send(OUTPUT, bytes([fd]) + data):
             write_all(fd, data)
@@ -151,7 +159,9 @@ class EventReader:
         elif name == "lines":
             self.observer.lines({int(r): t for r, t in args[0].items()})
         else:
-            getattr(self.observer, name)(*args)
+            told = getattr(self.observer, name, None)  # (a view may not draw a checklist)
+            if told is not None:
+                told(*args)
 
 
 def send_or_close(fd: int, data: bytes) -> bool:

@@ -1,10 +1,17 @@
-"""Known Tenstorrent failures, explained from the last lines a failing process printed.
+"""Known Tenstorrent failures: explained from the last lines a failing process printed, and
+the ones that cannot wait watched as lines arrive.
 
 The table is data, ``ttmesh/configs/failures.yaml``: per entry a pattern, the cause, a fix a user
-can run as printed and the public issue where users met it. Only a failure pays for it: the
-guardian reads and compiles the table (once) when an attempt ends badly and sends the entry that
-matched back with the attempt's result (:func:`match`); the launcher fills the fix in for the
-job's host and chips (:func:`explain`). A job that succeeds never reads it, nor imports yaml.
+can run as printed and the public issue where users met it. The guardian matches it when an
+attempt ends badly and sends the entry that matched back with the attempt's result
+(:func:`match`); the launcher fills the fix in for the job's host and chips (:func:`explain`).
+
+An entry marked ``live`` is matched as lines arrive (:class:`LiveLines`, with a serving
+profile's own ``failures:`` first): ``fatal`` stops the job (a device that threw during its
+start leaves the server waiting out its whole ready timeout, tt-studio#1283), ``note`` is said
+once. Those are read when the attempt starts; the table is parsed from its cached form (no yaml
+import), and matched in whole blocks of output: each entry's ``hint`` words are looked for at C
+speed first, and the patterns run only in a block that holds one.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from ttmesh.dataclass import dataclass
 from ttmesh.patterns import Matcher, PatternError, compile_pattern
+from ttmesh.render import printable
 
 if TYPE_CHECKING:
     from ttmesh.fabric.devices import Inventory
 
 TABLE = Path(__file__).resolve().parents[2] / "configs" / "failures.yaml"
 FIELDS = ("id", "pattern", "cause", "fix", "link")
-OPTIONAL = ("also",)
+OPTIONAL = ("also", "after_reset", "live", "hint", "source")
+LIVE = ("fatal", "note")  # what a line marked live does as it arrives
 PLACEHOLDERS = frozenset({"reset", "flag"})  # what a fix may name: see the table's header
 MAX_LINE = 300  # a matched line longer than this is cut for the summary
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -38,6 +47,18 @@ class Entry:
     fix: str  # with placeholders
     link: str
     also: tuple[str, ...] = ()
+    after_reset: str | None = None  # the fix once ttmesh reset and verified the chips itself
+    live: str | None = None  # fatal | note: matched as lines arrive (None: after the end only)
+    hints: tuple[bytes, ...] = ()  # a live entry's words, one of which every line it matches holds
+    source: str = ""  # where the line comes from upstream (a fatal line must say)
+
+
+# When ttmesh reset the job's chips after it ended and verified them, a fix that resets them
+# is wrong: the entry's own ``after_reset``, else this.
+AFTER_RESET = (
+    "nothing to reset now: the job's chips were reset after it ended, and verified "
+    "(ttmesh check{flag} shows them); start the job again"
+)
 
 
 def _text(item: dict[str, Any], key: str, where: str) -> str:
@@ -86,10 +107,49 @@ def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
         for link in links:
             if not link.startswith("https://github.com/"):
                 raise ValueError(f"{where}: {link!r} is not a GitHub address")
+        after = _text(item, "after_reset", where) if "after_reset" in item else None
+        if after is not None and "{reset}" in after:
+            raise ValueError(f"{where}: after_reset cannot name {{reset}}: the chips were reset")
+        live, hints, source = _live(item, where)
+        cause = _text(item, "cause", where)
         out.append(
-            Entry(ident, regex, _text(item, "cause", where), fix, links[0], tuple(links[1:]))
-        )
+            Entry(ident, regex, cause, fix, links[0], tuple(links[1:]), after, live, hints,
+                  source)
+        )  # fmt: skip
     return tuple(out)
+
+
+MAX_HINT = 200  # characters of one hint word
+
+
+def _live(item: dict[str, Any], where: str) -> tuple[str | None, tuple[bytes, ...], str]:
+    """An entry's ``live`` (fatal | note), its ``hint`` words and its ``source``, checked."""
+    live = item.get("live")
+    if live is None:
+        for key in ("hint",):
+            if key in item:
+                raise ValueError(f"{where}: {key!r} goes with live: fatal or live: note")
+        return None, (), str(item.get("source") or "")
+    if live not in LIVE:
+        raise ValueError(f"{where}: live must be one of {', '.join(LIVE)}, not {live!r}")
+    raw = item.get("hint")
+    words = [raw] if isinstance(raw, str) else raw
+    if (
+        not isinstance(words, list)
+        or not words
+        or not all(isinstance(w, str) and w.strip() and len(w) <= MAX_HINT for w in words)
+    ):
+        raise ValueError(
+            f"{where}: a live entry needs 'hint': a word (or a list of words, each at most "
+            f"{MAX_HINT} characters) that every line it matches holds, as the source prints it"
+        )
+    source = item.get("source")
+    if live == "fatal" and not (isinstance(source, str) and source.strip()):
+        raise ValueError(
+            f"{where}: a fatal line must name its 'source' (the upstream file or issue that "
+            "prints it)"
+        )
+    return str(live), tuple(w.encode() for w in words), " ".join(str(source or "").split())
 
 
 def _links(value: Any, where: str) -> list[str]:
@@ -121,16 +181,23 @@ def match(streams: Iterable[tuple[str, Sequence[str]]]) -> dict[str, Any] | None
     for entry in table():
         for where, line in lines:
             if entry.regex.search(line):
-                return {
-                    "id": entry.id,
-                    "cause": entry.cause,
-                    "fix": entry.fix,
-                    "link": entry.link,
-                    "also": list(entry.also),
-                    "line": line.strip()[:MAX_LINE],
-                    "where": where,
-                }
+                return found(entry, line, where)
     return None
+
+
+def found(entry: Entry, line: str, where: str) -> dict[str, Any]:
+    """What a line ``entry`` matches tells (the attempt's diagnosis, before :func:`explain`
+    fills in its fix), whether it was matched after the end or as it arrived."""
+    return {
+        "id": entry.id,
+        "cause": entry.cause,
+        "fix": entry.fix,
+        "link": entry.link,
+        "also": list(entry.also),
+        "after_reset": entry.after_reset,
+        "line": line.strip()[:MAX_LINE],
+        "where": where,
+    }
 
 
 @dataclass(frozen=True)
@@ -166,9 +233,16 @@ class Diagnosis:
         ]
 
 
-def explain(found: dict[str, Any] | None, inv: Inventory, chips: Sequence[str]) -> Diagnosis | None:
+def explain(
+    found: dict[str, Any] | None,
+    inv: Inventory,
+    chips: Sequence[str],
+    reset_done: bool = False,
+) -> Diagnosis | None:
     """``found`` (from :func:`match`) with its fix filled in: ``{reset}`` resets ``chips`` and
-    what is linked to them, ``{flag}`` names the host as the user did."""
+    what is linked to them, ``{flag}`` names the host as the user did. ``reset_done``: ttmesh
+    reset the chips after the job and verified them: a fix that would reset them again is the
+    entry's ``after_reset`` instead (:data:`AFTER_RESET` when it has none)."""
     if not found:
         return None
     from ttmesh.fabric import health
@@ -176,6 +250,8 @@ def explain(found: dict[str, Any] | None, inv: Inventory, chips: Sequence[str]) 
     flag = health.root_flag(inv.host)
     values = {"flag": flag, "reset": ""}
     template = str(found["fix"])
+    if reset_done and "{reset}" in template:
+        template = str(found.get("after_reset") or AFTER_RESET)
     if "{reset}" in template:
         values["reset"] = health.reset_fix(inv, chips, inv.links) or f"ttmesh reset{flag}"
     return Diagnosis(
@@ -208,3 +284,77 @@ def tails(
         for owner in owners
         for name in ("stderr", "stdout")
     ]
+
+
+# --------------------------------------------------------------------------- lines as they arrive
+
+
+def profile_entries(raw: Any, source: str) -> tuple[Entry, ...]:
+    """A serving profile's own ``failures:`` (entries in the table's format), checked; a bad
+    one is bad input naming the profile (exit 2, before anything starts)."""
+    from ttmesh.errors import bad_input
+
+    if raw is None:
+        return ()
+    try:
+        return parse({"entries": raw}, source)
+    except ValueError as exc:
+        raise bad_input(str(exc), "write it as configs/failures.yaml's entries are written")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A live line seen: its entry, the line as a user reads it, and whose it was."""
+
+    entry: Entry
+    line: str
+    where: str
+
+    def found(self) -> dict[str, Any]:
+        """As :func:`match` gives an entry (the attempt's diagnosis)."""
+        return found(self.entry, self.line, self.where)
+
+
+class LiveLines:
+    """The entries marked ``live`` (a profile's own first, then the table's, in order), matched
+    in each block of a process's output as it arrives. A block none of the hint words is in
+    costs a few ``bytes.find`` (C speed); one that holds a hint is split into lines and each
+    such line matched with the entries' patterns (RE2: linear in the line, and a line is
+    bounded: ``logs.MAX_PARTIAL``). Notes are said once per entry."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.entries = [e for e in entries if e.live]
+        self.hints = tuple(dict.fromkeys(h for e in self.entries for h in e.hints))
+        self.said: set[str] = set()  # the notes said
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def scan(self, block: bytes, where: str) -> list[Hit]:
+        """The live lines of ``block`` (whole lines): the first entry each matches."""
+        if not any(h in block for h in self.hints):
+            return []
+        hits = []
+        for raw in block.split(b"\n"):
+            if not any(h in raw for h in self.hints):
+                continue
+            line = printable(clean(raw.decode(errors="replace")))  # no escape reaches a terminal
+            for entry in self.entries:
+                if any(h in raw for h in entry.hints) and entry.regex.search(line):
+                    hits.append(Hit(entry, line, where))
+                    break
+        return hits
+
+    def first_note(self, hit: Hit) -> bool:
+        """True the first time ``hit``'s entry (a note) is seen."""
+        if hit.entry.id in self.said:
+            return False
+        self.said.add(hit.entry.id)
+        return True
+
+
+def live_lines(extra: Sequence[Entry] = ()) -> LiveLines:
+    """The live entries of ``extra`` (a profile's) and the table's: a profile's entry of the
+    same id stands for the table's."""
+    own = {e.id for e in extra}
+    return LiveLines([*extra, *(e for e in table() if e.id not in own)])

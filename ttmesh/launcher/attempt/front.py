@@ -21,14 +21,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ttmesh import procs
 from ttmesh.dataclass import dataclass
+from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer
 from ttmesh.launcher.attempt.guardian import Guardian, Options
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import FORWARDED, forward, stop_reason
+from ttmesh.launcher.planning import ports
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.render import note
@@ -49,6 +52,7 @@ def run_attempt(
     host: Host | None = None,
     on_start: Callable[[int], None] | None = None,
     liveness: Liveness | None = None,
+    inv: Inventory | None = None,
 ) -> AttemptResult:
     """Run one attempt of the job (every rank once) and return how it ended.
 
@@ -56,7 +60,8 @@ def run_attempt(
     killed while it ran (finish the job in its place); its return value is the exit code.
     ``host`` hears the job's events (workers holding chips, fabric opened and ended).
     ``liveness``: the chips' heartbeats, still being read: the guardian completes the check
-    while the ranks run (:class:`ttmesh.launcher.planning.liveness.Liveness`)."""
+    while the ranks run (:class:`ttmesh.launcher.planning.liveness.Liveness`). ``inv``: the
+    host's chips as the job found them (the guardian watches the job's while they run)."""
     observer = options.observer
     events: tuple[int, int] | None = None
     if observer is not None:
@@ -76,13 +81,14 @@ def run_attempt(
     # Unblocked, it would end the front before its forwarders exist, or the guardian before
     # its own, with the front's handlers (a SIGTERM meant to stop the job gracefully).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    ports.release_held()  # the ranks bind the ports the plan chose (a torch-tpu job's slice)
     try:
         pid = os.fork()
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
     if pid == 0:
-        _guardian_child(plan, attempt, options, base_env, pipes, orphaned, host, liveness)
+        _guardian_child(plan, attempt, options, base_env, pipes, orphaned, host, liveness, inv)
     pipes.close_guardian_ends()
     previous = {}
     stops: list[int] = []  # stop signals forwarded (the guardian may be past acting on them)
@@ -149,6 +155,7 @@ def _guardian_child(
     orphaned: Callable[[AttemptResult], int] | None,
     host: Host | None,
     liveness: Liveness | None,
+    inv: Inventory | None = None,
 ) -> None:
     """The forked guardian: run the attempt, hand the verdict to the front (or, the front
     gone, finish the job in its place), and exit; never returns."""
@@ -165,7 +172,7 @@ def _guardian_child(
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         guardian = Guardian(
             plan, attempt, options, base_env, pipes.alive[0], host or Host(plan.root), writer,
-            liveness,
+            liveness, inv,
         )  # fmt: skip
         result = guardian.run()
         code = result.code
@@ -213,7 +220,7 @@ def _late_stop(result: AttemptResult, stops: list[int], continued: bool) -> Atte
         # It is still the user's stop: the job ends as stopped, never restarted.
         result = replace(
             result, code=128 + stops[0], source=Source.TTMESH, rank=None,
-            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED,
+            reason=stop_reason(stops[0]), end=AttemptEnd.STOPPED, asked=True,
         )  # fmt: skip
     return result
 
@@ -259,6 +266,9 @@ class _Plain:
         pass
 
     def lines(self, last: dict[int, str]) -> None:
+        pass
+
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
         pass
 
     def output(self, fd: int, data: bytes) -> None:

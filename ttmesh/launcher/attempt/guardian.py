@@ -36,6 +36,8 @@ from typing import Any
 from ttmesh import procs
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
+from ttmesh.fabric.chipwatch import ChipWatch
+from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt import dumps, record
 from ttmesh.launcher.attempt.bringup import BringUp
@@ -57,6 +59,7 @@ from ttmesh.launcher.attempt.view import AttemptView, DrainWords
 from ttmesh.launcher.planning.liveness import Liveness
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.runtime.joblogs import JobLogs, owner_name
 from ttmesh.runtime.leftovers import Leftovers
 from ttmesh.states import (
     GUARDIAN_MOVES,
@@ -71,6 +74,9 @@ Phase = GuardianPhase  # the guardian's phases (ttmesh.states)
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 SWEEP_POLL = 0.02
 DRAIN = 0.5  # seconds to read what the pipes still hold once every process is gone
+# A known fatal line seen (attempt.failures.LiveLines): the job is stopped this long after it,
+# unless its process ends first (one that exits on its own keeps its exit code).
+FATAL_SETTLE = 2.0
 READ_SIZE = 1 << 20  # a rank's pipe may hold up to 1 MiB (starters._pipe_size)
 
 __all__ = [
@@ -96,9 +102,26 @@ class Options:
     logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.attempt.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
+    # The job's own copy of every stream (runtime.joblogs, ttmesh logs), opened by the job;
+    # keep_logs False (--no-logs): none; log_limits: its bounds (joblogs.limits()).
+    keep: JobLogs | None = None
+    keep_logs: bool = True
+    log_limits: Any = None
+    # The view draws a server's start as its checklist: its finished steps are not said as lines.
+    checklist_drawn: bool = False
 
 
 # --------------------------------------------------------------------------- guardian
+
+
+def _leftovers(plan: LaunchPlan) -> list[str]:
+    """What the job's profile says its processes leave in shared memory: a server's globs, a
+    program profile's files of the job's chips (libtt's mock chips: tt_device_<id>_memory)."""
+    if plan.serving is not None:
+        return list(plan.serving.profile.leftovers)
+    if plan.program is not None:
+        return plan.program.profile.leftover_paths(plan.all_chips())
+    return []
 
 
 class Guardian:
@@ -115,6 +138,7 @@ class Guardian:
         host: Host,
         observer: Observer | None = None,
         liveness: Liveness | None = None,
+        inv: Inventory | None = None,
     ) -> None:
         self.plan = plan
         self.observer = observer  # the front's view, through the pipe (EventWriter)
@@ -153,16 +177,28 @@ class Guardian:
         self.signalled: set[int] = set()  # PIDs sent SIGTERM
         self.marks = FabricMarks(plan, host, self.pid)
         self.readiness = Readiness(plan, self.started)
+        self.readiness.checklist_lines = not options.checklist_drawn
         self.front_gone = False  # the launcher was killed: this guardian finishes the job
         # Taken before any rank starts: what a server's profile names that appears in shared
         # memory meanwhile is the server's, removed once nothing uses it. (Open MPI's segments
         # go to the job's run directory: plan.SEGMENT_VAR.)
-        self.leftovers = Leftovers(plan.serving.profile.leftovers if plan.serving else ())
+        self.leftovers = Leftovers(_leftovers(plan))
         # What the observer was told, and the lines not yet sent.
         self.view = AttemptView(observer) if observer is not None else None
         # tt-umd's reset notices, heard while the ranks run (chips on this host only).
         self.host = host
         self.resets: Any = None  # attempt.resetwatch.ResetWatch, once listening
+        # The job's chips, read on a timer while the ranks run (fabric.chipwatch), once the
+        # start's own heartbeat check (liveness) is done; what failed under the job, if one did.
+        self.inv = inv
+        self.chipwatch: ChipWatch | None = None
+        self.chips_watched = not (plan.chipless or plan.hosts or not plan.all_chips())
+        self.chip_fault: str | None = None
+        # Known lines matched as they arrive (attempt.failures.LiveLines), the fatal one seen
+        # and when it stops the job.
+        self.live: Any = None
+        self.fatal: Any = None  # failures.Hit
+        self.fatal_due: float | None = None
 
     @property
     def phase(self) -> GuardianPhase:
@@ -186,6 +222,8 @@ class Guardian:
 
     def _start(self) -> None:
         failed = self.starter.start()
+        if self.starter.notice is not None and self.attempt == 0:  # said once for the job
+            self._emit(self.starter.notice)
         for stream in self.starter.streams:
             self.open[stream.fd] = (stream.owner, stream.name)
             self.selector.register(stream.fd, selectors.EVENT_READ, "output")
@@ -227,7 +265,7 @@ class Guardian:
         ):  # fmt: skip
             return
         self._emit(f"{reason}: stopping every worker")
-        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
+        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, AttemptEnd.RESET_ELSEWHERE))
 
     # -- the loop
 
@@ -250,6 +288,7 @@ class Guardian:
             sink=self.observer.output if self.observer is not None else None,
             spec=self.options.logs,
             local_ranks={i: int(r.env.get("LOCAL_RANK", i)) for i, r in enumerate(self.plan.ranks)},
+            keep=self._kept_files(),
         )
         self.starter.console = self.console
         self.console.bringup = self.bringup
@@ -258,10 +297,15 @@ class Guardian:
         try:
             self._report()
             self._start()
+            # The known lines to watch as they arrive: read once the ranks are on their way
+            # (the table and RE2 cost some milliseconds; no output is read before the loop).
+            self.live = self._live_lines()
+            if self.live or (self.server is not None and self.server.checklist):
+                self.console.on_block = self._on_block
             self._listen_for_resets()  # once the ranks are on their way (a notice in between
             # those few milliseconds is not heard: the ranks have not opened their chips yet)
             self._register()
-            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids)
+            record.write_record(self.plan, self.pid, self.attempt, self.starter.pids, "starting")
             self._step()  # a rank that never started may have ended the attempt already
             while self.phase is not Phase.DONE:
                 for key, _ in self.selector.select(self._timeout()):
@@ -277,6 +321,7 @@ class Guardian:
                         self._on_output(key.fd)
                 self._step()
         finally:
+            self.starter.close()
             self.console.shutdown()
             record.keep_errors(self.plan, self.attempt, self.options.logs)
             self.readiness.close()
@@ -287,15 +332,27 @@ class Guardian:
                 self.wakeups.restore()
         return self._result()
 
+    def _kept_files(self) -> Any:
+        """This attempt's files in the job's own logs (None: --no-logs, or not writable)."""
+        if self.options.keep is None:
+            return None
+        owners = [owner_name(r.rank) for r in self.plan.ranks]
+        owners += [owner_name(-1)] if self.starter.has_launcher else []
+        return self.options.keep.attempt(self.attempt, owners)
+
     def _step(self) -> None:
         """Move between phases on what time and the host say now."""
         self._ask_liveness()
+        self._watch_chips()
+        self._stop_for_fatal()
         self._register()
         if self.resets is not None:
             self.resets.tick()
         now = time.monotonic()
         if now - self.polled >= POLL:  # not on every output event: a rank may print 100 MB
             self.polled = now
+            if self.console is not None:
+                self.console.flush_kept()
             self.marks.poll(self.running, self.starter.pids)
             if self.phase is Phase.RUNNING:
                 heard = (self.console.heard if self.console else 0.0) or self.started
@@ -327,9 +384,11 @@ class Guardian:
         self._report()
 
     def _clean_leftovers(self) -> None:
-        """Remove what the server left in shared memory and nothing uses, a line each."""
+        """Remove what the server (or a program profile's ranks: libtt's mock chips) left in
+        shared memory and nothing uses, a line each."""
+        whose = "the server" if self.plan.serving is not None else "the ranks"
         for path in self.leftovers.clean():
-            self._emit(f"removed {path}, left behind by the server")
+            self._emit(f"removed {path}, left behind by {whose}")
 
     def _timeout(self) -> float | None:
         now = time.monotonic()
@@ -342,7 +401,127 @@ class Guardian:
             waits.append(SWEEP_POLL)
         if self.liveness is not None:
             waits.append(max(0.0, self.liveness_due - now))
+        if self.chipwatch is not None and self.phase is Phase.RUNNING:
+            waits.append(max(0.0, self.chipwatch.due() - now))
+        if self.fatal_due is not None:
+            waits.append(max(0.0, self.fatal_due - now))
         return min(waits) if waits else None
+
+    def _live_lines(self) -> Any:
+        """The known lines watched as they arrive (a profile's own first); none when the
+        table cannot be read (said once: the job goes on, its failures explained as before)."""
+        from ttmesh.launcher.attempt import failures
+
+        try:
+            own = self.plan.serving.profile.extra.get("failures") if self.plan.serving else None
+            path = self.plan.serving.profile.path if self.plan.serving else ""
+            return failures.live_lines(failures.profile_entries(own, f"profile {path}: failures"))
+        except Exception as exc:  # a broken table must not stop the job
+            self._emit(f"the table of known failures could not be read: {exc}")
+            return None
+
+    def _on_block(self, owner: int, stream: str, block: bytes) -> None:
+        """A block of output: a known fatal line stops the job (FATAL_SETTLE after it, unless
+        its process ends first), a note is said once."""
+        if self.phase not in (Phase.STARTING, Phase.RUNNING):
+            return
+        if owner == 0 and self.server is not None:  # its start's steps, from its own lines
+            for row in self.server.scan(block, time.monotonic()):
+                if self.readiness.checklist_lines:
+                    self._emit(f"{self.server.name}: {self.server.checklist.said(row)}")
+        if not self.live:
+            return
+        from ttmesh.launcher.attempt import failures
+
+        server = self.server.name if self.server is not None else None
+        for hit in self.live.scan(block, failures.where(owner, stream, server)):
+            entry = hit.entry
+            if entry.live == "note":
+                if self.live.first_note(hit):
+                    fix = self._filled(hit.found())
+                    self._emit(f"note: {hit.where}: {hit.line[:300]}: {entry.cause} (fix: {fix})")
+                continue
+            if self.fatal is not None or self.stop is not None or self.first_failure is not None:
+                continue
+            self.fatal, self.fatal_due = hit, time.monotonic() + FATAL_SETTLE
+            self.chip_fault = f"fatal line ({entry.id}): {hit.line[:300]}"
+            self._emit(f"fatal line in {hit.where} ({entry.id}): {hit.line[:300]}: "
+                       "stopping every worker")  # fmt: skip
+
+    def _filled(self, found: dict[str, Any]) -> str:
+        """A fix with its placeholders filled for this job's chips (as the summary fills it)."""
+        from ttmesh.launcher.attempt import failures
+
+        if self.inv is not None:
+            with contextlib.suppress(Exception):
+                explained = failures.explain(found, self.inv, self.plan.all_chips())
+                if explained is not None:
+                    return explained.fix
+        return str(found["fix"]).format(flag="", reset="ttmesh reset")
+
+    def _stop_for_fatal(self) -> None:
+        """The fatal line's settle is over and its process did not end: stop the job."""
+        if self.fatal is None or self.fatal_due is None or time.monotonic() < self.fatal_due:
+            return
+        self.fatal_due = None
+        self._reap()
+        if (
+            self.stop is not None
+            or self.first_failure is not None
+            or self.phase is not Phase.RUNNING
+        ):
+            return
+        hit = self.fatal
+        self._begin_stop(
+            Stop(f"fatal line ({hit.entry.id}): {hit.line[:300]}", 1, AttemptEnd.FAILED)
+        )
+
+    def _watch_chips(self) -> None:
+        """The job's chips, read when due while the ranks run (fabric.chipwatch): one that
+        failed (its heartbeat stopped, it left the bus, its links went down) stops the job at
+        once, named with what was seen. A rank that ended meanwhile is heard first: its own end
+        decides the attempt; so does a server's critical process that ended (links that fell
+        with it are its end: _critical_ended)."""
+        if not self.chips_watched or self.phase is not Phase.RUNNING or self.liveness is not None:
+            return
+        if self.stop is not None or self.first_failure is not None or self.front_gone:
+            return
+        if self.chipwatch is None:
+            self.chipwatch = self._chip_watch()
+            return
+        finding = self.chipwatch.step()
+        if finding is None:
+            return
+        self._reap()
+        if self.stop is not None or self.first_failure is not None:
+            return
+        self.chip_fault = finding.line
+        self._emit(f"{finding.line}: stopping every worker")
+        self._begin_stop(Stop(finding.line, 1, AttemptEnd.FAILED))
+
+    def _chip_watch(self) -> ChipWatch | None:
+        """The watch, its first read taken (None when the host cannot be read: nothing to
+        watch then, and the job goes on)."""
+        from ttmesh.fabric.devices import discover
+
+        try:
+            inv = self.inv
+            if inv is None:  # (a guardian run on its own: tests) read without opening a chip
+                inv = discover(self.host, topology=not self.host.firmware_opens_chips)
+            watch = ChipWatch(inv, self.plan.all_chips(), ended=self._critical_ended)
+            watch.step()
+        except (OSError, TTMeshError) as exc:
+            self._emit(f"the job's chips cannot be watched while it runs: {exc}")
+            self.chips_watched = False
+            return None
+        return watch
+
+    def _critical_ended(self) -> str | None:
+        """A server's critical process that ended while it ran (its watch says it died, or
+        the server's exit comes first): the job's own end, which links that fell with it are
+        part of. None when every one lives, or nothing is followed (no server, no health URL)."""
+        watch = self.server.watch if self.server is not None else None
+        return watch.ended() if watch is not None else None
 
     def _ask_liveness(self) -> None:
         """The chips' heartbeats, still being read since the start: ask when due; a refusal
@@ -361,14 +540,16 @@ class Guardian:
             return
         self.refusal, self.liveness = self.liveness.refusal, None
         if self.refusal is not None:
-            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
+            self._begin_stop(
+                Stop(f"refused: {self.refusal}", self.refusal.code, AttemptEnd.REFUSED)
+            )
 
     # -- events
 
     def _on_signals(self) -> None:
         assert self.wakeups is not None
         for sig in self.wakeups.heard():
-            reaction = react(sig, self.stop, self.first_failure is not None)
+            reaction = react(sig, self.stop, self.first_failure is not None, *self._whom())
             if reaction.say:
                 self._emit(reaction.say)
             if reaction.kill:
@@ -382,6 +563,12 @@ class Guardian:
             elif reaction.forward:
                 procs.signal_groups(self.starter.signal_targets(self.running), sig)
         self._reap()
+
+    def _whom(self) -> tuple[str, str]:
+        """What a stop the user asks for stops, and how: a server drains on SIGTERM."""
+        if self.server is None:
+            return "every worker", ""
+        return "the server", f"SIGTERM: its own drain, up to {self.plan.grace:g} s"
 
     def _reap(self) -> None:
         for pid, status in procs.reap_all():
@@ -511,8 +698,18 @@ class Guardian:
     def _on_server(self) -> None:
         """The server became ready, or failed a health check, or lost a critical process."""
         stopping = self.stop is not None or self.first_failure is not None
-        for line, stop in self.readiness.server_events(stopping):
+        was_ready = 0 in self.ready
+        events = self.readiness.server_events(stopping)
+        if not was_ready and 0 in self.ready:  # ttmesh ps: it serves (said before the line is)
+            record.write_server(self.plan, "serving")
+        for line, stop in events:
             self._emit(line)
+            if stop is not None and stop.end is AttemptEnd.HUNG:
+                # Hung but healthy: out of service first (a fleet takes the replica out of its
+                # router on the stop the view hears), then its stacks, then the stop.
+                self.stop = stop
+                self._report()
+                self._dump()
             if stop is not None:
                 self._begin_stop(stop)
 
@@ -584,6 +781,9 @@ class Guardian:
         if phase is JobPhase.STOPPING and (told is None or told.state is not JobPhase.STOPPING):
             detail = self._stopping_why() or detail  # its first stopping report says why
         self.view.report(self.starter.pids, self.ready, phase, detail)
+        if self.server is not None and self.server.checklist.changed:
+            self.server.checklist.changed = False
+            self.view.checklist(self.server.checklist.to_json(), self.plan.ready_timeout)
 
     def _stopping_why(self) -> str:
         """Why the attempt stops, in the words of its end (a fleet takes the replica out on it)."""
@@ -623,6 +823,11 @@ class Guardian:
             fabric_ranks=sorted(self.marks.fabric),
             duration=time.monotonic() - self.started,
             dumps=list(self.dumped),
+            chip_fault=self.chip_fault,
+            asked=self.stop is not None and self.stop.user,
+            phases=self.server.checklist.to_json()
+            if self.server is not None and self.server.checklist
+            else None,
         )
         tail = self.console.tail
         result = record.verdict(
@@ -630,7 +835,9 @@ class Guardian:
         )
         if self.refusal is not None:
             return record.refused(result, self.refusal)
-        if result.code != 0:
+        if result.code != 0 and self.fatal is not None:
+            result.diagnosis = self.fatal.found()  # the line seen as it came
+        elif result.code != 0:
             server = self.server.name if self.server is not None else None
             result.diagnosis = record.diagnose(
                 self.plan, result.rank, tail, self.starter.has_launcher, server, self._emit

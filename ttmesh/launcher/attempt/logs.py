@@ -21,6 +21,7 @@ from typing import IO
 from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.attempt.bringup import BringUp
 from ttmesh.launcher.planning.logspec import LogSpec
+from ttmesh.runtime.joblogs import AttemptLogs, StreamLog, owner_name
 from ttmesh.vocab import LAUNCHER
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
@@ -41,6 +42,7 @@ class Stream:
     buffer: bytes = b""
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     log: IO[bytes] | None = None
+    kept: StreamLog | None = None  # the job's own copy (runtime.joblogs), unless --no-logs
     last: bytes | None = None  # the last block of lines when it alone holds the whole tail
 
 
@@ -57,10 +59,12 @@ class Console:
         sink: Callable[[int, bytes], None] | None = None,
         spec: LogSpec | None = None,
         local_ranks: dict[int, int] | None = None,
+        keep: AttemptLogs | None = None,
     ) -> None:
         """``log_dir``: a directory of ``attemptN/rankR.NAME.log`` files (ttmesh's own probe);
         ``spec`` with a run directory: torchrun's layout instead. ``local_ranks``: each rank's
-        local rank, for a prefix template (default: its index)."""
+        local rank, for a prefix template (default: its index). ``keep``: the attempt's files
+        in the job's own logs (every stream, bounded: ``ttmesh logs``)."""
         self.filter = ranks_filter
         self.spec = spec
         # Where console bytes go: fd 1 or 2 (a live view takes them to draw above its table).
@@ -78,13 +82,21 @@ class Console:
                 local = (local_ranks or {}).get(rank, rank)
                 self.prefixes[rank] = (spec.prefix(rank + offset, local) or "").encode()
         self.on_line: Callable[[int, str], None] | None = None
+        # Each block of whole lines as it is cut (owner, stream, bytes without its last
+        # newline): the guardian's live matches (known fatal lines, a server's checklist).
+        self.on_block: Callable[[int, str, bytes], None] | None = None
         self.bringup: BringUp | None = None  # the fabric lines each block is searched for
         self.heard = 0.0  # when a rank last printed (monotonic; 0: not yet): --hang-timeout
         self.lost: set[int] = set()  # console fds that could not be written (see _lose)
         self.streams: dict[tuple[int, str], Stream] = {}
+        self.keep = keep
         for rank in (*range(world), *((LAUNCHER,) if launcher else ())):
             for name in ("stdout", "stderr"):
                 stream = Stream(rank, name)
+                if keep is not None:  # by the rank's global number, as its [rN] says
+                    stream.kept = keep.stream(
+                        owner_name(rank + offset if rank >= 0 else rank), name
+                    )
                 owner = "mpirun" if rank == LAUNCHER else str(rank)
                 fd = spec.open_log(attempt, owner, name) if spec is not None else None
                 if fd is not None:
@@ -127,6 +139,10 @@ class Console:
         if self.on_line is not None:
             for line in body.split(b"\n"):
                 self.on_line(stream.rank, line.decode(errors="replace"))
+        if stream.kept is not None:  # buffered: flushed by the guardian's clock (flush_kept)
+            stream.kept.write(block)
+        if self.on_block is not None:
+            self.on_block(stream.rank, stream.name, body)
         if stream.log is not None:
             stream.log.write(block)
             stream.log.flush()
@@ -152,14 +168,15 @@ class Console:
     def _lose(self, fd: int, exc: OSError) -> None:
         """ttmesh's own stdout or stderr cannot take the ranks' output (a full disk, a closed
         descriptor): said once on stderr (when stdout is the one lost), and that stream's
-        console output is dropped from then on. The job goes on (its result is its exit code; --log-dir keeps
-        every line); a reader that went away (EPIPE) is dropped silently, as before."""
+        console output is dropped from then on. The job goes on (its result is its exit code; ttmesh logs
+        JOB keeps every line); a reader that went away (EPIPE) is dropped silently, as before."""
         self.lost.add(fd)
         if exc.errno == errno.EPIPE or fd != 1:  # stderr: nowhere left to say it
             return
+        kept = f"ttmesh logs {self.keep.job}" if self.keep is not None else "--log-dir"
         line = (
             f"ttmesh: cannot write the ranks' output to stdout: {exc.strerror or exc} "
-            "(the rest of it is not shown; --log-dir keeps every line)\n"
+            f"(the rest of it is not shown; {kept} keeps every line)\n"
         )
         with contextlib.suppress(OSError):
             _write_all(2, line.encode())
@@ -195,11 +212,20 @@ class Console:
             line.decode(errors="replace")[:TAIL_WIDTH] for line in self.streams[(rank, name)].tail
         ]
 
+    def flush_kept(self) -> None:
+        """The job's own copy to its files, for a reader (``ttmesh logs --follow``); each stream
+        at most every ``joblogs.FLUSH_EVERY`` s."""
+        if self.keep is not None:
+            self.keep.flush()
+
     def shutdown(self) -> None:
         for (rank, name), stream in self.streams.items():
             self.close(rank, name)
             if stream.log is not None:
                 stream.log.close()
+        if self.keep is not None:
+            self.keep.close()
+            self.keep = None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -18,8 +18,8 @@ from ttmesh.launcher.attempt.record import HUNG
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.patterns import compile_pattern
-from ttmesh.render import noun
-from ttmesh.states import GuardianPhase, JobPhase
+from ttmesh.render import clock, noun
+from ttmesh.states import AttemptEnd, GuardianPhase, JobPhase
 
 if TYPE_CHECKING:
     from ttmesh.launcher.serving.server import Server
@@ -35,6 +35,7 @@ class Readiness:
         # RE2, linear in the line: a pattern that backtracks must not make the guardian deaf.
         self.pattern = compile_pattern(plan.ready_pattern) if plan.ready_pattern else None
         self.server: Server | None = None
+        self.checklist_lines = True  # a finished step of a server's start is one line (a pipe)
         if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
             from ttmesh.launcher.serving.server import Server
 
@@ -84,9 +85,15 @@ class Readiness:
         names = f"{noun(len(waiting), 'rank')} {', '.join(map(str, waiting))}"
         after = f"{timeout:g} s"
         why = self.server.not_ready() if self.server is not None else ""
+        stuck = self.server.stuck(time.monotonic() if now is None else now) if self.server else ""
+        why = (
+            f"stuck in {stuck}; {why}" if stuck and why else (f"stuck in {stuck}" if stuck else why)
+        )
         after += f" ({why})" if why else ""
         line = f"{names} not ready after {after}: treating the job as hung in bring-up"
-        return line, Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True)
+        return line, Stop(
+            f"hung in bring-up: {names} not ready after {after}", HUNG, AttemptEnd.HUNG
+        )
 
     def silent(
         self, running: set[int], heard: float, now: float | None = None
@@ -100,7 +107,7 @@ class Readiness:
         if (time.monotonic() if now is None else now) < heard + timeout:
             return None
         line = f"no output from any rank for {timeout:g} s: treating the job as hung"
-        return line, Stop(f"hung: no output from any rank for {timeout:g} s", HUNG, True)
+        return line, Stop(f"hung: no output from any rank for {timeout:g} s", HUNG, AttemptEnd.HUNG)
 
     def progress(self) -> str:
         """A server not ready yet: a line saying how its start goes, now and then ("" if not)."""
@@ -126,10 +133,20 @@ class Readiness:
             elif event.kind == "ready":
                 self.ready.add(0)
                 took = event.at - self.started
-                said.append((f"{server.name}: ready after {took:.1f} s at {server.spec.url}", None))
+                for row in server.became_ready(event.at):  # the step it was in: done
+                    if self.checklist_lines:
+                        said.append((f"{server.name}: {server.checklist.said(row)}", None))
+                said.append(
+                    (f"{server.name}: ready after {clock(took)} at {server.spec.url}", None)
+                )
                 said.append((f"try: {server.spec.curl()}", None))
+            elif event.kind == "hung" and not stopping:
+                stop = Stop(f"hung: {event.detail}", HUNG, AttemptEnd.HUNG)
+                said.append((f"{server.name}: {event.detail}, though it may still answer "
+                             "/health: it is hung: dumping its stacks, then stopping it", stop))  # fmt: skip
+                stopping = True
             elif not stopping:
-                stop = Stop(f"{event.kind}: {event.detail}", 1, restartable=True)
+                stop = Stop(f"{event.kind}: {event.detail}", 1, AttemptEnd.FAILED)
                 said.append((f"{server.name}: {event.detail}: stopping it", stop))
                 stopping = True
         return said

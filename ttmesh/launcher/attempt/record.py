@@ -54,6 +54,15 @@ class AttemptResult:
     diagnosis: dict[str, Any] | None = None
     # The files the ranks' stacks were written to before a hung job was killed (attempt.dumps).
     dumps: list[str] = field(default_factory=list)
+    # A chip that failed under the running job (fabric.chipwatch): the line said; its chips
+    # are checked and recovered after the attempt whatever the job brought up.
+    chip_fault: str | None = None
+    # The user asked for the stop (a signal to ttmesh, ttmesh stop): what follows (the reset a
+    # server's own teardown makes necessary) is an expected step, not a failure's recovery.
+    asked: bool = False
+    # A server's start as its checklist went (serving.checklist: each step's state, when it
+    # began and how long it took, what it said), for --summary-json; None for any other job.
+    phases: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         error, self.error = self.error, None
@@ -89,17 +98,44 @@ def error_from_json(data: dict[str, Any] | None) -> TTMeshError | None:
 Tail = Callable[[int, str], list[str]]  # an owner's last lines of a stream (Console.tail)
 
 
-def write_record(plan: LaunchPlan, guardian: int, attempt: int, pids: dict[int, int]) -> None:
+def write_record(
+    plan: LaunchPlan, guardian: int, attempt: int, pids: dict[int, int], server: str | None = None
+) -> None:
     """The job record's guardian, attempt and ranks (a record that cannot be written is not
-    the job's failure)."""
+    the job's failure); ``server``: a server's state now (:func:`server_state`)."""
     from ttmesh.runtime import jobs
 
     ranks = [
         {"rank": r.rank, "pid": pids.get(r.rank), "bdfs": list(r.bdfs), "chips": list(r.chips)}
         for r in plan.ranks
     ]
+    extra = {"server": server_state(plan, server)} if server and plan.serving else {}
     with contextlib.suppress(OSError, TTMeshError):
-        jobs.update(plan.job, guardian=guardian, attempt=attempt, ranks=ranks)
+        jobs.update(plan.job, guardian=guardian, attempt=attempt, ranks=ranks, **extra)
+
+
+def server_state(plan: LaunchPlan, state: str) -> dict[str, Any]:
+    """A server as ``ttmesh ps`` shows it: its URL, health endpoint, state (starting, serving,
+    stopping) and since when."""
+    import time
+
+    assert plan.serving is not None
+    return {
+        "url": plan.serving.url,
+        "health": plan.serving.health_url,
+        "state": state,
+        "since": round(time.time(), 3),
+    }
+
+
+def write_server(plan: LaunchPlan, state: str) -> None:
+    """The job record's server state (a server became ready, or is being stopped)."""
+    from ttmesh.runtime import jobs
+
+    if plan.serving is None:
+        return
+    with contextlib.suppress(OSError, TTMeshError):
+        jobs.update(plan.job, server=server_state(plan, state))
 
 
 def keep_errors(plan: LaunchPlan, attempt: int, spec: LogSpec | None) -> None:
@@ -113,16 +149,6 @@ def keep_errors(plan: LaunchPlan, attempt: int, spec: LogSpec | None) -> None:
                 spec.keep_error(attempt, str(i), source)
 
 
-def stop_end(stop: Stop) -> AttemptEnd:
-    """How an attempt ttmesh stopped ends: a hang or an unhealthy server may be restarted;
-    the user's signal, another host's failure, the launcher's death end the job."""
-    if stop.end is not None:
-        return stop.end
-    if not stop.restartable:
-        return AttemptEnd.STOPPED
-    return AttemptEnd.HUNG if stop.code == HUNG else AttemptEnd.FAILED
-
-
 def verdict(
     plan: LaunchPlan,
     base: AttemptResult,
@@ -134,9 +160,7 @@ def verdict(
     """The attempt's result from how it ended: ``base`` (every rank succeeded) unless ttmesh
     stopped it (``stop``), mpirun could not start the ranks, or a rank failed first."""
     if stop is not None:
-        return replace(
-            base, code=stop.code, source=Source.TTMESH, reason=stop.reason, end=stop_end(stop)
-        )
+        return replace(base, code=stop.code, source=Source.TTMESH, reason=stop.reason, end=stop.end)
     if launcher_error is not None:
         reason = f"mpirun failed to start the ranks: {launcher_error}"
         return replace(

@@ -40,19 +40,22 @@ def stop_reason(sig: int) -> str:
 
 @dataclass
 class Stop:
-    """Why ttmesh (not a failing rank) stops the attempt, and the code it ends with."""
+    """Why ttmesh (not a failing rank) stops the attempt, the code it ends with, and how it
+    ends: whether a restart may help is its end's (AttemptEnd.restartable: a hang, an
+    unhealthy server), and so is a refusal's quiet."""
 
     reason: str
     code: int
-    restartable: bool = (
-        False  # not ready in time, unhealthy: a restart may help (not a user's stop)
-    )
-    user: bool = False  # the user stopped the job (a signal to ttmesh)
-    quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
+    end: AttemptEnd = AttemptEnd.STOPPED
+    user: bool = False  # the user stopped the job (a signal to ttmesh): it ends STOPPED
     # What the ranks are sent first: the user's own signal (torchrun's agent passes it on), or
     # SIGTERM when ttmesh stops them (a failure, a hang, another host).
     sends: int = signal.SIGTERM
-    end: AttemptEnd | None = None  # how the attempt ends, when not what the flags above say
+
+    @property
+    def quiet(self) -> bool:
+        """A refusal: its one line is all that is said (no drain lines)."""
+        return self.end is AttemptEnd.REFUSED
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,12 @@ class Reaction:
     forward: bool = False
 
 
-def react(sig: int, stop: Stop | None, failing: bool) -> Reaction:
+def react(
+    sig: int, stop: Stop | None, failing: bool, whom: str = "every worker", how: str = ""
+) -> Reaction:
     """What ``sig`` does to an attempt whose stop is ``stop`` (None: not stopping) and whose
-    first failing rank is being stopped after (``failing``)."""
+    first failing rank is being stopped after (``failing``); ``whom`` is what a graceful stop
+    stops and ``how``, as said ("the server", "SIGTERM: its own drain, up to 30 s")."""
     if sig == signal.SIGINT:
         if stop is not None or failing:
             if stop is None:  # a failing rank's teardown: the user's stop wins, as SIGTERM's does
@@ -80,12 +86,13 @@ def react(sig: int, stop: Stop | None, failing: bool) -> Reaction:
                 )
             return Reaction("second interrupt: killing every worker now", kill=True)
         return Reaction(
-            "interrupted: stopping every worker (Ctrl-C again to kill at once)",
+            f"interrupted: stopping {whom} ({how + '; ' if how else ''}Ctrl-C again to kill at once)",
             Stop(stop_reason(sig), 130, user=True, sends=sig),
         )
     if sig in STOPPING and stop is None:
         why = stop_reason(sig)
-        return Reaction(f"{why}: stopping every worker", Stop(why, 128 + sig, user=True, sends=sig))
+        said = f"{why}: stopping {whom}" + (f" ({how})" if how else "")
+        return Reaction(said, Stop(why, 128 + sig, user=True, sends=sig))
     if sig == PEER_STOP and stop is None and not failing:
         return Reaction(stop=Stop("stopped: another host of the job failed", 128 + signal.SIGTERM))
     if sig in (signal.SIGUSR1, signal.SIGUSR2):

@@ -26,6 +26,7 @@ from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env
+from ttmesh.runtime.rankview import Views
 from ttmesh.vocab import LAUNCHER, StartMode
 
 Drain = Callable[[int], None]  # read what a stream owner (a rank, or LAUNCHER) still has to say
@@ -72,6 +73,8 @@ class Starter:
         self.streams: list[Stream] = []
         self.console: Console | None = None
         self.launcher_error: str | None = None  # the launcher failed before any rank ran
+        self.notice: str | None = None  # one line for the job's output (the guardian says it)
+        self.views: Views | None = None  # a simulated host's view, open while the attempt runs
 
     def start(self) -> list[RankExit]:
         """Start every rank; the ranks that could not start (exit 127)."""
@@ -83,6 +86,9 @@ class Starter:
 
     def discover(self) -> None:
         """Find rank PIDs not known yet."""
+
+    def close(self) -> None:
+        """The attempt has ended: let go of what its start kept."""
 
     def groups(self) -> list[int]:
         """Process groups a stop signals."""
@@ -173,18 +179,40 @@ class DirectStarter(Starter):
             except OSError as exc:
                 return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             checked.add(program)
+        self.views = self._views()
         for rank, env in ranks:
             cwd = rank.workdir or self.plan.cwd or None
             try:
-                if rank.workdir:
-                    os.makedirs(rank.workdir, exist_ok=True)
-                proc = self._popen(list(rank.argv), env, cwd, wrap=True)
+                for own in (rank.workdir, rank.tmpdir):  # a program profile's, in the run dir
+                    if own:
+                        os.makedirs(own, mode=0o700, exist_ok=True)
+                argv = list(rank.argv)
+                if self.views is not None:  # a simulated host's chips at the real paths
+                    argv = [*self.views.prefix(os.path.abspath(cwd or ".")), *argv]
+                proc = self._popen(argv, env, cwd, wrap=True)
             except OSError as exc:
                 # The ranks already started are stopped; the rest never start.
                 return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             self.pids[rank.rank] = proc.pid
             self._watch(proc, rank.rank)
         return []
+
+    def close(self) -> None:
+        if self.views is not None:
+            self.views.close()
+
+    def _views(self) -> Views | None:
+        """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""
+        if self.plan.host_view is None:
+            return None
+        views = Views(self.plan.host_view.helper())
+        views.open()
+        if views.notice is not None:
+            self.notice = (
+                "the ranks see this machine's own /dev/tenstorrent and /proc/driver/tenstorrent, "
+                f"not the simulated host's: {views.notice}"
+            )
+        return views
 
     def reaped(
         self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.states import ATTEMPT_MOVES, JobPhase, Machine
@@ -41,6 +42,12 @@ class AttemptView:
         if self.last_lines:
             last, self.last_lines = self.last_lines, {}
             self.observer.lines(last)
+
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
+        """A server's start, step by step (serving.checklist), and the time it is allowed."""
+        told = getattr(self.observer, "checklist", None)
+        if told is not None:  # (a view of its own may not draw one)
+            told(rows, timeout)
 
     def exited(self, rank: int, code: int, how: str, stopped: bool) -> None:
         self.send_lines()  # its last lines first

@@ -127,7 +127,9 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
     profile, args = req.profile, req.server_args
     assert args is not None
     fleet = req.job or jobs.new_job_id()
-    where = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    from ttmesh.launcher.fleet import routeropts
+
+    where = routeropts.router_host(args.text("--host") or profile.default("--host") or "127.0.0.1")
     port_text = args.text("--port") or profile.default("--port") or "30000"
     router_port = int(port_text)
     named = [c.strip() for c in (o.chips or "").split(",") if c.strip()]
@@ -135,8 +137,6 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
     tp = req.tp_size or 1
     replicas: list[Replica] = []
     taken_ports: set[int] = {router_port}
-    from ttmesh.launcher.fleet import routeropts
-
     router_opts = routeropts.read(profile, o.router_args, router_port, taken_ports)
     for k in range(o.replicas):
         values = {"--host": REPLICA_HOST, "--port": str(_free(ports, taken_ports))}

@@ -25,12 +25,19 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ttmesh.dataclass import dataclass, field
+from ttmesh.launcher.fleet.between import Between
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
-from ttmesh.launcher.fleet.router import Router, die_with_parent
+from ttmesh.launcher.fleet.router import (
+    ASK_AGAIN,
+    DIRECT,
+    Router,
+    dies_with_this_process,
+    how_it_ended,
+    shell_code,
+)
 from ttmesh.launcher.job import feed
 from ttmesh.render import json_text, note
 from ttmesh.vocab import Source
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
     from ttmesh.launcher.fleet.place import FleetPlan, Replica
     from ttmesh.launcher.planning.options import LaunchOptions
 
+GUARD_SCHEMA = "ttmesh.fleet-guard/1"  # fleet.guard.SCHEMA (not imported: the guard's own)
+GUARD_WAIT = 5.0  # s for the guard to exit once told the fleet ended by itself
+DIR_PREFIX = "ttmesh-fleet-"  # the fleet's private directory in the temp dir
 STAGGER_BOUND = 120.0  # s: the next replica starts after this even if the previous is not ready
 PROBE_EVERY = 0.5  # s between health probes of a serving replica
 PROBE_TIMEOUT = 5.0  # s: SGLang's /health runs a one-token generation, slow on a busy host
@@ -78,6 +88,9 @@ class Member:
     readers: list[threading.Thread] = field(default_factory=list)
     drains: int = 0  # restarts the fleet made for another replica's whole-host reset
     needs: dict[str, Any] | None = None  # its job ended needing the whole-host reset
+    routed: bool = False  # the router lists it (said once: "ready: routed to")
+    back: str = ""  # how it came back, said with "routed to" (its /health answers)
+    refused: str = ""  # the router's last refusal to add it, said once
 
     def outcome(self) -> Any:
         """Its job's --summary-json as written (None: not written, or unreadable)."""
@@ -94,6 +107,7 @@ class Member:
             "replica": r.index, "job": r.job, "chips": r.bdfs, "url": r.url, "port": r.port,
             "state": self.state, "restarts": self.restarts, "pid": self.proc.pid if self.proc else None,
             "code": self.code, "last_line": self.last, "drains": self.drains,
+            "routed": self.routed,
         }  # fmt: skip
         outcome = self.outcome()
         if outcome is not None:
@@ -125,6 +139,7 @@ def child_argv(
         ("--on-reset-notice", o.on_reset_notice), ("--symmetric-dram-mb", o.symmetric_dram_mb),
         ("--profile", o.profile_name), ("--health-interval", o.health_interval),
         ("--health-failures", o.health_failures), ("--ready-timeout", o.ready_timeout),
+        ("--probe-interval", o.probe_interval), ("--probe-timeout", o.probe_timeout),
         ("--ready-pattern", o.ready_pattern), ("--tt-smi", o.tt_smi),
         ("--mesh-shape", o.mesh_shape), ("--log-dir", o.log_dir), ("--workdir", o.workdir),
         ("--launcher", o.launcher),
@@ -138,6 +153,7 @@ def child_argv(
         ("--strict", o.strict), ("--strict-links", o.strict_links), ("--auto-reset", o.auto_reset),
         ("--reset-on-failure", o.reset_on_failure), ("--show-env", o.show_env),
         ("--quiet", o.quiet), ("--module", o.module), ("--no-python", o.no_python),
+        ("--no-logs", o.no_logs),
     )  # fmt: skip
     argv += [flag for flag, given in flags if given]
     return [*argv, "--", *r.argv]
@@ -150,7 +166,13 @@ class Fleet:
         self, o: LaunchOptions, host: Host, fp: FleetPlan, view: Watcher | None = None
     ) -> None:
         self.o, self.host, self.fp, self.view = o, host, fp, view
-        self.dir = tempfile.mkdtemp(prefix=f"ttmesh-fleet-{fp.job[:40]}-")
+        sweep_dirs()  # of fleets of this user's that ttmesh and its guard both left behind
+        self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{fp.job[:40]}-")
+        self.dir_lock = _lock_dir(self.dir)  # held by this process and its guard
+        self.guard: subprocess.Popen[bytes] | None = None
+        self.guard_pipe = -1  # the write end of the guard's standard input
+        self.guard_lost = False  # the guard ended while the fleet ran (said once)
+        self.between: Between | None = None  # the fleet's last check of its chips
         self.members = [Member(r, os.path.join(self.dir, f"r{r.index}.json")) for r in fp.replicas]
         extra = fp.router_opts.args if fp.router_opts is not None else list(o.router_args)
         self.router = Router(fp.host, fp.port, extra,
@@ -204,7 +226,7 @@ class Fleet:
         try:
             m.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=die_with_parent, pass_fds=(write,),
+                start_new_session=True, preexec_fn=dies_with_this_process(), pass_fds=(write,),
             )  # fmt: skip
         except BaseException:
             os.close(read)
@@ -254,9 +276,8 @@ class Fleet:
             self.say(f"replica {k}: ignoring its ready at {item['url'][:100]}: it serves at "
                      f"{m.replica.url}")  # fmt: skip
         elif event == "ready" and m.state in (STARTING, DOWN):
-            m.state, m.failures, m.held_out = SERVING, 0, False
-            self.say(f"replica {k}: ready: routed to at {m.replica.url}")
-            self._route()
+            m.state, m.failures, m.held_out, m.back = SERVING, 0, False, ""
+            self._route()  # "routed to" is said once the router lists it (_announce)
             self.record()
         elif event == "ready":
             m.held_out = False
@@ -269,7 +290,7 @@ class Fleet:
             self.record()
 
     def _down(self, m: Member, why: str) -> None:
-        m.state = DOWN
+        m.state, m.routed, m.refused = DOWN, False, ""
         self.say(f"replica {m.replica.index}: {why}: taken out of the router")
         if self.router.running():
             self.router.remove(m.replica.url)
@@ -286,7 +307,7 @@ class Fleet:
                 path = (serving.profile.ready_path if serving is not None else None) or "/health"
                 refused = False
                 try:
-                    with urllib.request.urlopen(m.replica.url + path, timeout=PROBE_TIMEOUT) as r:
+                    with DIRECT.open(m.replica.url + path, timeout=PROBE_TIMEOUT) as r:
                         ok = r.status == 200
                 except ConnectionRefusedError:
                     ok, refused = False, True  # nothing listens: the server is gone
@@ -303,8 +324,7 @@ class Fleet:
         if ok:
             m.failures = 0
             if m.state == DOWN and not m.held_out:
-                m.state = SERVING
-                self.say(f"replica {k}: ready: routed to at {m.replica.url} (its /health answers)")
+                m.state, m.back = SERVING, " (its /health answers)"
                 self._route()
                 self.record()
             return
@@ -320,9 +340,10 @@ class Fleet:
     def _reap(self) -> None:
         for m in self.members:
             if m.proc is not None and m.state != EXITED and m.proc.poll() is not None:
-                m.code = m.proc.returncode
+                ended, m.code = m.proc.returncode, shell_code(m.proc.returncode)
                 if m.state == SERVING and self.router.running():
                     self.router.remove(m.replica.url)
+                m.routed, m.refused = False, ""
                 drained, m.state = m.state == DRAINING, EXITED
                 for t in m.readers:
                     t.join(timeout=5)
@@ -330,7 +351,8 @@ class Fleet:
                 if not self._ending():  # one the fleet drained counts only its own failure
                     m.needs = needs_whole_host(m.outcome(), stopped=drained)
                 left = self._left_serving(m) if m.needs is None and not drained else ""
-                self.say(f"replica {m.replica.index}: its job ended (exit {m.code}){left}")
+                how = f"exit {m.code}" if ended >= 0 else how_it_ended(ended)
+                self.say(f"replica {m.replica.index}: its job ended ({how}){left}")
                 self.record()
         if not self.draining and any(m.needs for m in self.members) and not self._ending():
             self._drain_all()
@@ -418,7 +440,7 @@ class Fleet:
             for m in alive:
                 if self.router.running() and m.state in (SERVING, DOWN):
                     self.router.remove(m.replica.url)
-                m.state = DRAINING
+                m.state, m.routed, m.refused = DRAINING, False, ""
                 m.drains += 1
                 self.say(f"replica {m.replica.index}: draining (the whole host is reset next)")
                 with contextlib.suppress(ProcessLookupError):
@@ -458,7 +480,9 @@ class Fleet:
         finally:
             self.resetting = False
         entry["seconds"] = round(time.monotonic() - t0, 3)
-        entry["recovered"] = bool(outcome is not None and outcome.recovered)
+        entry["recovered"] = bool(
+            outcome is not None and outcome.recovered and not outcome.unreached
+        )  # a chip the host lost was never reset nor verified
         self.record()
         if entry["recovered"]:
             return True
@@ -488,15 +512,38 @@ class Fleet:
             if code is None and not serving:
                 return  # started when the first replica is ready
             if code is not None:
-                self.say(f"router: died (exit {code}: {self.router.last_line() or 'no output'})")
+                said = how_it_ended(code)
+                if code > 0:  # it ended by itself: its last word says why
+                    said += f": {self.router.last_line() or 'no output'}"
+                self.say(f"router: died ({said})")
                 if self.router.starts >= ROUTER_STARTS:
                     self.failed = f"the router died {self.router.starts} times"
                     return
                 time.sleep(0.5)
             self.router.start(serving)
+            self._told_guard()
             self.record()
             return
-        self.router.reconcile(serving)
+        if self.router.reconcile(serving):
+            self._announce()
+
+    def _announce(self) -> None:
+        """What the router said of each serving replica, once each: ``routed to`` when it
+        lists it (never before: an add it refused, or has not made yet, routes nothing), or
+        its refusal (status and reason) while it does not."""
+        for m in self.members:
+            if m.state != SERVING:
+                continue
+            url = m.replica.url
+            if url in self.router.listed and not m.routed:
+                m.routed, m.refused = True, ""
+                self.say(f"replica {m.replica.index}: ready: routed to at {url}{m.back}")
+                self.record()
+            refusal = self.router.refusals.get(url, "")
+            if refusal and not m.routed and refusal != m.refused:
+                m.refused = refusal
+                self.say(f"replica {m.replica.index}: ready, but the router refuses to route to "
+                         f"it ({refusal}): asking again every {ASK_AGAIN:g} s")  # fmt: skip
 
     # ------------------------------------------------------------------ the whole
 
@@ -519,7 +566,8 @@ class Fleet:
         with contextlib.nullcontext() if first else contextlib.suppress(OSError, TTMeshError):
             jobs.write(
                 {
-                    "job": self.fp.job, "pid": os.getpid(), "guardian": None,
+                    "job": self.fp.job, "pid": os.getpid(),
+                    "guardian": self.guard.pid if self.guard is not None else None,
                     "root": str(self.host.root), "layout": "fleet", "attempt": 0,
                     "started": self.started, "command": list(self.o.command), "ranks": [],
                     "fleet": self.state(),
@@ -564,6 +612,8 @@ class Fleet:
             raise
         stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._handler) for sig in stops}
+        self._start_guard()
+        self.record()  # with its guard
         threading.Thread(target=self._prober, daemon=True).start()
         try:
             self._loop()
@@ -594,6 +644,7 @@ class Fleet:
                 last_route = time.monotonic()
             if all(m.state == EXITED for m in self.members):
                 break
+            self._guard_gone()
             self._show()  # the last lines, and its clock
 
     def _stop_all(self) -> None:
@@ -622,28 +673,109 @@ class Fleet:
     def _links_between(self) -> None:
         """Once every replica is stopped: each reset only its own chips, so a link between two
         replicas' chips may be down (it was in no replica's mesh). Now no replica runs, the
-        fleet's chips are checked together and reset together where a link is still down."""
-        from ttmesh.fabric import health
-        from ttmesh.fabric.devices import discover
-        from ttmesh.launcher.job.recovery import Recovery, reset_chips
-
-        first = self.fp.replicas[0].prepared
-        if first.plan.chipless:
-            return
+        fleet's chips are checked together and reset together where something is wrong; the
+        chips it could not recover are kept for the last line (``fleet.between``)."""
         from ttmesh.errors import TTMeshError
+        from ttmesh.launcher.fleet import between
 
-        asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
+        if self.fp.replicas[0].prepared.plan.chipless:
+            return
         try:
-            first.inv = discover(self.host)
-            down = [
-                p for p in health.preflight(first.inv, asics, (os.getpid(),), system=False)
-                if p.severity == "error"
-            ]  # fmt: skip
-            if down:
-                self.say(f"the fleet's chips: {down[0].what}: resetting them together")
-                reset_chips(first, Recovery(tt_smi=self.o.tt_smi), asics)
+            self.between = between.check(
+                self.host, self._asics(), self._names(), tt_smi=self.o.tt_smi,
+                train_timeout=self.o.train_timeout, own_pids=(os.getpid(),), say=self.say,
+            )  # fmt: skip
         except (OSError, TTMeshError) as exc:
             self.say(f"the fleet's chips could not be checked: {exc} (see ttmesh check)")
+
+    def _asics(self) -> list[str]:
+        return [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
+
+    def _names(self) -> dict[str, str]:
+        """Each of the fleet's chips by the PCI address the plan found it at (a chip the host
+        has lost since is still named by it)."""
+        out: dict[str, str] = {}
+        for r in self.fp.replicas:
+            inv = r.prepared.inv
+            for asic in r.prepared.plan.all_chips():
+                with contextlib.suppress(KeyError):
+                    lead = inv.lead(inv.chip(asic))
+                    if lead is not None and lead.bdf:
+                        out[asic] = lead.bdf
+        return out
+
+    # ------------------------------------------------------------------ its guard
+
+    def _start_guard(self) -> None:
+        """The fleet's guard (``fleet.guard``), told what to do should this process die: it
+        holds the fleet's directory lock and reads the pipe only this process writes."""
+        read, write = os.pipe()
+        spec = {
+            "schema": GUARD_SCHEMA, "job": self.fp.job, "root": str(self.host.root),
+            "dir": self.dir, "dir_id": list(_identity(self.dir)),
+            "asics": [] if self.fp.replicas[0].prepared.plan.chipless else self._asics(),
+            "names": self._names(), "tt_smi": self.o.tt_smi,
+            "train_timeout": self.o.train_timeout, "summary": self.o.summary_json,
+            "recovery": recovery_mode(self.fp.whole_host_reset),
+            "replicas": [
+                {"replica": m.replica.index, "job": m.replica.job, "chips": m.replica.bdfs,
+                 "url": m.replica.url, "port": m.replica.port, "summary": m.summary}
+                for m in self.members
+            ],
+        }  # fmt: skip
+        try:
+            self.guard = subprocess.Popen(
+                [sys.executable, "-m", "ttmesh", "_fleet-guard"], stdin=read,
+                stdout=subprocess.DEVNULL, start_new_session=True, pass_fds=(self.dir_lock,),
+            )  # fmt: skip
+        except OSError as exc:
+            os.close(write)
+            self.say(f"the fleet's guard could not start ({exc}): if ttmesh is killed, the "
+                     "links between replicas are left to ttmesh check")  # fmt: skip
+            return
+        finally:
+            os.close(read)
+        self.guard_pipe = write
+        self._tell_guard(spec)
+
+    def _tell_guard(self, message: dict[str, Any]) -> None:
+        if self.guard_pipe < 0:
+            return
+        try:
+            os.write(self.guard_pipe, (json.dumps(message) + "\n").encode())
+        except OSError:  # the guard is gone (said by _guard_gone): the fleet runs on
+            os.close(self.guard_pipe)
+            self.guard_pipe = -1
+
+    def _guard_gone(self) -> None:
+        """A guard that ended while the fleet runs (killed) is said once: the fleet runs on,
+        and should ttmesh be killed now, nobody resets the links between replicas."""
+        if self.guard is not None and not self.guard_lost and self.guard.poll() is not None:
+            self.guard_lost = True
+            self.say(f"the fleet's guard (pid {self.guard.pid}) has gone "
+                     f"({how_it_ended(self.guard.returncode)}): should ttmesh be killed now, "
+                     "the links between replicas are left to ttmesh check")  # fmt: skip
+
+    def _told_guard(self) -> None:
+        """The router's PID and start time, for the guard to stop it should this process die."""
+        from ttmesh import procs
+
+        pid = self.router.pid
+        if pid is not None:
+            self._tell_guard({"router": {"pid": pid, "start": procs.start_time(pid)}})
+
+    def _release_guard(self) -> None:
+        """The fleet has ended by itself: the guard is told so and exits."""
+        self._tell_guard({"done": True})
+        if self.guard_pipe >= 0:
+            os.close(self.guard_pipe)
+            self.guard_pipe = -1
+        if self.guard is not None:
+            try:
+                self.guard.wait(timeout=GUARD_WAIT)
+            except subprocess.TimeoutExpired:
+                self.guard.kill()
+                self.guard.wait()
 
     def _finish(self) -> int:
         if self.stop_sig is not None:
@@ -654,6 +786,10 @@ class Fleet:
             codes = [m.code for m in self.members if m.code]
             code = codes[0] if codes else 0
             reason = "every replica's job ended"
+        if self.between is not None and self.between.lost:
+            reason += f"; {self.between.clause()}"
+            if code == 0 or self.stop_sig is not None:  # a replica's own failing code is kept
+                code = 1  # the fleet's chips are not recovered (docs/architecture.md)
         summary = self.to_json(code, reason)
         from ttmesh import paths
         from ttmesh.errors import BAD_INPUT, TTMeshError
@@ -671,6 +807,9 @@ class Fleet:
         with contextlib.suppress(OSError, TTMeshError):
             jobs.close(self.fp.job, reason, code)
         shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self.dir_lock)
+        self._release_guard()
         self.say(f"fleet {self.fp.job}: exit {code}: {reason}")
         return code
 
@@ -689,5 +828,56 @@ class Fleet:
                 "metrics": self._metrics(),
             },
             "replicas": [m.to_json() for m in self.members],
+            "chips": self.between.to_json() if self.between is not None else None,
             **self._recovery_json(),
         }
+
+
+def _lock_dir(path: str) -> int:
+    """The fleet directory's lock (``paths.LOCK``, as a job's run directory has), held by the
+    fleet and its guard: a directory whose lock nobody holds is left over (``sweep_dirs``)."""
+    import fcntl
+
+    from ttmesh import paths
+
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(paths.LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dir_fd)  # fmt: skip
+    finally:
+        os.close(dir_fd)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def sweep_dirs() -> list[str]:
+    """Remove this user's fleet directories in the temp dir whose fleet and guard are both
+    gone (their lock free): what a fleet whose ttmesh and guard were both killed left."""
+    from pathlib import Path
+
+    from ttmesh import paths
+
+    base = Path(tempfile.gettempdir())
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(DIR_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = base / name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+            continue
+        if not os.path.lexists(path / paths.LOCK):
+            continue  # made by a ttmesh without the lock: whether its fleet runs is unknown
+        if paths.is_stale(path) and paths.remove_tree(path, (st.st_dev, st.st_ino)):
+            removed.append(str(path))
+    return removed

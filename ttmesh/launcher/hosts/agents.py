@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ttmesh import paths
+from ttmesh import addresses, paths
 from ttmesh.errors import bad_input
 from ttmesh.launcher.hosts import mpi
 
@@ -49,7 +49,7 @@ def agent_argv(argv: list[str], nnodes: int, endpoint: str, job: str) -> list[st
 def start(hosts: str, multi: Any, argv: list[str], *, dry_run: bool = False) -> int:
     """Run the agents on ``hosts`` under mpirun; mpirun's exit code (the first failing agent's)."""
     mh, job = multi
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    names = addresses.hosts(hosts, "--hosts", example="--hosts node0,node1")
     mpirun = mpi.find_mpirun()
     token = mh.token or secrets.token_hex(16)
     agent = [sys.executable, "-m", "ttmesh", *agent_argv(argv, len(names), str(mh.endpoint), job)]

@@ -22,7 +22,7 @@ EXIT_MARK = "@@ttmesh-exit "
 # The line ``ls``/``check`` add when run for ``--hosts`` (``--cables-line``): this host's end of
 # each of its cables, as JSON, for the launching ttmesh to join with the other ends.
 CABLES_MARK = "@@ttmesh-cables "
-_EXIT = re.compile(re.escape(EXIT_MARK) + r"(\d+)\s*$")
+_EXIT = re.compile(re.escape(EXIT_MARK) + r"([0-9]+)\s*$")
 # Runs ttmesh with the host's own Python, then says how it ended (the wrapper itself exits 0).
 WRAPPER = f'"$0" -m ttmesh "$@"; echo "{EXIT_MARK}$?"'
 

@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ttmesh import paths
+from ttmesh import addresses, numeric, paths
+from ttmesh.addresses import shown
 from ttmesh.errors import bad_input, refused
 from ttmesh.launcher.hosts import hostreport, mpi
 from ttmesh.launcher.hosts.reach import MpiHosts
@@ -44,15 +45,8 @@ REPORT_TIMEOUT = 120.0
 
 
 def parse_hosts(text: str) -> list[str]:
-    names = [h.strip() for h in text.split(",") if h.strip()]
-    if len(names) < 2 or len(set(names)) != len(names):
-        raise bad_input(
-            f"--hosts {text!r}: name two or more different hosts", "e.g. --hosts node0,node1"
-        )
-    for name in names:
-        if name.startswith("-") or any(c.isspace() for c in name):
-            raise bad_input(f"--hosts: {name!r} is not a host name", "e.g. --hosts node0,node1")
-    return names
+    """``--hosts a,b,...``: two or more different hosts, each as mpirun's --host takes it."""
+    return addresses.hosts(text, "--hosts", example="--hosts node0,node1")
 
 
 def setup(
@@ -313,12 +307,15 @@ def parse_rankfile(text: str, where: str, names: list[str], count: int) -> list[
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        match = re.match(r"rank\s+(\d+)\s*=\s*(\S+)", line)
+        match = re.match(r"rank\s+([0-9]+)\s*=\s*(\S+)", line, re.ASCII)
         if not match:
-            raise bad_input(f"{where}: not a rankfile line: {line!r}", "rank N=HOST slot=0")
-        rank, host = int(match.group(1)), match.group(2)
+            raise bad_input(f"{where}: not a rankfile line: {shown(line)}", "rank N=HOST slot=0")
+        rank = numeric.whole(match.group(1), f"{where}: rank", high=numeric.MAX_CHIPS)
+        host = match.group(2)
         if host not in names:
-            raise bad_input(f"{where}: rank {rank} is on {host}, which --hosts does not name")
+            raise bad_input(
+                f"{where}: rank {rank} is on {shown(host)}, which --hosts does not name"
+            )
         placed[rank] = host
     missing = [r for r in range(count) if r not in placed]
     if missing:

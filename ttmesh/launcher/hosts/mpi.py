@@ -16,7 +16,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-from ttmesh import procs
+from ttmesh import numeric, procs
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
@@ -28,16 +28,18 @@ TAG5 = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ")
 # The first failing rank: 4.x names it ``[[588,1],1]``, 5.x ``[prterun-vm-11187@1,1]``; 5.x
 # breaks its signal line ("exited on\nsignal 11").
 FIRST_FAILED = re.compile(
-    r"Process name: \[(?:\[\d+,\d+\]|[^\s\[\],]+),(\d+)\]\s*\n\s*Exit code:\s*(\d+)"
+    r"Process name: \[(?:\[[0-9]+,[0-9]+\]|[^\s\[\],]+),([0-9]+)\]\s*\n\s*Exit code:\s*([0-9]+)"
 )
-SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited\s+on\s+signal\s+(\d+)")
+SIGNALLED = re.compile(
+    r"process rank ([0-9]+) with PID [0-9]+ on node \S+ exited\s+on\s+signal\s+([0-9]+)"
+)
 # A rank called MPI_Abort (or MPI's fatal error handler did): 4.x gives the rank and the code it
 # passed; 5.x names the rank only, and mpirun's own exit code stands for it.
 ABORTED4 = re.compile(
-    r"MPI_ABORT was invoked on rank (\d+) in communicator [^\n]*?\s+with errorcode (-?\d+)"
+    r"MPI_ABORT was invoked on rank ([0-9]+) in communicator [^\n]*?\s+with errorcode (-?[0-9]+)"
 )
 ABORTED5 = re.compile(
-    r"exited due to process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\""
+    r"exited due to process rank ([0-9]+) with PID [0-9]+ on node \S+ calling\s+\"abort\""
 )
 # mpirun's word that its ranks ran (one of them returned non-zero), printed before it names the
 # rank; a rank that exits at once can end before ttmesh has seen its PID. (4.x: "returned a
@@ -52,12 +54,12 @@ RANKS_RAN = re.compile(
 # text, however long).
 _NOT_FOUND = (
     r"(?s)(?:mpirun|mpiexec|prterun|prun)\s+was\s+unable\s+to\s+find\s+the\s+specified\s+"
-    r"executable\s+file.*?first\s+reported\s+for\s+process\s+rank\s+(\d+).*?"
+    r"executable\s+file.*?first\s+reported\s+for\s+process\s+rank\s+([0-9]+).*?"
     r"(?:Node:\s*(\S+)\s*)?Executable:\s*(\S+)"
 )
 _NOT_RUNNABLE = (
     r"(?s)could\s+not\s+access\s+or\s+execute\s+an\s+executable:\s*Executable:\s*(\S+)"
-    r"\s*(?:Node:\s*(\S+))?.*?process\s+rank\s+(\d+)"
+    r"\s*(?:Node:\s*(\S+))?.*?process\s+rank\s+([0-9]+)"
 )
 _EXECVE = (
     r"(?s)via\s+the\s+\"execve\"\s+system\s+call\s+but\s+failed.*?Local\s+host:\s*(\S+).*?"
@@ -78,7 +80,7 @@ def not_started(text: str) -> tuple[int, str, str | None, bool] | None:
         return int(found.group(3)), found.group(1), found.group(2), True
     found = compile_pattern(_EXECVE).search(text)
     if found is not None:
-        rank = compile_pattern(r"start\s+process\s+rank\s+(\d+)").search(text)
+        rank = compile_pattern(r"start\s+process\s+rank\s+([0-9]+)").search(text)
         return int(rank.group(1)) if rank else 0, found.group(2), found.group(1), True
     return None
 
@@ -184,16 +186,28 @@ class Demux:
         self._text(stream, buf[pos:])
 
     def _text(self, stream: str, text: bytes) -> None:
+        """``text`` that follows a tag, or untagged. mpirun tags every line a rank writes (and
+        each piece of one cut across its reads), so a rank owns text up to the end of its
+        line only: an untagged line after it is mpirun's own, however the reads cut them
+        (one read may hold a rank's last line and mpirun's report of its exit)."""
         if not text:
             return
         owner = self.owner.get(stream) if not self.at_line_start[stream] else None
-        if owner is None:
-            owner = (LAUNCHER, stream)
-            self.text.append(text.decode(errors="replace"))
-        self.feed(owner[0], owner[1], text)
-        self.at_line_start[stream] = text.endswith(b"\n")
-        if self.at_line_start[stream]:
+        if owner is not None:
+            end = text.find(b"\n") + 1
+            if not end:  # the rank's line goes on in a later read
+                self.feed(owner[0], owner[1], text)
+                return
+            self.feed(owner[0], owner[1], text[:end])
             self.owner.pop(stream, None)
+            self.at_line_start[stream] = True
+            text = text[end:]
+            if not text:
+                return
+        self.text.append(text.decode(errors="replace"))
+        self.feed(LAUNCHER, stream, text)
+        self.at_line_start[stream] = text.endswith(b"\n")
+        self.owner.pop(stream, None)
 
     def flush(self) -> None:
         for stream in ("stdout", "stderr"):
@@ -234,7 +248,7 @@ def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
     found: dict[int, int] = {}
     for pid in procs.descendants(mpirun_pid):
         value = procs.environ_value(pid, "TTMESH_RANK")
-        if value is not None and value.isdigit():
+        if value is not None and numeric.digits(value):
             rank = int(value)
             if 0 <= rank < world and rank not in found:
                 found[rank] = pid
@@ -243,7 +257,7 @@ def rank_pids(mpirun_pid: int, world: int) -> dict[int, int]:
 
 # --------------------------------------------------------------------------- across hosts
 
-VERSION = re.compile(r"\(Open MPI\)\s+(\d+)\.(\d+)|Open MPI\D{0,20}(\d+)\.(\d+)")
+VERSION = re.compile(r"\(Open MPI\)\s+([0-9]+)\.([0-9]+)|Open MPI[^0-9]{0,20}([0-9]+)\.([0-9]+)")
 _versions: dict[str, tuple[int, int] | None] = {}
 
 
@@ -284,12 +298,78 @@ def agent_args(ver: tuple[int, int] | None, agent: str) -> list[str]:
     return ["--mca", "plm_rsh_agent", agent]
 
 
-def tcp_args(interface: str | None, environ: dict[str, str]) -> list[str]:
-    """tt-run's multi-host defaults: the TCP transport, on ``interface`` when given, else on
-    every interface but docker0 and lo; settings the user made (OMPI_MCA_*) are kept."""
+def btl(ver: tuple[int, int] | None) -> str:
+    """The transports ranks over several hosts get: TCP between hosts, as tt-run gives, and
+    shared memory between ranks of one host, which tt-run's ``self,tcp`` leaves out.
+
+    tt-metal#57284 (tt-run: keep the shared-memory BTL in the default multi-host MPI
+    transport): with ``--mca btl self,tcp`` the ranks sharing a host talk over TCP loopback,
+    and on a 20-host x 4-rank Blackhole Galaxy pod (Open MPI 5.0.7 ULFM, 80 ranks) the first
+    ``MPI_Comm_dup`` (``ttnn.init_distributed_context()``) deadlocked in ``ompi_comm_activate``,
+    5 runs of 5; the same command with ``self,sm,tcp`` ran in 4 s. Open MPI 5 names that
+    component ``sm``; Open MPI 4 ``vader`` (its ``sm`` is a stub that fails ``MPI_Init`` with
+    "As of version 3.0.0, the "sm" BTL is no longer available"), a name Open MPI 5 still takes
+    as ``sm``'s alias: unknown builds get ``vader``."""
+    shared = "sm" if ver is not None and ver >= (5, 0) else "vader"
+    return f"self,{shared},tcp"
+
+
+PARAM_FILES = "OMPI_MCA_mca_base_param_files"
+PARAM_FILE_BYTES = 64 * 1024
+
+
+def user_btl(environ: dict[str, str]) -> str | None:
+    """The transports the user chose for Open MPI, which win over ttmesh's: ``OMPI_MCA_btl``,
+    else a ``btl = ...`` line in the user's own parameter files (those named by
+    ``OMPI_MCA_mca_base_param_files``, else ``$HOME/.openmpi/mca-params.conf``: Open MPI's
+    ``opal/mca/base/mca_base_var.c``). A ``--mca btl`` on mpirun's command line would
+    override them, so ttmesh passes none then. The installation's own
+    ``openmpi-mca-params.conf`` is the distribution's default (Debian's says
+    ``btl = ^uct,openib,ofi``), which tt-run's command line overrides too."""
+    if "OMPI_MCA_btl" in environ:
+        return environ["OMPI_MCA_btl"]
+    listed = environ.get(PARAM_FILES)
+    if listed is not None:
+        paths = [p for p in listed.split(",") if p]
+    elif environ.get("HOME"):
+        paths = [os.path.join(environ["HOME"], ".openmpi", "mca-params.conf")]
+    else:
+        paths = []
+    for path in paths:
+        value = _param(path, "btl")
+        if value is not None:
+            return value
+    return None
+
+
+def _param(path: str, name: str) -> str | None:
+    """``name``'s value in an Open MPI parameter file (``name = value`` lines; a line starting
+    with ``#`` is a comment, a ``#`` after a value is part of it, as Open MPI 4.1 reads it);
+    None when the file does not set it or cannot be read."""
+    from ttmesh import fileread
+
+    try:
+        text = fileread.read_text(path, PARAM_FILE_BYTES, "Open MPI parameter file")
+    except (OSError, ValueError):  # none, or not a file Open MPI would read either
+        return None
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        if eq and key.strip() == name:
+            return value.strip()
+    return None
+
+
+def tcp_args(
+    interface: str | None, environ: dict[str, str], ver: tuple[int, int] | None = None
+) -> list[str]:
+    """Open MPI's transports over several hosts: :func:`btl` unless the user chose theirs
+    (:func:`user_btl`); TCP on ``interface`` when given, else on every interface but docker0
+    and lo (tt-run's defaults); the user's own OMPI_MCA_btl_tcp_if_* are kept."""
     out = []
-    if "OMPI_MCA_btl" not in environ:
-        out += ["--mca", "btl", "self,tcp"]
+    if user_btl(environ) is None:
+        out += ["--mca", "btl", btl(ver)]
     chosen = {"OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude"} & set(environ)
     if interface:
         out += ["--mca", "btl_tcp_if_include", interface]

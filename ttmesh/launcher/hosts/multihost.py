@@ -27,7 +27,9 @@ from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.launcher.planning.rankenv import TpuSlice
 from ttmesh.render import note
 from ttmesh.states import AttemptEnd
 from ttmesh.vocab import Source
@@ -97,8 +99,32 @@ class Peers:
         master = self.coord.wait_for(["master"], "node 0's master address")["master"]
         self.offset = sum(n.nproc for k, n in self.coord.nodes.items() if k < self.mh.node_rank)
         return global_plan(
-            plan, self.coord.nodes, self.mh.node_rank, master["addr"], master["port"]
+            plan, self.coord.nodes, self.mh.node_rank, master["addr"], master["port"],
+            self._torch_tpu(plan),
+        )  # fmt: skip
+
+    def _torch_tpu(self, plan: LaunchPlan) -> TpuSlice | None:
+        """A torch-tpu job's slice over every host: each host publishes the ports it chose
+        (and holds) for its processes and its handshake port; all read every host's."""
+        program = plan.program
+        if program is None or program.tpu is None:
+            return None
+        me = self.mh.node_rank
+        ports = [int(a.rsplit(":", 1)[1]) for a in program.tpu.addresses]
+        self.coord.publish(
+            f"torch-tpu/{me}", {"ports": ports, "handshake": program.tpu.handshake_port}
         )
+        keys = [f"torch-tpu/{n}" for n in range(self.mh.nnodes)]
+        parts = self.coord.wait_for(keys, "every host's torch_tpu ports")
+        hosts = [
+            (
+                self.coord.nodes[n].addr,
+                [int(p) for p in parts[k]["ports"]],
+                int(parts[k]["handshake"]),
+            )
+            for n, k in enumerate(keys)
+        ]
+        return rankenv.slice_over_hosts(program.tpu, hosts)
 
     def _refuse_together(self, exc: TTMeshError) -> None:
         """Every host found ``exc`` in the records they all read: each says so; node 0, whose
@@ -314,9 +340,15 @@ def _free_port(addr: str) -> int:
 
 
 def global_plan(
-    plan: LaunchPlan, nodes: dict[int, Node], node_rank: int, master_addr: str, master_port: int
+    plan: LaunchPlan,
+    nodes: dict[int, Node],
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    tpu: TpuSlice | None = None,
 ) -> LaunchPlan:
-    """``plan`` (this host's ranks 0..n-1) with every rank in its global, node-major place."""
+    """``plan`` (this host's ranks 0..n-1) with every rank in its global, node-major place (a
+    torch-tpu job's: ``tpu``, its slice over every host)."""
     offset = sum(nodes[n].nproc for n in nodes if n < node_rank)
     world = sum(n.nproc for n in nodes.values())
     ranks = []
@@ -336,10 +368,16 @@ def global_plan(
             )
         env["TTMESH_NODE_RANK"] = str(node_rank)
         env["TTMESH_NNODES"] = str(len(nodes))
+        if tpu is not None:
+            env.update(rankenv.torch_tpu_env(tpu, len(plan.ranks), node_rank))
         ranks.append(dataclasses.replace(r, env=env))
+    program = plan.program
+    if tpu is not None and program is not None:
+        program = dataclasses.replace(program, tpu=tpu)
     return dataclasses.replace(
-        plan, ranks=ranks, master_addr=master_addr, master_port=master_port, rank_offset=offset
-    )
+        plan, ranks=ranks, master_addr=master_addr, master_port=master_port, rank_offset=offset,
+        program=program,
+    )  # fmt: skip
 
 
 def check(mh: MultiHost) -> None:

@@ -31,7 +31,7 @@ class MpiHosts:
             out += mpi.agent_args(self.version, self.agent)
         out += ["--host", mpi.host_slots(hosts_of_ranks)]
         out += mpi.rankfile_args(self.version, rankfile)
-        out += mpi.tcp_args(self.tcp_interface, self.environ)
+        out += mpi.tcp_args(self.tcp_interface, self.environ, self.version)
         if len(set(hosts_of_ranks)) < len(hosts_of_ranks):
             out.append("--oversubscribe")  # several ranks share slot 0 of a host (unbound)
         return out

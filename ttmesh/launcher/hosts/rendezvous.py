@@ -9,9 +9,11 @@ so a single-host launch never imports torch. ttmesh adds, on that store:
   before it can take another's place; an agent first verifies the job record, so one with the
   wrong token is refused before it joins;
 * **signed records**: every value an agent publishes carries an HMAC with the job's token
-  (``--rdzv-token`` / ``TTMESH_RDZV_TOKEN``) and readers ignore what does not verify, so a peer
-  without the token can neither join nor change the plan. The store itself, like torchrun's,
-  has no authentication: keep it on a trusted network. It listens only on the address given;
+  (``--rdzv-token`` / ``TTMESH_RDZV_TOKEN``) over its key, the job and the run (:data:`FORMAT`),
+  and readers ignore what does not verify, so a peer without the token can neither join nor
+  change the plan, nor replay another job's or an earlier run's records. What is read is made
+  printable before anything shows it. The store itself, like torchrun's, has no
+  authentication: keep it on a trusted network. It listens only on the address given;
 * **the plan's facts** (each host's address, ranks, pre-flight verdict; node 0's master port),
   **heartbeats**, and each attempt's **end** (the first failing rank, its host and code),
   so every agent tears down when any rank anywhere fails, and notices a host that disappears
@@ -28,17 +30,44 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import threading
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
+from ttmesh import addresses
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
+from ttmesh.render import note, printable
 
 PREFIX = "ttmesh/"
 BEAT_EVERY = 0.5  # seconds between heartbeats
+# What a record's signature covers, in this order: the format, the job id, the run, the key and
+# the value. The run is a digest of every agent's nonce of this start (each agent draws its own:
+# a run no agent has seen before), so a record signed in an earlier run of the job, or in another
+# job with the same token, verifies in no other: a process without the token that copies records
+# from one store to another changes nothing. Only the records that make the run ("job", each
+# "node/N") are bound to the job alone; every agent checks that the others' run is its own
+# before anything else is read ("joined/N").
+FORMAT = "ttmesh-rdzv/2"
+NONCE = re.compile(r"[0-9a-f]{32}", re.ASCII)
+SHOWN = 200  # characters of a value from the store a line shows at most
+
+
+class _Unsigned(Exception):
+    """A record that is not signed with this job's token (or not a record at all)."""
+
+
+class _Foreign(Exception):
+    """A record signed with this job's token for another job or another run: a copy (or an
+    agent given another --job-id, ``other_job``)."""
+
+    def __init__(self, why: str, other_job: bool) -> None:
+        super().__init__(why)
+        self.other_job = other_job
 
 
 @dataclass(frozen=True)
@@ -47,21 +76,20 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``HOST:PORT``, an IPv6 address in brackets (``[::1]:29400``): as it is written on a
+        command line, read back by :func:`parse_endpoint`."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def parse_endpoint(text: str, default_port: int = 29400) -> Endpoint:
-    """``HOST[:PORT]`` (torchrun's ``--rdzv-endpoint``)."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep:
-        host, port = text.strip(), str(default_port)
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise bad_input(
-            f"--rdzv-endpoint {text!r}: expected HOST:PORT", "e.g. --rdzv-endpoint node0:29400"
-        )
-    return Endpoint(host, int(port))
+def parse_endpoint(
+    text: str, default_port: int = 29400, where: str = "--rdzv-endpoint"
+) -> Endpoint:
+    """``HOST[:PORT]`` (torchrun's ``--rdzv-endpoint``; an IPv6 address in brackets), read by
+    the rule of every host and port ttmesh is given (:func:`ttmesh.addresses.endpoint`)."""
+    host, port = addresses.endpoint(
+        text, where, default_port, example="--rdzv-endpoint node0:29400 or [fd00::1]:29400"
+    )
+    return Endpoint(host, port)
 
 
 @dataclass
@@ -100,7 +128,9 @@ class Coordinator:
         self.job = job
         self.nnodes = nnodes
         self.node = node
-        self.key = token.encode()
+        # The token's bytes as given: a variable or argument that is not UTF-8 reaches Python
+        # as surrogates, and every host that was given the same bytes must sign alike.
+        self.key = token.encode("utf-8", "surrogateescape")
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.local_addr = local_addr
@@ -108,6 +138,9 @@ class Coordinator:
         self.listener: socket.socket | None = None
         self.nodes: dict[int, Node] = {}
         self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.nonce = os.urandom(16).hex()  # this agent's part of the run (FORMAT)
+        self.run = ""  # the run, once every agent's nonce is known (join)
+        self._ignored: set[str] = set()  # keys whose copied record was said already
         self._beat_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._left = False  # left torch's rendezvous already (leave)
@@ -118,31 +151,59 @@ class Coordinator:
 
     # -- signed records
 
-    def _sign(self, key: str, data: str) -> str:
-        return hmac.new(self.key, f"{key}\n{data}".encode(), hashlib.sha256).hexdigest()
+    def _sign(self, key: str, data: str, job: str, run: str) -> str:
+        message = json.dumps([FORMAT, job, run, key, data])  # unambiguous, whatever each holds
+        return hmac.new(self.key, message.encode(), hashlib.sha256).hexdigest()
 
     def publish(self, key: str, value: Any) -> None:
         data = json.dumps(value, sort_keys=True)
+        mac = self._sign(key, data, self.job, self.run)
+        record = {"job": self.job, "run": self.run, "data": data, "mac": mac}
         with self._lock:
-            self.store.set(PREFIX + key, json.dumps({"data": data, "mac": self._sign(key, data)}))
+            self.store.set(PREFIX + key, json.dumps(record))
 
     def read(self, key: str) -> Any:
-        """The value at ``key`` if it is there and signed with this job's token, else None."""
+        """The value at ``key`` if it is there and signed with this job's token for this job and
+        run, else None. A copy of another job's or run's record is said once (per key)."""
         with self._lock:
             if not self.store.check([PREFIX + key]):
                 return None
             raw = self.store.get(PREFIX + key)
-        return self._verify(key, raw)
+        try:
+            return self._open(key, raw)
+        except _Unsigned:
+            return None
+        except _Foreign as exc:
+            with self._lock:
+                first = key not in self._ignored
+                self._ignored.add(key)
+            if first:
+                note(f"ignored {key} in the rendezvous store at {self.endpoint}: {exc} "
+                     f"({COPIED})")  # fmt: skip
+            return None
 
-    def _verify(self, key: str, raw: bytes) -> Any:
+    def _open(self, key: str, raw: bytes) -> Any:
+        """The value of the record ``raw`` read at ``key``, every string in it printable (it
+        may be shown); :class:`_Unsigned` when it is not signed with this job's token,
+        :class:`_Foreign` when it is, but for another job or run."""
         try:
             record = json.loads(raw)
-            data, mac = record["data"], record["mac"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        if not hmac.compare_digest(mac, self._sign(key, data)):
-            return None
-        return json.loads(data)
+            data, mac, job, run = (record[k] for k in ("data", "mac", "job", "run"))
+            if not all(isinstance(v, str) for v in (data, mac, job, run)):
+                raise _Unsigned
+            signed = hmac.compare_digest(mac.encode(), self._sign(key, data, job, run).encode())
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise _Unsigned from None
+        if not signed:
+            raise _Unsigned
+        if job != self.job:
+            raise _Foreign(f"a record of job {_shown(job)}, not of {self.job}", other_job=True)
+        if run != self.run:
+            raise _Foreign("a record of another run of this job", other_job=False)
+        try:
+            return _printable(json.loads(data))
+        except (ValueError, RecursionError):
+            raise _Unsigned from None
 
     def wait_for(self, keys: list[str], what: str, timeout: float | None = None) -> dict[str, Any]:
         """Every key's verified value, waiting up to ``timeout``; refuses naming what is missing."""
@@ -150,6 +211,8 @@ class Coordinator:
         found: dict[str, Any] = {}
         unsigned: set[str] = set()
         while True:
+            if self.lost is not None:
+                raise refused(f"{what}: {self.lost}")
             for key in keys:
                 if key in found:
                     continue
@@ -164,12 +227,18 @@ class Coordinator:
                     )
                 if raw is None:
                     continue
-                value = self._verify(key, raw)
-                if value is None:
-                    unsigned.add(key)
-                else:
-                    found[key] = value
+                try:
+                    found[key] = self._open(key, raw)
                     unsigned.discard(key)
+                except _Unsigned:
+                    unsigned.add(key)
+                except _Foreign as exc:
+                    # Refused at once, as an unsigned record is: a copy is not replaced by
+                    # waiting, and nothing has started yet.
+                    hint = f"{COPIED}; then start the job again"
+                    if key == "job" and exc.other_job:
+                        hint = "give every host the same --job-id (or none: the same endpoint)"
+                    raise refused(f"{what}: {key} at {self.endpoint} is {exc}", hint)
             if unsigned:
                 # Records are written once and never replaced: one signed with another token
                 # will not become ours by waiting, so say so now rather than at the deadline.
@@ -204,21 +273,54 @@ class Coordinator:
             )
         with self._lock:
             claimed = self.store.compare_set(PREFIX + f"claim/{self.node}", "", self.agent_id)
-        claimed = claimed.decode() if isinstance(claimed, bytes) else str(claimed)
+        claimed = claimed.decode(errors="replace") if isinstance(claimed, bytes) else str(claimed)
         if claimed != self.agent_id:
+            # Written by whoever claimed first (anyone who reaches the store): shown, not trusted.
             holder = claimed.split(":")
+            pid = holder[1] if len(holder) > 1 else "?"
             raise bad_input(
-                f"--node-rank {self.node} is already taken in job {self.job} (by {holder[0]}, pid {holder[1] if len(holder) > 1 else '?'})",
+                f"--node-rank {self.node} is already taken in job {self.job} (by "
+                f"{_shown(holder[0])}, pid {_shown(pid)})",
                 f"give each host its own --node-rank, 0..{self.nnodes - 1}",
             )
         self._rendezvous()
-        self.publish(f"node/{self.node}", me.to_json())
+        self.publish(f"node/{self.node}", {**me.to_json(), "nonce": self.nonce})
         found = self.wait_for([f"node/{n}" for n in range(self.nnodes)], "the other hosts")
-        self.nodes = {n: Node(**found[f"node/{n}"]) for n in range(self.nnodes)}
+        self.nodes = self._run_of(found)
+        self.publish(f"joined/{self.node}", self.run)
+        self.wait_for([f"joined/{n}" for n in range(self.nnodes)], "the other hosts' run")
         self._beat_thread = threading.Thread(
             target=self._beat, name="ttmesh-heartbeat", daemon=True
         )
         self._beat_thread.start()
+
+    def _run_of(self, found: dict[str, Any]) -> dict[int, Node]:
+        """Every host's facts, and this run (:data:`FORMAT`) from every agent's nonce. This
+        agent's own record must be the one it wrote: a copy of an earlier one is refused."""
+        nodes: dict[int, Node] = {}
+        nonces = []
+        for n in range(self.nnodes):
+            facts = dict(found[f"node/{n}"]) if isinstance(found[f"node/{n}"], dict) else {}
+            nonce = facts.pop("nonce", None)
+            try:  # written by a token holder, but maybe another ttmesh version
+                node = Node(**facts) if isinstance(nonce, str) and NONCE.fullmatch(nonce) else None
+            except TypeError:
+                node = None
+            if node is None or not isinstance(nonce, str):
+                raise refused(
+                    f"the other hosts: node/{n} at {self.endpoint} is not a record this ttmesh "
+                    "reads", "run the same ttmesh on every host",
+                )  # fmt: skip
+            nodes[n] = node
+            nonces.append(nonce)
+        if nonces[self.node] != self.nonce:
+            raise refused(
+                f"the other hosts: node/{self.node} at {self.endpoint} is not the record this "
+                "agent wrote: a record of another run of this job",
+                f"{COPIED}; then start the job again",
+            )
+        self.run = hashlib.sha256(" ".join(nonces).encode()).hexdigest()[:32]
+        return nodes
 
     def _connect(self) -> None:
         TCPStore = _torch_store()
@@ -321,30 +423,34 @@ class Coordinator:
     def report_end(self, attempt: int, end: dict[str, Any]) -> dict[str, Any]:
         """Publish how this host's attempt ended; the attempt's first failure anywhere, if any
         (this one when it failed first)."""
-        # A failure is counted (and, when first, published) before this host's end is: a host
-        # whose ranks all succeeded and that sees every end must also see the failure, or it
-        # would take the attempt for a success and exit 0 while this one exits with its code.
+        order = 0  # a failure's place among the attempt's failures (the store's atomic count)
         if end.get("code", 0) != 0:
             with self._lock:
                 order = self.store.add(PREFIX + f"failures/{attempt}", 1)
-            if order == 1:
-                self.publish(f"first/{attempt}", {**end, "node": self.node})
-        self.publish(f"end/{attempt}/{self.node}", end)
+        # Counted before it is said: whoever reads this end finds the failure counted.
+        self.publish(f"end/{attempt}/{self.node}", {**end, "order": order})
+        if order == 1:
+            self.publish(f"first/{attempt}", {**end, "node": self.node})
         # The attempt is over when every host has said how it ended: a host whose ranks all
         # succeeded waits for the others (their ranks may still fail: then the job failed
         # and this host exits with that code too). A host that stops answering ends the wait
         # through the heartbeat (self.lost).
-        ends = [f"end/{attempt}/{n}" for n in range(self.nnodes)]
         while True:
             first = self.read(f"first/{attempt}")
             if first is not None:
                 return first
-            with self._lock:
-                failures = self.store.add(PREFIX + f"failures/{attempt}", 0)
-            if self.lost is not None or (
-                failures == 0 and all(self.read(k) is not None for k in ends)
-            ):
+            if self.lost is not None:
                 return end
+            said = [self.read(f"end/{attempt}/{n}") for n in range(self.nnodes)]
+            if all(isinstance(e, dict) for e in said):
+                failed = sorted((e.get("order", 0), n) for n, e in enumerate(said) if e.get("code"))
+                if not failed:
+                    return end
+                # Every host has ended and one failed, but no first failure was published:
+                # the count is anyone's to add to (another user can take its first place).
+                # The failure counted first is the first, the same for every host.
+                n = failed[0][1]
+                return {k: v for k, v in said[n].items() if k != "order"} | {"node": n}
             time.sleep(0.05)
 
     def leave(self, attempt: int) -> None:
@@ -413,11 +519,20 @@ def _listen(endpoint: Endpoint) -> socket.socket | None:
 
 def _torch_store() -> Any:
     """torch's TCPStore, imported quietly: torch's C++ logs every retry of a client connecting
-    (with a C++ stack) unless told not to; ttmesh says what went wrong in one line itself."""
+    (with a C++ stack) unless told not to; ttmesh says what went wrong in one line itself.
+
+    This is where an agent imports torch (the store and torch's rendezvous are all it uses).
+    torch warns at import when NumPy is missing ("Failed to initialize NumPy", from
+    torch/_subclasses/functional_tensor.py): NumPy is not a dependency of torch, and neither
+    the store nor the rendezvous uses it, so on every host of every job the warning would say
+    nothing the user can act on. It is filtered here, for this import alone; a rank's own torch
+    still warns in the rank's output, where NumPy may matter."""
     previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = previous or "FATAL"
     try:
-        from torch.distributed import TCPStore
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+            from torch.distributed import TCPStore
     finally:
         if previous is None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
@@ -428,7 +543,33 @@ def _first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type when it has none (torch's
     rendezvous timeout has an empty message)."""
     lines = str(exc).splitlines()
-    return lines[0] if lines else type(exc).__name__
+    return _shown(lines[0]) if lines else type(exc).__name__
+
+
+# Why a record of another job or run is in the store, and what to do.
+COPIED = (
+    "copied from another job's store: the store has no authentication, keep its port "
+    "reachable only by the job's hosts"
+)
+
+
+def _shown(text: str) -> str:
+    """A string from the store (or torch's message about it) as a line may show it: printable,
+    at most :data:`SHOWN` characters."""
+    text = printable(text)
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
+
+
+def _printable(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string in it printable: hosts' names, reasons and
+    problems from the store reach ttmesh's lines, and must not carry escapes or newlines."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    if isinstance(value, dict):
+        return {printable(str(k)): _printable(v) for k, v in value.items()}
+    return value
 
 
 def token_of(given: str | None) -> str:

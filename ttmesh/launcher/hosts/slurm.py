@@ -12,15 +12,13 @@ import shutil
 import socket
 import subprocess
 
+from ttmesh import addresses, numeric
+from ttmesh.addresses import shown
 from ttmesh.errors import bad_input
 from ttmesh.numeric import MAX_CHIPS
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 MAX_HOSTS = MAX_CHIPS  # a node list naming more is a typo (and would fill the memory)
-
-
-def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
 
 
 def _split_top(text: str) -> list[str]:
@@ -43,14 +41,14 @@ def _range(spec: str, where: str) -> list[str]:
     out = []
     for item in spec.split(","):
         low, sep, high = item.partition("-")
-        if not _digits(low) or (sep and not _digits(high)):
-            raise bad_input(f"SLURM_JOB_NODELIST {where!r}: cannot read [{spec}]")
+        if not numeric.digits(low) or (sep and not numeric.digits(high)):
+            raise bad_input(f"SLURM_JOB_NODELIST {shown(where)}: cannot read {shown(f'[{spec}]')}")
         if not sep:
             out.append(low)
             continue
         if len(out) + int(high) - int(low) >= MAX_HOSTS:  # node[0-99999999999]: a typo
             raise bad_input(
-                f"SLURM_JOB_NODELIST {where!r}: [{spec}] names more than {MAX_HOSTS} hosts"
+                f"SLURM_JOB_NODELIST {shown(where)}: {shown(f'[{spec}]')} names more than {MAX_HOSTS} hosts"
             )
         width = len(low)
         out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
@@ -67,14 +65,29 @@ def expand(nodelist: str) -> list[str]:
             literal = entry[pos : match.start()]
             values = _range(match.group(1), entry)
             if len(expanded) * len(values) > MAX_HOSTS:
-                raise bad_input(f"SLURM_JOB_NODELIST {entry!r}: names more than {MAX_HOSTS} hosts")
+                raise bad_input(
+                    f"SLURM_JOB_NODELIST {shown(entry)}: names more than {MAX_HOSTS} hosts"
+                )
             expanded = [e + literal + v for e in expanded for v in values]
             pos = match.end()
         expanded = [e + entry[pos:] for e in expanded]
         names += expanded
     if not names:
-        raise bad_input(f"SLURM_JOB_NODELIST {nodelist!r}: no host in it")
+        raise bad_input(f"SLURM_JOB_NODELIST {shown(nodelist)}: no host in it")
     return names
+
+
+def first_address(nodelist: str) -> str:
+    """Where the first host of ``nodelist`` (node 0) is reached, both its name and the NodeAddr
+    Slurm gives for it read as every host name ttmesh is given (:mod:`ttmesh.addresses`)."""
+    example = "SLURM_JOB_NODELIST=node[0-1]"
+    name = addresses.host(expand(nodelist)[0], "SLURM_JOB_NODELIST: host", example=example)
+    found = address(name)
+    if found == name:
+        return name
+    return addresses.host(
+        found, f"scontrol show node {name}: NodeAddr", example="NodeAddr=10.0.0.1"
+    )
 
 
 def address(name: str) -> str:

@@ -158,6 +158,10 @@ class Feed:
         if self.inner is not None:
             self.inner.lines(last)
 
+    def checklist(self, rows: list[dict[str, Any]], timeout: float | None) -> None:
+        if self.inner is not None:
+            self.inner.checklist(rows, timeout)
+
     def output(self, fd: int, data: bytes) -> None:
         if self.inner is not None:
             self.inner.output(fd, data)

@@ -4,18 +4,20 @@ check after a crash, and every host's recovery in a mesh over several hosts.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
-from ttmesh.dataclass import dataclass
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import discover
+from ttmesh.fabric.problem import chip_name
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
-from ttmesh.states import JobPhase
+from ttmesh.states import JobPhase, ResetStage
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.recovery.reset import ChipProgress
 
 
 @dataclass
@@ -36,6 +38,9 @@ class Recovery:
     # itself and leaves what it needs here (its --summary-json's "needs") for the fleet.
     fleet_of: str | None = None
     deferred: dict[str, Any] | None = None
+    # Every reset the job ran (before a start, after a crash): when, why, verified or not, how
+    # long; for the job's record and --summary-json. Shared by the copies a restart makes.
+    resets: list[dict[str, Any]] = field(default_factory=list)
 
 
 WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
@@ -94,6 +99,7 @@ def reset_chips(
         def progress(chips: list[reset.ChipProgress]) -> None:
             observer.phase(phase, _reset_detail(chips))
 
+    at = time.time()
     try:
         outcome = reset.recover(
             prepared.inv.host,
@@ -109,8 +115,20 @@ def reset_chips(
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
+        recovery.resets.append(_reset_entry(at, phase, why, None, str(exc)))
         return None
-    if outcome.recovered:
+    recovery.resets.append(_reset_entry(at, phase, why, outcome))
+    if outcome.recovered and outcome.unreached:  # the others are; these never were
+        from ttmesh.fabric import health
+
+        named = health.expected(prepared.inv).names  # a lost chip by its topology's address
+        lost = ", ".join(chip_name(prepared.inv, a, named) for a in outcome.unreached)
+        note(
+            f"reset: {plural(len(outcome.plan.chips), 'chip')} recovered and verified "
+            f"({outcome.seconds:.1f} s); not recovered: {lost} (missing from the host: a "
+            "reset cannot reach it; power-cycle the host)"
+        )
+    elif outcome.recovered:
         note(f"reset: chips recovered and verified ({outcome.seconds:.1f} s)")
     else:
         for p in outcome.problems[:3]:
@@ -118,14 +136,34 @@ def reset_chips(
     return outcome
 
 
-def _reset_detail(chips: list[Any]) -> str:
-    """``3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
-    from ttmesh.recovery.reset import DONE
+def _reset_entry(
+    at: float, phase: JobPhase, why: str | None, outcome: Any, refused: str | None = None
+) -> dict[str, Any]:
+    """One reset as the job's record keeps it."""
+    return {
+        "at": round(at, 3),
+        "when": "before the start" if phase is JobPhase.RESETTING else "after an attempt",
+        "why": why,
+        "chips": [c["bdf"] or c["asic_id"] for c in outcome.chips] if outcome else [],
+        "recovered": bool(outcome and outcome.recovered),
+        "seconds": round(outcome.seconds, 3) if outcome else None,
+        "refused": refused,
+    }
 
+
+def last_reset_verified(recovery: Recovery, since: float) -> bool:
+    """Whether the job's chips were reset and verified after ``since`` (the last attempt's
+    end), and no reset failed meanwhile: advice to reset them again would be wrong."""
+    after = [r for r in recovery.resets if r["at"] >= since]
+    return bool(after) and all(r["recovered"] for r in after)
+
+
+def _reset_detail(chips: list[ChipProgress]) -> str:
+    """``3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
     counts: dict[str, int] = {}
     for c in chips:
         counts[c.stage] = counts.get(c.stage, 0) + 1
-    done = counts.pop(DONE, 0)
+    done = counts.pop(ResetStage.DONE, 0)
     rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
     return f"{done} of {plural(len(chips), 'chip')} done" + (f", {rest}" if rest else "")
 
@@ -176,11 +214,23 @@ def after_crash(
         return None
     why = down[0].what if down else "--reset-on-failure"
     if not defers_reset(recovery.fleet_of, inv):
-        note(f"the job ended ({why}): resetting its chips")
+        note(_recovery_line(plan, result, why))
     reset_chips(prepared, recovery, plan.all_chips(), observer, why=why)
     if recovery.deferred is not None:
         return f"its chips need the whole-host reset, which fleet {recovery.fleet_of} does"
     return None
+
+
+def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
+    """What the check after an attempt found, and that the chips are reset: a stop the user
+    asked for reads as one (a server whose own teardown leaves the chips to reset says why it
+    is expected), a failure as a failure."""
+    if not result.asked:
+        return f"the job ended ({why}): resetting its chips"
+    teardown = plan.serving.profile.teardown if plan.serving is not None else ""
+    if teardown:
+        return f"the server stopped as asked: {teardown}; resetting them, as expected ({why})"
+    return f"the job stopped as asked and left its chips to reset ({why}): resetting them"
 
 
 def recover_with_peers(

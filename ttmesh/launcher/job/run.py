@@ -26,11 +26,18 @@ from ttmesh.launcher.job.preflight import run_preflight
 from ttmesh.launcher.job.recovery import (
     Recovery,
     after_crash,
+    last_reset_verified,
     rank_refused,
     recover_hosts,
     recover_with_peers,
 )
-from ttmesh.launcher.job.summary import explain, summarize, write_refusal, write_summary
+from ttmesh.launcher.job.summary import (
+    explain,
+    job_facts,
+    summarize,
+    write_refusal,
+    write_summary,
+)
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note
@@ -114,6 +121,10 @@ class JobRun:
         # Refused for a frozen chip: no job record stays behind (reading the heartbeats first,
         # the launch never got as far as writing one).
         self.unrecorded = False
+        self.logs: Any = None  # runtime.joblogs.JobLogs: the job's own copy of its output
+        self.started = time.time()
+        self.times: dict[int, tuple[float, float]] = {}  # attempt -> (started, ended)
+        self.restarts: list[dict[str, Any]] = []  # {attempt, at, after}
 
     def run(self) -> int:
         try:
@@ -164,6 +175,7 @@ class JobRun:
             if isinstance(exc, TTMeshError):
                 raise self._frozen_first(exc) from None
             raise
+        self._open_logs()
         ok = False
         # A stop signal between attempts stops the job as one during an attempt does (an
         # attempt forwards it to its guardian): Ctrl-C raises KeyboardInterrupt, these Stopped.
@@ -272,8 +284,22 @@ class JobRun:
         """Nothing runs: the job record says why, and so does --summary-json."""
         self.status = f"refused: {exc}"
         if self.summary_json:
-            write_refusal(self.summary_json, exc, self.recovery.deferred)
+            write_refusal(self.summary_json, exc, self.recovery.deferred, job=self.plan.job)
         return exc
+
+    def _open_logs(self) -> None:
+        """The job's own copy of its output (``ttmesh logs``), unless --no-logs; a directory
+        that cannot be made is said, and the job runs without it."""
+        if not self.options.keep_logs:
+            return
+        from ttmesh.runtime import joblogs
+
+        try:
+            self.logs = joblogs.JobLogs.create(self.plan.job, self.options.log_limits)
+        except (OSError, TTMeshError) as exc:
+            note(f"warning: the job's output is not kept (ttmesh logs has none): {exc}")
+            return
+        self.options.keep = self.logs
 
     def _record(self) -> None:
         """The job's record (``ttmesh ps``, ``ttmesh stop``); one that cannot be written
@@ -287,13 +313,15 @@ class JobRun:
                 "root": plan.root,
                 "layout": plan.layout,
                 "attempt": 0,
-                "started": time.time(),
+                "started": self.started,
                 "command": list(plan.ranks[0].argv) if plan.ranks else [],
                 "ranks": [
                     {"rank": r.rank, "pid": None, "bdfs": list(r.bdfs), "chips": list(r.chips)}
                     for r in plan.ranks
                 ],
                 "symmetric_dram_mb": plan.symmetric_dram_mb,
+                # What `ttmesh ps JOB` says of a job, running or ended (runtime.jobs).
+                **job_facts(self.prepared, self.logs),
             }
         )
 
@@ -305,10 +333,12 @@ class JobRun:
             if self.peers is not None:
                 self.peers.watch(attempt)
             liveness, self.prepared.liveness = self.prepared.liveness, None
+            began = time.time()
             result = run_attempt(
                 plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self._guardian_started, liveness=liveness,
+                on_start=self._guardian_started, liveness=liveness, inv=self.prepared.inv,
             )  # fmt: skip
+            self.times[attempt] = (began, time.time())
             if result.end is AttemptEnd.REFUSED and result.error is not None:
                 # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
                 # chips as a stopped job does, then refuse as the heartbeats read first did.
@@ -350,7 +380,8 @@ class JobRun:
             # A server's processes may have held the chips to the end (SGLang SIGKILLs its
             # schedulers, which never close the chips): check them whatever the layout.
             lost = result.end is AttemptEnd.GUARDIAN_LOST
-            always = lost or plan.serving is not None
+            # A chip failed under the job (fabric.chipwatch): check them whatever it brought up.
+            always = lost or plan.serving is not None or result.chip_fault is not None
             left = after_crash(
                 self.prepared, recovery, result, always=always, observer=self.observer,
                 peers=self.peers, name=f"recover{attempt}",
@@ -365,6 +396,9 @@ class JobRun:
                 note(
                     f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
                     f"restarting every rank in {wait:.1f} s"
+                )
+                self.restarts.append(
+                    {"attempt": attempt + 1, "at": round(time.time(), 3), "after": result.reason}
                 )
                 self._wait(wait, attempt + 2)
                 again = Recovery(**{**recovery.__dict__, "auto_reset": True})
@@ -421,17 +455,61 @@ class JobRun:
             after_crash(self.prepared, self.recovery, result, always=True)
         return self.finish(LAUNCHER_KILLED)
 
-    def _release(self, status: str | None = None, code: int | None = None) -> None:
+    def _release(
+        self, status: str | None = None, code: int | None = None, ended: dict | None = None
+    ) -> None:
+        # The record is closed last: a job ps calls ended has left nothing behind (its leases,
+        # its run directory with the ranks' TMPDIRs, its logs closed), also when its guardian
+        # finishes it after the launcher was killed.
+        if self.held is not None:
+            self.held.release()
+        if self.run_dir is not None:
+            self.run_dir.remove()
+        self._close_logs()
         if self.unrecorded:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.remove(self.plan.job)
         elif status is not None:
             with contextlib.suppress(OSError, TTMeshError):
-                jobs.close(self.plan.job, status, code)
-        if self.held is not None:
-            self.held.release()
-        if self.run_dir is not None:
-            self.run_dir.remove()
+                jobs.close(self.plan.job, status, code, ended)
+
+    def _close_logs(self) -> None:
+        """The job's log directory closed; other jobs' logs beyond the bounds removed."""
+        if self.logs is None:
+            return
+        self.logs.close()
+        self.logs = None
+        from ttmesh.runtime import joblogs
+
+        with contextlib.suppress(OSError, TTMeshError):
+            joblogs.prune(self.options.log_limits)
+
+    def ended_facts(self, final: AttemptResult, diagnosis: Any) -> dict[str, Any]:
+        """How the job went, for its record and --summary-json: each attempt's times, the
+        restarts and resets with theirs, the diagnosis, the phases (when told)."""
+        attempts = []
+        for r in self.results:
+            began, ended = self.times.get(r.attempt, (None, None))
+            attempts.append({
+                "attempt": r.attempt, "started": began and round(began, 3),
+                "ended": ended and round(ended, 3), "code": r.code, "rank": r.rank,
+                "reason": r.reason,
+            } | ({"phases": r.phases} if r.phases is not None else {}))  # fmt: skip
+        facts: dict[str, Any] = {
+            "ended": round(time.time(), 3),
+            "attempts": attempts,
+            "restarts": list(self.restarts),
+            "resets": list(self.recovery.resets),
+            "diagnosis": diagnosis.to_json() if diagnosis else None,
+        }
+        if final.phases is not None:  # a server's start, step by step (its checklist)
+            facts["phases"] = final.phases
+        return facts
+
+    def _reset_after(self, final: AttemptResult) -> bool:
+        """The chips were reset and verified after the last attempt ended."""
+        times = self.times.get(final.attempt)
+        return times is not None and last_reset_verified(self.recovery, times[1])
 
     def finish(self, status: str | None = None) -> int:
         final = self.stop or self.results[-1]
@@ -444,14 +522,22 @@ class JobRun:
             lost = final.end is AttemptEnd.GUARDIAN_LOST
             status = SUPERVISOR_KILLED if lost else final.reason
         unwritten_error = errorfile.write(final, self.plan)  # the ranks' files go next
-        self._release(status, final.code)
+        diagnosis = explain(self.prepared, final, reset_done=self._reset_after(final))
+        facts = {**job_facts(self.prepared, self.logs), "started": round(self.started, 3),
+                 **self.ended_facts(final, diagnosis)}  # fmt: skip
+        self._release(status, final.code, facts)
         if self.observer is not None:  # the final frame, above the summary
             self.observer.phase(JobPhase.DONE, f"exit {final.code}")
-        diagnosis = explain(self.prepared, final)
         code = final.code
         if self.summary_json:
             unwritten = write_summary(
-                self.summary_json, final, self.results, diagnosis, self.recovery.deferred
+                self.summary_json,
+                final,
+                self.results,
+                diagnosis,
+                self.recovery.deferred,
+                facts,
+                job=self.plan.job,
             )
             if unwritten is not None:
                 # Said, never silent; a job that failed keeps its code (the worker's is what

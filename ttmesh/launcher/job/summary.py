@@ -5,7 +5,7 @@ known failure and its fix.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
 from ttmesh.errors import TTMeshError
@@ -18,14 +18,43 @@ if TYPE_CHECKING:
     from ttmesh.launcher.attempt.failures import Diagnosis
 
 
-def explain(prepared: Prepared, final: AttemptResult) -> Diagnosis | None:
-    """The known failure the guardian found in the output, its fix filled in for this job."""
+SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/architecture.md, "JSON")
+
+
+def job_facts(prepared: Prepared, logs: Any = None) -> dict[str, Any]:
+    """What a job is, for its record (``ttmesh ps JOB``) and ``--summary-json``: where and by
+    whom it runs, its command, profile, chips, server and log directory."""
+    from ttmesh.procs import user_name
+
+    plan = prepared.plan
+    serving = plan.serving
+    return {
+        "host": os.uname().nodename,  # gethostname's answer, without importing socket
+        "user": user_name(os.getuid()),
+        "uid": os.getuid(),
+        "root": plan.root,
+        "command": list(plan.ranks[0].argv) if plan.ranks else [],
+        "profile": serving.profile.name if serving is not None else None,
+        "chips": [b for r in plan.ranks for b in r.bdfs],
+        "server": {"url": serving.url, "health": serving.health_url}
+        if serving is not None
+        else None,
+        "logs": str(logs.path) if logs is not None else None,
+    }
+
+
+def explain(prepared: Prepared, final: AttemptResult, reset_done: bool = False) -> Diagnosis | None:
+    """The known failure the guardian found in the output, its fix filled in for this job;
+    ``reset_done``: ttmesh reset the job's chips and verified them after it ended (a fix that
+    resets them is not given again)."""
     if final.code == 0 or not final.diagnosis:
         return None
     from ttmesh.launcher.attempt import failures
 
     try:
-        return failures.explain(final.diagnosis, prepared.inv, prepared.plan.all_chips())
+        return failures.explain(
+            final.diagnosis, prepared.inv, prepared.plan.all_chips(), reset_done=reset_done
+        )
     except Exception as exc:  # the job's end is still reported, without the explanation
         note(f"could not explain the failure ({type(exc).__name__}: {exc})")
         return None
@@ -80,10 +109,14 @@ def summarize(
         note(f"exit {final.code}: {final.reason}")
 
 
-def write_refusal(path: str, exc: TTMeshError, needs: dict[str, object] | None = None) -> None:
+def write_refusal(
+    path: str, exc: TTMeshError, needs: dict[str, object] | None = None, job: str | None = None
+) -> None:
     """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why
     (``needs``: as in :func:`write_summary`)."""
     data: dict[str, object] = {
+        "schema": SCHEMA,
+        "job": job,
         "source": Source.TTMESH,
         "rank": None,
         "code": exc.code,
@@ -115,23 +148,34 @@ def write_summary(
     results: list[AttemptResult],
     diagnosis: Diagnosis | None = None,
     needs: dict[str, object] | None = None,
+    facts: dict[str, Any] | None = None,
+    job: str | None = None,
 ) -> str | None:
-    """Write ``--summary-json``; the line saying why it could not be, or None. ``needs``: what
-    a fleet's replica left its fleet to do (``{"what": "whole-host-reset", "chips": [...]}``,
-    ``launcher.job.recovery.WHOLE_HOST_RESET``), only then in the file."""
+    """Write ``--summary-json`` (``ttmesh.summary/1``); the line saying why it could not be, or
+    None. ``needs``: what a fleet's replica left its fleet to do (``{"what":
+    "whole-host-reset", "chips": [...]}``, ``launcher.job.recovery.WHOLE_HOST_RESET``), only
+    then in the file. ``facts``: the job's own (``job_facts`` and how it went: each attempt's
+    times, restarts, resets, phases), as its record has them."""
     data: dict[str, object] = {
+        "schema": SCHEMA,
+        "job": job,
+        **(facts or {}),
         "source": final.source,
         "rank": final.rank,
         "code": final.code,
         "reason": final.reason,
-        "attempts": [
+        "attempts": (facts or {}).get("attempts")
+        or [
             {"attempt": r.attempt, "code": r.code, "rank": r.rank, "reason": r.reason}
+            | ({"phases": r.phases} if r.phases is not None else {})
             for r in results
         ],
         "diagnosis": diagnosis.to_json() if diagnosis else None,
         # The stack dumps taken before a hung attempt was killed (py-spy, tt-triage), every attempt's.
         "dumps": [f for r in results for f in r.dumps],
     }
+    if final.phases is not None:  # a server's start, step by step (its checklist)
+        data["phases"] = final.phases
     if needs is not None:
         data["needs"] = needs
     return _write_json(path, data)

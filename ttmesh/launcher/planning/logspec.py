@@ -21,13 +21,14 @@ import os
 import re
 import stat
 
+from ttmesh import numeric
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 
 NONE, OUT, ERR, ALL = 0, 1, 2, 3
 BITS = {"stdout": OUT, "stderr": ERR}
 _VALUE = re.compile(r"[0-3]")
-_MAP = re.compile(r"\d+:[0-3](,\d+:[0-3])*")
+_MAP = re.compile(r"[0-9]{1,5}:[0-3](,[0-9]{1,5}:[0-3])*", re.ASCII)
 _STD_HINT = "0 none, 1 stdout, 2 stderr, 3 both, or per local rank: e.g. 0:1,1:2"
 
 
@@ -52,7 +53,7 @@ def parse_ranks(value: str | None, flag: str = "--local-ranks-filter") -> set[in
     if value is None:
         return None
     items = [v.strip() for v in value.split(",")]
-    if not items or not all(v.isascii() and v.isdigit() for v in items):
+    if not items or not all(numeric.digits(v) and len(v) <= 5 for v in items):
         raise bad_input(f"{flag} {value!r}: expected rank numbers", f"e.g. {flag} 0,2")
     return {int(v) for v in items}
 

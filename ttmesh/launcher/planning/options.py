@@ -11,7 +11,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from ttmesh import numeric, paths
+from ttmesh import addresses, numeric, paths
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
@@ -85,6 +85,8 @@ class LaunchOptions:
     strict: bool
     health_interval: float | None
     health_failures: int
+    probe_interval: float | None
+    probe_timeout: float | None
     nnodes: str | None
     node_rank: int | None
     rdzv_endpoint: str | None
@@ -103,6 +105,7 @@ class LaunchOptions:
     no_memory_check: bool = False  # --replicas: do not check the host memory the replicas need
     fleet_of: str | None = None  # hidden: this job is one replica of that fleet
     events_fd: int | None = None  # hidden: the fleet's pipe for this replica's events
+    no_logs: bool = False  # --no-logs: keep no copy of the output with the job's record
 
     def __init__(self, **values: Any) -> None:
         fields = LaunchOptions.__annotations__
@@ -276,9 +279,29 @@ def _request(
             f"{server[0].name} drives no Tenstorrent chip, and ttmesh runs it on one host",
             "give --nnodes 1 (the server's own --nnodes, after the command, spans hosts)",
         )
+    program = None
+    if server is None:  # a program on a stack a profile knows (torch_tpu on libtt, ...)
+        from ttmesh.launcher.planning import programs
+
+        program = programs.choose(o.profile_name, dict(os.environ), env)
+        if program is not None:
+            programs.check_layout(program, mesh_layout, rank_binding)
     job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
     if o.health_interval is not None and server is None:
         raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
+    for flag, given in (
+        ("--probe-interval", o.probe_interval),
+        ("--probe-timeout", o.probe_timeout),
+    ):
+        if given is not None and server is None:
+            raise bad_input(f"{flag} goes with a server", "see ttmesh profiles")
+    if o.probe_timeout is not None and o.probe_interval is None:
+        raise bad_input("--probe-timeout goes with --probe-interval", "add --probe-interval S")
+    if o.probe_interval is not None and server is not None and not server[0].probe:
+        raise bad_input(
+            f"--probe-interval: profile {server[0].name} has no probe (a one-token generation)",
+            "add probe: {path, body, timeout} to the profile, or drop --probe-interval",
+        )
     grace = o.grace
     if grace is None:
         grace = server[0].grace if server is not None else 5.0
@@ -319,10 +342,14 @@ def _request(
         profile=server[0] if server else None,
         server_args=server[1] if server else None,
         server_findings=server[3] if server else [],
+        program=program,
         strict=o.strict,
         health_interval=o.health_interval,
         health_failures=o.health_failures,
+        probe_interval=o.probe_interval,
+        probe_timeout=o.probe_timeout,
         tp_hosts=tp_hosts,
+        nnodes=join.nnodes if join is not None else 1,
     )
     if o.ready_pattern is not None:
         _check_pattern(o.ready_pattern)
@@ -358,11 +385,9 @@ def _load_binding(path: str | None, mapping: str | None) -> BindingFile | None:
 def _ranks(value: str | None) -> frozenset[int] | None:
     if value is None:
         return None
-    try:
-        ranks = frozenset(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        ranks = frozenset()
-    if not ranks:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    ranks = frozenset(int(v) for v in items if numeric.digits(v))
+    if not ranks or len(ranks) != len(set(items)) or max(ranks) >= numeric.MAX_CHIPS:
         raise bad_input(
             f"--ranks-filter {value!r}: expected rank numbers", "e.g. --ranks-filter 0,2"
         )
@@ -436,11 +461,13 @@ def _server(o: LaunchOptions, rank_binding: str | None, mesh_layout: str) -> Ser
     if o.profile_name == "none":
         return None
     parsed = args.parse(list(o.command), o.module)
-    profile = (
-        profiles.named(o.profile_name)
-        if o.profile_name
-        else profiles.recognise(parsed, dict(os.environ))
-    )
+    if o.profile_name:
+        from ttmesh.launcher.planning import programs
+
+        names = tuple(p.name for p in programs.every())
+        profile = profiles.named(o.profile_name, names)  # None: a program profile's name
+    else:
+        profile = profiles.recognise(parsed, dict(os.environ))
     if profile is None:
         return None
     for flag, value in (("--rank-binding", rank_binding), ("--nproc-per-node", o.nproc)):
@@ -472,18 +499,19 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
     of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
     (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
     env = os.environ
-    count, endpoint, node_rank = _nnodes(o.nnodes), o.rdzv_endpoint, o.node_rank
+    count, node_rank = _nnodes(o.nnodes), o.node_rank
+    endpoint = None if o.rdzv_endpoint is None else _endpoint(o.rdzv_endpoint)
+    local_addr = None
+    if o.local_addr is not None:
+        local_addr = addresses.host(o.local_addr, "--local-addr", example="--local-addr 10.0.0.2")
     if hosts is not None:
-        names = [h.strip() for h in hosts.split(",") if h.strip()]
-        if len(names) < 2 or len(set(names)) != len(names):
-            raise bad_input(
-                f"--hosts {hosts!r}: name two or more different hosts", "e.g. --hosts node0,node1"
-            )
+        names = addresses.hosts(hosts, "--hosts", example="--hosts node0,node1")
         if count not in (None, len(names)):
             raise bad_input(
                 f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
             )
-        count, endpoint = len(names), endpoint or names[0]
+        count = len(names)
+        endpoint = endpoint or _endpoint(names[0])
     in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
     hosts_of = "--nnodes"
     if count is None and in_slurm:
@@ -508,7 +536,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
     if endpoint is None and in_slurm:
         from ttmesh.launcher.hosts import slurm  # (socket, subprocess): under Slurm only
 
-        endpoint = slurm.address(slurm.expand(env["SLURM_JOB_NODELIST"])[0])
+        endpoint = _endpoint(slurm.first_address(env["SLURM_JOB_NODELIST"]), 29400)
     if node_rank is None and hosts is None:
         raise bad_input(
             f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
@@ -520,17 +548,24 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
         )
     from ttmesh.launcher.hosts import rendezvous
 
-    point = rendezvous.parse_endpoint(endpoint)
     return Join(
         nnodes=count,
         node_rank=node_rank if node_rank is not None else 0,
-        endpoint=point,
+        endpoint=endpoint,
         token=rendezvous.token_of(o.rdzv_token),
-        local_addr=o.local_addr,
+        local_addr=local_addr,
         join_timeout=o.rdzv_timeout,
         heartbeat_timeout=o.heartbeat_timeout,
-        job=o.job_id if o.job_id is not None else _job_of(point),
+        job=o.job_id if o.job_id is not None else _job_of(endpoint),
     )
+
+
+def _endpoint(text: str, port: int | None = None) -> Endpoint:
+    """Where the hosts meet: ``HOST[:PORT]`` read (or HOST at ``port``). The rendezvous
+    (socket, torch's store) is imported for a job over several hosts only."""
+    from ttmesh.launcher.hosts import rendezvous
+
+    return rendezvous.parse_endpoint(text) if port is None else rendezvous.Endpoint(text, port)
 
 
 def shown(value: str | None) -> str:
@@ -568,7 +603,9 @@ def _nnodes(value: str | None) -> int | None:
             raise bad_input(
                 f"--nnodes {shown(value)}: ttmesh runs a fixed number of hosts (no elastic "
                 "MIN:MAX)",
-                f"e.g. --nnodes {high or low}",
+                f"e.g. --nnodes {high or low}"
+                if numeric.digits(high or low)
+                else "e.g. --nnodes 2",
             )
         text = low
     return numeric.whole(

@@ -40,6 +40,7 @@ class RankPlan:
     block_shape: tuple[int, int] = (1, 1)
     workdir: str = ""  # the rank's working directory when not the user's (tt-metal worlds)
     node: int = 0  # the host it runs on (an index into LaunchPlan.hosts)
+    tmpdir: str = ""  # its own TMPDIR (a program profile's private_dirs), made before it starts
 
     @property
     def joins_chips(self) -> bool:
@@ -92,6 +93,11 @@ class LaunchPlan:
     # The launcher's environment the plan was made in (the request's): what ``--dry-run``
     # shows each rank's environment against (rankenv.rank_env; the starters pass their own).
     environ: dict[str, str] = field(default_factory=dict)
+    # A program profile's job (launcher.planning.programs.ProgramSpec): torch_tpu on libtt, ...
+    program: Any = None
+    # A simulated host's view, at the real paths, in each rank's own mount namespace
+    # (runtime.hostview); None: the ranks see the machine's own paths.
+    host_view: Any = None
 
     @property
     def fabric_at_start(self) -> bool:
@@ -135,6 +141,8 @@ class LaunchPlan:
             "ready_timeout": self.ready_timeout,
             "hang_timeout": self.hang_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
+            "program": self.program.to_json() if self.program is not None else None,
+            "host_view": self.host_view.to_json() if self.host_view is not None else None,
             "hosts": list(self.hosts),
             "notes": list(self.notes),
             "passed_over": [dict(p) for p in self.passed_over],
@@ -151,6 +159,7 @@ class LaunchPlan:
                     **({"node": r.node, "host": self.hosts[r.node]} if self.hosts else {}),
                     "argv": list(r.argv),
                     "workdir": r.workdir or self.cwd,
+                    "tmpdir": r.tmpdir or None,
                     **self._env_json(r, shown),
                 }
                 for r in self.ranks
@@ -385,6 +394,7 @@ def build(
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
         mpi_args=list(req.mpi_args),
         environ=dict(req.environ),
+        program=req.program,
     )
     if req.binding is not None:
         from ttmesh.launcher.adapters import ttrun
@@ -538,6 +548,9 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
             env.pop("TT_MESH_HOST_RANK", None)
     if req.serving is not None:
         env = _server_env(env, req, job.inv, job.sel, job.desc_of[rank])
+    tmpdir = ""
+    if req.program is not None:
+        env, workdir, tmpdir = _program_env(job, rank, env, workdir)
     env.update(dict(req.env))
     return RankPlan(
         rank=rank,
@@ -552,7 +565,41 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
         block_shape=block.shape,
         workdir=workdir,
         node=node,
+        tmpdir=tmpdir,
     )
+
+
+# The variables by which libtt 0.1.3 is given its chips: a libtt that joins processes sets them
+# for each process itself (the seed: "Leave TT_VISIBLE_DEVICES and TT_MESH_GRAPH_DESC_PATH unset;
+# libtt sets both for each process").
+_LIBTT_SETS = ("TT_VISIBLE_DEVICES", "TT_MESH_GRAPH_DESC_PATH", "TT_MESH_ID", "TT_MESH_HOST_RANK")
+
+
+def _program_env(
+    job: _Job, rank: int, env: dict[str, str], workdir: str
+) -> tuple[dict[str, str], str, str]:
+    """A program profile's rank: the stack's variables, its chips as the libtt in use wants
+    them, torch_tpu's contract (rankenv.torch_tpu_env) and, with ``private_dirs``, a TMPDIR
+    and working directory of its own under the run directory. (env, workdir, tmpdir)."""
+    req = job.req
+    spec = req.program
+    assert spec is not None
+    profile = spec.profile
+    env = {**env, **profile.env}
+    if spec.chips == "libtt":
+        for key in _LIBTT_SETS:
+            env.pop(key, None)
+    if profile.contract == "torch-tpu" and spec.tpu is not None:
+        env.update(rankenv.torch_tpu_env(spec.tpu, job.per_node, job.nodes[rank]))
+    tmpdir = ""
+    if profile.private_dirs:
+        own = f"{req.run_dir}/ranks/rank{rank}"
+        tmpdir = env["TMPDIR"] = f"{own}/tmp"
+        if not workdir:  # tt-metal writes generated/ in it (a --workdir of yours is kept)
+            workdir = f"{own}/work"
+            env["TT_RUN_ORIGINAL_CWD"] = req.cwd
+            env["TTMESH_ORIGINAL_CWD"] = req.cwd
+    return env, workdir, tmpdir
 
 
 def _grouping(job: _Job) -> str:

@@ -20,8 +20,16 @@ def _tcp_socket(family: int | None = None) -> Any:
     return _socket.socket(_socket.AF_INET if family is None else family, _socket.SOCK_STREAM)
 
 
+def _family(addr: str) -> int:
+    """The address family of a numeric address (an IPv6 one has a ':'; a name is IPv4's, as
+    before: ranks meet at 127.0.0.1 or node 0's IPv4 address unless told an IPv6 one)."""
+    import _socket
+
+    return _socket.AF_INET6 if ":" in addr else _socket.AF_INET
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
-    s = _tcp_socket()
+    s = _tcp_socket(_family(addr))
     try:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
@@ -29,11 +37,43 @@ def free_port(addr: str = "127.0.0.1") -> int:
         s.close()
 
 
+# Ports a launch chose and holds (bound, not listening) until its ranks start: a port the kernel
+# hands out for "any free port" meanwhile is never one of these (release_held).
+_HELD: list[Any] = []
+
+
+def hold_free(count: int, addr: str = "127.0.0.1") -> list[int]:
+    """``count`` different free TCP ports of ``addr``, each bound here and held until
+    :func:`release_held` (called as the job's first attempt starts its ranks): one chosen now
+    is free now, and nothing asking for a free port meanwhile is given it."""
+    ports: list[int] = []
+    for _ in range(count):
+        s = _tcp_socket()
+        try:
+            s.bind((addr, 0))
+        except OSError as exc:
+            s.close()
+            release_held()
+            raise bad_input(
+                f"no free TCP port on {addr} for the ranks ({exc.strerror or exc})",
+                "free some ports, or run fewer ranks",
+            ) from None
+        _HELD.append(s)
+        ports.append(int(s.getsockname()[1]))
+    return ports
+
+
+def release_held() -> None:
+    """Let go of the ports :func:`hold_free` holds, for the ranks to bind them."""
+    while _HELD:
+        _HELD.pop().close()
+
+
 def check_port(port: int, addr: str = "127.0.0.1") -> None:
     """torch.distributed's --master-port is free on ``addr`` (nothing has bound it)."""
     if not 0 < port < 65536:
         raise bad_input(f"--master-port {port}: not a TCP port", "use 1..65535, or omit it")
-    s = _tcp_socket()
+    s = _tcp_socket(_family(addr))
     try:
         s.bind((addr, port))
     except OSError:

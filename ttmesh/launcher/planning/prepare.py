@@ -354,12 +354,61 @@ def _plan(
             req = replace(req, master_port=free_port(req.master_addr))
     req = _identity(req)
     split = plan_split(req, sel)  # once per launch: the mock clusters and the plan share it
+    if req.program is not None and not descriptor_only:
+        req = _with_program(req, argv, split, sel)
     cluster = None if descriptor_only else host.mock_cluster()
     if cluster is not None:
         req = replace(req, mocks=mock_clusters(cluster, split, req))
     plan = build(req, inv, sel, argv, split, surroundings(req))
+    if not descriptor_only:
+        _host_view(plan, inv)
     requires = req.profile.system if req.profile is not None else None
     return Prepared(plan, inv, sel, requires=requires, request=req)
+
+
+def _host_view(plan: LaunchPlan, inv: Inventory) -> None:
+    """A simulated host's job: its ranks see the host's chips at the real paths, each in a mount
+    namespace of its own (launcher.planning.simview; the starter says so in one line when none
+    can be made). Ranks mpirun starts see the machine's paths, as before."""
+    from ttmesh.launcher.planning import simview
+
+    if plan.launcher == StartMode.DIRECT:
+        plan.host_view = simview.wanted(inv, plan.all_chips())
+
+
+def _with_program(
+    req: LaunchRequest, argv: list[str], split: layout.Split, sel: meshselect.Selection
+) -> LaunchRequest:
+    """A program profile's job: which libtt the ranks' Python has (what that release cannot run
+    is refused now, not minutes into a start) and, for torch_tpu, what every rank shares: a
+    free port per process for its slice, a handshake port of the job's own (both held until
+    the ranks start) and the topology of the job's chips."""
+    import time
+
+    from ttmesh.launcher.planning import programs, rankenv
+    from ttmesh.launcher.planning.ports import hold_free
+
+    spec = req.program
+    assert spec is not None
+    world = len(split.blocks)
+    libtt = spec.profile.libtt
+    if libtt is not None:
+        python = programs.rank_python(argv, req.python, req.environ.get("PATH"))
+        names = [libtt.distribution, *([libtt.required] if libtt.required else [])]
+        stack = programs.read_stack(python, names, {**req.environ, **dict(req.env)})
+        spec = programs.check_stack(spec, stack, world * req.nnodes, len(sel.chips))
+    if spec.profile.contract == "torch-tpu":
+        held = hold_free(world + 1, req.master_addr)
+        spec = replace(
+            spec,
+            tpu=rankenv.TpuSlice(
+                addresses=tuple(f"{req.master_addr}:{port}" for port in held[:world]),
+                topology=rankenv.topology(sel.shape),
+                handshake_port=held[world],
+                session=str(time.time_ns()),
+            ),
+        )
+    return replace(req, program=spec)
 
 
 def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchRequest:
@@ -383,6 +432,9 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
     )
     serving.health_interval = req.health_interval
     serving.health_failures = req.health_failures
+    serving.probe_interval = req.probe_interval
+    if req.probe_interval is not None:
+        serving.probe_timeout = req.probe_timeout or serving.profile.probe.get("timeout", 60.0)
     ready_timeout = serving.ready_timeout if req.ready_timeout is None else req.ready_timeout
     serving.ready_timeout = ready_timeout
     errors = serving.errors(req.strict)
@@ -391,8 +443,8 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
             note(f"{extra.severity}: {extra.message} (fix: {extra.fix})")
         first = errors[0]
         more = f" ({len(errors) - 1} more above)" if len(errors) > 1 else ""
-        raise bad_input(
-            f"{profile.name}: {first.message}{more}",
+        raise bad_input(  # an error, said as one, as warnings say theirs
+            f"error: {profile.name}: {first.message}{more}",
             f"fix: {first.fix}"
             + ("; --strict makes warnings errors" if first.severity == "warning" else ""),
         )

@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ttmesh.dataclass import dataclass
+
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Never inherited from ttmesh's own environment: each rank gets its own (or none).
@@ -100,6 +102,135 @@ def owner_flag(key: str) -> str | None:
     return next((flag for p, flag in OWNED_PREFIXES.items() if key.startswith(p)), None)
 
 
+# --------------------------------------------------------------------------- program profiles
+
+# torch_tpu's distributed variables (torch_tpu 0.2.0: WORLD_SIZE present, even 1, puts it in
+# distributed mode, which needs the first two; torch_tpu/_internal/distributed/distributed.py
+# describes them, and torchrun sets none). A torch-tpu job's ranks get ttmesh's (torch_tpu_env),
+# never a launcher's above, and --env may not set them.
+TORCH_TPU_OWNED = {
+    "TORCH_TPU_SLICEBUILDER_ADDRESSES": "each rank gets the job's slice addresses (a free "
+    "port per process)",
+    "TORCH_TPU_TOPOLOGY": "--mesh-shape (the job's chips, as C,R,1)",
+    "TORCH_TPU_INTERNAL_HANDSHAKE_PORT": "each job gets a free handshake port of its own",
+    "TORCH_TPU_DEVICES_PER_HOST": "--tp-size or --nproc-per-node (processes on each host)",
+    "TORCH_TPU_XPROF_SESSION_ID": "every rank of a job shares one profiling session",
+    "TPU_WORKER_HOSTNAMES": "--nnodes (the job's hosts)",
+    "NNODES": "--nnodes",
+    "NODE_RANK": "each host's --node-rank",
+}
+# What torch_tpu derives from those for its PJRT plugin (libtpu's variables) and its process
+# group: it keeps a value it finds, so one a launcher above left would win over the job's own.
+TORCH_TPU_DERIVED = (
+    "TPU_VISIBLE_CHIPS",
+    "TPU_VISIBLE_DEVICES",
+    "TPU_PROCESS_BOUNDS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TPU_HOST_BOUNDS",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_PROCESS_PORT",
+    "CLOUD_TPU_TASK_ID",
+    "TORCHCOMM_RANK",
+    "TORCHCOMM_SIZE",
+    "JOB_COMPLETION_INDEX",
+)
+# A rank's own TMPDIR: libtt extracts its runtime (415 MB) there at every start.
+PRIVATE_DIRS_OWNED = {
+    "TMPDIR": "each rank gets a TMPDIR of its own, under the job's run directory (libtt "
+    "extracts its runtime there at every start)"
+}
+
+
+def program_owner(contract: str, private_dirs: bool, key: str) -> str | None:
+    """Why a program profile's job sets ``key`` for every rank (None: the user may)."""
+    if contract == "torch-tpu":
+        if key in TORCH_TPU_OWNED:
+            return TORCH_TPU_OWNED[key]
+        if key in TORCH_TPU_DERIVED:
+            return "torch_tpu derives it from the job's TORCH_TPU_ variables"
+    return PRIVATE_DIRS_OWNED.get(key) if private_dirs else None
+
+
+def program_scrubbed(program: Any) -> frozenset[str]:
+    """The launcher's variables a program profile's ranks never inherit (``plan.program``)."""
+    if program is None:
+        return frozenset()
+    profile = program.profile
+    keys: set[str] = set()
+    if profile.contract == "torch-tpu":
+        keys |= set(TORCH_TPU_OWNED) | set(TORCH_TPU_DERIVED)
+    if profile.private_dirs:
+        keys |= set(PRIVATE_DIRS_OWNED)
+    return frozenset(keys)
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """What every rank of a torch-tpu job shares (chosen once, when the job is prepared)."""
+
+    addresses: tuple[str, ...]  # host:port, one per process in global rank order
+    topology: str  # TORCH_TPU_TOPOLOGY: the job's chips as x,y,z bounds (C,R,1)
+    handshake_port: int  # rank 0 binds it on MASTER_ADDR (torch_tpu's default, 36423, is shared)
+    session: str  # TORCH_TPU_XPROF_SESSION_ID
+    hosts: tuple[str, ...] = ()  # TPU_WORKER_HOSTNAMES, over several hosts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "addresses": list(self.addresses),
+            "topology": self.topology,
+            "handshake_port": self.handshake_port,
+            "session": self.session,
+            "hosts": list(self.hosts),
+        }
+
+
+def topology(shape: tuple[int, int]) -> str:
+    """TORCH_TPU_TOPOLOGY of an R x C mesh: ``C,R,1``. torch_tpu's bounds are TPU chip bounds,
+    x first: x is the minor (fastest-changing) dimension, as a row's columns are in ttmesh's
+    row-major mesh coordinates; the product is the chip count, the world size with one process
+    per chip."""
+    rows, cols = shape
+    return f"{cols},{rows},1"
+
+
+def slice_over_hosts(local: TpuSlice, hosts: list[tuple[str, list[int], int]]) -> TpuSlice:
+    """The slice of a job over several hosts, from each host's part in node order (its
+    address, the ports it chose and holds for its processes, its handshake port): every
+    process's address, node 0's handshake port (rank 0 binds it on MASTER_ADDR, node 0's), the
+    hosts stacked along y (each host's C,R,1 is C,R x hosts,1 in all), as torch_tpu's own
+    launcher sets TPU_WORKER_HOSTNAMES and the addresses for a multi-host slice."""
+    x, y, z = (int(v) for v in local.topology.split(","))
+    return TpuSlice(
+        addresses=tuple(f"{addr}:{port}" for addr, ports, _ in hosts for port in ports),
+        topology=f"{x},{y * len(hosts)},{z}",
+        handshake_port=hosts[0][2],
+        session=local.session,
+        hosts=tuple(addr for addr, _, _ in hosts),
+    )
+
+
+def torch_tpu_env(tpu: TpuSlice, per_host: int, node: int = 0) -> dict[str, str]:
+    """torch_tpu's contract for a rank of a torch-tpu job (beyond torchrun's variables, which
+    ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` already give): the same slice addresses,
+    topology, handshake port and profiling session on every rank, and the processes on each
+    host (``TORCH_TPU_DEVICES_PER_HOST``, which with ``LOCAL_RANK`` gives torch_tpu its
+    node-local store). Over several hosts, the hosts too (``TPU_WORKER_HOSTNAMES``,
+    ``NNODES``, ``NODE_RANK``), as torch_tpu's own launcher (``set_tpu_launch_env``) sets them."""
+    env = {
+        "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(tpu.addresses),
+        "TORCH_TPU_TOPOLOGY": tpu.topology,
+        "TORCH_TPU_INTERNAL_HANDSHAKE_PORT": str(tpu.handshake_port),
+        "TORCH_TPU_DEVICES_PER_HOST": str(per_host),
+        "TORCH_TPU_XPROF_SESSION_ID": tpu.session,
+    }
+    if len(tpu.hosts) > 1:
+        env["TPU_WORKER_HOSTNAMES"] = ",".join(tpu.hosts)
+        env["NNODES"] = str(len(tpu.hosts))
+        env["NODE_RANK"] = str(node)
+    return env
+
+
 SERVER_KEEPS = (
     "TTMESH_",
     "TT_METAL_MOCK_CLUSTER_DESC_PATH",
@@ -119,12 +250,14 @@ class _Rank(Protocol):
 class _Plan(Protocol):
     serving: Any
     op_timeout: float | None
+    program: Any
 
 
-def inherited(environ: Mapping[str, str]) -> dict[str, str]:
+def inherited(environ: Mapping[str, str], also: frozenset[str] = frozenset()) -> dict[str, str]:
     """What a rank keeps of the launcher's environment: all of it but the rank variables a
-    torchrun, ttmesh or tt-run above left (:func:`scrubbed`)."""
-    return {k: v for k, v in environ.items() if not scrubbed(k)}
+    torchrun, ttmesh or tt-run above left (:func:`scrubbed`), and ``also`` (a program
+    profile's own: :func:`program_scrubbed`)."""
+    return {k: v for k, v in environ.items() if not scrubbed(k) and k not in also}
 
 
 def threads(environ: Mapping[str, str]) -> dict[str, str]:
@@ -161,7 +294,8 @@ def rank_env(
     minus what mpirun passes through itself, and ``--dry-run`` prints it (as ``env`` and
     ``unset``): what a rank gets is what the dry run shows, by construction."""
     own = ttmesh_env(plan, rank, environ, attempt)
-    return {**own, **{k: v for k, v in inherited(environ).items() if k not in own}}
+    kept = inherited(environ, program_scrubbed(getattr(plan, "program", None)))
+    return {**own, **{k: v for k, v in kept.items() if k not in own}}
 
 
 def unset(plan: _Plan, rank: _Rank, environ: Mapping[str, str]) -> list[str]:
@@ -169,4 +303,5 @@ def unset(plan: _Plan, rank: _Rank, environ: Mapping[str, str]) -> list[str]:
     for it): a rank's environment is ``environ`` minus these, plus :func:`ttmesh_env`, as
     ``--dry-run`` shows them (``unset``, ``env``)."""
     own = ttmesh_env(plan, rank, environ)
-    return sorted(k for k in environ if scrubbed(k) and k not in own)
+    also = program_scrubbed(getattr(plan, "program", None))
+    return sorted(k for k in environ if (scrubbed(k) or k in also) and k not in own)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ttmesh.addresses import shown
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
@@ -16,6 +17,7 @@ from ttmesh.vocab import Layout, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.adapters.ttrun import BindingFile
+    from ttmesh.launcher.planning.programs import ProgramSpec
     from ttmesh.launcher.serving.args import ServerArgs
     from ttmesh.launcher.serving.profiles import Profile
     from ttmesh.launcher.serving.rules import Finding
@@ -71,12 +73,16 @@ class LaunchRequest:
     profile: Profile | None = None  # the server's profile
     server_args: ServerArgs | None = None  # its parsed command line
     server_findings: list[Finding] = field(default_factory=list)  # found before selection
+    program: ProgramSpec | None = None  # a program profile's job (torch_tpu on libtt, ...)
     strict: bool = False  # rule warnings are errors
     health_interval: float | None = None  # after ready: check /health every S seconds
     health_failures: int = 3  # that many failures in a row fail the job
+    probe_interval: float | None = None  # after ready: a one-token generation every S seconds
+    probe_timeout: float | None = None  # the seconds it may take (None: the profile's)
     cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
+    nnodes: int = 1  # the job's hosts (a torch-tpu job's world is over all of them)
 
     def __post_init__(self) -> None:
         """The checks a request needs whoever makes it (the launch, ``descriptor``, ``check
@@ -150,7 +156,7 @@ def parse_shape(value: str | None) -> tuple[int, int] | None:
     """``--mesh-shape RxC``."""
     if value is None:
         return None
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    match = re.fullmatch(r"\s*([0-9]{1,5})\s*[xX]\s*([0-9]{1,5})\s*", value, re.ASCII)
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-        raise bad_input(f"--mesh-shape {value!r}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
+        raise bad_input(f"--mesh-shape {shown(value)}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
     return int(match.group(1)), int(match.group(2))

@@ -16,7 +16,7 @@ import ipaddress
 import os
 import struct
 
-from ttmesh import fileread, procs
+from ttmesh import fileread, numeric, procs
 from ttmesh.dataclass import dataclass
 
 LISTEN = "0A"  # the kernel's TCP_LISTEN in /proc/net/tcp's ``st`` column
@@ -113,7 +113,7 @@ def holder(inode: int) -> int | None:
     """The process holding socket ``inode``, when ttmesh can see it (every process's
     descriptors are read: only when a listener is not the server's, to name whose it is)."""
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not numeric.digits(name):
             continue
         if inode in socket_inodes([int(name)])[0]:
             return int(name)

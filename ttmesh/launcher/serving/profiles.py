@@ -74,6 +74,15 @@ class Profile:
     # What it needs of the host's system software (``system:``: min_kmd, min_fw_bundle,
     # hugepages_per_chip), checked by `ttmesh check --profile` and launch pre-flight.
     system: Any = None
+    # Why its own stop leaves the chips to reset (``stop.teardown``): a stop the user asked for
+    # then reads as one, the reset after it as an expected step.
+    teardown: str = ""
+    # The hung-but-healthy probe (``probe:``): a one-token generation, its path, its body (a
+    # JSON object) and the seconds it may take (launch --probe-interval turns it on).
+    probe: dict[str, Any] = field(default_factory=dict)
+    # Its start as a checklist (``checklist:``, as written: compiled and checked by
+    # :meth:`steps` when the profile is chosen, so a launch of another command pays nothing).
+    checklist_data: Any = None
 
     def matches(self, args: ServerArgs, environ: dict[str, str]) -> bool:
         """Every ``recognise`` entry holds (``any``: at least one of its entries)."""
@@ -81,6 +90,16 @@ class Profile:
 
     def default(self, flag: str) -> str | None:
         return self.defaults.get(flag)
+
+    def steps(self) -> tuple[Any, ...]:
+        """Its start's checklist (``launcher.serving.checklist.Step``), compiled once; a bad
+        one is refused naming the profile and the step."""
+        key = f"{self.path}\0{self.name}"
+        if key not in _STEPS:
+            from ttmesh.launcher.serving import checklist
+
+            _STEPS[key] = checklist.load(self.checklist_data, f"profile {self.path or self.name}")
+        return _STEPS[key]
 
     @property
     def chipless(self) -> bool:
@@ -113,9 +132,11 @@ class Profile:
         table = self.table()
         try:
             return args.read_with(table, cwd)
-        except flags.ParseError as exc:
+        except flags.ParseError as exc:  # it quotes the user's words: escaped, one line
+            from ttmesh.render import clip, printable
+
             raise bad_input(
-                f"{self.name}: the server refuses its command: {exc}",
+                f"{self.name}: the server refuses its command: {clip(printable(str(exc)), 300)}",
                 f"fix its flags; ttmesh reads them with the flag table of {table.server}, "
                 "as its parser does; --profile none runs the command unread",
             ) from None
@@ -142,6 +163,7 @@ class Profile:
 
 
 _CHECKED: set[str] = set()
+_STEPS: dict[str, tuple[Any, ...]] = {}
 
 
 def _rules_read(profile: Profile) -> list[tuple[str, str, bool]]:
@@ -259,6 +281,9 @@ def _load(path: Path) -> Profile:
             ),
             phases={str(k): str(v) for k, v in (ready.get("phases") or {}).items()},
             grace=numeric.seconds(stop.get("grace", 30), f"{where} stop.grace"),
+            teardown=" ".join(str(stop.get("teardown") or "").split()),
+            checklist_data=data.get("checklist"),
+            probe=_probe(path, data.get("probe")),
             critical=tuple(str(c) for c in data.get("critical") or ()),
             leftovers=tuple(str(c) for c in data.get("leftovers") or ()),
             rules=tuple(data.get("rules") or ()),
@@ -338,6 +363,41 @@ def _fleet_sections(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_PROBE_BODY = 4096  # bytes of a probe's request body
+
+
+def _probe(path: Path, raw: Any) -> dict[str, Any]:
+    """A profile's ``probe: {path, body, timeout}``: a one-token generation that tells a hung
+    server from a healthy one (its /health may answer while its device hangs)."""
+    import json
+
+    if raw is None:
+        return {}
+    where = f"profile {path}: probe"
+    hint = 'e.g. probe: {path: /generate, body: \'{"text": "ping", "sampling_params": {"max_new_tokens": 1}}\', timeout: 60}'
+    if not isinstance(raw, dict) or set(raw) - {"path", "body", "timeout"}:
+        raise bad_input(f"{where} must be a map of path, body and timeout", hint)
+    route = raw.get("path")
+    if (
+        not isinstance(route, str)
+        or not route.startswith("/")
+        or len(route) > 200
+        or any(c.isspace() or not c.isprintable() for c in route)
+    ):
+        raise bad_input(f"{where}.path must be the server's path, e.g. /generate", hint)
+    body = raw.get("body")
+    try:
+        parsed = json.loads(body) if isinstance(body, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or len(str(body).encode()) > MAX_PROBE_BODY:
+        raise bad_input(
+            f"{where}.body must be a JSON object of at most {MAX_PROBE_BODY} bytes", hint
+        )
+    timeout = numeric.seconds(raw.get("timeout", 60), f"{where}.timeout", zero=False)
+    return {"path": route, "body": body, "timeout": float(timeout)}
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -402,20 +462,49 @@ def user_dir() -> Path | None:
     return path
 
 
-def every() -> list[Profile]:
-    """Every profile, the most specific (highest priority) first."""
+def profile_paths() -> list[Path]:
+    """Every profile's file: the stock ones, then ``TTMESH_PROFILES``'s."""
     paths = sorted(profiles_dir().glob("*.yaml"))
     extra = user_dir()
     if extra is not None:
         paths += sorted(extra.glob("*.yaml"))
+    return paths
+
+
+def kind_of(path: Path) -> str:
+    """A profile's ``kind``: ``server`` (the default: a serving stack, this module's) or
+    ``program`` (plain programs on a known stack: ``launcher.planning.programs``)."""
+    from ttmesh import yamlio
+
+    try:
+        data = yamlio.load_cached(path, "profile", MAX_BYTES)  # (cached: _load reads it again)
+    except TTMeshError as exc:
+        raise bad_input(exc.message, f"{exc.hint}; compare with a stock profile") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad_input(f"profile {path}: malformed ({exc})", "compare with a stock profile")
+    kind = data.get("kind", "server") if isinstance(data, dict) else "server"
+    if kind not in ("server", "program"):
+        raise bad_input(f"profile {path}: kind {kind!r}", "use kind: server or kind: program")
+    return str(kind)
+
+
+def every() -> list[Profile]:
+    """Every serving profile, the most specific (highest priority) first."""
+    paths = [p for p in profile_paths() if kind_of(p) == "server"]
     return sorted((_load(p) for p in paths), key=lambda p: -p.priority)
 
 
-def named(name: str) -> Profile:
+def named(name: str, programs: tuple[str, ...] = ()) -> Profile | None:
+    """The serving profile ``name``; None when it is one of ``programs`` (the program profiles'
+    names: ``launcher.planning.programs``); no profile of either kind is one line naming all."""
     found = {p.name: p for p in every()}
-    if name not in found:
-        raise bad_input(f"--profile {name}: no such profile", "profiles: " + ", ".join(found))
-    return found[name]
+    if name in found:
+        return found[name]
+    if name in programs:
+        return None
+    raise bad_input(
+        f"--profile {name}: no such profile", "profiles: " + ", ".join([*found, *programs, "none"])
+    )
 
 
 def recognise(args: ServerArgs, environ: dict[str, str]) -> Profile | None:

@@ -21,8 +21,11 @@ import os
 import sys
 import time
 
+from ttmesh.launcher.serving.checklist import Checklist, Row, Step
 from ttmesh.launcher.serving.spec import ServingSpec
 from ttmesh.launcher.serving.watch import Event, Watch
+from ttmesh.patterns import Matcher
+from ttmesh.render import clock
 
 PROGRESS_EVERY = 15.0  # seconds between phase lines while a server starts (terminal)
 PROGRESS_EVERY_PIPED = 60.0
@@ -37,6 +40,11 @@ class Server:
         self.listening = False
         self.started = time.monotonic()
         self.next_progress = self.started + self._every()
+        # Its start as a checklist, from its own lines (until it is ready), and one pattern of
+        # them all: a block of output none of them is in is never split into lines.
+        self.checklist = Checklist(spec.profile.steps(), self.started)
+        self.any_line = _any(spec.profile.steps())
+        self.is_ready = False
 
     def start(self, pid: int) -> int:
         """Start watching the server ``pid``; the fd to select on for its events."""
@@ -53,9 +61,18 @@ class Server:
                 critical=self.spec.profile.critical,
                 health_interval=self.spec.health_interval,
                 failures=self.spec.health_failures,
+                probe=self._probe(),
             )
             self.watch.start()
         return self.wake_r
+
+    def _probe(self) -> tuple[str, bytes, float, float] | None:
+        """The hung-but-healthy probe (--probe-interval), from the profile's ``probe``."""
+        probe = self.spec.profile.probe
+        if self.spec.probe_interval is None or not probe:
+            return None
+        url = self.spec.url + probe["path"]
+        return url, probe["body"].encode(), self.spec.probe_interval, self.spec.probe_timeout
 
     def events(self) -> list[Event]:
         try:
@@ -75,17 +92,43 @@ class Server:
         return self.watch.not_ready() if self.watch is not None else ""
 
     def phase(self, listening: bool) -> str:
+        """What it is doing: the checklist's step, else what its socket says."""
+        row = self.checklist.current
+        if row is not None:
+            return row.step.label
         phases = self.spec.profile.phases
         return phases.get("listening" if listening else "starting", "starting")
 
     def progress(self, elapsed: float) -> str | None:
-        """A line saying the phase and the time so far, now and then while it starts."""
+        """A line saying what it does and the time so far, now and then while it starts."""
         now = time.monotonic()
         if now < self.next_progress:
             return None
         self.next_progress = now + self._every()
-        minutes, seconds = divmod(int(elapsed), 60)
-        return f"{self.name}: {self.phase(self.listening)}: {minutes}m{seconds:02d}s"
+        where = self.checklist.where(now) or self.phase(self.listening)
+        allowed = f" of {clock(self.spec.ready_timeout)} allowed" if self.spec.ready_timeout else ""
+        return f"{self.name}: {where} ({clock(elapsed)}{allowed})"
+
+    def scan(self, block: bytes, now: float) -> list[Row]:
+        """A block of its output while it starts: the checklist's rows it finished."""
+        if self.is_ready or not self.checklist or self.any_line is None:
+            return []
+        if self.any_line.search(block) is None:
+            return []
+        done: list[Row] = []
+        for raw in block.split(b"\n"):
+            if self.any_line.search(raw) is not None:
+                done += self.checklist.feed(raw.decode(errors="replace"), now)
+        return done
+
+    def became_ready(self, now: float) -> list[Row]:
+        """It answers: the step it was in is done, and its lines are read no more."""
+        self.is_ready = True
+        return self.checklist.ready(now)
+
+    def stuck(self, now: float) -> str:
+        """The step a start is stuck in and for how long (for a ready timeout's line)."""
+        return self.checklist.where(now)
 
     def _every(self) -> float:
         return PROGRESS_EVERY if sys.stderr.isatty() else PROGRESS_EVERY_PIPED
@@ -100,3 +143,13 @@ class Server:
                 except OSError:
                     pass
         self.wake_r = self.wake_w = -1
+
+
+def _any(steps: tuple[Step, ...]) -> Matcher | None:
+    """One RE2 pattern of every line a checklist reads (per line: ``(?m)``), or None."""
+    from ttmesh.patterns import compile_pattern
+
+    found = [m.pattern for s in steps for m in (*s.start, *s.end, *(d.match for d in s.details))]
+    if not found:
+        return None
+    return compile_pattern("(?m)" + "|".join(f"(?:{p})" for p in found))

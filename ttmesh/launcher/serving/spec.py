@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ttmesh import numeric
+from ttmesh import addresses, numeric
 from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.serving import rules
 from ttmesh.launcher.serving.args import ServerArgs
@@ -43,6 +43,8 @@ class ServingSpec:
     ready_timeout: float = 1800.0
     health_interval: float | None = None
     health_failures: int = 3
+    probe_interval: float | None = None  # a one-token generation every S s after ready (opt-in)
+    probe_timeout: float = 60.0  # the seconds it may take: no answer is a hung server
     tp: int = 1  # the chips it drives; a chipless server: its own ranks (its --tp-size)
 
     @property
@@ -184,6 +186,7 @@ def build(
 ) -> ServingSpec:
     """The spec for ``tp`` chips; ``environ`` and ``user_env`` (``--env``) win over the profile."""
     spec = ServingSpec(profile, args, findings=list(findings or []), tp=tp)
+    profile.steps()  # its checklist, checked before anything starts
     mine = {**environ, **user_env}
     for key, value in profile.env.items():
         theirs = mine.get(key)
@@ -200,6 +203,9 @@ def build(
         spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
     spec.notes += repeats(args)
     spec.bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    if spec.bind_host.strip():  # a host ttmesh checks, asks and names (the rule of every host)
+        spec.bind_host = addresses.host(spec.bind_host, "the server's --host", brackets=False,
+                                        example="--host 127.0.0.1")  # fmt: skip
     spec.host = spec.bind_host
     if spec.host in ("0.0.0.0", "::", ""):
         spec.host = "127.0.0.1"  # listening everywhere: ask it here
@@ -207,36 +213,54 @@ def build(
     port = (read.words[-1] if read.words else read.value) if read else None
     where = read.option if read else f"profile {profile.path or profile.name}: defaults: --port"
     port = port if port is not None else profile.default("--port") or "30000"
-    spec.port = numeric.whole(port, where, low=1, high=65535, example="--port 30000")
+    spec.port = numeric.port(port, where, example="--port 30000")
     spec.ready_timeout = profile.ready_timeout
     if not helps:
         spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
     if spec.budget is not None:
-        b = spec.budget
-        if not b.weights_fit:
-            spec.findings.append(
-                rules.Finding(
-                    "memory-weights",
-                    "error",
-                    f"the weights need {b.weights_gb:.1f} GB per chip on {plural(tp, 'chip')}, more than a "
-                    f"chip's {b.chip_gb:.1f} GB less the {b.symmetric_gb:.1f} GB reserved",
-                    "use more chips (--tp-size), or a smaller or quantized model",
-                )
-            )
-        elif not b.kv_fits:
-            need = f"{b.kv_gb:.2f} GB of KV cache" if b.max_total_tokens else "a KV cache"
-            spec.findings.append(
-                rules.Finding(
-                    "memory-kv",
-                    "warning",
-                    f"--mem-fraction-static {b.fraction:g} leaves no room for {need} per chip "
-                    f"next to {b.weights_gb:.1f} GB of weights and the {b.symmetric_gb:.1f} GB "
-                    f"reservation ({b.static_gb:.1f} GB static per chip)",
-                    "raise --mem-fraction-static (e.g. 0.75 for Qwen3-8B on one chip), or lower "
-                    "--max-total-tokens",
-                )
-            )
+        spec.findings += _budget_findings(spec.budget, profile.budget.get("fraction"), tp)
     return spec
+
+
+def _budget_findings(b: memory.Budget, flag: str | None, tp: int) -> list[rules.Finding]:
+    """The memory budget's verdict, each fix for this job's chips: weights that no chip holds,
+    or that fill what the static fraction leaves (an error: the server fails once loaded), or
+    a KV cache that does not fit beside them (a warning)."""
+    chips = plural(tp, "chip")
+    needs = "needs" if tp == 1 else "need"
+    if not b.weights_fit:
+        return [rules.Finding(
+            "memory-weights", "error",
+            f"the weights need {b.weights_gb:.1f} GB per chip on {chips}, more than a chip's "
+            f"{b.chip_gb:.1f} GB less the {b.symmetric_gb:.1f} GB reserved",
+            f"use more chips (--tp-size {b.chips_needed()} or more), or a smaller or quantized "
+            "model",
+        )]  # fmt: skip
+    fraction = b.fraction_needed()
+    held = "the weights, the reservation and " + f"{b.kv_gb:.2f} GB of KV cache"
+    held = held if b.max_total_tokens else "the weights and the reservation"
+    fix = f"{flag} {fraction:g} (what {chips} {needs} for {held})"
+    if flag is None or fraction > 0.95:  # no flag to raise, or none high enough
+        fix = f"use more chips (--tp-size {b.chips_needed()} or more)"
+    said = f"{flag} {b.fraction:g}" if flag else f"a static fraction of {b.fraction:g}"
+    if b.room_gb <= 0:
+        return [rules.Finding(
+            "memory-weights", "error",
+            f"the weights need {b.weights_gb:.1f} GB per chip on {chips}, and the reservation "
+            f"{b.symmetric_gb:.1f} GB: {said} leaves {b.static_gb:.1f} GB per chip, no room "
+            "for a KV cache (the server fails once it has loaded them)",
+            fix,
+        )]  # fmt: skip
+    if not b.kv_fits:
+        need = f"{b.kv_gb:.2f} GB of KV cache" if b.max_total_tokens else "a KV cache"
+        return [rules.Finding(
+            "memory-kv", "warning",
+            f"{said} leaves no room for {need} per chip next to "
+            f"{b.weights_gb:.1f} GB of weights and the {b.symmetric_gb:.1f} GB reservation "
+            f"({b.static_gb:.1f} GB static per chip)",
+            f"{fix}, or lower --max-total-tokens",
+        )]  # fmt: skip
+    return []
 
 
 def _budget(

@@ -1,4 +1,0 @@
-from fake_server import main
-
-if __name__ == "__main__":
-    main("sglang")

@@ -1,0 +1,1 @@
+"""A stand-in package: ttmesh_standin serves in its place (ttmesh sim standin)."""

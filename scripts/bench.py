@@ -67,7 +67,7 @@ median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh
   chips (``--mesh-layout single-process``), cold (a fresh tt-metal kernel cache) and warm, and
   one rank of one chip, with the time each phase took.
 
-Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]
+Usage: python scripts/bench.py [--runs K] [--json FILE] [--only NAME,...] [--compare OLD_TTMESH]...
 Targets (docs/performance.md): launch overhead <= 1.5 x bare and <= 0.1 x torchrun; everything
 down <= 50 ms after a failure; ``ttmesh --help`` <= 0.15 s; peak RSS <= 40 MB; fan-in >= half a
 raw pipe. Python's bytecode cache is used as users have it (PYTHONDONTWRITEBYTECODE is unset).
@@ -96,7 +96,14 @@ BENCHES = (
     "launch", "start", "preflight", "metal", "failure", "help", "rss", "idle", "fanin", "flags",
 )  # fmt: skip
 SLOW = ("fleet", "torchtpu")  # not in the default set: ~75 s a run, minutes (--only NAME)
-LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before" with --compare
+LAUNCHERS = ["ttmesh", "torchrun", "bare"]  # + "before", "before2", ... with --compare
+
+
+def earlier() -> list[str]:
+    """The builds compared with (--compare, in order): "before", "before2", ..."""
+    return [k for k in LAUNCHERS if k.startswith("before")]
+
+
 FAN_IN_BYTES = 50_000_000
 GRACE = 1  # seconds (torchrun takes whole seconds)
 
@@ -229,7 +236,7 @@ def alive(pid: int) -> bool:
 
 class Bench:
     def __init__(
-        self, runs: int, work: Path, ttmesh: str | None = None, before: str | None = None
+        self, runs: int, work: Path, ttmesh: str | None = None, before: list[str] | None = None
     ) -> None:
         self.runs = runs
         self.work = work
@@ -237,7 +244,10 @@ class Bench:
         self.ttmesh_bin = (
             [ttmesh] if ttmesh else self._script("ttmesh") or [self.py, "-m", "ttmesh"]
         )
-        self.before_bin = [before] if before else None  # another ttmesh build (--compare)
+        # Other ttmesh builds (--compare): "before", "before2", ...
+        self.before_bin = {
+            label: [path] for label, path in zip(earlier(), before or [], strict=True)
+        }
         torchrun = self._script("torchrun")
         if torchrun is None:
             sys.exit("torchrun not found: pip install torch==2.13.0")
@@ -288,11 +298,10 @@ class Bench:
 
     def ttmesh(self, launcher: str) -> list[str]:
         """The ttmesh command of ``launcher``: this build, or the one compared with."""
-        assert launcher == "ttmesh" or self.before_bin is not None
-        return self.ttmesh_bin if launcher == "ttmesh" else self.before_bin  # type: ignore[return-value]
+        return self.ttmesh_bin if launcher == "ttmesh" else self.before_bin[launcher]
 
     def argv(self, launcher: str, n: int, cmd: list[str], root: str = "", extra=()) -> list[str]:
-        if launcher in ("ttmesh", "before"):
+        if launcher == "ttmesh" or launcher in earlier():
             return [
                 *self.ttmesh(launcher), "launch", "--root", str(self.roots[root]), "--tp-size", str(n),
                 *extra, "--", *cmd,
@@ -388,8 +397,8 @@ def bench_preflight(b: Bench) -> list[dict]:
         "torchrun": lambda: b.timed(b.argv("torchrun", 4, ["true"]))[0],
         "bare": lambda: b.timed(b.argv("bare", 4, ["true"]))[0],
     }
-    if "before" in LAUNCHERS:
-        jobs["before"] = lambda: b.timed(b.argv("before", 4, ["true"], "qb2"))[0]
+    for label in earlier():
+        jobs[label] = lambda label=label: b.timed(b.argv(label, 4, ["true"], "qb2"))[0]
     med = interleaved(b.runs, jobs)
     note = f"100 Hz: {med['ttmesh-100hz']:.3f}"
     rows.append(row("10 Hz: launch 4 x true", "s", med, lower=True, note=note))
@@ -400,8 +409,8 @@ def bench_preflight(b: Bench) -> list[dict]:
             "torchrun": lambda i=i: _start_latency(b, "torchrun", "qb2")[i],
             "bare": lambda i=i: _start_latency(b, "bare", "qb2")[i],
         }
-        if "before" in LAUNCHERS:
-            jobs["before"] = lambda i=i: _start_latency(b, "before", "qb2")[i]
+        for label in earlier():
+            jobs[label] = lambda i=i, label=label: _start_latency(b, label, "qb2")[i]
         med = interleaved(b.runs, jobs)
         rows.append(row(name, "s", med, lower=True, note=f"100 Hz: {med['ttmesh-100hz']:.3f}"))
     return rows
@@ -455,7 +464,7 @@ def _failure(b: Bench, launcher: str, ignore_term: bool) -> tuple[float, int]:
     out.mkdir()
     extra = ()
     if ignore_term:
-        extra = ("--grace", str(GRACE)) if launcher in ("ttmesh", "before") else extra
+        extra = ("--grace", str(GRACE)) if launcher in ("ttmesh", *earlier()) else extra
         extra = ("--shutdown-timeout", str(GRACE)) if launcher == "torchrun" else extra
     cmd = [str(b.failer), str(out), *(["ignore-term"] if ignore_term else [])]
     argv = b.argv(launcher, 4, cmd, "qb2", extra)
@@ -500,8 +509,8 @@ def bench_help(b: Bench) -> list[dict]:
         "torchrun": [*b.torchrun_bin, "--help"],
         "bare": [b.py, str(b.bare_py), "--help"],
     }
-    if "before" in LAUNCHERS:
-        argvs["before"] = [*b.ttmesh("before"), "--help"]
+    for label in earlier():
+        argvs[label] = [*b.ttmesh(label), "--help"]
     for argv in argvs.values():
         b.timed(argv)
     med = interleaved(b.runs, {k: (lambda a=a: b.timed(a)[0]) for k, a in argvs.items()})
@@ -1143,16 +1152,17 @@ def row(name: str, unit: str, med: dict[str, float], lower: bool, note: str = ""
         "extra": {k: v for k, v in med.items() if k not in LAUNCHERS},
         "note": note,
     }
-    if "before" in LAUNCHERS and med.get("before"):
-        out["before/bare"] = med["before"] / bare if bare else None
-        out["before/torchrun"] = med["before"] / tr if tr else None
+    for label in earlier():
+        if med.get(label):
+            out[f"{label}/bare"] = med[label] / bare if bare else None
+            out[f"{label}/torchrun"] = med[label] / tr if tr else None
     return out
 
 
 def show(rows: list[dict]) -> str:
     heads = [*LAUNCHERS, "/bare", "/torchrun"]
-    if "before" in LAUNCHERS:
-        heads += ["before/bare", "before/tr"]
+    for label in earlier():
+        heads += [f"{label}/bare", f"{label}/tr"]
     out = [f"{'benchmark':48} " + " ".join(f"{h:>11}" for h in heads)]
     for r in rows:
         fmt = "{:11.3f}" if r["unit"] == "s" else "{:11.1f}"
@@ -1161,10 +1171,10 @@ def show(rows: list[dict]) -> str:
             f"{r[k]:11.{d}f}" if r.get(k) is not None else f"{'-':>11}"
             for k, d in (("ttmesh/bare", 2), ("ttmesh/torchrun", 3))
         ]
-        if "before" in LAUNCHERS:
+        for label in earlier():
             ratios += [
                 f"{r[k]:11.2f}" if r.get(k) is not None else f"{'-':>11}"
-                for k in ("before/bare", "before/torchrun")
+                for k in (f"{label}/bare", f"{label}/torchrun")
             ]
         out.append(f"{r['name'] + ' (' + r['unit'] + ')':48} {' '.join(cells)} {' '.join(ratios)}")
         if r["note"]:
@@ -1191,11 +1201,13 @@ def main() -> int:
     parser.add_argument(
         "--compare",
         metavar="PATH",
-        help="another ttmesh (e.g. an earlier commit's) measured in the same run: column 'before'",
+        action="append",
+        help="another ttmesh (e.g. an earlier commit's) measured in the same run: column 'before' "
+        "(repeatable: 'before2', ...)",
     )
     args = parser.parse_args()
-    if args.compare:
-        LAUNCHERS.append("before")
+    for i, _ in enumerate(args.compare or []):
+        LAUNCHERS.append("before" if i == 0 else f"before{i + 1}")
     only = args.only.split(",") if args.only else list(BENCHES)
     unknown = [n for n in only if n not in BENCHES + SLOW]
     if unknown or args.runs < 1:

@@ -38,9 +38,7 @@ def test_a_job_started_from_python_returns_its_result(
     assert "exit 3: rank 1's exit code" in err
 
 
-def test_a_stop_from_another_thread_stops_the_job(
-    qb2: Path, runtime: Path, tmp_path: Path
-) -> None:
+def test_a_stop_from_another_thread_stops_the_job(qb2: Path, runtime: Path, tmp_path: Path) -> None:
     """Control.stop() from another thread is ttmesh stop's SIGTERM: every rank stopped, the
     job's code 128 + 15, its chips' leases released."""
     from ttmesh.runtime import jobs

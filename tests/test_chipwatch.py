@@ -6,6 +6,7 @@ plain job, a server and one replica of a fleet."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import queue
@@ -41,9 +42,9 @@ def fast(make_sim: Callable[..., Path]) -> Path:
     return make_sim("quietbox2", heartbeat_hz=1e6)
 
 
-def _watch(root: Path, bdfs: list[str]) -> ChipWatch:
+def _watch(root: Path, bdfs: list[str], ended: Callable[[], str | None] | None = None) -> ChipWatch:
     inv = discover(open_host(root))
-    return ChipWatch(inv, [inv.by_bdf()[b].asic_id for b in bdfs], now=0.0)
+    return ChipWatch(inv, [inv.by_bdf()[b].asic_id for b in bdfs], now=0.0, ended=ended)
 
 
 def test_a_frozen_heartbeat_is_seen_after_two_reads_and_named(fast: Path) -> None:
@@ -280,19 +281,102 @@ def _servers(fleet: int) -> dict[int, int]:
     return out
 
 
-def test_links_that_fell_with_a_holder_of_the_chips_are_its_end_to_decide(fast: Path) -> None:
-    """A scheduler killed with the fabric open takes its links down: that is its end (the
-    rank's exit, a server's critical processes decide), not a chip failing under the job."""
+def _health(status: int) -> http.server.ThreadingHTTPServer:
+    """A server's /health on loopback answering ``status`` (200: the serving watch's ready,
+    503: listening, still starting), served by a thread."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("ready", [True, False], ids=["ready", "starting"])
+def test_links_that_fell_as_a_scheduler_died_between_two_reads_are_its_end(
+    fast: Path, ready: bool
+) -> None:
+    """The race of a dead scheduler (test_serving): a scheduler that opened the fabric after
+    the watch's last read and was killed before its next (the stand-in's, 0.8 s after it was
+    up) is in no holder list the watch read, yet the links it took down are its end once the
+    server is ready: the server's watch, which followed it from its start, says it died. A
+    chip that freezes meanwhile is still said. Before ready that watch decides nothing (the
+    ready timeout would, minutes later): the links are the chip watch's to say."""
+    from ttmesh.launcher.serving.watch import LISTENING, READY, Watch
+    from ttmesh.sim.standin.ttmesh_standin import CHILD
+
+    host = open_host(fast)
+    health = _health(200 if ready else 503)
+    wake_r, wake_w = os.pipe()
+    # This test's process is the server: the scheduler is its child, as SGLang's are.
+    serving = Watch(f"http://127.0.0.1:{health.server_address[1]}/health", os.getpid(), wake_w,
+                    critical=("sglang::scheduler",))  # fmt: skip
+    watch = _watch(fast, [C01, C03], ended=serving.ended)
+    up_r, up_w = os.pipe()
+    scheduler = None
+    try:
+        assert watch.step(0.0) is None  # the last read before the scheduler exists
+        asics = [watch.inv.by_bdf()[b].asic_id for b in (C01, C03)]
+        scheduler = subprocess.Popen(
+            ["sglang::scheduler_TP0", "-c", CHILD, json.dumps(asics), str(up_w)],
+            executable=sys.executable, pass_fds=(up_w,),
+            env={**os.environ, "TTMESH_SIM_ROOT": str(fast)},
+        )  # fmt: skip
+        os.close(up_w)
+        up_w = -1
+        assert os.read(up_r, 2) == b"up"  # it holds 01 and brought the fabric 01-03 up
+        serving.start()
+        said = READY if ready else LISTENING
+        wait_for(lambda: any(e.kind == said for e in serving.events), what=f"the server {said}")
+        wait_for(lambda: scheduler.pid in serving.watched and serving.serving == ready,
+                 what="its scheduler followed")  # fmt: skip
+        assert serving.ended() is None
+        scheduler.kill()
+        scheduler.wait()
+        if not ready:
+            assert serving.ended() is None
+            assert watch.step(1.0) is None
+            found = watch.step(2.0)
+            assert found is not None and (found.kind, found.chip) == ("links", C01), found
+            return
+        assert serving.ended() == f"sglang::scheduler_TP0 (pid {scheduler.pid})"
+        assert [watch.step(t) for t in (1.0, 2.0, 3.0)] == [None] * 3  # down: its end
+        faults.chip_dead(host, C03)
+        seen = [watch.step(t) for t in (4.0, 5.0, 6.0)]
+        assert seen[:2] == [None, None]
+        assert seen[2] is not None and (seen[2].kind, seen[2].chip) == ("frozen", C03), seen
+    finally:
+        serving.stop()
+        if serving.is_alive():
+            serving.join(30)  # before its wake pipe closes (it may be probing: health answers)
+        health.shutdown()
+        health.server_close()
+        if scheduler is not None:
+            scheduler.kill()
+            scheduler.wait()
+        for fd in (up_r, up_w, wake_r, wake_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def test_links_that_fell_as_another_holder_ended_are_said(fast: Path) -> None:
+    """A link that fails while a process holding the job's chips ends, one whose end no
+    watch of the job decides on (a helper, here a holder the job never followed): the chip
+    watch says it, else nothing would stop the job."""
     host = open_host(fast)
     holder = faults.hold(host, C01)
-    watch = _watch(fast, [C01, C03])
+    watch = _watch(fast, [C01, C03], ended=lambda: None)
     assert watch.step(0.0) is None
     os.kill(holder, signal.SIGKILL)
     wait_for(lambda: not alive(holder), what="the holder gone")
     faults.link_down(host, C01, C03)
-    assert [watch.step(t) for t in (1.0, 2.0, 3.0, 4.0)] == [None] * 4
-    faults.clear(host)  # links up again: the next fall is judged anew
-    assert watch.step(5.0) is None
-    faults.link_down(host, C01, C03)
-    assert watch.step(6.0) is None
-    assert watch.step(7.0) is not None
+    assert watch.step(1.0) is None  # first seen down: are both ends alive?
+    found = watch.step(2.0)
+    assert found is not None and (found.kind, found.chip) == ("links", C01), found

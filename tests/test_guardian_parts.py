@@ -33,6 +33,7 @@ from ttmesh.states import (
     JobPhase,
     Machine,
     ResetStage,
+    ResetStatus,
 )
 from ttmesh.vocab import Source
 
@@ -73,17 +74,65 @@ def test_an_illegal_move_is_a_bug_not_a_users_error() -> None:
         resets.change_state(ResetStage.DONE)
 
 
-def test_the_words_are_what_output_and_json_always_said() -> None:
-    from ttmesh.recovery import reset
+def test_every_table_here_is_what_production_code_moves_by() -> None:
+    """states.py names no machine that nothing drives: each ``*_MOVES`` table is the one
+    production code moves its machine by (a test's use alone does not count)."""
+    import ast
 
+    root = Path(states.__file__).parent
+    used: set[str] = set()  # the names code (not a comment, not a docstring) refers to
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        if path == Path(states.__file__) or "_MOVES" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+    tables = sorted(name for name in vars(states) if name.endswith("_MOVES"))
+    assert tables == ["ATTEMPT_MOVES", "GUARDIAN_MOVES", "RESET_MOVES"]
+    assert [name for name in tables if name not in used] == []  # each one, moved by
+
+
+def test_a_chips_reset_moves_only_as_its_table_allows() -> None:
+    """The reset's progress (recovery.reset's tracker) moves each chip through the reset
+    machine's door: a stage out of order is ttmesh's bug, said, not shown."""
+    from ttmesh.recovery.reset import ResetPlan, _Tracker
+
+    plan = ResetPlan(("a",), ("a", "b"), {"a": "asked", "b": "linked"}, False, True, (), ())
+    heard: list[list[tuple[str, str]]] = []
+    track = _Tracker(plan, lambda chips: heard.append([(c.asic, c.stage) for c in chips]))
+    with pytest.raises(IllegalTransition, match="the reset of a: QUEUED -> WAIT_LINKS"):
+        track.set(["a"], ResetStage.WAIT_LINKS, 1)  # tt-smi has not run yet
+    for word in ("done", GuardianPhase.DONE):  # equal to ResetStage.DONE as strings, no stage
+        with pytest.raises(IllegalTransition, match="is not one of its states"):
+            track.set(["a"], word, 1)  # type: ignore[arg-type]
+    track.set(["a", "b", "not in the plan"], ResetStage.RESETTING, 1, "tt-smi -r")
+    track.set(["b"], ResetStage.WAIT_PCI, 1)
+    track.set(["a"], ResetStage.DONE, 1)
+    track.set(["b"], ResetStage.FAILED, 1, "gone")
+    track.tell()
+    assert heard == [[("a", "done"), ("b", "failed")]]
+    with pytest.raises(IllegalTransition, match="FAILED -> DONE"):
+        track.set(["b"], ResetStage.DONE, 1)  # the reset has ended for it
+    assert track.chips["b"].stage is ResetStage.FAILED and track.chips["b"].detail == "gone"
+
+
+def test_the_words_are_what_output_and_json_always_said() -> None:
     assert [str(p) for p in JobPhase] == [
         "checking fabric", "resetting", "starting", "ready", "running", "stopping",
         "recovering", "restarting", "done",
     ]  # fmt: skip
-    assert (reset.QUEUED, reset.STOPPING, reset.WAIT_PCI, reset.NOT_RESET, reset.LINKS_DOWN) == (
+    assert (
+        ResetStage.QUEUED, ResetStage.STOPPING, ResetStage.WAIT_PCI, ResetStatus.NOT_RESET,
+        ResetStatus.LINKS_DOWN,
+    ) == (
         "queued", "stopping holders", "waiting for PCI", "not reset", "links down",
     )  # fmt: skip
-    assert json.dumps([reset.WAIT_HEARTBEAT, reset.OK]) == '["waiting for heartbeat", "ok"]'
+    assert (
+        json.dumps([ResetStage.WAIT_HEARTBEAT, ResetStatus.OK]) == '["waiting for heartbeat", "ok"]'
+    )
     words = {str(w) for w in states.ChipUnavailable}
     assert words == {"leased", "locked", "held", "dead", "excluded"}
     from ttmesh.launcher.attempt import events
@@ -187,6 +236,8 @@ def test_what_each_signal_does() -> None:
     assert signals.react(signal.SIGTERM, term.stop, failing=False) == signals.Reaction()
     peer = signals.react(signals.PEER_STOP, None, failing=False)
     assert peer.stop is not None and not peer.stop.user and peer.say == ""
+    stops = [first.stop, during.stop, term.stop, peer.stop]
+    assert {s.end for s in stops} == {AttemptEnd.STOPPED}  # for good: no restart
     assert signals.react(signals.PEER_STOP, None, failing=True) == signals.Reaction()
     assert signals.react(signal.SIGUSR1, None, failing=False).forward
 
@@ -221,8 +272,8 @@ def test_ready_by_pattern_file_and_timeout(qb2: Path, runtime: Path, run_dir: An
     assert ready.overdue({0, 1}, now=104.0) is None
     line, stop = ready.overdue({0, 1}, now=105.0) or ("", None)
     assert line == "rank 1 not ready after 5 s: treating the job as hung in bring-up"
-    assert stop is not None and (stop.code, stop.restartable) == (HUNG, True)
-    assert record.stop_end(stop) is AttemptEnd.HUNG
+    assert stop is not None and (stop.code, stop.end.restartable) == (HUNG, True)
+    assert stop.end is AttemptEnd.HUNG
     Path(plan.ranks[1].env["TTMESH_READY_FILE"]).touch()
     assert ready.overdue({0, 1}, now=200.0) is None and ready.ready == {0, 1}
 
@@ -313,6 +364,11 @@ def test_the_verdict(qb2: Path, runtime: Path) -> None:
     user = signals.Stop("interrupted (SIGINT)", 130, user=True)
     stopped = record.verdict(plan, base, user, None, None, tail)
     assert (stopped.end, stopped.code, stopped.source) == (AttemptEnd.STOPPED, 130, "ttmesh")
+    # A stop's end is the attempt's, and says all the rest: a restart, a refusal's quiet.
+    for end in (AttemptEnd.HUNG, AttemptEnd.FAILED, AttemptEnd.REFUSED, AttemptEnd.RESET_ELSEWHERE):
+        stop = signals.Stop("why", 9, end)
+        assert record.verdict(plan, base, stop, None, None, tail).end is end
+        assert stop.quiet == (end is AttemptEnd.REFUSED)
     failed = RankExit(1, 11, 3, "exited with code 3", False)
     result = record.verdict(plan, base, None, failed, None, tail)
     assert (result.end, result.code, result.rank, result.reason) == (
@@ -462,6 +518,12 @@ def test_the_guardian_in_process(qb2: Path, runtime: Path, run_dir: Any) -> None
     assert sorted(view.exited) == [(0, 128 + signal.SIGTERM), (1, 3)]  # 0 stopped by ttmesh
     assert view.phases[0] == "starting" and view.phases[-1] == "stopping"
     assert guardian.phase is GuardianPhase.DONE
+    # Its phase has one door, its machine's, and nothing leaves DONE through it.
+    assert guardian.phases.allowed is states.GUARDIAN_MOVES
+    with pytest.raises(IllegalTransition, match="the guardian: DONE -> RUNNING"):
+        guardian.phases.change_state(GuardianPhase.RUNNING)
+    with pytest.raises(AttributeError):
+        guardian.phase = GuardianPhase.RUNNING  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- the job

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, alive, run_cli, start_launch, until, wait_for, worker
+from conftest import REPO, alive, run_cli, start_launch, wait_for, worker
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host as Host
@@ -273,37 +273,43 @@ def test_sigkill_of_ttmesh_as_its_ranks_have_ended(qb2: Path, tmp_path: Path) ->
     over (found by scripts/chaos.py): the guardian, which waits until the verdict is taken,
     finishes the job in its place, as it does while ranks run.
 
-    ttmesh is stopped (SIGSTOP) once the ranks have ended, so it cannot take the verdict over
-    meanwhile; a guardian that ends anyway (it did before it waited to be taken over) leaves
-    the job to nobody."""
-    hits = 0
-    for i in range(3):
-        job = f"verdict-{os.getpid()}-{i}"
-        out = tmp_path / str(i)
-        out.mkdir()
-        proc = start_launch(
-            qb2, "--tp-size", "4", "--grace", "1", "--job-id", job,
-            *worker(f"pids={out}", "fabric", "fail-after=1:0.3:3"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_for(lambda out=out: len(list(out.glob("rank*.pid"))) == 4, what="the workers")
-        ranks = [int(p.read_text()) for p in out.glob("rank*.pid")]
-        wait_for(lambda ranks=ranks: not any(alive(p) for p in ranks), what="the ranks' end")
-        os.kill(proc.pid, signal.SIGSTOP)
+    ttmesh is stopped (SIGSTOP) while its ranks still run, so it cannot take the verdict over;
+    it is killed once the guardian waits for it to (blocked reading the pipe the front answers
+    on: the one blocking read a guardian makes). A guardian that ended anyway (it did before it
+    waited to be taken over) would leave the job to nobody."""
+    job = f"verdict-{os.getpid()}"
+    go = tmp_path / "go"
+    proc = start_launch(
+        qb2, "--tp-size", "4", "--grace", "1", "--job-id", job,
+        *worker(f"pids={tmp_path}", "fabric", f"await={go}", "fail-after=1:0.3:3"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 4, what="the workers")
+        ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
         guardian = _guardian_of(proc.pid)
-        if guardian is None or until(lambda g=guardian: _ended(g), 5):
-            # ttmesh had taken the verdict over before it was stopped: it finishes the job.
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.wait(timeout=60)
-            continue
+        assert guardian is not None
+        os.kill(proc.pid, signal.SIGSTOP)
+        go.touch()
+        wait_for(lambda: not any(alive(p) for p in ranks), what="the ranks' end")
+        wait_for(lambda: _waits_on_a_pipe(guardian), timeout=30,
+                 what="the guardian waiting for its verdict to be taken")  # fmt: skip
+        assert not _ended(guardian)
+    finally:
         proc.kill()
         proc.wait()
-        hits += 1
-        wait_for(lambda job=job: (record(job) or {}).get("ended"), timeout=20, what="the end")
-        assert str(record(job)["status"]).startswith("launcher killed")
-        assert link_states(qb2) == {"up"}
-        assert not (jobs.runs_dir() / job).exists()
-    assert hits, "ttmesh took the verdict over before it was stopped, in every run"
+    wait_for(lambda: (record(job) or {}).get("ended"), timeout=20, what="the end")
+    assert str(record(job)["status"]).startswith("launcher killed")
+    assert link_states(qb2) == {"up"}
+    assert not (jobs.runs_dir() / job).exists()
+
+
+def _waits_on_a_pipe(pid: int) -> bool:
+    """The process is blocked reading a pipe (the kernel's wait channel says so)."""
+    try:
+        return "pipe_read" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
 
 
 def _ended(pid: int) -> bool:

@@ -33,7 +33,7 @@ from ttmesh.launcher.attempt.events import EventReader, EventWriter
 from ttmesh.launcher.attempt.logs import COLOURS
 from ttmesh.recovery import reset
 from ttmesh.sim import core, faults
-from ttmesh.states import JobPhase
+from ttmesh.states import JobPhase, ResetStage
 
 QB2 = ["0000:01:00.0", "0000:03:00.0", "0000:05:00.0", "0000:07:00.0"]
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -391,17 +391,17 @@ def test_reset_progress_per_chip(make_sim: Callable[..., Path]) -> None:
                 seen.append(c.stage)
     assert sorted(stages) == QB2
     # (a chip's device may drop off the bus for a moment while tt-smi runs: waiting for PCI)
-    assert stages[dead][:2] == [reset.QUEUED, reset.RESETTING]
-    assert {reset.WAIT_PCI, reset.RETRYING} <= set(stages[dead])
-    assert stages[dead][-1] == reset.FAILED
+    assert stages[dead][:2] == [ResetStage.QUEUED, ResetStage.RESETTING]
+    assert {ResetStage.WAIT_PCI, ResetStage.RETRYING} <= set(stages[dead])
+    assert stages[dead][-1] == ResetStage.FAILED
     for linked in ("0000:03:00.0", "0000:05:00.0"):  # its Ethernet neighbours
-        assert {reset.WAIT_LINKS, reset.RETRYING} <= set(stages[linked])
-        assert stages[linked][-1] == reset.FAILED
-    assert stages["0000:01:00.0"][-1] == reset.DONE
+        assert {ResetStage.WAIT_LINKS, ResetStage.RETRYING} <= set(stages[linked])
+        assert stages[linked][-1] == ResetStage.FAILED
+    assert stages["0000:01:00.0"][-1] == ResetStage.DONE
     final = {c.name: c for c in heard[-1]}
     assert final[dead].detail == "gone" and final["0000:05:00.0"].detail == "links down"
     assert final[dead].attempt == 2
-    while_running = [b for b in heard if all(c.stage == reset.RESETTING for c in b)]
+    while_running = [b for b in heard if all(c.stage == ResetStage.RESETTING for c in b)]
     assert len(while_running) >= 3  # told on entering the stage, then every 0.25 s of 0.6 s
 
 

@@ -407,7 +407,10 @@ def _wait_ready(proc: subprocess.Popen, lines: list[str]) -> str:
 
 
 def test_ready_generate_then_ctrl_c_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
-    proc, port = _serve(qb2, tmp_path)
+    # A proxy in the environment (as on many company hosts) that nothing answers at: ttmesh's
+    # own probes of the server on loopback go direct, never through it.
+    proxies = {k: "http://127.0.0.1:9" for k in ("http_proxy", "HTTP_PROXY", "all_proxy")}
+    proc, port = _serve(qb2, tmp_path, env={**proxies, "no_proxy": "", "NO_PROXY": ""})
     lines: list[str] = []
     try:
         url = _wait_ready(proc, lines)

@@ -18,9 +18,9 @@ import re
 import shutil
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")

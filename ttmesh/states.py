@@ -1,11 +1,15 @@
 """Every state ttmesh moves things through, in one place, each with the moves it allows.
 
 A state here is a word people read (in output, the live view, JSON), so each enum's values are
-the words themselves: changing one changes what users and scripts see. A thing that moves
-through states holds a :class:`Machine`, whose :meth:`Machine.change_state` is the one door:
-it checks the move against its table and raises :class:`IllegalTransition` (a bug in ttmesh,
-never a user's error) for a move the table does not allow, as supervisord's ``states.py`` and
-``Subprocess.change_state`` do.
+the words themselves: changing one changes what users and scripts see. Each machine is an enum
+and a table of the moves it allows (``*_MOVES``), and every move ttmesh makes goes through one
+door, :func:`move`, which raises :class:`IllegalTransition` (a bug in ttmesh, never a user's
+error) for a move the table does not allow, as supervisord's ``states.py`` and
+``Subprocess.change_state`` do. A thing that holds its state holds a :class:`Machine` (the
+guardian, the attempt's view); a frozen value that is replaced at each move (a chip's
+progress in a reset) passes its old and new state through :func:`move` itself.
+
+The other enums here are words, not machines: read afresh or decided once.
 
 This module imports nothing of ttmesh (the bottom layer): every layer may use it.
 """
@@ -24,11 +28,20 @@ class IllegalTransition(RuntimeError):
 S = TypeVar("S", bound=StrEnum)
 
 
-class Machine(Generic[S]):
-    """One state, changed only through :meth:`change_state`, which checks the previous one.
+def move(allowed: Mapping[S, frozenset[S]], name: str, old: S, new: S) -> S:
+    """The door of every machine: ``new``, when ``allowed`` (each state -> the states it may
+    move to; a state missing from the table moves nowhere) lets ``old`` move there;
+    :class:`IllegalTransition`, naming the machine ``name``, when it does not."""
+    if type(new) is not type(old):  # a StrEnum equals its word: "done" is every machine's DONE
+        raise IllegalTransition(f"{name}: {new!r} is not one of its states")
+    if new not in allowed.get(old, frozenset()):
+        raise IllegalTransition(f"{name}: {old.name} -> {new.name} is not a move it makes")
+    return new
 
-    ``allowed`` maps each state to the states it may move to (a state missing from the table
-    moves nowhere). ``on_change(old, new)`` hears every move, once it is made."""
+
+class Machine(Generic[S]):
+    """One state, changed only through :meth:`change_state` (:func:`move`'s check of the
+    previous one). ``on_change(old, new)`` hears every move, once it is made."""
 
     def __init__(
         self,
@@ -46,15 +59,10 @@ class Machine(Generic[S]):
     def state(self) -> S:
         return self._state
 
-    def can(self, new: S) -> bool:
-        return new in self.allowed.get(self._state, frozenset())
-
     def change_state(self, new: S) -> None:
         """Move to ``new``; :class:`IllegalTransition` if the present state does not allow it."""
         old = self._state
-        if not self.can(new):
-            raise IllegalTransition(f"{self.name}: {old.name} -> {new.name} is not a move it makes")
-        self._state = new
+        self._state = move(self.allowed, self.name, old, new)
         if self.on_change is not None:
             self.on_change(old, new)
 
@@ -102,9 +110,10 @@ class JobPhase(StrEnum):
     DONE = "done"  # the job ended; the detail says how
 
 
-# What one attempt's guardian shows, from STARTING: readiness only grows, and a stop is the
-# last phase it shows (STOPPING to STOPPING: the drain's detail changes). The phases around
-# attempts (CHECKING, RESETTING, RECOVERING, RESTARTING, DONE) are the front's.
+# What one attempt's guardian shows, from STARTING (ttmesh.launcher.attempt.view): readiness
+# only grows, and a stop is the last phase it shows (STOPPING to STOPPING: the drain's detail
+# changes). The phases around attempts (CHECKING, RESETTING, RECOVERING, RESTARTING, DONE) are
+# words the front says as the job goes (pre-flight, recovery, a restart's wait), no machine.
 ATTEMPT_MOVES: dict[JobPhase, frozenset[JobPhase]] = {
     JobPhase.STARTING: frozenset({JobPhase.RUNNING, JobPhase.READY, JobPhase.STOPPING}),
     JobPhase.RUNNING: frozenset({JobPhase.READY, JobPhase.STOPPING}),
@@ -117,7 +126,9 @@ ATTEMPT_MOVES: dict[JobPhase, frozenset[JobPhase]] = {
 
 
 class AttemptEnd(StrEnum):
-    """How one attempt ended (AttemptResult.end; its error says more where one is due)."""
+    """How one attempt ended (AttemptResult.end; its error says more where one is due), and
+    so how a stop ttmesh makes ends it (attempt.signals.Stop.end). A word, not a machine: an
+    attempt ends once."""
 
     COMPLETED = "completed"  # every rank succeeded
     FAILED = "failed"  # a rank (or the launcher, or a server's health) failed: restartable
@@ -155,7 +166,8 @@ class AttemptEnd(StrEnum):
 
 
 class ResetStage(StrEnum):
-    """Where each chip of a reset is, as it goes (ttmesh.recovery.reset.ChipProgress.stage)."""
+    """Where each chip of a reset is, as it goes (ttmesh.recovery.reset.ChipProgress.stage,
+    moved as RESET_MOVES allows)."""
 
     QUEUED = "queued"
     STOPPING = "stopping holders"

@@ -6,9 +6,10 @@ were when these were bare strings. See docs/architecture.md for what each state 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from ttmesh.dataclass import dataclass
 
 
 class Layout(StrEnum):

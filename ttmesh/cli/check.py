@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options
 from ttmesh.errors import bad_input
@@ -14,7 +15,7 @@ from ttmesh.render import plural
 from ttmesh.vocab import MPI_LAYOUTS, Layout
 
 
-@click.command("check", context_settings=CONTEXT)
+@click.command("check", cls=SectionedCommand, context_settings=CONTEXT)
 @hosts_options
 @host_options
 @click.option(
@@ -26,23 +27,22 @@ from ttmesh.vocab import MPI_LAYOUTS, Layout
     "--profile",
     "profile_name",
     metavar="NAME",
-    help="Also check what this serving profile needs of the host's system software (its "
-    "system: minimum driver and firmware, hugepages per chip; see ttmesh profiles).",
+    help="Also check what this serving profile needs of the host's system software (its system:, "
+    "see ttmesh profiles).",
 )
 @click.option("--strict", is_flag=True, help="Warnings (unknown links, missing links) are errors.")
 @click.option(
     "--notes",
     "all_notes",
     is_flag=True,
-    help="Say every note about the host, also those already said while it stayed as it is "
-    "(device nodes every user can open, stale Open MPI segments: said once per host state).",
+    help="Say every note about the host, also those said before while it stayed as it is.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the ttmesh.check/1 JSON document.")
 @click.option(
     "--active",
     is_flag=True,
     help="Also run a small ttnn program on the chips as one mesh (status bits can say up while "
-    "the fabric still fails). On a simulated host tt-metal stops at its control plane.",
+    "the fabric still fails).",
 )
 @click.option("--ttnn-python", metavar="PATH", help="A Python with ttnn installed (3.10 or 3.12).")
 @click.option(
@@ -65,35 +65,11 @@ def check_cmd(
     """Is the host fit to run a job? Exit 0 healthy, 1 unhealthy, 2 bad input.
 
     \b
-    Per chip: its driver node exists, its heartbeat advances (polled for up to 1 s), and no
-    process outside the ttmesh job that leases it holds it. A chip the topology expects but
-    the host lost is an error. Per Ethernet link: up, down (an error) or unknown (a warning,
-    an error with --strict); a chip pair with fewer links than its peers is a warning.
-    Every problem comes with a fix, e.g. `ttmesh reset --chips ...` or `kill 1234 ...`.
-
-    \b
-    System software, from the driver's and kernel's files: the driver at least the 2.0.0
-    tt-umd needs (an error below); one firmware bundle on every chip (a warning when they
-    differ); 1 GiB hugepages on each chip's NUMA node unless an IOMMU translates for it (none:
-    an error; fewer than the 4 per chip hugepages-setup.sh sets up: a warning). --profile
-    NAME checks what that profile's system: asks (minimums there are errors).
-
-    \b
-    tt-umd's lock files (/dev/shm/TT_UMD_LOCK.*; ROOT/dev/shm on a simulated root): a live
-    process holding a chip's CHIP_IN_USE lock is an error (a job would wait on it without
-    end), named with pid, user and command; a lock whose owner died is a note, never deleted
-    (tt-umd recovers it; it relies on the files staying). As a user, only your own processes'
-    mappings can be seen; root sees every process.
-
-    \b
-    On a real host the expected links are what discovery sees merged with the last
-    known-good topology (recorded under ~/.local/state/ttmesh/topology by every check that
-    finds all links up), so a link that vanished after a crash shows as down.
-
-    \b
-    With --hosts, every cable between the hosts is shown with both ends (each end as its own
-    host's firmware reports it); a cable down from either end makes the check fail (exit 1),
-    naming it and the reset of both hosts together that brings it back.
+    Each chip (its driver node, an advancing heartbeat, no holder outside its job, no live
+    tt-umd CHIP_IN_USE lock), each Ethernet link (up, down, unknown), and the system software
+    tt-umd needs (driver, one firmware bundle, 1 GiB hugepages). Every problem comes with a
+    fix, e.g. `ttmesh reset --chips ...`. What each check means: docs/quickstart.md (Is it
+    healthy?); over several hosts, the cables between them: docs/multihost.md.
 
     \b
     Examples:

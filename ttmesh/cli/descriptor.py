@@ -9,13 +9,14 @@ from typing import Any
 import click
 
 from ttmesh import numeric, paths
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.options import CONTEXT, host_options, whole
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.request import parse_shape
 from ttmesh.vocab import LAYOUTS, Layout
 
 
-@click.command("descriptor", context_settings=CONTEXT)
+@click.command("descriptor", cls=SectionedCommand, context_settings=CONTEXT)
 @host_options
 @click.option(
     "--tp-size",
@@ -46,8 +47,8 @@ from ttmesh.vocab import LAYOUTS, Layout
 @click.option(
     "--strict-links",
     is_flag=True,
-    help="STRICT channel policy: every neighbour pair needs the links of the weakest pair any "
-    "placement by tt-metal may use (the mesh's chips' pairs, and a host pair missing a link).",
+    help="STRICT channel policy: every neighbour pair needs the links of the weakest pair "
+    "tt-metal may place on.",
 )
 @click.option(
     "--per-rank",
@@ -66,8 +67,8 @@ from ttmesh.vocab import LAYOUTS, Layout
 @click.option(
     "--hosts",
     metavar="HOST,...",
-    help="One mesh over these hosts (each reports its chips through mpirun; --tp-size counts "
-    "every host's chips, --nproc-per-node one host's processes).",
+    help="One mesh over these hosts (their chips reported through mpirun; --tp-size counts every "
+    "host's chips).",
 )
 @click.option(
     "--launch-agent",

@@ -36,45 +36,35 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--tp-size",
     type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
     metavar="N",
-    help="Chips of the job (the tensor-parallel degree, over every host of a job on several); "
-    "one worker per chip (per board on n300 systems). Default: every chip of the host.",
+    help="Chips of the job, one worker each (per board on n300): the tensor-parallel degree, "
+    "over every host. Default: every chip.",
 )
 @click.option(
     "--replicas",
     type=whole(low=1, high=numeric.MAX_CHIPS, unit="replicas", example="2"),
     metavar="N",
-    help="A serving fleet: N copies of the server, each on its own --tp-size chips (N x T in "
-    "all, placed on disjoint connected sub-meshes, whole reset units each), on a free loopback "
-    "port of its own, behind SGLang's router at the server's --host:--port (pip install "
-    "'ttmesh[router]'). One replica that fails is taken out of the router, its chips alone "
-    "checked and reset, and restarted (--max-restarts each) while the others serve. 1: one "
-    "server, as without it. vLLM is refused (it assigns chips to its own data-parallel ranks).",
+    help="A serving fleet: N servers, each on --tp-size chips of its own, behind SGLang's router "
+    "at the server's --host:--port.",
 )
 @click.option(
     "--replicas-parallel",
     is_flag=True,
     help="With --replicas: start every replica at once (default: each after the previous is "
-    "ready, or after 120 s, as a first start compiles for minutes and takes host memory).",
+    "ready, or after 120 s).",
 )
 @click.option(
     "--router-arg",
     "router_args",
     multiple=True,
     metavar="ARG",
-    help="With --replicas: pass ARG to the router (repeatable; e.g. --router-arg=--policy "
-    "--router-arg=round_robin, --router-arg=--prometheus-port=29001), after the profile's "
-    "router.args, read by the router's own parser before anything starts; its --host, --port "
-    "and --worker-urls are ttmesh's, and a flag whose value is a secret (--api-key, ...) is "
-    "refused: ttmesh closes the router's admin routes with a key of its own, in no command "
-    "line. Its policy and health checks are SGLang's defaults otherwise; its Prometheus "
-    "metrics listen on 127.0.0.1 and a free port unless given.",
+    help="With --replicas: pass ARG to SGLang's router (repeatable; e.g. --router-arg=--policy "
+    "--router-arg=round_robin).",
 )
 @click.option(
     "--no-memory-check",
     "no_memory_check",
     is_flag=True,
-    help="With --replicas: start even when the host memory the replicas need at their peak "
-    "(the model's weight files on disk times the profile's host_memory factors) is more than "
+    help="With --replicas: start even when the replicas' peak host memory is more than "
     "MemAvailable.",
 )
 @click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
@@ -88,10 +78,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "nproc",
     type=torchrun.Nproc(whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2")),
     metavar="N|auto",
-    help="Workers on this host (torchrun's flag; each host's, over several). Default: one per "
-    "chip (per board on n300 "
-    "systems); fewer, each driving a block of chips, with --mesh-layout mesh or multi-mesh "
-    "(alone, it splits the host's whole mesh).",
+    help="Workers on this host (torchrun's; each host's). Default: one per chip; fewer, each a "
+    "block of chips, with --mesh-layout mesh.",
 )
 @click.option(
     "--chips",
@@ -107,8 +95,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--mesh-layout",
     type=click.Choice(LAYOUTS),
-    help="isolated (the default): each worker its own chip and one-chip descriptor; "
-    "single-process: one worker drives every chip; mesh/multi-mesh: one tt-metal world (needs MPI).",
+    help="isolated (the default: a chip and descriptor each), single-process (one worker, every "
+    "chip), mesh/multi-mesh (MPI).",
 )
 @click.option(
     "--symmetric-dram-mb",
@@ -149,7 +137,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     type=seconds(example="5"),
     metavar="S",
     help="Seconds between SIGTERM and SIGKILL when stopping workers [default: 5; a server's "
-    "profile gives its own, e.g. 30 for SGLang].",
+    "profile gives its own].",
 )
 @click.option(
     "--fabric-grace",
@@ -157,28 +145,23 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     default=20.0,
     show_default=True,
     metavar="S",
-    help="A rank still bringing up the fabric when the job stops (it printed tt-metal's "
-    "'Initializing Fabric' and has not marked the fabric open: TTMESH_FABRIC_FILE, or "
-    "tt-metal's 'Devices initialized') gets up to S seconds beyond --grace to finish or abort "
-    "before SIGKILL: killed mid bring-up, Ethernet cores stay wedged ('Fabric Router Sync: "
-    "Timeout' in the next job). 0: no extra wait.",
+    help="Extra seconds for a rank still bringing up the fabric when the job stops (killed then, "
+    "its links stay wedged).",
 )
 @click.option(
     "--op-timeout",
     type=seconds(zero=False, example="60"),
     metavar="S",
-    help="Set TT_METAL_OPERATION_TIMEOUT_SECONDS=S for the ranks: a dispatch operation that "
-    "takes longer raises in the rank instead of hanging. It bounds dispatch operations, not "
-    "opening the mesh (the fabric's bring-up); see --ready-timeout for that. Default: off.",
+    help="TT_METAL_OPERATION_TIMEOUT_SECONDS: a dispatch operation slower than S raises instead "
+    "of hanging. Default: off.",
 )
 @click.option(
     "--on-reset-notice",
     type=click.Choice(["stop", "pass"]),
     default="stop",
     show_default=True,
-    help="When another tool announces a reset of the job's chips (tt-umd's reset notice, as "
-    "tt-smi -r sends): stop every rank at once, or pass (the ranks get tt-umd's notice "
-    "themselves: a tt-umd client that pauses and resumes; ttmesh only says who reset).",
+    help="When another tool announces a reset of the job's chips (tt-umd's notice): stop every "
+    "rank, or pass it on.",
 )
 @click.option(
     "--ranks-filter",
@@ -191,17 +174,15 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--log-dir",
     "--log_dir",
     metavar="DIR",
-    help="Write each rank's stdout and stderr to files, as torchrun lays them out: "
-    "DIR/<job>_<random>/attempt_N/<local rank>/stdout.log and stderr.log (ttmesh names the "
-    "directory when the job starts).",
+    help="Write each rank's stdout and stderr to files, in torchrun's layout: "
+    "DIR/<job>_<random>/attempt_N/<local rank>/.",
 )
 @click.option(
     "-r",
     "--redirects",
     metavar="0-3|R:S,...",
-    help="torchrun's: these streams go to the log files only, not the console: 1 stdout, 2 "
-    "stderr, 3 both, 0 none; or per local rank (0:1,1:2). Without --log-dir the files go to a "
-    "new torchelastic_* directory under $TMPDIR.",
+    help="torchrun's: these streams to the log files only: 1 stdout, 2 stderr, 3 both, 0 none, "
+    "or per local rank (0:1,1:2).",
 )
 @click.option(
     "-t",
@@ -212,16 +193,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--no-logs",
     is_flag=True,
-    help="Keep no copy of the ranks' output with the job's record (ttmesh logs JOB then has "
-    "none). By default every stream is kept, bounded: TTMESH_JOB_LOG_MB per job (64), "
-    "TTMESH_LOGS_MB for every job's together (256).",
+    help="Keep no copy of the ranks' output with the job's record (ttmesh logs JOB then has none).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No worker output on the console.")
 @click.option(
     "--no-live",
     is_flag=True,
-    help="On a terminal, print the ranks' prefixed lines only, without the live table of ranks "
-    "and phases, or of a fleet's replicas and router (as in a pipe, or with CI set).",
+    help="On a terminal, the ranks' prefixed lines only, without the live table (as in a pipe, "
+    "or with CI set).",
 )
 @click.option(
     "-m", "--module", is_flag=True, help="COMMAND is a Python module (python -m COMMAND)."
@@ -232,8 +211,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--nnodes",
     metavar="N",
-    help="Hosts in the job (torchrun's flag): one ttmesh agent per host, joined through torch's "
-    "c10d rendezvous at --rdzv-endpoint. Under Slurm: SLURM_NNODES.",
+    help="Hosts in the job (torchrun's): one ttmesh agent per host, joined at --rdzv-endpoint. "
+    "Under Slurm: SLURM_NNODES.",
 )
 @click.option(
     "--node-rank",
@@ -241,32 +220,30 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "node_rank",
     type=whole(low=0, high=numeric.MAX_CHIPS),
     metavar="R",
-    help="This host's place, 0..N-1 (node 0 hosts the rendezvous). Under Slurm: SLURM_NODEID; "
-    "started by --hosts: mpirun's rank.",
+    help="This host's place, 0..N-1 (node 0 hosts the rendezvous). Under Slurm: SLURM_NODEID.",
 )
 @click.option(
     "--rdzv-endpoint",
     "--rdzv_endpoint",
     "rdzv_endpoint",
     metavar="HOST[:PORT]",
-    help="Where the hosts meet: node 0's address (port 29400 by default; an IPv6 address in "
-    "brackets: [fd00::1]:29400). Under Slurm: the first host of SLURM_JOB_NODELIST (its NodeAddr "
-    "when its name does not resolve).",
+    help="Where the hosts meet: node 0's address (port 29400 by default; IPv6 in brackets). "
+    "Under Slurm: the job's first host.",
 )
 @click.option(
     "--rdzv-backend",
     "--rdzv_backend",
     "rdzv_backend",
     type=click.Choice(["c10d", "static"]),
-    help="The rendezvous engine: ttmesh's own over torch's c10d store (torchrun's static, with "
-    "--master-addr, is taken as the same).",
+    help="The rendezvous: ttmesh's own over torch's c10d store (torchrun's static is taken as "
+    "the same).",
 )
 @click.option(
     "--rdzv-token",
     metavar="TOKEN",
     envvar="TTMESH_RDZV_TOKEN",
-    help="A secret every host of the job shares: what an agent publishes is signed with it, for "
-    "this job and this run; what is not is ignored. Env: TTMESH_RDZV_TOKEN.",
+    help="A secret every host of the job shares: what an agent publishes is signed with it (for "
+    "this job and run). Env: TTMESH_RDZV_TOKEN.",
 )
 @click.option(
     "--local-addr",
@@ -294,29 +271,26 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--hosts",
     metavar="HOST,...",
-    help="A job over these hosts, started with mpirun (ttmesh itself opens no connection to "
-    "them): torch-style, one agent per host (--map-by ppr:1:node); with --mesh-layout mesh or "
-    "multi-mesh (or --rank-binding), one tt-metal mesh over the hosts in one MPMD mpirun. "
-    "--tp-size counts every host's chips, --nproc-per-node one host's processes.",
+    help="A job over these hosts, started with mpirun: an agent per host, or one tt-metal mesh "
+    "with --mesh-layout mesh.",
 )
 @click.option(
     "--launch-agent",
     metavar="CMD",
-    help="With --hosts: how mpirun reaches the hosts instead of ssh (Open MPI 4 plm_rsh_agent, "
-    "5 plm_ssh_agent).",
+    help="With --hosts: how mpirun reaches the hosts instead of ssh (Open MPI's plm_rsh_agent).",
 )
 @click.option(
     "--tcp-interface",
     metavar="IF",
-    help="With --hosts and a tt-metal mesh: MPI's TCP traffic on this interface (tt-run's "
-    "--tcp-interface; default: every interface but docker0 and lo).",
+    help="With --hosts and a tt-metal mesh: MPI's TCP traffic on this interface (default: all "
+    "but docker0 and lo).",
 )
 @click.option(
     "--profile",
     "profile_name",
     metavar="NAME",
-    help="The serving stack COMMAND runs (default: recognised from the command; `none` treats "
-    "a server like any command). See `ttmesh profiles`.",
+    help="The serving stack COMMAND runs (default: recognised from the command; none: run a "
+    "server as any command).",
 )
 @click.option(
     "--strict", is_flag=True, help="A server's rule warnings are errors (nothing starts)."
@@ -325,8 +299,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--health-interval",
     type=seconds(zero=False, example="10"),
     metavar="S",
-    help="After a server is ready, ask its health endpoint every S seconds; --health-failures "
-    "failures in a row fail the job.",
+    help="After a server is ready, ask its health endpoint every S seconds; --health-failures in "
+    "a row fail the job.",
 )
 @click.option(
     "--health-failures",
@@ -340,9 +314,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--probe-interval",
     type=seconds(zero=False, example="60"),
     metavar="S",
-    help="After a server is ready, ask it for a one-token generation every S seconds (its "
-    "profile's probe): no answer within --probe-timeout is a hung server, even while its "
-    "/health answers: its stacks are dumped, it is stopped, recovered and restarted if allowed.",
+    help="After a server is ready, ask it for a one-token generation every S seconds: no answer "
+    "in --probe-timeout is a hang.",
 )
 @click.option(
     "--probe-timeout",
@@ -359,14 +332,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--launcher",
     type=click.Choice([str(m) for m in StartMode]),
     default=None,
-    help="How ranks start: direct (one process each, the default) or mpi (one MPMD mpirun, the "
-    "default for --mesh-layout mesh/multi-mesh: tt-metal worlds form through MPI).",
+    help="How ranks start: direct (a process each, the default) or mpi (one MPMD mpirun: the "
+    "default for a tt-metal mesh).",
 )
 @click.option(
     "--auto-reset",
     is_flag=True,
-    help="When pre-flight finds the chips unhealthy (links down, a hung chip), recover them with "
-    "tt-smi -r, verify, then start.",
+    help="When pre-flight finds the chips unhealthy (links down, a hung chip), reset them "
+    "(tt-smi -r), verify, then start.",
 )
 @click.option(
     "--reset-on-failure",
@@ -377,23 +350,20 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--ready-timeout",
     type=seconds(zero=False, example="600"),
     metavar="S",
-    help="Every rank must be ready within S seconds (it creates TTMESH_READY_FILE, or prints a line "
-    "matching --ready-pattern), or the job is treated as hung: every rank's Python stacks are "
-    "dumped (py-spy), then it is stopped, recovered, restarted.",
+    help="Every rank must be ready within S seconds (its ready file, or --ready-pattern), or the "
+    "job is treated as hung.",
 )
 @click.option(
     "--hang-timeout",
     type=seconds(zero=False, example="900"),
     metavar="S",
-    help="A job whose ranks print nothing for S seconds is treated as hung: every rank's "
-    "Python stacks are dumped (py-spy), then it is stopped, recovered, restarted (exit 124 "
-    "when out of restarts). Default: off.",
+    help="Ranks that print nothing for S seconds are hung: stacks dumped (py-spy), stopped, "
+    "restarted. Default: off.",
 )
 @click.option(
     "--ready-pattern",
     metavar="REGEX",
-    help="A line of output that means a rank is ready (RE2 syntax: no backreferences or "
-    "lookaround; matched in linear time).",
+    help="A line of output that means a rank is ready (RE2 syntax: matched in linear time).",
 )
 @click.option("--tt-smi", "tt_smi", metavar="PATH", help="The tt-smi to recover chips with.")
 @click.option(
@@ -401,33 +371,26 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "train_timeout",
     type=seconds(example="60"),
     metavar="S",
-    help="When ttmesh resets the job's chips (--auto-reset, after a crash), wait up to S "
-    "seconds for their links to train, and over several hosts for the cables between them "
-    "(default: the boards' bound: 60 s for links within a host, 180 s for Wormhole's cables "
-    "between hosts; a reset that worked returns as soon as they are up). A cable still down "
-    "then is named and the job is not restarted.",
+    help="After ttmesh resets the job's chips, wait up to S seconds for their links to train "
+    "(default: the boards' bound).",
 )
 @click.option(
     "--rank-binding",
     metavar="FILE.yaml",
-    help="Run a tt-run rank-binding file: its ranks, chips (TT_VISIBLE_DEVICES), mesh ids and "
-    "descriptor, under mpirun, with ttmesh's environment and supervision added. Its global_env "
-    "and env_overrides may not set what --env may not (RANK, MASTER_PORT, TTMESH_*, ...). "
-    "Ranks run in this directory, PYTHONPATH defaulting to it, as tt-run runs them.",
+    help="Run a tt-run rank-binding file: its ranks, chips, mesh ids and descriptor, under "
+    "mpirun and ttmesh's supervision.",
 )
 @click.option(
     "--rank-bindings-mapping",
     metavar="FILE.yaml",
-    help="tt-run's sub-contexts: a map (subcontext_id_to_rank_bindings) of sub-context id to "
-    "rank-binding file, merged into one job in id order, each rank with its file's descriptor "
-    "and TT_RUN_SUBCONTEXT_ID (and _SIZE, _COUNT, _SIZES).",
+    help="tt-run's sub-contexts: a map of sub-context id to rank-binding file, run as one job in "
+    "id order.",
 )
 @click.option(
     "--workdir",
     metavar="DIR",
-    help="Ranks' working directory. Default: yours; under --launcher mpi a directory of the job's "
-    "own (tt-metal writes generated/ there), with TTMESH_ORIGINAL_CWD set, except for a "
-    "rank-binding job (yours, as tt-run); '.' keeps yours.",
+    help="The ranks' working directory (default: yours; under --launcher mpi, one of the job's "
+    "own: docs/tt-run.md).",
 )
 @click.option(
     "--job-id",
@@ -440,8 +403,8 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the plan (and the chips passed over, and why), run the checks a launch runs "
-    "before its start (pre-flight; refused alike, exit 3), and start nothing.",
+    help="Print the plan and run the checks a launch runs before it starts (refused alike, exit "
+    "3); start nothing.",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="With --dry-run: the ttmesh.plan/1 JSON document."
@@ -452,82 +415,36 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--summary-json",
     metavar="FILE",
-    help="Write the outcome {source, rank, code, reason} to FILE. If FILE cannot be written "
-    "ttmesh says so, and a job that succeeded exits 2.",
+    help="Write the outcome {source, rank, code, reason} to FILE (unwritable: said, and a job "
+    "that succeeded exits 2).",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]...")
 def launch_cmd(**options: Any) -> int:
     """Run COMMAND once per chip, supervised: the torchrun contract plus chips and fabric.
 
     \b
-    Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/PORT and the rest of torchrun's environment,
-    its chip (TT_VISIBLE_DEVICES, by PCI address), a mesh graph descriptor
-    (TT_MESH_GRAPH_DESC_PATH) and LIBTT_SYMMETRIC_DRAM_MB. The first rank to fail stops the
-    job: every worker's process tree is stopped (SIGTERM, SIGKILL after --grace) and ttmesh
-    exits with that rank's code.
+    Each rank gets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...), its chips
+    (TT_VISIBLE_DEVICES) and a mesh graph descriptor (TT_MESH_GRAPH_DESC_PATH). Its lines are
+    prefixed [rN] (or as TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says, as torchrun's). The first
+    rank to fail stops the job, and its exit code is ttmesh's. Before anything starts,
+    pre-flight refuses (exit 3) chips that are held, leased, frozen or whose links are down. A
+    server ttmesh knows (ttmesh profiles) runs as its makers intend. On a terminal a live table
+    of the ranks stays under their output. Every flag of torchrun's is taken, also as torchrun
+    spells it (--nproc_per_node for --nproc-per-node).
 
     \b
-    Output as torchrun's: each line of a rank is prefixed [rN] (or as
-    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says, e.g. '[rank${rank}]: ', with ${rank},
-    ${local_rank} and ${role_name}); Python runs unbuffered, as torchrun's python -u
-    (PYTHONUNBUFFERED=1 unless you set it), so prints arrive as they are made.
-
-    \b
-    A serving stack ttmesh knows (`ttmesh profiles`: SGLang-TorchTPU, SGLang-JAX, vLLM, SGLang)
-    runs as its makers intend: one server process for every chip, its flag rules checked before
-    anything starts, its port checked free, ready when its /health answers from the server's
-    own processes, stopped with a bounded drain. The server's command is read as its own parser
-    reads it (its whole flag table: the last of a repeated flag wins, prefixes, --flag=value);
-    one it would refuse is refused with its complaint. --tp-size is read from the server's own
-    flag when not given. Stock SGLang on --device cpu or cuda drives no Tenstorrent chip: nothing
-    is chosen, leased or checked, and no driver is needed (its --tp-size is its own ranks).
-
-    \b
-    --replicas N runs a serving fleet: N copies of the server, each on --tp-size chips of its
-    own (disjoint, whole boards), its own descriptor and a free loopback port, behind SGLang's
-    router at the server's own --host:--port (pip install 'ttmesh[router]'). Each replica is a
-    job of its own (FLEET-rK in ttmesh ps): one that fails is taken out of the router the
-    moment its job says so, its chips alone checked and reset, restarted under --max-restarts
-    and put back when its job says it is ready (what a job says reaches the fleet on a pipe
-    of its own, never from its output), while the others serve. On a Galaxy one reset is the
-    whole host (tt-smi -glx_reset): a replica whose chips need one makes the fleet take every
-    replica out of the router, drain them within --grace, reset the host once (verified) and
-    restart them all; that replica counts a restart, the others a drain. Ctrl-C stops the router,
-    then every replica within --grace, then resets the links between replicas; a chip the host
-    lost is named as not recovered (exit 1). If ttmesh is killed, the fleet's guard does the
-    same in its place. The router's admin routes (/workers) take only ttmesh's own key, new at
-    each router start and in no command line. vLLM is refused: it assigns chips to its own
-    data-parallel ranks. The host memory the replicas need at their peak (their model's
-    weight files on disk times the profile's host_memory factors) is checked against
-    MemAvailable before anything starts (--no-memory-check skips it); the router's metrics
-    get a free Prometheus port unless --router-arg gives one. On a terminal a live table of
-    the replicas (job, chips, URL, state, restarts, last line) and the router (state, PID,
-    restarts, metrics URL) stays under their [replicaK] lines.
-
-    \b
-    Pre-flight, before anything is leased or started, refuses (exit 3) chips that are held,
-    leased, frozen or whose links are down, and a host tt-umd cannot run on: a driver older
-    than 2.0.0, no 1 GiB hugepages on a chip's NUMA node (unless an IOMMU translates for it),
-    or what the server's profile asks under system: (minimum firmware, hugepages per chip).
-    Chips that run different firmware bundles are a warning, said once. With
-    TTMESH_TTNN_PYTHON set to a Python with ttnn, it also asks tt-metal's own control plane
-    (mock mode) whether it maps the ranks' exact mesh graph descriptor and cluster descriptor,
-    while the rest of pre-flight runs; a refusal stops the launch before any rank starts (exit
-    3). Without it that check is skipped, and --dry-run says so.
-
-    \b
-    On a terminal a live table of the ranks (chip, PID, state, uptime, restarts, last line)
-    stays under their scrolling output, with the job's phases and their times (checking
-    fabric, resetting, starting, ready or running, stopping, recovering). --no-live, a pipe
-    or CI set in the environment give plain prefixed lines only.
+    More: docs/torchrun.md (each rank's environment, output, exit codes, signals, hangs),
+    docs/serving.md (servers, --replicas), docs/multihost.md (several hosts), docs/tt-run.md
+    (meshes, rank bindings), docs/recovery.md (resets), docs/quickstart.md (pre-flight,
+    --dry-run, the live view).
 
     \b
     Examples:
       ttmesh launch --sim quietbox2 --tp-size 4 examples/allreduce.py
-      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 4 ...
-      ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
       ttmesh launch --sim quietbox2 --tp-size 4 --dry-run --json -- ./run.sh
-      ttmesh launch --sim quietbox2 --replicas 2 --tp-size 2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 2 --host 0.0.0.0 --port 30000
+      ttmesh launch --tp-size 2 --chips 0000:01:00.0,0000:03:00.0 -- python -m mypkg.serve
+      ttmesh launch --sim quietbox2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 4
+      ttmesh launch --sim quietbox2 --replicas 2 --tp-size 2 -- python -m sglang.launch_server --model-path M --device tpu --tp-size 2 --port 30000
     """
     from ttmesh.launcher.api import launch
     from ttmesh.launcher.planning.options import LaunchOptions

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import click
 
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.errors import bad_input
 
 # torchrun's flags that ttmesh does not take (yet), and what to do instead. Every other flag of
@@ -101,8 +102,9 @@ def _resolve(name: str, known: dict[str, bool]) -> str:
     _unknown(name, known)
 
 
-class LaunchCommand(click.Command):
-    """A click command whose trailing argument is a command line passed through untouched."""
+class LaunchCommand(SectionedCommand):
+    """A click command whose trailing argument is a command line passed through untouched
+    (its --help in sections)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         params = self.get_params(ctx)

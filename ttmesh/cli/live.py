@@ -17,9 +17,9 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.events import write_all
 from ttmesh.render import clock, plural
 from ttmesh.states import JobPhase

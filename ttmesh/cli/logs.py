@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from ttmesh import numeric
 from ttmesh.cli.options import CONTEXT, Number
+from ttmesh.dataclass import dataclass
 
 FOLLOW_EVERY = 0.2  # seconds between two looks at the files while following
 STREAM_ORDER = {"stdout": 0, "stderr": 1}

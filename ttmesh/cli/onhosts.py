@@ -28,9 +28,8 @@ def hosts_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--hosts",
         "hosts",
         metavar="HOST,...",
-        help="Run this command on every one of these hosts (through mpirun, which reaches them "
-        "as for a job; each host reads its own files) and show them host by host. Exit: the "
-        "worst host's.",
+        help="Run this command on every one of these hosts (through mpirun, as a job) and show them "
+        "host by host. Exit: the worst host's.",
     )
     @click.option(
         "--launch-agent",

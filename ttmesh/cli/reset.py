@@ -8,13 +8,14 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.onhosts import hosts_options
 from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
 from ttmesh.errors import bad_input
 from ttmesh.render import plural
 
 
-@click.command("reset", context_settings=CONTEXT)
+@click.command("reset", cls=SectionedCommand, context_settings=CONTEXT)
 @hosts_options
 @host_options
 @click.option(
@@ -48,9 +49,8 @@ from ttmesh.render import plural
     type=seconds(example="60"),
     default=None,
     metavar="S",
-    help="Seconds to wait after tt-smi for the chips' links to train before calling the "
-    "attempt failed (default: the boards' bound, 60 s on Wormhole and Blackhole; polled, so "
-    "a reset that worked returns at once).",
+    help="Seconds to wait after tt-smi for the chips' links to train (default: the boards' "
+    "bound, 60 s; polled).",
 )
 @click.option(
     "--retries",

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
 from ttmesh.render import escaped, plural
 
@@ -33,7 +34,7 @@ def sim_systems() -> None:
     click.echo(table(["SYSTEM", "HOSTS", "CHIPS", "ARCH", "DESCRIPTION"], rows))
 
 
-@sim_group.command("create", context_settings=CONTEXT)
+@sim_group.command("create", cls=SectionedCommand, context_settings=CONTEXT)
 @click.option(
     "--system",
     "system",
@@ -65,9 +66,8 @@ def sim_systems() -> None:
     "--cables",
     "cables_dir",
     metavar="DIR",
-    help="Of a host of a system of several hosts: the directory every host of the system "
-    "shares its cables in (both ends of a cable change together). Default: beside --root, "
-    "named after the system (DIR/../SYSTEM.cables).",
+    help="Several hosts: the directory the system's hosts share their cables in (default: beside "
+    "--root, SYSTEM.cables).",
 )
 @click.option(
     "--cable-window",
@@ -77,8 +77,8 @@ def sim_systems() -> None:
 @click.option(
     "--cable-train-seconds",
     type=seconds(example="90"),
-    help="How long a cable takes to train after both ends were reset (default: the board's "
-    "external links, 90 s Wormhole, 60 s Blackhole).",
+    help="How long a cable takes to train once both ends are reset (default: the boards': 90 s "
+    "Wormhole, 60 s Blackhole).",
 )
 def sim_create(
     system: str | None,
@@ -575,8 +575,8 @@ def sim_show(host: Any, as_json: bool) -> None:
 @click.option(
     "--cable-train-seconds",
     type=seconds(example="90"),
-    help="How long a cable takes to train after both ends were reset (shared by every host of "
-    "the system).",
+    help="How long a cable takes to train once both ends are reset (default: the boards': 90 s "
+    "Wormhole, 60 s Blackhole).",
 )
 def sim_config(
     host: Any,

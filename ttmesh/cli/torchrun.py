@@ -135,8 +135,8 @@ def options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--master-addr",
         "tr_master_addr",
         metavar="ADDR",
-        help="torchrun's: rank 0's address (MASTER_ADDR); on one host an address of this host; "
-        "over several, where they meet when --rdzv-endpoint is not given.",
+        help="torchrun's: rank 0's address (MASTER_ADDR): on one host an address of this host; over "
+        "several, where they meet.",
     )
     @_opt(
         "--rdzv-conf",
@@ -155,8 +155,8 @@ def options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--numa-binding",
         "tr_numa_binding",
         metavar="MODE",
-        help="torchrun's: node binds each rank to the CPUs of its chip's NUMA node (sysfs); "
-        "socket, exclusive and core-complex are refused.",
+        help="torchrun's: node runs each rank on the CPUs of its chip's NUMA node; socket, "
+        "exclusive, core-complex are refused.",
     )
     @_opt(
         "--signals-to-handle",

@@ -22,9 +22,13 @@ How often, and what counts (docs/recovery.md, "Chips watched while the job runs"
   up, or refused the start): said at the read after the one that first saw it down, once both
   ends' heartbeats moved in between (within 2 s); a hung chip takes its links down with it,
   so an end whose heartbeat stands still is given the heartbeat's verdict first (within 3 s).
-  Links that fell as a process holding the job's chips ended (the driver's holder lists: a
-  scheduler killed with the fabric open takes its links down) are that process's end, which
-  the job's own watch decides on (the rank's exit, a server's critical processes).
+  Links that fell as a process ended whose end the job's own watch decides on (a rank that
+  failed: the guardian hears it first; a server's critical process, ``ended``: a scheduler
+  killed with the fabric open takes its links down) are that process's end, not the chip's.
+  That knowledge is the job's own, kept from each process's start, never a sample of who
+  holds the chips: a process that opened them and died between two reads leaves no trace in
+  the driver's holder lists. Any other link down is said, whatever else ended meanwhile (a
+  helper that held a chip, a rank that ended cleanly): nothing else would stop the job.
   Links are read where that opens no chip: a simulated host. On a real host the Ethernet
   status is read through tt-umd, which opens the chips the job holds (``ttmesh metrics``
   leaves them out there too); the recovery after the end reads them.
@@ -36,9 +40,9 @@ their PCI partner is watched there.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from ttmesh import numeric
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
 from ttmesh.fabric.heartbeat import TICKS
 from ttmesh.render import noun
@@ -68,9 +72,20 @@ def frozen_after(interval: float | None) -> float:
 
 class ChipWatch:
     """The job's chips (``asics``, of ``inv``), read on a timer: :meth:`due` says when the next
-    read is, :meth:`step` reads and returns the first failure seen (None: all well)."""
+    read is, :meth:`step` reads and returns the first failure seen (None: all well).
 
-    def __init__(self, inv: Inventory, asics: list[str], now: float | None = None) -> None:
+    ``ended``: the process of the job that ended and whose end the job's own watch decides on
+    (a server's critical process: its name), None while there is none; links down then are
+    that process's end. Asked when links read down, so a process that died a moment before
+    is known whatever the reads saw of it."""
+
+    def __init__(
+        self,
+        inv: Inventory,
+        asics: list[str],
+        now: float | None = None,
+        ended: Callable[[], str | None] | None = None,
+    ) -> None:
         host = inv.host
         self.host = host
         known = {c.asic_id: c for c in inv.chips}
@@ -92,11 +107,7 @@ class ChipWatch:
         self.beats: dict[str, tuple[int, float]] = {}  # asic -> (value, when it last moved)
         self.moved: set[str] = set()  # the chips whose heartbeat moved since links went down
         self.links_down_since: float | None = None
-        # The processes holding the job's chips (the driver's holder lists), and whether one
-        # of them ended since the links were last all up: links that fell with a process that
-        # had the fabric open are that process's end, which the job's own watch decides on.
-        self.holders: set[int] | None = None
-        self.holder_lost = False
+        self.ended = ended
         self.next = time.monotonic() if now is None else now
 
     @staticmethod
@@ -127,22 +138,6 @@ class ChipWatch:
             return None
         self.next = now + self.every
         return self._gone() or self._heartbeats(now) or self._links(now)
-
-    def _holders(self) -> None:
-        """Note a holder of the job's chips that ended since the last read."""
-        held: set[int] = set()
-        for c in self.chips:
-            # The driver's own list only (never a scan of /proc, which old drivers need).
-            text = (
-                self.host.read_text(f"proc/driver/tenstorrent/{self.devs[c.bdf]}/pids")
-                if c.bdf
-                else None
-            )
-            if text is not None:
-                held.update(int(tok) for tok in text.split() if numeric.digits(tok))
-        if self.holders is not None and self.holders - held:
-            self.holder_lost = True
-        self.holders = held
 
     def _gone(self) -> Finding | None:
         for c in self.chips:
@@ -199,14 +194,16 @@ class ChipWatch:
         from ttmesh.fabric import links
         from ttmesh.vocab import LinkState
 
-        self._holders()
         states = links.observe(self.inv, self.specs)
         down = [o.spec for o in states if o.state == LinkState.DOWN]
         if not down:
-            self.links_down_since, self.holder_lost = None, False
+            self.links_down_since = None
             return None
-        if self.holder_lost:
-            return None  # they fell with a process of the job: its own end decides
+        if self.ended is not None and self.ended() is not None:
+            # They fell as a process of the job ended (a scheduler killed with the fabric
+            # open): its end is the job's own watch's to say, the recovery after it the
+            # chips'. (A frozen or vanished chip is still said: read before the links.)
+            return None
         if self.links_down_since is None:  # first seen now: are both ends' firmware alive?
             self.links_down_since, self.moved = now, set()
             return None

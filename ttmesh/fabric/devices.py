@@ -13,8 +13,8 @@ discovery on a real host when the ``hw`` extra is installed, else none (said in 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc

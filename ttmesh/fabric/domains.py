@@ -27,9 +27,9 @@ recovers one replica's chips alone (a serving fleet) plans with it and :class:`U
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory, LinkSpec
 from ttmesh.fabric.problem import chip_name
 from ttmesh.vocab import ChipProcess, Role

@@ -19,11 +19,12 @@ import os
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric import domains, heartbeat, holders, known_good, links, syscheck, umdlocks
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec, by_id_chip
@@ -348,6 +349,8 @@ def _link_problems(
         by_pair.setdefault(frozenset({st.spec.a, st.spec.b}), []).append(st)
     known = {c.asic_id: c for c in inv.chips}
     for pair, group in by_pair.items():
+        if all(s.state == links.UP for s in group):
+            continue  # nothing to say: naming the chips (a walk over every chip) is skipped
         a, b = sorted(pair, key=lambda x: chip_name(inv, x, exp.names))
         na, nb = chip_name(inv, a, exp.names), chip_name(inv, b, exp.names)
         for state in (links.DOWN, links.UNKNOWN):

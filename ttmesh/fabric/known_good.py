@@ -22,9 +22,9 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory, LinkSpec
 
 SCHEMA = "ttmesh.topology/1"

@@ -10,8 +10,8 @@ when the firmware can't tell (no telemetry, or Blackhole firmware older than 19.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Chip, Inventory, LinkSpec
 from ttmesh.vocab import LinkState
 

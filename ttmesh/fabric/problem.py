@@ -7,8 +7,7 @@ part builds its problems from this module, so none of them has to import the che
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Inventory
 from ttmesh.vocab import ChipProcess, Severity
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.host.base import Host
 from ttmesh.host.umdnotice import Notice
 

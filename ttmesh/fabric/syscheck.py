@@ -20,10 +20,10 @@ What is asked (a profile may ask more: ``system:`` in its YAML, :func:`requireme
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.fabric.problem import ERROR, WARNING, Problem, chip_name
 from ttmesh.host import system
@@ -124,14 +124,14 @@ class SystemReport:
 def _devices(inv: Inventory, asics: Iterable[str] | None) -> list[Chip]:
     """The PCI devices of ``asics`` (a remote chip: its partner), each once, in order."""
     wanted = None if asics is None else set(asics)
-    out: list[Chip] = []
+    out: dict[str, Chip] = {}  # by asic id: a list's `in` compares every chip field by field
     for c in inv.chips:
         if wanted is not None and c.asic_id not in wanted:
             continue
         lead = inv.lead(c)
-        if lead is not None and lead.dev_index is not None and lead not in out:
-            out.append(lead)
-    return out
+        if lead is not None and lead.dev_index is not None:
+            out.setdefault(lead.asic_id, lead)
+    return list(out.values())
 
 
 def read(inv: Inventory, asics: Iterable[str] | None, requires: Requirements) -> SystemReport:

@@ -41,11 +41,11 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import numeric, procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.problem import ERROR, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
 

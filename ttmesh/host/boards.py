@@ -8,7 +8,8 @@ tests/data/captures (see docs/architecture.md, "Systems"). Entries marked
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from ttmesh.dataclass import dataclass
 
 # A PCI address as the kernel writes it: domain:bus:device.function, lower-case hex.
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

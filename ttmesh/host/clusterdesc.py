@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.render import escaped
 
 # The order tt-umd writes the top-level keys in.

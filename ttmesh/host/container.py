@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
+from ttmesh.dataclass import dataclass
 from ttmesh.host.base import Host
 
 MOUNTINFO = "proc/self/mountinfo"

@@ -26,10 +26,10 @@ and their sources (docs/simulator.md, "System files"):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.host.base import CLASS_DIR, DRIVER_VERSION, Host
 
 PAGE_DIR = "hugepages-1048576kB"  # 1 GiB pages, as tt-umd opens them (hugepage.cpp)

@@ -18,9 +18,10 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import Host
 

@@ -46,9 +46,9 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from ttmesh import paths, procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError
 from ttmesh.render import plural
 

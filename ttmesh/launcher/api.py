@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 from ttmesh.errors import LaunchError, TTMeshError, bad_input
+from ttmesh.launcher.attempt.signals import Stopped, stop_reason
 from ttmesh.launcher.modes import MODES, Plain, Result, View
 from ttmesh.launcher.planning.options import Launch, LaunchOptions, TorchrunFlags
 from ttmesh.render import note
@@ -60,9 +61,8 @@ class Control:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """The launch's life: a stop asked now reaches its thread as a signal, which raises
-        :class:`~ttmesh.launcher.job.run.Stopped` where the job's own handlers (between and
+        :class:`~ttmesh.launcher.attempt.signals.Stopped` where the job's own handlers (between and
         during attempts) do not take it: while the launch is planned."""
-        from ttmesh.launcher.job.run import Stopped
 
         def stopped(sig: int, _frame: FrameType | None) -> None:
             raise Stopped(sig)
@@ -113,9 +113,6 @@ def launch(
 
 
 def _run(built: Launch, view: View, control: Control | None) -> Result:
-    from ttmesh.launcher.attempt.signals import stop_reason
-    from ttmesh.launcher.job.run import Stopped
-
     try:
         if control is not None and control.asked is not None:  # asked before it began
             raise Stopped(control.asked)

@@ -21,9 +21,9 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import note, plural
 from ttmesh.vocab import JobMode
@@ -162,10 +162,10 @@ class JobOfRanks(Mode):
         )  # fmt: skip
         prepared, peers = self.join(prepared)
         if launch.log_dir is not None or (launch.logs is not None and launch.logs.files_wanted):
-            from ttmesh.launcher.planning import logspec
+            from ttmesh.launcher.job import logdir
 
             assert launch.logs is not None
-            where = logspec.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
+            where = logdir.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
             note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
         self.view.started()
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory, LinkSpec
 from ttmesh.host import boards as boardfacts

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from ttmesh.dataclass import dataclass, field
 
 SCHEMA_TEXT = r"""
 name: "ttmesh_mesh_graph_descriptor.proto"

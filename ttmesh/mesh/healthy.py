@@ -20,8 +20,8 @@ Frozen chips are unavailable before this is asked (the caller's ``unavailable``)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import BAD_INPUT, TTMeshError
 from ttmesh.fabric.devices import Inventory
 from ttmesh.mesh import select as meshselect

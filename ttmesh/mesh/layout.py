@@ -23,8 +23,8 @@ host; ``TT_MESH_HOST_RANK`` stays the block's row-major place in the whole mesh.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.host import boards as boardfacts

@@ -9,9 +9,9 @@ room for the job itself: at least 1 GiB of the smallest selected chip's DRAM sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 
 DEFAULT_MB = 2048

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import TypeVar
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Chip, Inventory
 from ttmesh.mesh import embed, placement
@@ -353,11 +353,9 @@ def ring_order(shape: tuple[int, int]) -> list[Coord]:
 
 def _selection(host: _Host, shape: Shape, dim_types: DimTypes, grid: dict[Coord, str]) -> Selection:
     order = ring_order(shape)
-    units: list[Unit] = []
-    for coord in order:
-        unit = host.unit_of.get(grid[coord])
-        if unit is not None and unit not in units:
-            units.append(unit)
+    # Each unit once, in ring order (a dict: a list's `in` would compare every unit met).
+    found = (host.unit_of.get(grid[coord]) for coord in order)
+    units = list(dict.fromkeys(u for u in found if u is not None))
     pair_links = {}
     for a, b in embed.grid_edges(shape, dim_types):  # a RING's wrap-around pairs count too
         key = tuple(sorted((grid[a], grid[b])))

@@ -21,10 +21,11 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError
 from ttmesh.host.base import Host
 from ttmesh.render import plural

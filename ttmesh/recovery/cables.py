@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric import links
 from ttmesh.fabric.devices import Inventory
 from ttmesh.fabric.problem import chip_name

@@ -60,12 +60,12 @@ import tarfile
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ttmesh import fileread, paths
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, from_os_error
 from ttmesh.host import clusterdesc
 from ttmesh.host.base import CLASS_DIR, Host

@@ -28,11 +28,11 @@ import os
 import selectors
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.render import note
 
 MAX_CONNECTIONS = 128

@@ -18,8 +18,9 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
+
+from ttmesh.dataclass import dataclass
 
 STOPS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -26,11 +26,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input, failed, refused
 from ttmesh.fabric import domains, health, heartbeat, links
 from ttmesh.fabric.devices import Inventory, LinkSpec, discover
@@ -40,7 +41,7 @@ from ttmesh.host.boards import BDF_RE
 from ttmesh.recovery import holdstop
 from ttmesh.render import plural
 from ttmesh.runtime import leases, leftdown, resetmark
-from ttmesh.states import ResetStage, ResetStatus
+from ttmesh.states import RESET_MOVES, ResetStage, ResetStatus, move
 from ttmesh.vocab import ChipProcess, Role
 
 SCHEMA = "ttmesh.reset/1"
@@ -54,27 +55,13 @@ RELEASE_TIMEOUT = 10.0  # until the driver lists no holder after they were stopp
 
 Log = Callable[[str], None]
 
-# chip statuses in the report, worst first
-GONE, FROZEN, LINKS_DOWN = ResetStatus.GONE, ResetStatus.FROZEN, ResetStatus.LINKS_DOWN
-UNKNOWN, OK = ResetStatus.UNKNOWN, ResetStatus.OK
-NOT_RESET = ResetStatus.NOT_RESET  # after: the reset did not run to its end (tt-smi failed)
-
-# Where each chip of a reset is, as it goes (ChipProgress.stage), in the order they come.
-QUEUED = ResetStage.QUEUED
-STOPPING = ResetStage.STOPPING
-RESETTING = ResetStage.RESETTING  # tt-smi runs
-WAIT_PCI = ResetStage.WAIT_PCI  # the driver does not list the chip's device (yet)
-WAIT_HEARTBEAT = ResetStage.WAIT_HEARTBEAT  # back, but its firmware heartbeat does not move
-WAIT_LINKS = ResetStage.WAIT_LINKS  # alive, but Ethernet links of the set are down
-RETRYING = ResetStage.RETRYING  # the attempt did not recover the set; another follows
-DONE = ResetStage.DONE  # verified (or, heartbeat unknown, as far as can be told)
-FAILED = ResetStage.FAILED  # not recovered when the reset ended
 PROGRESS_EVERY = 0.25  # seconds: a progress callback hears at least this often
-WAITING_FOR: dict[str, str] = {
-    GONE: WAIT_PCI,
-    FROZEN: WAIT_HEARTBEAT,
-    LINKS_DOWN: WAIT_LINKS,
-}  # status -> stage
+# What a chip that is not right after tt-smi waits for (a chip that is: DONE).
+WAITING_FOR: dict[ResetStatus, ResetStage] = {
+    ResetStatus.GONE: ResetStage.WAIT_PCI,
+    ResetStatus.FROZEN: ResetStage.WAIT_HEARTBEAT,
+    ResetStatus.LINKS_DOWN: ResetStage.WAIT_LINKS,
+}
 
 
 @dataclass(frozen=True)
@@ -83,9 +70,15 @@ class ChipProgress:
 
     asic: str
     name: str  # how the plan names it: PCI address, or "remote <asic>"
-    stage: str  # QUEUED ... DONE | FAILED
+    stage: ResetStage  # QUEUED ... DONE | FAILED, changed only by moved()
     attempt: int  # the tt-smi run it is in (1 first; 0 before any)
     detail: str = ""
+
+    def moved(self, stage: ResetStage, attempt: int, detail: str) -> ChipProgress:
+        """This chip in ``stage`` now, through the reset machine's door (states.move:
+        IllegalTransition for a move RESET_MOVES does not allow)."""
+        new = move(RESET_MOVES, f"the reset of {self.name}", self.stage, stage)
+        return replace(self, stage=new, attempt=attempt, detail=detail)
 
 
 # Every chip's progress, called when a stage changes and at least every PROGRESS_EVERY seconds
@@ -524,7 +517,7 @@ class ChipState:
     asic: str
     bdf: str | None
     dev: int | None
-    status: str  # ok | unknown | links down | frozen | gone
+    status: ResetStatus  # OK, UNKNOWN, LINKS_DOWN, FROZEN or GONE
     detail: str = ""
 
 
@@ -566,22 +559,32 @@ def observe(
         chip = by_asic.get(asic)
         want_bdf = (bdfs or {}).get(asic)
         if chip is None or (want_bdf and chip.bdf != want_bdf):
-            result[asic] = ChipState(asic, want_bdf, None, GONE, "not listed by the driver")
+            result[asic] = ChipState(
+                asic, want_bdf, None, ResetStatus.GONE, "not listed by the driver"
+            )
             wrong.append(f"{name} did not come back (the driver does not list it)")
             continue
         beat = beats.get(asic, heartbeat.UNKNOWN)
         if beat == heartbeat.FROZEN:
-            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, FROZEN, "heartbeat frozen")
+            result[asic] = ChipState(
+                asic, chip.bdf, chip.dev_index, ResetStatus.FROZEN, "heartbeat frozen"
+            )
             wrong.append(f"{name}: heartbeat frozen")
         elif down.get(asic):
             result[asic] = ChipState(
-                asic, chip.bdf, chip.dev_index, LINKS_DOWN, f"{plural(down[asic], 'link')} down"
+                asic,
+                chip.bdf,
+                chip.dev_index,
+                ResetStatus.LINKS_DOWN,
+                f"{plural(down[asic], 'link')} down",
             )
         elif beat == heartbeat.UNKNOWN:
-            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, UNKNOWN, "heartbeat unknown")
+            result[asic] = ChipState(
+                asic, chip.bdf, chip.dev_index, ResetStatus.UNKNOWN, "heartbeat unknown"
+            )
             notes.append(f"{name}: heartbeat cannot be read, not verified")
         else:
-            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, OK)
+            result[asic] = ChipState(asic, chip.bdf, chip.dev_index, ResetStatus.OK)
     for pair, group in pairs.items():
         bad = [s for s in group if s.state == links.DOWN]
         if bad:
@@ -723,19 +726,22 @@ class _Tracker:
 
     def __init__(self, p: ResetPlan, progress: Progress | None) -> None:
         self.progress = progress
-        self.chips = {a: ChipProgress(a, p.name(a), QUEUED, 0) for a in p.chips}
+        self.chips = {a: ChipProgress(a, p.name(a), ResetStage.QUEUED, 0) for a in p.chips}
         self.told = 0.0
 
-    def set(self, asics: Iterable[str], stage: str, attempt: int, detail: str = "") -> None:
+    def set(self, asics: Iterable[str], stage: ResetStage, attempt: int, detail: str = "") -> None:
+        """Each of ``asics`` of the plan in ``stage`` now (ChipProgress.moved: a move the
+        reset machine does not make is ttmesh's bug, IllegalTransition)."""
         for a in asics:
             if a in self.chips:
-                self.chips[a] = replace(self.chips[a], stage=stage, attempt=attempt, detail=detail)
+                self.chips[a] = self.chips[a].moved(stage, attempt, detail)
 
     def observed(self, states: dict[str, ChipState], attempt: int) -> None:
         """After tt-smi: what each chip waits for, or done."""
         for a, st in states.items():
-            stage = WAITING_FOR.get(st.status, DONE)
-            self.set([a], stage, attempt, st.detail if stage != DONE or st.status != OK else "")
+            stage = WAITING_FOR.get(st.status, ResetStage.DONE)
+            ok = stage == ResetStage.DONE and st.status == ResetStatus.OK
+            self.set([a], stage, attempt, "" if ok else st.detail)
 
     def tell(self) -> None:
         if self.progress is not None:
@@ -808,7 +814,7 @@ def execute(
                 attempts.append(Attempt(number, [], None, False, 0.0, False, [str(exc)]))
                 break
             say(f"attempt {number} of {retries + 1}: {' '.join(argv)}")
-            track.set(p.chips, RESETTING, number, f"tt-smi {argv[1]}")
+            track.set(p.chips, ResetStage.RESETTING, number, f"tt-smi {argv[1]}")
             track.tell()
             waiting = _bus_watch(host, p, current, track, number)
             # A stop now waits for this attempt's end: a reset cut short loses the chips.
@@ -879,7 +885,7 @@ def _stop_holders(
 ) -> list[int]:
     """Stop the chips' holders (``--force``) and wait until the driver lists none: the PIDs
     stopped; :func:`failed` when one cannot be stopped or a chip stays held."""
-    track.set({b.asic for b in to_stop if b.asic}, STOPPING, 0)
+    track.set({b.asic for b in to_stop if b.asic}, ResetStage.STOPPING, 0)
     track.tell()
     trouble = stop_processes(to_stop, stop_grace, say)
     if trouble:
@@ -905,7 +911,7 @@ def _bus_watch(
         listed = {b for b in (host.bdf_of(n) for n in host.dev_indexes()) if b}
         for a in p.chips:
             lead = leads[a]
-            stage = RESETTING if lead is None or lead in listed else WAIT_PCI
+            stage = ResetStage.RESETTING if lead is None or lead in listed else ResetStage.WAIT_PCI
             if track.chips[a].stage != stage:
                 track.set([a], stage, number, track.chips[a].detail)
                 track.told = 0.0
@@ -953,9 +959,8 @@ def _back_off(number: int, backoff: float, wrong: list[str], say: Log, track: _T
     """Wait before the next attempt: ``backoff`` doubling per attempt, at most MAX_BACKOFF."""
     wait = min(backoff * 2 ** (number - 1), MAX_BACKOFF)
     say(f"attempt {number} did not recover the set ({'; '.join(wrong)}); retrying in {wait:g} s")
-    track.set(
-        [a for a, c in track.chips.items() if c.stage != DONE], RETRYING, number, f"in {wait:g} s"
-    )
+    left = [a for a, c in track.chips.items() if c.stage != ResetStage.DONE]
+    track.set(left, ResetStage.RETRYING, number, f"in {wait:g} s")
     track.tell()
     track.sleep(wait)
 
@@ -974,14 +979,14 @@ def _chip_rows(
     unfinished = not recovered and (not attempts or attempts[-1].exit_code is None)
 
     def after_status(a: str) -> str:
-        status = after[a].status if a in after else GONE
-        return NOT_RESET if unfinished and status == OK else status
+        status = after[a].status if a in after else ResetStatus.GONE
+        return ResetStatus.NOT_RESET if unfinished and status == ResetStatus.OK else status
 
     return [
         {
             "bdf": bdf_before.get(a) or (before[a].bdf if a in before else None),
             "asic_id": a,
-            "before": before[a].status if a in before else GONE,
+            "before": before[a].status if a in before else ResetStatus.GONE,
             "after": after_status(a),
             "dev_before": before[a].dev if a in before else None,
             "dev_after": after[a].dev if a in after else None,
@@ -993,9 +998,9 @@ def _chip_rows(
 def _tell_end(track: _Tracker, chips: list[dict[str, Any]], attempts: int) -> None:
     """The progress view's last word: each chip done or failed (and why)."""
     for c in chips:
-        ok = c["after"] in (OK, UNKNOWN)
-        why = "" if c["after"] == OK else str(c["after"])
-        track.set([str(c["asic_id"])], DONE if ok else FAILED, attempts, why)
+        ok = c["after"] in (ResetStatus.OK, ResetStatus.UNKNOWN)
+        why = "" if c["after"] == ResetStatus.OK else str(c["after"])
+        track.set([str(c["asic_id"])], ResetStage.DONE if ok else ResetStage.FAILED, attempts, why)
     track.tell()
 
 

@@ -14,9 +14,9 @@ their rendezvous store (``launcher.hosts.multihost``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.recovery.afterjob import FAILED
 from ttmesh.render import plural
 from ttmesh.vocab import LinkState

@@ -35,11 +35,11 @@ import stat
 import struct
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from ttmesh import numeric, paths
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
 
 MiB = 1 << 20

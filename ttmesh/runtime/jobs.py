@@ -18,11 +18,11 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from ttmesh import fileread, numeric, paths
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.procs import alive as proc_alive
 from ttmesh.procs import environ_value

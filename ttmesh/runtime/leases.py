@@ -32,11 +32,11 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ttmesh import fileread, procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.paths import NAME_RE, SharedDir
 from ttmesh.vocab import ChipProcess, Role

@@ -31,14 +31,13 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import fileread
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
 from ttmesh.paths import SharedDir
 from ttmesh.runtime.leases import LeaseHost
@@ -157,7 +156,7 @@ def _write(d: SharedDir, entries: list[LeftDown]) -> None:
         return
     doc = {"schema": SCHEMA, "links": [e.to_json() for e in entries]}
     data = json.dumps(doc, separators=(",", ":")).encode()
-    tmp = f".{NAME}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = f".{NAME}.{os.getpid()}.{os.urandom(4).hex()}"  # as secrets.token_hex(4)
     fd = os.open(
         tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=d.fd
     )

@@ -25,9 +25,9 @@ import glob
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ttmesh import fileread, numeric
+from ttmesh.dataclass import dataclass
 from ttmesh.render import plural
 
 MAX_MAPS = 64 * 1024 * 1024  # /proc/PID/maps: ~100 bytes a mapping; a process maps < 500k

@@ -14,10 +14,10 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.runtime.joblogs import (
     DIR_FLAGS,
     INDEX_ENTRY,

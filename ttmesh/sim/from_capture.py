@@ -20,11 +20,11 @@ import os
 import posixpath
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input, from_os_error
 from ttmesh.host import boards as boardfacts
 from ttmesh.host import clusterdesc

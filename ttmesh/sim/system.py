@@ -13,10 +13,11 @@ cable is, on each side, what tt-umd shows on a real multi-host system: a link to
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.host import boards as boardfacts
 from ttmesh.host.clusterdesc import Board, CDChip, ClusterDescriptor, Link, RemoteLink

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag

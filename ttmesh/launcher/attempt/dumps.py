@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,6 +69,8 @@ def take(
     if plan.hosts:
         emit("stack dumps: not taken for a job over several hosts (its ranks are not all here)")
         return []
+    import tempfile  # (random, hashlib): a hung job's, not every guardian's
+
     try:
         where = Path(tempfile.mkdtemp(prefix=f"attempt{attempt}-", dir=jobs.dumps_dir(plan.job)))
     except (OSError, TTMeshError) as exc:

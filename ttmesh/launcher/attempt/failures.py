@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.patterns import Matcher, PatternError, compile_pattern
 from ttmesh.render import printable
 

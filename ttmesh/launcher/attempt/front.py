@@ -20,10 +20,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt.events import EventReader, EventWriter, Observer

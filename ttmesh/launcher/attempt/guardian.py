@@ -31,10 +31,10 @@ import os
 import selectors
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
 from ttmesh.fabric.chipwatch import ChipWatch
 from ttmesh.fabric.devices import Inventory
@@ -265,7 +265,7 @@ class Guardian:
         ):  # fmt: skip
             return
         self._emit(f"{reason}: stopping every worker")
-        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, end=AttemptEnd.RESET_ELSEWHERE))
+        self._begin_stop(Stop(reason, 128 + signal.SIGTERM, AttemptEnd.RESET_ELSEWHERE))
 
     # -- the loop
 
@@ -473,14 +473,15 @@ class Guardian:
             return
         hit = self.fatal
         self._begin_stop(
-            Stop(f"fatal line ({hit.entry.id}): {hit.line[:300]}", 1, restartable=True)
+            Stop(f"fatal line ({hit.entry.id}): {hit.line[:300]}", 1, AttemptEnd.FAILED)
         )
 
     def _watch_chips(self) -> None:
         """The job's chips, read when due while the ranks run (fabric.chipwatch): one that
         failed (its heartbeat stopped, it left the bus, its links went down) stops the job at
         once, named with what was seen. A rank that ended meanwhile is heard first: its own end
-        decides the attempt."""
+        decides the attempt; so does a server's critical process that ended (links that fell
+        with it are its end: _critical_ended)."""
         if not self.chips_watched or self.phase is not Phase.RUNNING or self.liveness is not None:
             return
         if self.stop is not None or self.first_failure is not None or self.front_gone:
@@ -496,7 +497,7 @@ class Guardian:
             return
         self.chip_fault = finding.line
         self._emit(f"{finding.line}: stopping every worker")
-        self._begin_stop(Stop(finding.line, 1, restartable=True))
+        self._begin_stop(Stop(finding.line, 1, AttemptEnd.FAILED))
 
     def _chip_watch(self) -> ChipWatch | None:
         """The watch, its first read taken (None when the host cannot be read: nothing to
@@ -507,13 +508,20 @@ class Guardian:
             inv = self.inv
             if inv is None:  # (a guardian run on its own: tests) read without opening a chip
                 inv = discover(self.host, topology=not self.host.firmware_opens_chips)
-            watch = ChipWatch(inv, self.plan.all_chips())
+            watch = ChipWatch(inv, self.plan.all_chips(), ended=self._critical_ended)
             watch.step()
         except (OSError, TTMeshError) as exc:
             self._emit(f"the job's chips cannot be watched while it runs: {exc}")
             self.chips_watched = False
             return None
         return watch
+
+    def _critical_ended(self) -> str | None:
+        """A server's critical process that ended while it ran (its watch says it died, or
+        the server's exit comes first): the job's own end, which links that fell with it are
+        part of. None when every one lives, or nothing is followed (no server, no health URL)."""
+        watch = self.server.watch if self.server is not None else None
+        return watch.ended() if watch is not None else None
 
     def _ask_liveness(self) -> None:
         """The chips' heartbeats, still being read since the start: ask when due; a refusal
@@ -532,7 +540,9 @@ class Guardian:
             return
         self.refusal, self.liveness = self.liveness.refusal, None
         if self.refusal is not None:
-            self._begin_stop(Stop(f"refused: {self.refusal}", self.refusal.code, quiet=True))
+            self._begin_stop(
+                Stop(f"refused: {self.refusal}", self.refusal.code, AttemptEnd.REFUSED)
+            )
 
     # -- events
 
@@ -694,7 +704,7 @@ class Guardian:
             record.write_server(self.plan, "serving")
         for line, stop in events:
             self._emit(line)
-            if stop is not None and stop.code == HUNG:
+            if stop is not None and stop.end is AttemptEnd.HUNG:
                 # Hung but healthy: out of service first (a fleet takes the replica out of its
                 # router on the stop the view hears), then its stacks, then the stop.
                 self.stop = stop

@@ -16,9 +16,9 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import IO
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.attempt.bringup import BringUp
 from ttmesh.launcher.planning.logspec import LogSpec
 from ttmesh.runtime.joblogs import AttemptLogs, StreamLog, owner_name

@@ -19,7 +19,7 @@ from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.patterns import compile_pattern
 from ttmesh.render import clock, noun
-from ttmesh.states import GuardianPhase, JobPhase
+from ttmesh.states import AttemptEnd, GuardianPhase, JobPhase
 
 if TYPE_CHECKING:
     from ttmesh.launcher.serving.server import Server
@@ -91,7 +91,9 @@ class Readiness:
         )
         after += f" ({why})" if why else ""
         line = f"{names} not ready after {after}: treating the job as hung in bring-up"
-        return line, Stop(f"hung in bring-up: {names} not ready after {after}", HUNG, True)
+        return line, Stop(
+            f"hung in bring-up: {names} not ready after {after}", HUNG, AttemptEnd.HUNG
+        )
 
     def silent(
         self, running: set[int], heard: float, now: float | None = None
@@ -105,7 +107,7 @@ class Readiness:
         if (time.monotonic() if now is None else now) < heard + timeout:
             return None
         line = f"no output from any rank for {timeout:g} s: treating the job as hung"
-        return line, Stop(f"hung: no output from any rank for {timeout:g} s", HUNG, True)
+        return line, Stop(f"hung: no output from any rank for {timeout:g} s", HUNG, AttemptEnd.HUNG)
 
     def progress(self) -> str:
         """A server not ready yet: a line saying how its start goes, now and then ("" if not)."""
@@ -139,12 +141,12 @@ class Readiness:
                 )
                 said.append((f"try: {server.spec.curl()}", None))
             elif event.kind == "hung" and not stopping:
-                stop = Stop(f"hung: {event.detail}", HUNG, restartable=True)
+                stop = Stop(f"hung: {event.detail}", HUNG, AttemptEnd.HUNG)
                 said.append((f"{server.name}: {event.detail}, though it may still answer "
                              "/health: it is hung: dumping its stacks, then stopping it", stop))  # fmt: skip
                 stopping = True
             elif not stopping:
-                stop = Stop(f"{event.kind}: {event.detail}", 1, restartable=True)
+                stop = Stop(f"{event.kind}: {event.detail}", 1, AttemptEnd.FAILED)
                 said.append((f"{server.name}: {event.detail}: stopping it", stop))
                 stopping = True
         return said

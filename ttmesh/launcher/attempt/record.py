@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.attempt.signals import Stop
 from ttmesh.launcher.attempt.starters import RankExit
@@ -148,16 +149,6 @@ def keep_errors(plan: LaunchPlan, attempt: int, spec: LogSpec | None) -> None:
                 spec.keep_error(attempt, str(i), source)
 
 
-def stop_end(stop: Stop) -> AttemptEnd:
-    """How an attempt ttmesh stopped ends: a hang or an unhealthy server may be restarted;
-    the user's signal, another host's failure, the launcher's death end the job."""
-    if stop.end is not None:
-        return stop.end
-    if not stop.restartable:
-        return AttemptEnd.STOPPED
-    return AttemptEnd.HUNG if stop.code == HUNG else AttemptEnd.FAILED
-
-
 def verdict(
     plan: LaunchPlan,
     base: AttemptResult,
@@ -169,9 +160,7 @@ def verdict(
     """The attempt's result from how it ended: ``base`` (every rank succeeded) unless ttmesh
     stopped it (``stop``), mpirun could not start the ranks, or a rank failed first."""
     if stop is not None:
-        return replace(
-            base, code=stop.code, source=Source.TTMESH, reason=stop.reason, end=stop_end(stop)
-        )
+        return replace(base, code=stop.code, source=Source.TTMESH, reason=stop.reason, end=stop.end)
     if launcher_error is not None:
         reason = f"mpirun failed to start the ranks: {launcher_error}"
         return replace(

@@ -5,16 +5,21 @@ start to the attempt's end. A PRE_RESET that concerns the job's chips, from a se
 reset them (:mod:`ttmesh.fabric.resetscope`), stops the job's ranks at once (the resetter waits
 only its 2 s of grace, then resets whatever still runs): the attempt ends naming who reset,
 and is not restarted (the chips are being reset under it; ``ttmesh check`` says when they are
-back). A notice that does not concern the job is said once and the job goes on.
+back). A notice that does not concern the job is said once and the job goes on. What a notice
+means for the job (:mod:`ttmesh.fabric.resetscope`) is imported when the first one comes: most
+attempts hear none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ttmesh.fabric import resetscope
 from ttmesh.host import umdnotice
 from ttmesh.host.base import Host
+
+if TYPE_CHECKING:
+    from ttmesh.fabric.resetscope import Target
 
 __all__ = ["ResetWatch"]
 
@@ -40,7 +45,7 @@ class ResetWatch:
         self.job_uid = job_uid
         self.passing = passing  # --on-reset-notice pass: a heeded notice is said, not obeyed
         self.bdfs = bdfs
-        self._chips: list[resetscope.Target] | None = None  # read when a notice comes (rare)
+        self._chips: list[Target] | None = None  # read when a notice comes (rare)
         self.tally = umdnotice.Tally(say)
         self.listener, why = umdnotice.try_listen(host.root)
         if self.listener is None:
@@ -54,10 +59,12 @@ class ResetWatch:
     def listening(self) -> bool:
         return self.listener is not None
 
-    def chips(self) -> list[resetscope.Target]:
+    def chips(self) -> list[Target]:
         """The job's PCI devices as the driver lists them, read at the first notice (a launch
         of 128 chips would otherwise read 128 sysfs links for a notice that may never come)."""
         if self._chips is None:
+            from ttmesh.fabric import resetscope
+
             self._chips = resetscope.targets(self.host, self.bdfs)
         return self._chips
 
@@ -72,6 +79,8 @@ class ResetWatch:
                     notice.uid, f"tt-umd reset notice: the reset by {notice.who()} is done"
                 )
                 continue
+            from ttmesh.fabric import resetscope
+
             verdict = resetscope.judge(self.host, notice, self.chips(), self.job_uid)
             if not verdict.heed:
                 self.tally.line(notice.uid, f"tt-umd reset notice: {verdict.why}: the job goes on")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.states import AttemptEnd
 
 FORWARDED = (
@@ -31,6 +31,16 @@ STOPPING: dict[int, str] = {
 PEER_STOP = signal.SIGRTMIN + 1
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the launcher outside an attempt (pre-flight, recovery after
+    a crash, a restart's wait), where no guardian is there to handle it (``job.run``, and
+    ``ttmesh.launch``'s ``Control`` while the launch is planned)."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
 def stop_reason(sig: int) -> str:
     """How a job stopped by a signal to ttmesh ends: "interrupted (SIGINT)", "terminated
     (SIGTERM)", "hangup (SIGHUP)"."""
@@ -40,19 +50,22 @@ def stop_reason(sig: int) -> str:
 
 @dataclass
 class Stop:
-    """Why ttmesh (not a failing rank) stops the attempt, and the code it ends with."""
+    """Why ttmesh (not a failing rank) stops the attempt, the code it ends with, and how it
+    ends: whether a restart may help is its end's (AttemptEnd.restartable: a hang, an
+    unhealthy server), and so is a refusal's quiet."""
 
     reason: str
     code: int
-    restartable: bool = (
-        False  # not ready in time, unhealthy: a restart may help (not a user's stop)
-    )
-    user: bool = False  # the user stopped the job (a signal to ttmesh)
-    quiet: bool = False  # a refusal: its one line is all that is said (no drain lines)
+    end: AttemptEnd = AttemptEnd.STOPPED
+    user: bool = False  # the user stopped the job (a signal to ttmesh): it ends STOPPED
     # What the ranks are sent first: the user's own signal (torchrun's agent passes it on), or
     # SIGTERM when ttmesh stops them (a failure, a hang, another host).
     sends: int = signal.SIGTERM
-    end: AttemptEnd | None = None  # how the attempt ends, when not what the flags above say
+
+    @property
+    def quiet(self) -> bool:
+        """A refusal: its one line is all that is said (no drain lines)."""
+        return self.end is AttemptEnd.REFUSED
 
 
 @dataclass(frozen=True)

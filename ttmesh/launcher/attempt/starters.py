@@ -20,9 +20,9 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.logs import Console
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import rank_env

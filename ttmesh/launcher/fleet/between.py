@@ -11,9 +11,9 @@ recovered, never counted among the recovered chips, and the fleet's exit code sa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.render import plural
 
 LOST_FIX = "missing from the host: a reset cannot reach it; power-cycle the host"

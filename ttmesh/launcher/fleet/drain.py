@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.launcher.job.recovery import WHOLE_HOST_RESET
 
 DRAIN_ALL = "drain-all"  # one reset is the whole host: all drained, one reset, all restarted

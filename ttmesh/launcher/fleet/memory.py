@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import plural
 

@@ -11,11 +11,10 @@ nothing.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.fleet.drain import recovery_mode
 from ttmesh.render import plural
@@ -147,8 +146,8 @@ def plan_fleet(launch: Launch, host: Host) -> FleetPlan:
                 values[flag] = str(_free(ports, taken_ports))
         argv = rewrite(list(o.command), values)
         chips = ",".join(named[k * tp : (k + 1) * tp]) if named else None
-        one = dataclasses.replace(
-            o, command=tuple(argv), replicas=None, replicas_parallel=False, router_args=(),
+        one = o.replace(
+            command=tuple(argv), replicas=None, replicas_parallel=False, router_args=(),
             no_memory_check=False,
             job_id=f"{fleet[:56]}-r{k}", chips=chips, exclude=",".join(excluded) or None,
             summary_json=None,

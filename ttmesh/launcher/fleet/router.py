@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ttmesh.errors import bad_input
+from ttmesh.launcher.serving.watch import DIRECT
 
 MODULE = "ttmesh.launcher.fleet.routermain"
 ASK_TIMEOUT = 2.0  # one request to the router's own endpoints
@@ -40,9 +41,8 @@ REASON_MAX = 200  # characters of the router's reason said in a line
 ASK_AGAIN = 10.0  # s: a replica the router does not list is asked for again after this
 ACCEPTED = ("accepted", "success", "ok")  # what 0.3.x's admin routes say of a request they take
 NOTHING_YET = "is in the kernel's table"  # listeners.whose: nothing listens there (yet)
-# Straight to the router: never through a proxy the environment names (http_proxy), which
-# would be sent the key.
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Straight to the router (serving.watch.DIRECT): never through a proxy the environment names
+# (http_proxy), which would be sent the key.
 
 
 def check_installed() -> None:

@@ -22,10 +22,10 @@ authentication: refused.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.render import clip, printable
 

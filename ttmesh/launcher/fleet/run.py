@@ -25,9 +25,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.fleet.between import Between
 from ttmesh.launcher.fleet.drain import after_drain, needs_whole_host, recovery_mode
 from ttmesh.launcher.fleet.router import (

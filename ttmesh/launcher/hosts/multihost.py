@@ -21,9 +21,9 @@ import dataclasses
 import os
 import signal
 import socket
-from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node

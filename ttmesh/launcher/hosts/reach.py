@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.launcher.hosts import mpi
 

@@ -35,11 +35,11 @@ import socket
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from ttmesh import addresses
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.render import note, printable
 

@@ -15,10 +15,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.host.base import Host
 from ttmesh.vocab import Layout, StartMode

@@ -5,19 +5,19 @@ check after a crash, and every host's recovery in a mesh over several hosts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import discover
 from ttmesh.fabric.problem import chip_name
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
-from ttmesh.states import JobPhase
+from ttmesh.states import JobPhase, ResetStage
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.recovery.reset import ChipProgress
 
 
 @dataclass
@@ -158,14 +158,12 @@ def last_reset_verified(recovery: Recovery, since: float) -> bool:
     return bool(after) and all(r["recovered"] for r in after)
 
 
-def _reset_detail(chips: list[Any]) -> str:
+def _reset_detail(chips: list[ChipProgress]) -> str:
     """``3 of 4 chips done, 1 waiting for links``: a reset's progress in a few words."""
-    from ttmesh.recovery.reset import DONE
-
     counts: dict[str, int] = {}
     for c in chips:
         counts[c.stage] = counts.get(c.stage, 0) + 1
-    done = counts.pop(DONE, 0)
+    done = counts.pop(ResetStage.DONE, 0)
     rest = ", ".join(f"{n} {stage}" for stage, n in counts.items())
     return f"{done} of {plural(len(chips), 'chip')} done" + (f", {rest}" if rest else "")
 

@@ -20,7 +20,7 @@ from ttmesh.fabric.domains import mesh_peers
 from ttmesh.launcher.attempt.front import run_attempt
 from ttmesh.launcher.attempt.guardian import Options
 from ttmesh.launcher.attempt.record import AttemptResult
-from ttmesh.launcher.attempt.signals import STOPPING, stop_reason
+from ttmesh.launcher.attempt.signals import STOPPING, Stopped, stop_reason
 from ttmesh.launcher.job import errorfile
 from ttmesh.launcher.job.preflight import run_preflight
 from ttmesh.launcher.job.recovery import (
@@ -71,15 +71,6 @@ def _clear_attempt_files(plan: LaunchPlan) -> None:
 
 LAUNCHER_KILLED = "launcher killed"
 SUPERVISOR_KILLED = "supervisor killed"
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP reached the launcher outside an attempt (pre-flight, recovery after
-    a crash, a restart's wait), where no guardian is there to handle it."""
-
-    def __init__(self, sig: int) -> None:
-        super().__init__(sig)
-        self.sig = sig
 
 
 def _raise_stopped(sig: int, _frame: object) -> None:
@@ -459,17 +450,20 @@ class JobRun:
     def _release(
         self, status: str | None = None, code: int | None = None, ended: dict | None = None
     ) -> None:
+        # The record is closed last: a job ps calls ended has left nothing behind (its leases,
+        # its run directory with the ranks' TMPDIRs, its logs closed), also when its guardian
+        # finishes it after the launcher was killed.
+        if self.held is not None:
+            self.held.release()
+        if self.run_dir is not None:
+            self.run_dir.remove()
+        self._close_logs()
         if self.unrecorded:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.remove(self.plan.job)
         elif status is not None:
             with contextlib.suppress(OSError, TTMeshError):
                 jobs.close(self.plan.job, status, code, ended)
-        if self.held is not None:
-            self.held.release()
-        if self.run_dir is not None:
-            self.run_dir.remove()
-        self._close_logs()
 
     def _close_logs(self) -> None:
         """The job's log directory closed; other jobs' logs beyond the bounds removed."""

@@ -24,14 +24,12 @@ SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/architecture.md, "JSON")
 def job_facts(prepared: Prepared, logs: Any = None) -> dict[str, Any]:
     """What a job is, for its record (``ttmesh ps JOB``) and ``--summary-json``: where and by
     whom it runs, its command, profile, chips, server and log directory."""
-    import socket
-
     from ttmesh.procs import user_name
 
     plan = prepared.plan
     serving = plan.serving
     return {
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,  # gethostname's answer, without importing socket
         "user": user_name(os.getuid()),
         "uid": os.getuid(),
         "root": plan.root,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.fabric import heartbeat
 from ttmesh.fabric.devices import Chip, Inventory, by_id_chip

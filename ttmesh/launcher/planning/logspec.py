@@ -4,9 +4,10 @@
 torch 2.13's ``DefaultLogsSpecs`` is the model: a value ``0``-``3`` (none, stdout, stderr, both)
 for every local rank, or a map ``0:1,1:2`` (ranks not named: 0); the files go to
 ``LOG_DIR/<run id>_<random>/attempt_<N>/<local rank>/stdout.log`` and ``stderr.log``, the run
-directory made once per job (``tempfile.mkdtemp``), one ``attempt_N`` per restart. A stream that
-is redirected and not tee'd leaves the console; with ``-r``/``-t`` and no ``--log-dir`` the files
-go to a new ``torchelastic_*`` directory, as torchrun's do. ttmesh's own habit stays: with a log
+directory made once per job (:mod:`ttmesh.launcher.job.logdir`, only when there are files),
+one ``attempt_N`` per restart. A stream that is redirected and not tee'd leaves the console;
+with ``-r``/``-t`` and no ``--log-dir`` the files go to a new ``torchelastic_*`` directory, as
+torchrun's do. ttmesh's own habit stays: with a log
 directory every stream of every rank is written (torchrun writes only the streams named).
 
 The run directory is opened once (no symbolic link followed, checked to be this user's) and
@@ -18,14 +19,11 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import stat
-import tempfile
-from dataclasses import dataclass, field
-from string import Template
 
 from ttmesh import numeric
-from ttmesh.errors import bad_input, from_os_error
+from ttmesh.dataclass import dataclass, field
+from ttmesh.errors import bad_input
 
 NONE, OUT, ERR, ALL = 0, 1, 2, 3
 BITS = {"stdout": OUT, "stderr": ERR}
@@ -90,6 +88,8 @@ class LogSpec:
         anything else is left as written (``Template.safe_substitute``)."""
         if self.template is None:
             return None
+        from string import Template  # only with a template: most launches have none
+
         return Template(self.template).safe_substitute(
             role_name=role, rank=rank, local_rank=local_rank
         )
@@ -135,51 +135,3 @@ class LogSpec:
         if fd is not None:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-
-
-def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:
-    """``LOG_DIR/<run id>_<random>`` (a new ``torchelastic_*`` base directory under the
-    temporary directory when no ``--log-dir`` is given), made and opened once for the job.
-
-    ``LOG_DIR`` is reached and made as ``paths.walk`` does (a symbolic link is followed only
-    when root or this user owns it); the job's directory is new (mode 0700, as ``mkdtemp``
-    makes it) and opened relative to it, so what another user can rename in ``LOG_DIR`` never
-    redirects a write."""
-    from ttmesh import paths
-
-    base = log_dir
-    try:
-        base = base or tempfile.mkdtemp(prefix="torchelastic_")
-        base_fd, _ = paths.walk(base, what="--log-dir", create=True)
-        try:
-            name, fd = _new_dir(base_fd, run_id, base)
-        finally:
-            os.close(base_fd)
-    except OSError as exc:
-        raise from_os_error(exc, "create the log directory", base) from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        os.close(fd)
-        raise bad_input(
-            f"--log-dir {base}: {name} was changed by another user", "give a private --log-dir"
-        )
-    spec.run_dir, spec.dir_fd = os.path.join(base, name), fd
-    return spec.run_dir
-
-
-def _new_dir(base_fd: int, prefix: str, base: str) -> tuple[str, int]:
-    """``mkdtemp`` relative to a directory descriptor: (the name, the new directory open).
-    An error names the whole path (``base``/name)."""
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_"
-    for _ in range(100):
-        name = f"{prefix}_" + "".join(secrets.choice(alphabet) for _ in range(8))
-        try:
-            os.mkdir(name, 0o700, dir_fd=base_fd)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            exc.filename = os.path.join(base, name)
-            raise
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        return name, os.open(name, flags, dir_fd=base_fd)
-    raise FileExistsError(f"no free name for {prefix}_* after 100 tries")

@@ -20,12 +20,11 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.vocab import Layout
@@ -261,6 +260,8 @@ def _reports(out: bytes) -> list[dict]:
 def start(plan: LaunchPlan, python: str) -> Pending:
     """Start one probe per rank on copies of the files that rank will get (the plan's paths are
     in a run directory that does not exist yet)."""
+    import tempfile  # (random, hashlib): only with a ttnn Python configured
+
     workdir = tempfile.mkdtemp(prefix="ttmesh-metal-")
     pending = Pending(python, workdir, started=time.monotonic())
     try:

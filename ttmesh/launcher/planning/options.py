@@ -7,12 +7,13 @@ around it (the console, the logs, recovery). The click command declares the opti
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import addresses, numeric, paths
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
 from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
@@ -43,10 +44,13 @@ class TorchrunFlags:
     numa_binding: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LaunchOptions:
     """``ttmesh launch``'s options (named as the command's parameters; the defaults are the
-    command's): what ``ttmesh.launch`` takes from Python too (docs/api.md)."""
+    command's), read-only: what ``ttmesh.launch`` takes from Python too (docs/api.md).
+
+    A ``ttmesh.dataclass`` (its methods made without compiling code: a launch imports this
+    module) so that a program's keyword arguments are type-checked; nothing compares them."""
 
     host: Host
     command: tuple[str, ...]
@@ -116,6 +120,10 @@ class LaunchOptions:
     no_logs: bool = False  # --no-logs: keep no copy of the output with the job's record
     # The ttmesh command line (its words after ``ttmesh``): --hosts' agents each run it again.
     argv: tuple[str, ...] = ()
+
+    def replace(self, **changes: Any) -> LaunchOptions:
+        """A copy with ``changes`` (as ``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -407,7 +415,7 @@ def _workdir(value: str | None) -> str:
 
 def _log_dir(value: str | None) -> str | None:
     """--log-dir: a file or an unwritable place is bad input. Only checked here: the launch
-    makes it, and the job's directory in it (launcher.planning.logspec.make_run_dir)."""
+    makes it, and the job's directory in it (launcher.job.logdir.make_run_dir)."""
     if value is None:
         return None
     return str(paths.writable_dir(value, "--log-dir", "the rank logs"))
@@ -493,11 +501,9 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
     torchrun's flags win over Slurm's environment (SLURM_NNODES, SLURM_NODEID, the first host
     of SLURM_JOB_NODELIST, at its NodeAddr when DNS does not know its name) and over mpirun's
     (OMPI_COMM_WORLD_RANK, when --hosts started us)."""
-    from ttmesh.launcher.hosts import rendezvous, slurm
-
     env = os.environ
     count, node_rank = _nnodes(o.nnodes), o.node_rank
-    endpoint = None if o.rdzv_endpoint is None else rendezvous.parse_endpoint(o.rdzv_endpoint)
+    endpoint = None if o.rdzv_endpoint is None else _endpoint(o.rdzv_endpoint)
     local_addr = None
     if o.local_addr is not None:
         local_addr = addresses.host(o.local_addr, "--local-addr", example="--local-addr 10.0.0.2")
@@ -508,7 +514,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
                 f"--nnodes {count} but --hosts names {len(names)} hosts", "drop --nnodes"
             )
         count = len(names)
-        endpoint = endpoint or rendezvous.parse_endpoint(names[0])
+        endpoint = endpoint or _endpoint(names[0])
     in_slurm = "SLURM_JOB_NODELIST" in env and "SLURM_NODEID" in env and "SLURM_STEP_ID" in env
     hosts_of = "--nnodes"
     if count is None and in_slurm:
@@ -531,7 +537,9 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             "give each host its own node rank",
         )
     if endpoint is None and in_slurm:
-        endpoint = rendezvous.Endpoint(slurm.first_address(env["SLURM_JOB_NODELIST"]), 29400)
+        from ttmesh.launcher.hosts import slurm  # (socket, subprocess): under Slurm only
+
+        endpoint = _endpoint(slurm.first_address(env["SLURM_JOB_NODELIST"]), 29400)
     if node_rank is None and hosts is None:
         raise bad_input(
             f"--nnodes {count}: which host is this?", "give --node-rank 0..N-1 on each host"
@@ -541,6 +549,8 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             f"--nnodes {count}: where do the hosts meet?",
             "give --rdzv-endpoint HOST:PORT (node 0's address)",
         )
+    from ttmesh.launcher.hosts import rendezvous
+
     return Join(
         nnodes=count,
         node_rank=node_rank if node_rank is not None else 0,
@@ -551,6 +561,14 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
         heartbeat_timeout=o.heartbeat_timeout,
         job=o.job_id if o.job_id is not None else _job_of(endpoint),
     )
+
+
+def _endpoint(text: str, port: int | None = None) -> Endpoint:
+    """Where the hosts meet: ``HOST[:PORT]`` read (or HOST at ``port``). The rendezvous
+    (socket, torch's store) is imported for a job over several hosts only."""
+    from ttmesh.launcher.hosts import rendezvous
+
+    return rendezvous.parse_endpoint(text) if port is None else rendezvous.Endpoint(text, port)
 
 
 def shown(value: str | None) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS
@@ -327,6 +327,7 @@ class _Job:
     descriptors: dict[str, str]  # name -> path
     desc_of: dict[int, str]  # rank -> its mesh graph descriptor
     outside: Surroundings
+    host_envs: dict[int, dict[str, str]] = field(default_factory=dict)  # node -> _host_env's
 
     @property
     def world(self) -> int:
@@ -461,12 +462,18 @@ def _cache_base(req: LaunchRequest, home: str) -> str:
 
 
 def _host_env(job: _Job, node: int) -> dict[str, str]:
-    """What the rank's host adds for the job's chips there (a simulated host: its root)."""
+    """What the rank's host adds for the job's chips there (a simulated host: its root), the
+    same for every rank of the host: asked once per host."""
+    if node in job.host_envs:
+        return job.host_envs[node]
     if job.req.cluster is None:
-        return job.inv.host.rank_env(job.sel.chips)
-    view = job.req.cluster.hosts[node]
-    mine = {c.asic_id for c in view.inv.chips}
-    return view.inv.host.rank_env([a for a in job.sel.chips if a in mine])
+        env = job.inv.host.rank_env(job.sel.chips)
+    else:
+        view = job.req.cluster.hosts[node]
+        mine = {c.asic_id for c in view.inv.chips}
+        env = view.inv.host.rank_env([a for a in job.sel.chips if a in mine])
+    job.host_envs[node] = env
+    return env
 
 
 def _workdir(req: LaunchRequest) -> str:

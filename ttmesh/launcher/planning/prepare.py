@@ -4,10 +4,11 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.fabric.devices import Chip, Inventory, discover
 from ttmesh.host.base import Host

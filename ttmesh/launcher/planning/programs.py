@@ -24,10 +24,11 @@ import re
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import plural
 
@@ -151,7 +152,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
     its release numbers."""
     parts: list[int] = []
     for piece in text.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
+        match = re.match(r"[0-9]+", piece)
         if match is None:
             break
         parts.append(int(match.group()))

@@ -6,11 +6,11 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ttmesh.addresses import shown
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import ENV_KEY, owner_flag
 from ttmesh.vocab import Layout, StartMode

@@ -10,10 +10,10 @@ compatibility mode, tt-umd, tt-smi) sees the chips the job was given.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import Inventory
 
 HELPER = str(Path(__file__).resolve().parents[2] / "runtime" / "hostview.py")

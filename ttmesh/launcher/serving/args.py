@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from ttmesh.dataclass import dataclass, field
 
 if TYPE_CHECKING:
     from ttmesh.launcher.serving.flags import Parsed, Read, Table

@@ -18,10 +18,10 @@ view on a terminal, names the step a ready timeout stuck in, and puts each step'
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
 from typing import Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
 from ttmesh.patterns import Matcher, PatternError, compile_pattern
 from ttmesh.render import clock, noun, printable

@@ -15,9 +15,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
-from dataclasses import dataclass
 
 from ttmesh import fileread, numeric, procs
+from ttmesh.dataclass import dataclass
 
 LISTEN = "0A"  # the kernel's TCP_LISTEN in /proc/net/tcp's ``st`` column
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")

@@ -15,11 +15,11 @@ that reads a flag the server does not have is refused when its table is loaded.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.serving.args import ServerArgs
 

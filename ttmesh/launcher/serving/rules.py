@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 import operator
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.launcher.serving.args import ServerArgs
 from ttmesh.patterns import PatternError, compile_pattern

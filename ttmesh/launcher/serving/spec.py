@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ttmesh import addresses, numeric
+from ttmesh.dataclass import dataclass, field
 from ttmesh.launcher.serving import rules
 from ttmesh.launcher.serving.args import ServerArgs
 from ttmesh.launcher.serving.profiles import (

@@ -10,7 +10,10 @@ generation), so the watch runs in a thread of the guardian and reports through a
 guardian's loop selects on; it never blocks the loop. It also watches the processes whose
 command lines start with the profile's ``critical`` names (SGLang renames its schedulers
 ``sglang::scheduler``), each from when it appears: one of them dying after ready while the
-server's main process lives is a failure (a health endpoint can still answer then).
+server's main process lives is a failure (a health endpoint can still answer then). Those it
+follows are the guardian's to ask too (:meth:`Watch.ended`): a scheduler killed with the
+fabric open takes the links between the job's chips down, and the chip watch leaves that to
+this watch's verdict.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 
 from ttmesh import procs
+from ttmesh.dataclass import dataclass
 from ttmesh.render import plural
 
 STARTING, LISTENING, READY, UNHEALTHY, DIED = "starting", "listening", "ready", "unhealthy", "died"
@@ -45,10 +48,16 @@ class Event:
     at: float = 0.0
 
 
+# Every request ttmesh makes of a server or a router goes to a loopback address it chose: never
+# through a proxy the environment names (http_proxy), which would answer for the server or not
+# at all (a server then never "ready" is killed at --ready-timeout).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def probe(url: str, timeout: float) -> int | None:
     """The HTTP status of GET ``url``; None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with DIRECT.open(url, timeout=timeout) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -61,7 +70,7 @@ def generate(url: str, body: bytes, timeout: float) -> str:
     ``timeout``), or "refused" (no connection: the server's end is for others to see)."""
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             response.read(65536)
         return "answered"
     except urllib.error.HTTPError:
@@ -103,6 +112,12 @@ class Watch(threading.Thread):
         self.probe = probe
         self.events: collections.deque[Event] = collections.deque()
         self.done = threading.Event()
+        # The critical processes, as they appear while it starts (pid -> start time, name),
+        # and whether it is past ready (an end among them is then this watch's to decide).
+        # Read by the guardian's thread too (ended): guarded by the lock.
+        self.lock = threading.Lock()
+        self.watched: dict[int, tuple[int | None, str]] = {}
+        self.serving = False
 
     def stop(self) -> None:
         self.done.set()
@@ -117,12 +132,10 @@ class Watch(threading.Thread):
     def run(self) -> None:
         state = STARTING
         said = ""
-        # The critical processes, as they appear while it starts: one that dies between the
-        # server's ready and ttmesh's next probe is still one that died while the server ran.
-        watched: dict[int, tuple[int | None, str]] = {}
         while not self.done.is_set():
-            for pid, seen in self._critical().items():
-                watched.setdefault(pid, seen)
+            # The critical processes, as they appear while it starts: one that dies between
+            # the server's ready and ttmesh's next probe is still one that died while it ran.
+            self._note_critical()
             status = probe(self.url, HEALTH_TIMEOUT)
             if status is not None:
                 why = self._not_ours()
@@ -144,17 +157,15 @@ class Watch(threading.Thread):
             return
         if self.probe is not None:  # in a thread of its own: it may wait up to its timeout
             threading.Thread(target=self._probe, name="ttmesh-serving-probe", daemon=True).start()
-        for pid, seen in self._critical().items():
-            watched.setdefault(pid, seen)
+        self._note_critical()
+        with self.lock:
+            self.serving = True
         misses = 0
         next_health = time.monotonic() + (self.health_interval or 0)
         while not self.done.wait(CRITICAL_EVERY):
-            gone = [
-                (pid, name) for pid, (start, name) in watched.items() if not procs.alive(pid, start)
-            ]
-            if gone and self._outlives(SETTLE):
-                pid, name = gone[0]
-                self._say(DIED, f"{name} (pid {pid}) died while the server ran")
+            gone = self.ended()
+            if gone is not None and self._outlives(SETTLE):
+                self._say(DIED, f"{gone} died while the server ran")
                 return
             if self.health_interval and time.monotonic() >= next_health:
                 status = probe(self.url, min(HEALTH_TIMEOUT, self.health_interval * 4))
@@ -232,6 +243,27 @@ class Watch(threading.Thread):
             if self.done.wait(0.05):
                 return False
         return False
+
+    def _note_critical(self) -> None:
+        """Follow the critical processes that appeared since the last look."""
+        found = self._critical()
+        with self.lock:
+            for pid, seen in found.items():
+                self.watched.setdefault(pid, seen)
+
+    def ended(self) -> str | None:
+        """A critical process that ended while the server ran (``sglang::scheduler_TP0 (pid
+        N)``), whose end this watch decides on: it says it died (SETTLE after it), or the
+        server's own exit comes first. None while every one lives, and before ready (a start
+        that loses one is its ready timeout's, or the server's exit's, to end)."""
+        with self.lock:
+            if not self.serving:
+                return None
+            followed = list(self.watched.items())
+        for pid, (start, name) in followed:
+            if not procs.alive(pid, start):
+                return f"{name} (pid {pid})"
+        return None
 
     def _critical(self) -> dict[int, tuple[int | None, str]]:
         """The server's processes whose command lines start with a critical name, now."""

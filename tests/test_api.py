@@ -81,6 +81,12 @@ def test_a_refusal_is_a_launch_error_with_its_code_and_line(qb2: Path, runtime: 
     with pytest.raises(ttmesh.LaunchError) as info:
         ttmesh.launch(_options(qb2, "exit=0", chips="0000:01:00.0", tp_size=3))
     assert info.value.code == 2 and "--tp-size is 3" in info.value.line
+    with pytest.raises(ttmesh.LaunchError) as info:  # the rule a mesh over hosts checks too
+        ttmesh.launch(_options(qb2, "exit=0", mesh_shape="2x2"))
+    assert info.value.code == 2
+    assert info.value.line == (
+        "--mesh-shape 2x2 has 4 chips but --tp-size is 2 (make ROWS x COLS equal the chip count)"
+    )
 
 
 def test_a_dry_run_returns_its_plan_and_runs_in_any_thread(qb2: Path, runtime: Path) -> None:

@@ -219,6 +219,8 @@ def test_swapped_host_ranks_are_named_against_the_wiring(base: Path) -> None:
         ({"tp_size": 15}, "tp-size 15: 2 hosts share a mesh equally (give a multiple of 2"),
         ({"tp_size": 16, "mesh_shape": (4, 4)}, "tp-size 16: no mesh shape 4x4 over these 2 hosts"),
         ({"tp_size": 16, "nproc": 3}, "6 workers cannot share a 1x16 mesh equally"),
+        ({"tp_size": 16, "mesh_shape": (2, 4)}, "--mesh-shape 2x4 has 8 chips but --tp-size is 16"),
+        ({"mesh_shape": (2, 4)}, "--mesh-shape 2x4 has 8 chips but --tp-size is 16"),  # every chip
     ],
 )
 def test_plans_that_cannot_be_are_one_line(base: Path, kw: dict, needle: str) -> None:

@@ -33,6 +33,7 @@ from ttmesh.addresses import shown
 from ttmesh.errors import bad_input, refused
 from ttmesh.launcher.hosts import hostreport, mpi
 from ttmesh.launcher.hosts.reach import MpiHosts
+from ttmesh.launcher.planning.prepare import check_mesh_shape
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.render import plural
 
@@ -125,13 +126,7 @@ def plan_over(
     count = len(cluster.hosts)
     if req.tp_size is None or req.tp_size == 0:
         req = replace(req, tp_size=len(cluster.inv.chips))
-    if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
-        rows, cols = req.mesh_shape
-        raise bad_input(
-            f"--mesh-shape {rows}x{cols} has {plural(rows * cols, 'chip')} but --tp-size is "
-            f"{req.tp_size}",
-            "make ROWS x COLS equal the chip count",
-        )
+    check_mesh_shape(req.mesh_shape, req.tp_size)
     blocked = {a: w for a, w in why.items()}
     if req.binding is not None:
         req, sel, hosts_of_ranks = _binding(req, cluster)

@@ -243,14 +243,20 @@ def _chip_count(
             f"--chips names {plural(len(chosen), 'chip')} but --tp-size is {req.tp_size}",
             "give as many chips as --tp-size, or drop --tp-size",
         )
-    if req.mesh_shape and req.mesh_shape[0] * req.mesh_shape[1] != req.tp_size:
-        rows, cols = req.mesh_shape
+    check_mesh_shape(req.mesh_shape, req.tp_size)
+    return req, default_note
+
+
+def check_mesh_shape(shape: tuple[int, int] | None, tp_size: int) -> None:
+    """--mesh-shape against the job's chip count (one host's, or a mesh over hosts'): the one
+    place the rule is checked."""
+    if shape and shape[0] * shape[1] != tp_size:
+        rows, cols = shape
         raise bad_input(
             f"--mesh-shape {rows}x{cols} has {plural(rows * cols, 'chip')} but --tp-size is "
-            f"{req.tp_size}",
+            f"{tp_size}",
             "make ROWS x COLS equal the chip count",
         )
-    return req, default_note
 
 
 def _passed_over(inv: Inventory, choice: Choice) -> list[dict[str, object]]:

@@ -159,6 +159,22 @@ def test_prepare_does_not_change_the_request(qb2: Path, tmp_path: Path, tp_size:
     assert len(prepared.plan.ranks) == (tp_size or 4)
 
 
+def test_a_ranks_environment_is_read_only_once_planned() -> None:
+    """RankPlan.env is the plan's: no later stage writes into it (a stage that wants another
+    environment makes another RankPlan), and the dict it was made from is copied."""
+    from ttmesh.launcher.planning.plan import RankPlan
+
+    given = {"RANK": "0"}
+    rank = RankPlan(rank=0, units=(), chips=(), bdfs=(), coord=(0, 0), host_rank=0, mesh_id=0,
+                    argv=("true",), env=given)  # fmt: skip
+    given["RANK"] = "7"
+    assert rank.env == {"RANK": "0"}
+    with pytest.raises(TypeError):
+        rank.env["ROLE_NAME"] = "trainer"  # type: ignore[index]
+    changed = dataclasses.replace(rank, env={**rank.env, "ROLE_NAME": "trainer"})
+    assert changed.env == {"RANK": "0", "ROLE_NAME": "trainer"} and rank.env == {"RANK": "0"}
+
+
 def test_a_mesh_over_hosts_does_not_change_the_request(tmp_path: Path) -> None:
     """meshhosts plans from new requests too: the one it got keeps --tp-size and
     --nproc-per-node unresolved (nproc is one host's, the plan's is every host's)."""

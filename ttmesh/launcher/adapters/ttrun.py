@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +340,7 @@ def pythonpath_refusal(cwd: str) -> str | None:
 
 
 def where_note(
-    workdir: str, cwd: str, env: dict[str, str], environ: dict[str, str], cwd_refusal: str | None
+    workdir: str, cwd: str, env: Mapping[str, str], environ: dict[str, str], cwd_refusal: str | None
 ) -> str:
     """What --dry-run says about where a rank-binding job's ranks run and what they import."""
     where = (

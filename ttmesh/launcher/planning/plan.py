@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ttmesh.dataclass import dataclass, field
@@ -37,11 +38,16 @@ class RankPlan:
     host_rank: int
     mesh_id: int
     argv: tuple[str, ...]
-    env: dict[str, str]  # only what ttmesh adds or changes
+    # Only what ttmesh adds or changes; read-only (a copy is taken), as the rest of the plan:
+    # a stage that wants another environment makes another RankPlan (dataclasses.replace).
+    env: Mapping[str, str]
     block_shape: tuple[int, int] = (1, 1)
     workdir: str = ""  # the rank's working directory when not the user's (tt-metal worlds)
     node: int = 0  # the host it runs on (an index into LaunchPlan.hosts)
     tmpdir: str = ""  # its own TMPDIR (a program profile's private_dirs), made before it starts
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
     @property
     def joins_chips(self) -> bool:
@@ -119,7 +125,7 @@ class LaunchPlan:
         return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
 
     def to_json(self, show_env: bool = False) -> dict[str, Any]:
-        def shown(env: dict[str, str]) -> dict[str, str]:
+        def shown(env: Mapping[str, str]) -> dict[str, str]:
             if show_env:
                 return dict(env)
             return {k: ("***" if k in self.user_env_keys else v) for k, v in env.items()}

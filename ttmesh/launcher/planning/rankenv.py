@@ -48,7 +48,7 @@ def scrubbed(key: str) -> bool:
     return key in RANK_VARS or key.startswith(RANK_PREFIXES)
 
 
-def unbuffered(*envs: dict[str, str]) -> dict[str, str]:
+def unbuffered(*envs: Mapping[str, str]) -> dict[str, str]:
     """``PYTHONUNBUFFERED=1`` unless one of ``envs`` (the user's shell, ``--env``) sets it, even
     empty. torchrun runs a script as ``python -u``: a rank's prints reach the console as they
     are made, and a rank killed by SIGKILL keeps its last lines. The variable does the same for
@@ -314,7 +314,7 @@ SERVER_KEEPS = (
 
 class _Rank(Protocol):
     @property
-    def env(self) -> dict[str, str]: ...
+    def env(self) -> Mapping[str, str]: ...
 
 
 class _Plan(Protocol):

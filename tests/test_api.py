@@ -109,3 +109,62 @@ def test_a_dry_run_returns_its_plan_and_runs_in_any_thread(qb2: Path, runtime: P
     assert result.plan["schema"] == "ttmesh.plan/1" and len(result.plan["ranks"]) == 2
     assert isinstance(refusal, ttmesh.LaunchError) and refusal.code == 2
     assert "runs in the main thread" in refusal.line
+
+
+@pytest.mark.parametrize(
+    ("given", "flags"),
+    [
+        ({"tp_size": 0}, ["--tp-size", "0"]),
+        ({"grace": -1}, ["--grace", "-1"]),
+        ({"grace": float("nan")}, ["--grace", "nan"]),
+        ({"max_restarts": -1}, ["--max-restarts", "-1"]),
+        ({"master_port": 70000}, ["--master-port", "70000"]),
+        ({"op_timeout": 0}, ["--op-timeout", "0"]),
+        ({"heartbeat_timeout": 3e6}, ["--heartbeat-timeout", "3000000.0"]),
+        ({"replicas": 0}, ["--replicas", "0"]),
+    ],
+)
+def test_a_number_from_python_is_held_to_the_flags_range(
+    qb2: Path, runtime: Path, given: dict, flags: list[str]
+) -> None:
+    """What the command's parser refuses, ttmesh.launch refuses with the same line (its
+    ranges are written once, planning.limits), before anything is read of the host."""
+    from click.testing import CliRunner
+
+    from ttmesh.cli.launch import launch_cmd
+
+    with pytest.raises(ttmesh.LaunchError) as info:
+        ttmesh.launch(_options(qb2, "exit=0", **given))
+    res = CliRunner().invoke(launch_cmd, [*flags, "--", "true"])
+    assert isinstance(res.exception, ttmesh.errors.TTMeshError), res.output
+    assert info.value.code == res.exception.code == 2
+    assert info.value.line == str(res.exception)
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ({"host": "/"}, "host str: not a host (give ttmesh.open_host(root) ('/': this one))"),
+        ({"command": "python x.py"}, "command: 'python x.py': not a sequence of words"),
+        ({"env_items": "A=1"}, "env_items: 'A=1': not a sequence of words"),
+        ({"dry_run": "yes"}, "dry_run: 'yes': not True or False"),
+        ({"torchrun_flags": None}, "torchrun_flags: not a TorchrunFlags"),
+        (
+            {"torchrun_flags": ttmesh.TorchrunFlags(numa_binding="socket")},
+            "--numa-binding 'socket': ttmesh binds ranks by NUMA node only",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_one_line(
+    qb2: Path, runtime: Path, given: dict, line: str
+) -> None:
+    """A string where words are meant is refused, not read letter by letter."""
+    options = {"host": ttmesh.open_host(qb2), "command": ("true",), **given}
+    with pytest.raises(ttmesh.LaunchError) as info:
+        ttmesh.launch(ttmesh.LaunchOptions(**options))
+    assert info.value.code == 2 and info.value.line.startswith(line), info.value.line
+
+
+def test_a_number_given_as_text_is_read_as_the_flag_reads_it(qb2: Path, runtime: Path) -> None:
+    result = ttmesh.launch(_options(qb2, "exit=0", tp_size="2", dry_run=True))  # type: ignore[arg-type]
+    assert result.plan is not None and len(result.plan["ranks"]) == 2

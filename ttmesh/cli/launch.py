@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ttmesh import numeric
 from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
-from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
+from ttmesh.cli.options import CONTEXT, bounded, host_options
 from ttmesh.version import __version__
 from ttmesh.vocab import LAYOUTS, StartMode
 
@@ -34,14 +33,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @torchrun.options
 @click.option(
     "--tp-size",
-    type=whole(low=1, high=numeric.MAX_CHIPS, unit="chips", example="4"),
+    type=bounded("tp_size"),
     metavar="N",
     help="Chips of the job, one worker each (per board on n300): the tensor-parallel degree, "
     "over every host. Default: every chip.",
 )
 @click.option(
     "--replicas",
-    type=whole(low=1, high=numeric.MAX_CHIPS, unit="replicas", example="2"),
+    type=bounded("replicas"),
     metavar="N",
     help="A serving fleet: N servers, each on --tp-size chips of its own, behind SGLang's router "
     "at the server's --host:--port.",
@@ -70,13 +69,13 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option("--fleet-of", "fleet_of", hidden=True, metavar="JOB")
 @click.option(
     "--events-fd", "events_fd", hidden=True, metavar="FD",
-    type=whole(low=0, high=2**31 - 1, unit="file descriptor", example="3"),
+    type=bounded("events_fd"),
 )  # fmt: skip
 @click.option(
     "--nproc-per-node",
     "--nproc_per_node",
     "nproc",
-    type=torchrun.Nproc(whole(low=1, high=numeric.MAX_CHIPS, unit="processes", example="2")),
+    type=torchrun.Nproc(bounded("nproc")),
     metavar="N|auto",
     help="Workers on this host (torchrun's; each host's). Default: one per chip; fewer, each a "
     "block of chips, with --mesh-layout mesh.",
@@ -100,7 +99,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--symmetric-dram-mb",
-    type=whole(low=1, high=1 << 20, unit="MB", example="2048"),
+    type=bounded("symmetric_dram_mb"),
     default=2048,
     show_default=True,
     metavar="MB",
@@ -116,7 +115,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--master-port",
     "--master_port",
-    type=whole(low=0, high=65535, example="29500"),
+    type=bounded("master_port"),
     default=0,
     metavar="PORT",
     help="torch.distributed's port (default: a free one).",
@@ -124,7 +123,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--max-restarts",
     "--max_restarts",
-    type=whole(low=0, example="3"),
+    type=bounded("max_restarts"),
     default=0,
     show_default=True,
     metavar="K",
@@ -134,14 +133,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--grace",
     "--shutdown-timeout",
     "--shutdown_timeout",
-    type=seconds(example="5"),
+    type=bounded("grace"),
     metavar="S",
     help="Seconds between SIGTERM and SIGKILL when stopping workers [default: 5; a server's "
     "profile gives its own].",
 )
 @click.option(
     "--fabric-grace",
-    type=seconds(example="20"),
+    type=bounded("fabric_grace"),
     default=20.0,
     show_default=True,
     metavar="S",
@@ -150,7 +149,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--op-timeout",
-    type=seconds(zero=False, example="60"),
+    type=bounded("op_timeout"),
     metavar="S",
     help="TT_METAL_OPERATION_TIMEOUT_SECONDS: a dispatch operation slower than S raises instead "
     "of hanging. Default: off.",
@@ -218,7 +217,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
     "--node-rank",
     "--node_rank",
     "node_rank",
-    type=whole(low=0, high=numeric.MAX_CHIPS),
+    type=bounded("node_rank"),
     metavar="R",
     help="This host's place, 0..N-1 (node 0 hosts the rendezvous). Under Slurm: SLURM_NODEID.",
 )
@@ -254,7 +253,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--heartbeat-timeout",
-    type=seconds(zero=False, example="5"),
+    type=bounded("heartbeat_timeout"),
     default=5.0,
     show_default=True,
     metavar="S",
@@ -262,7 +261,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--rdzv-timeout",
-    type=seconds(zero=False, example="300"),
+    type=bounded("rdzv_timeout"),
     default=300.0,
     show_default=True,
     metavar="S",
@@ -297,14 +296,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--health-interval",
-    type=seconds(zero=False, example="10"),
+    type=bounded("health_interval"),
     metavar="S",
     help="After a server is ready, ask its health endpoint every S seconds; --health-failures in "
     "a row fail the job.",
 )
 @click.option(
     "--health-failures",
-    type=whole(low=1, example="3"),
+    type=bounded("health_failures"),
     default=3,
     show_default=True,
     metavar="K",
@@ -312,14 +311,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--probe-interval",
-    type=seconds(zero=False, example="60"),
+    type=bounded("probe_interval"),
     metavar="S",
     help="After a server is ready, ask it for a one-token generation every S seconds: no answer "
     "in --probe-timeout is a hang.",
 )
 @click.option(
     "--probe-timeout",
-    type=seconds(zero=False, example="60"),
+    type=bounded("probe_timeout"),
     metavar="S",
     help="Seconds a --probe-interval generation may take (default: the profile's, 60).",
 )
@@ -348,14 +347,14 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 )
 @click.option(
     "--ready-timeout",
-    type=seconds(zero=False, example="600"),
+    type=bounded("ready_timeout"),
     metavar="S",
     help="Every rank must be ready within S seconds (its ready file, or --ready-pattern), or the "
     "job is treated as hung.",
 )
 @click.option(
     "--hang-timeout",
-    type=seconds(zero=False, example="900"),
+    type=bounded("hang_timeout"),
     metavar="S",
     help="Ranks that print nothing for S seconds are hung: stacks dumped (py-spy), stopped, "
     "restarted. Default: off.",
@@ -369,7 +368,7 @@ LAUNCH_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed
 @click.option(
     "--train-timeout",
     "train_timeout",
-    type=seconds(example="60"),
+    type=bounded("train_timeout"),
     metavar="S",
     help="After ttmesh resets the job's chips, wait up to S seconds for their links to train "
     "(default: the boards' bound).",

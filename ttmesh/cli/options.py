@@ -108,6 +108,15 @@ class Number(click.ParamType):
         )  # fmt: skip
 
 
+def bounded(name: str) -> Number:
+    """The type of ``ttmesh launch``'s number option ``name`` (a LaunchOptions field), bounded
+    as ``launcher.planning.limits`` says: the one place its range and example are written."""
+    from ttmesh.launcher.planning.limits import NUMBERS
+
+    _flag, example, bounds = NUMBERS[name]
+    return Number(**bounds, example=example)
+
+
 def seconds(
     *, zero: bool = True, high: float = numeric.MAX_SECONDS, example: str | None = None
 ) -> Number:

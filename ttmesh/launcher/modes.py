@@ -1,8 +1,9 @@
 """How a launch runs in each of its modes (:class:`~ttmesh.vocab.JobMode`, decided once by
 ``planning.options``): one interface, :class:`Mode`, with one implementation per mode.
 
-* :class:`ThisHost`: this host's chips, the whole job (one host) or this host's part of it
-  (a c10d agent of ``--nnodes``, joining the others once planned);
+* :class:`OneHost`: this host's chips, the whole job;
+* :class:`C10d`: this host's part of a job over several (an agent of ``--nnodes``), planned as
+  one host, then joined with the others at the rendezvous;
 * :class:`MeshOverHosts`: one tt-metal mesh over ``--hosts``, planned from every host's report
   and started by one MPMD ``mpirun``;
 * :class:`Agents`: ``--hosts`` without a tt-metal mesh: ``mpirun`` starts one agent per host,
@@ -184,18 +185,8 @@ class JobOfRanks(Mode):
             return job()
 
 
-class ThisHost(JobOfRanks):
-    """This host's chips: the whole job (one host), or this host's part of it (c10d)."""
-
-    def __init__(self, launch: Launch, view: View) -> None:
-        super().__init__(launch, view)
-        self.multihost: MultiHost | None = None
-        if launch.mode is JobMode.C10D:
-            from ttmesh.launcher.hosts import multihost
-
-            self.multihost = _multihost(launch)
-            self.rendezvous = True
-            multihost.check(self.multihost)
+class OneHost(JobOfRanks):
+    """This host's chips, the whole job."""
 
     def plan(self) -> Prepared:
         from ttmesh.launcher.planning import tpsize
@@ -205,7 +196,7 @@ class ThisHost(JobOfRanks):
         try:
             prepared = prepare(
                 request, o.host, o.chips, o.exclude, repairable=o.auto_reset,
-                defer_liveness=not o.dry_run and self.multihost is None, dry_run=o.dry_run,
+                defer_liveness=not o.dry_run and not self.rendezvous, dry_run=o.dry_run,
             )  # fmt: skip
         except TTMeshError as exc:
             raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
@@ -213,10 +204,23 @@ class ThisHost(JobOfRanks):
             prepared.plan.notes.append(tpsize.note(launch.job_tp, request.tp_hosts))
         return prepared
 
+
+class C10d(OneHost):
+    """This host's part of a job over several (an agent of ``--nnodes``, Slurm's or
+    ``--hosts``'): planned as one host, then joined with the others at the rendezvous, whose
+    global plan it runs."""
+
+    rendezvous = True
+
+    def __init__(self, launch: Launch, view: View) -> None:
+        super().__init__(launch, view)
+        from ttmesh.launcher.hosts import multihost
+
+        self.multihost = _multihost(launch)
+        multihost.check(self.multihost)
+
     def join(self, prepared: Prepared) -> tuple[Prepared, Peers | None]:
         """The other hosts joined: the plan becomes the job's global one."""
-        if self.multihost is None:
-            return prepared, None
         from ttmesh.launcher.hosts.multihost import Peers
 
         peers = Peers(self.multihost, self.launch.rdzv_job)
@@ -421,8 +425,8 @@ class FleetMode(Mode):
 
 # How each mode runs (``Launch.mode``, decided once by launcher.planning.options).
 MODES: dict[JobMode, type[Mode]] = {
-    JobMode.ONE_HOST: ThisHost,
-    JobMode.C10D: ThisHost,
+    JobMode.ONE_HOST: OneHost,
+    JobMode.C10D: C10d,
     JobMode.HOSTS: Agents,
     JobMode.MESH_OVER_HOSTS: MeshOverHosts,
     JobMode.FLEET: FleetMode,

@@ -161,6 +161,7 @@ class Launch:
         mode decided, and the request built."""
         from ttmesh.runtime import jobs
 
+        o = _typed(o)
         jobs.history()  # read when the job ends: a bad setting stops the launch now, not then
         rank_binding = binding_flag(o.rank_binding, o.rank_bindings_mapping)
         mode, join = job_mode(o, rank_binding)
@@ -205,6 +206,39 @@ class Launch:
                 f"{flag} goes with --replicas N (N > 1)", f"add --replicas, or drop {flag}"
             )
         return cls(mode, o, request, join, job_tp, rdzv_job, _ranks(o.ranks_filter), logs, log_dir)
+
+
+def _typed(o: LaunchOptions) -> LaunchOptions:
+    """The options a program gave ``ttmesh.launch`` held to what the command's parser makes
+    of its flags (the command's own pass unchanged): a host, words, flags that are bools, and
+    every number in its range (``planning.limits``), "4" read as 4; else one line (exit 2)."""
+    from ttmesh.host.base import Host
+    from ttmesh.launcher.planning import limits
+
+    if not isinstance(o.host, Host):
+        raise bad_input(
+            f"host {type(o.host).__name__}: not a host",
+            "give ttmesh.open_host(root) ('/': this one)",
+        )
+    words: dict[str, tuple[str, ...]] = {}
+    for name in ("command", "env_items", "router_args", "argv"):
+        value = getattr(o, name)
+        if isinstance(value, (str, bytes)) or not all(isinstance(w, str) for w in value):
+            raise bad_input(f"{name}: {value!r:.60}: not a sequence of words",
+                            f"give a tuple of strings, e.g. {name}=('a', 'b')")  # fmt: skip
+        words[name] = tuple(value)
+    for name, kind in LaunchOptions.__annotations__.items():
+        if kind == "bool" and not isinstance(getattr(o, name), bool):
+            raise bad_input(f"{name}: {getattr(o, name)!r:.60}: not True or False")
+    flags = o.torchrun_flags
+    if not isinstance(flags, TorchrunFlags):
+        raise bad_input("torchrun_flags: not a TorchrunFlags", "give ttmesh.TorchrunFlags(...)")
+    if flags.numa_binding not in (None, "node"):
+        raise bad_input(f"--numa-binding {flags.numa_binding!r:.40}: ttmesh binds ranks by NUMA "
+                        "node only", "use numa_binding='node', or None")  # fmt: skip
+    numbers = limits.checked({name: getattr(o, name) for name in limits.NUMBERS})
+    changed = {k: v for k, v in {**words, **numbers}.items() if getattr(o, k) is not v}
+    return o.replace(**changed) if changed else o
 
 
 def binding_flag(rank_binding: str | None, mapping: str | None) -> str | None:

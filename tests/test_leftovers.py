@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import run_cli
+from conftest import run_cli
 
 HOST = socket.gethostname()
 UID = os.getuid()

@@ -128,7 +128,7 @@ def test_a_number_from_python_is_held_to_the_flags_range(
     qb2: Path, runtime: Path, given: dict, flags: list[str]
 ) -> None:
     """What the command's parser refuses, ttmesh.launch refuses with the same line (its
-    ranges are written once, planning.limits), before anything is read of the host."""
+    ranges are written once, launcher.limits), before anything is read of the host."""
     from click.testing import CliRunner
 
     from ttmesh.cli.launch import launch_cmd

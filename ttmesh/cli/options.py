@@ -110,8 +110,8 @@ class Number(click.ParamType):
 
 def bounded(name: str) -> Number:
     """The type of ``ttmesh launch``'s number option ``name`` (a LaunchOptions field), bounded
-    as ``launcher.planning.limits`` says: the one place its range and example are written."""
-    from ttmesh.launcher.planning.limits import NUMBERS
+    as ``launcher.limits`` says: the one place its range and example are written."""
+    from ttmesh.launcher.limits import NUMBERS
 
     _flag, example, bounds = NUMBERS[name]
     return Number(**bounds, example=example)

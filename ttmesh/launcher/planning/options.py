@@ -211,9 +211,9 @@ class Launch:
 def _typed(o: LaunchOptions) -> LaunchOptions:
     """The options a program gave ``ttmesh.launch`` held to what the command's parser makes
     of its flags (the command's own pass unchanged): a host, words, flags that are bools, and
-    every number in its range (``planning.limits``), "4" read as 4; else one line (exit 2)."""
+    every number in its range (``launcher.limits``), "4" read as 4; else one line (exit 2)."""
     from ttmesh.host.base import Host
-    from ttmesh.launcher.planning import limits
+    from ttmesh.launcher import limits
 
     if not isinstance(o.host, Host):
         raise bad_input(

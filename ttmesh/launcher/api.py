@@ -40,7 +40,8 @@ class Control:
     (SIGTERM), delivered to the thread running the launch, which handles it as ttmesh handles
     a signal sent to it: before the start nothing starts, during an attempt every rank is
     stopped within ``--grace``, between attempts the job ends there. Its exit code is then
-    128 + the signal's number. One control serves one launch at a time."""
+    128 + the signal's number. One control serves one launch at a time, and once stopped stays
+    stopped (a cancel token): a launch given it later ends before it is planned."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -461,8 +461,8 @@ def test_over_several_hosts_every_rank_gets_the_whole_slice(qb2: Path, tmp_path:
     ports, node-major), node 0's handshake port, the hosts (TPU_WORKER_HOSTNAMES, NNODES,
     NODE_RANK) and the topology of both hosts' chips."""
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher.hosts.multihost import global_plan
-    from ttmesh.launcher.hosts.rendezvous import Node
+    from ttmesh.launcher.nodes.multihost import global_plan
+    from ttmesh.launcher.nodes.rendezvous import Node
     from ttmesh.launcher.planning import programs, rankenv
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest

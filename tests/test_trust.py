@@ -815,7 +815,7 @@ def _rendezvous_jobs(job: str, count: int) -> list[list[Any]]:
     """``count`` jobs named ``job``, each of two agents (node 0 holding a real store on a free
     port of 127.0.0.1), joined in this process, all at once, through the real join: torch's
     store and rendezvous."""
-    from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+    from ttmesh.launcher.nodes.rendezvous import Coordinator, Endpoint, Node
 
     jobs = []
     for _ in range(count):

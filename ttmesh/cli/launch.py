@@ -16,14 +16,14 @@ import click
 from ttmesh import __version__, numeric
 from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
-from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
+from ttmesh.cli.params import CONTEXT, host_options, seconds, whole
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import plural
 from ttmesh.vocab import LAYOUTS, JobMode, StartMode
 
 if TYPE_CHECKING:
     from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.hosts.multihost import MultiHost, Peers
+    from ttmesh.launcher.nodes.multihost import MultiHost, Peers
     from ttmesh.launcher.planning.options import Launch
     from ttmesh.launcher.planning.prepare import Prepared
     from ttmesh.launcher.planning.request import LaunchRequest
@@ -464,7 +464,7 @@ torchrun.adopt(launch_cmd)
 
 def _agents(launch: Launch) -> int:
     """--hosts: mpirun starts one agent per host, each a c10d launch of its own host."""
-    from ttmesh.launcher.hosts import agents
+    from ttmesh.launcher.nodes import agents
 
     o = launch.options
     assert launch.join is not None and o.hosts is not None
@@ -474,7 +474,7 @@ def _agents(launch: Launch) -> int:
 
 def _mesh_over_hosts(launch: Launch) -> int:
     """--hosts with a tt-metal mesh: one global plan over the hosts' reports, one mpirun."""
-    from ttmesh.launcher.hosts import meshhosts
+    from ttmesh.launcher.nodes import meshhosts
 
     o, request = launch.options, _request(launch)
     assert o.hosts is not None
@@ -497,7 +497,7 @@ def _this_host(launch: Launch) -> int:
     o, request = launch.options, _request(launch)
     mh = None
     if launch.mode is JobMode.C10D:
-        from ttmesh.launcher.hosts import multihost
+        from ttmesh.launcher.nodes import multihost
 
         mh = _multihost(launch)
         multihost.check(mh)
@@ -590,7 +590,7 @@ def _request(launch: Launch) -> LaunchRequest:
 
 def _multihost(launch: Launch) -> MultiHost:
     """How this agent joins the job, as the rendezvous takes it."""
-    from ttmesh.launcher.hosts.multihost import MultiHost
+    from ttmesh.launcher.nodes.multihost import MultiHost
 
     join = launch.join
     assert join is not None
@@ -700,7 +700,7 @@ def _start(launch: Launch, prepared: Prepared, mh: MultiHost | None) -> int:
     from ttmesh.cli import streams
     from ttmesh.cli.live import JobView, enabled
     from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.job.recovery import Recovery
+    from ttmesh.launcher.job.repair import Recovery
     from ttmesh.launcher.job.run import execute
     from ttmesh.runtime import joblogs
 
@@ -759,7 +759,7 @@ def _fed(prepared: Prepared, options: Options, fd: int, run: Callable[[], int]) 
 
 def _join(launch: Launch, prepared: Prepared, mh: MultiHost) -> Peers:
     """The other hosts joined: the plan becomes the job's global one."""
-    from ttmesh.launcher.hosts.multihost import Peers
+    from ttmesh.launcher.nodes.multihost import Peers
 
     peers = Peers(mh, launch.rdzv_job)
     try:

@@ -23,7 +23,7 @@ from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import STOPPING, stop_reason
 from ttmesh.launcher.job import errorfile
 from ttmesh.launcher.job.preflight import run_preflight
-from ttmesh.launcher.job.recovery import (
+from ttmesh.launcher.job.repair import (
     Recovery,
     after_crash,
     last_reset_verified,
@@ -104,7 +104,7 @@ class JobRun:
         peers: Any = None,
     ) -> None:
         self.prepared = prepared
-        self.peers = peers  # launcher.hosts.multihost.Peers in a job over several hosts
+        self.peers = peers  # launcher.nodes.multihost.Peers in a job over several hosts
         self.plan = prepared.plan
         self.options = options
         self.summary_json = summary_json
@@ -560,7 +560,7 @@ def execute(
 ) -> int:
     """Lease the plan's chips, run its attempts (with recovery and restarts), return the code.
 
-    ``peers`` (launcher.hosts.multihost.Peers): the other hosts of a job over several hosts."""
+    ``peers`` (launcher.nodes.multihost.Peers): the other hosts of a job over several hosts."""
     return JobRun(
         prepared, options, summary_json, recovery or Recovery(), restart_backoff, peers
     ).run()

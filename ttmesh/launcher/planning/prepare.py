@@ -31,7 +31,7 @@ from ttmesh.runtime import jobs
 from ttmesh.vocab import MPI_LAYOUTS, Layout, StartMode
 
 if TYPE_CHECKING:
-    from ttmesh.launcher.hosts.reach import MpiHosts
+    from ttmesh.launcher.nodes.reach import MpiHosts
     from ttmesh.mesh import layout
 
 
@@ -218,7 +218,7 @@ def _start_mode(
             "drop --launcher direct (mesh layouts start under mpirun), or use isolated/single-process",
         )
     if req.launcher == StartMode.MPI and not descriptor_only:
-        from ttmesh.launcher.hosts import mpi
+        from ttmesh.launcher.nodes import mpi
 
         req = replace(req, mpirun=mpi.find_mpirun(req.mpirun or None))
         mpi.version(req.mpirun)  # read once here: each attempt's guardian (a fork) reuses it

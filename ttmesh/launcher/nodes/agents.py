@@ -17,7 +17,7 @@ from typing import Any
 
 from ttmesh import addresses, paths
 from ttmesh.errors import bad_input
-from ttmesh.launcher.hosts import mpi
+from ttmesh.launcher.nodes import mpi
 
 # ttmesh launch's options that --hosts replaces for the agents
 DROPPED = {"--hosts": True, "--nnodes": True, "--node-rank": True, "--node_rank": True}

@@ -182,7 +182,7 @@ def after_crash(
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
     nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
     on a host after every host recovered (a restart then does not happen), else None.
-    ``peers`` (c10d agents, ``launcher.hosts.multihost.Peers``): every host checks and
+    ``peers`` (c10d agents, ``launcher.nodes.multihost.Peers``): every host checks and
     recovers together through the store, under ``name`` (unique in the job), whether its
     own ranks brought the fabric up or not (a peer's did: its cables end here)."""
     plan = prepared.plan
@@ -237,7 +237,7 @@ def recover_with_peers(
     prepared: Prepared, recovery: Recovery, peers: Any, name: str, always: bool = False
 ) -> str | None:
     """c10d agents: this host's chips recovered with every other host's, through the store
-    (``launcher.hosts.multihost.Peers.recover``); the first problem anywhere, else None."""
+    (``launcher.nodes.multihost.Peers.recover``); the first problem anywhere, else None."""
     host = prepared.inv.host
     left: str | None = peers.recover(
         name, host, prepared.plan.all_chips(), always=always, timeout=recovery.timeout,
@@ -251,7 +251,7 @@ def recover_with_peers(
 def rank_refused(result: AttemptResult) -> str | None:
     """A rank of a mesh over several hosts was refused on its host before its command ran
     (pre-flight there, or the wrong host): its line, a refusal as on one host, not a crash."""
-    from ttmesh.launcher.hosts.rankshim import refused_before_start
+    from ttmesh.launcher.nodes.rankshim import refused_before_start
 
     return refused_before_start(result.code, result.stderr_tail)
 
@@ -260,10 +260,10 @@ def recover_hosts(
     prepared: Prepared, recovery: Recovery, always: bool, before_start: bool = False
 ) -> str | None:
     """Every host of a mesh over several hosts checks its chips of the job and resets them
-    where needed (ttmesh.launcher.hosts.hostrecovery); the first host's remaining problem, else None.
+    where needed (ttmesh.launcher.nodes.hostrecovery); the first host's remaining problem, else None.
     After an attempt each host first lets the job's processes still there end; before the
     start, mpirun failing to reach the hosts is bad input (exit 2)."""
-    from ttmesh.launcher.hosts import hostrecovery, mpi
+    from ttmesh.launcher.nodes import hostrecovery, mpi
 
     plan = prepared.plan
     assert prepared.mesh_hosts is not None, "a mesh over several hosts has its MpiHosts"

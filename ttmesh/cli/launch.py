@@ -541,6 +541,7 @@ def _fleet(launch: Launch) -> int:
             write_refusal(o.summary_json, exc)
         raise
     serving = fp.replicas[0].prepared.plan.serving
+    assert serving is not None  # a fleet is of servers
     note(f"{serving.profile.name}: {serving.profile.title}")
     for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
         note(f"note: {n}")

@@ -17,7 +17,10 @@ from ttmesh.render import note, plural
 from ttmesh.states import JobPhase, ResetStage
 
 if TYPE_CHECKING:
-    from ttmesh.recovery.reset import ChipProgress
+    from ttmesh.fabric.devices import Inventory
+    from ttmesh.launcher.nodes.multihost import Peers
+    from ttmesh.launcher.planning.plan import LaunchPlan
+    from ttmesh.recovery.reset import ChipProgress, ResetOutcome
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Recovery:
 WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
 
 
-def defers_reset(fleet_of: str | None, inv: Any) -> bool:
+def defers_reset(fleet_of: str | None, inv: Inventory) -> bool:
     """Whether this job leaves its chips' reset to its fleet: it is a replica (``fleet_of``)
     on a host whose one reset is the whole host (a Galaxy's ``tt-smi -glx_reset``), which
     would take every other replica's chips; only the fleet, with every replica drained, may."""
@@ -137,7 +140,11 @@ def reset_chips(
 
 
 def _reset_entry(
-    at: float, phase: JobPhase, why: str | None, outcome: Any, refused: str | None = None
+    at: float,
+    phase: JobPhase,
+    why: str | None,
+    outcome: ResetOutcome | None,
+    refused: str | None = None,
 ) -> dict[str, Any]:
     """One reset as the job's record keeps it."""
     return {
@@ -174,7 +181,7 @@ def after_crash(
     result: AttemptResult,
     always: bool = False,
     observer: Observer | None = None,
-    peers: Any = None,
+    peers: Peers | None = None,
     name: str = "recover",
 ) -> str | None:
     """A job that brought the fabric up and ended abnormally may have left links down.
@@ -221,7 +228,7 @@ def after_crash(
     return None
 
 
-def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
+def _recovery_line(plan: LaunchPlan, result: AttemptResult, why: str) -> str:
     """What the check after an attempt found, and that the chips are reset: a stop the user
     asked for reads as one (a server whose own teardown leaves the chips to reset says why it
     is expected), a failure as a failure."""
@@ -234,7 +241,7 @@ def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
 
 
 def recover_with_peers(
-    prepared: Prepared, recovery: Recovery, peers: Any, name: str, always: bool = False
+    prepared: Prepared, recovery: Recovery, peers: Peers, name: str, always: bool = False
 ) -> str | None:
     """c10d agents: this host's chips recovered with every other host's, through the store
     (``launcher.nodes.multihost.Peers.recover``); the first problem anywhere, else None."""

@@ -46,7 +46,7 @@ from ttmesh.states import AttemptEnd, JobPhase
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.launcher.nodes.multihost import Peers
 
 
 def write_files(plan: LaunchPlan) -> None:
@@ -101,10 +101,10 @@ class JobRun:
         summary_json: str | None,
         recovery: Recovery,
         restart_backoff: float,
-        peers: Any = None,
+        peers: Peers | None = None,
     ) -> None:
         self.prepared = prepared
-        self.peers = peers  # launcher.nodes.multihost.Peers in a job over several hosts
+        self.peers = peers  # the other hosts, in a job over several hosts
         self.plan = prepared.plan
         self.options = options
         self.summary_json = summary_json
@@ -556,7 +556,7 @@ def execute(
     summary_json: str | None = None,
     restart_backoff: float = 0.2,
     recovery: Recovery | None = None,
-    peers: Any = None,
+    peers: Peers | None = None,
 ) -> int:
     """Lease the plan's chips, run its attempts (with recovery and restarts), return the code.
 

@@ -100,6 +100,7 @@ def test_a_plain_launch_imports_only_what_its_mode_needs(qb2: Path, tmp_path: Pa
     plain = ("--tp-size", "4", "--no-python", "true")
     # The dry run comes first: the caches are cold (its parsers are allowed), then warm.
     dry, none = _launch(qb2, tmp_path / "dry", "--dry-run", *plain)
+    _launch(qb2, tmp_path / "first", *plain)  # its guardian parses the failure table once
     front, guardians = _launch(qb2, tmp_path / "run", *plain)
     assert none == [] and len(guardians) == 1, "the dry run forks nothing; a launch, a guardian"
     guardian = guardians[0]

@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Any, Protocol
 
-__all__ = ["Matcher", "PatternError", "compile_pattern"]
+__all__ = ["Matcher", "PatternError", "compile_pattern", "deferred_pattern"]
 
 
 class Matcher(Protocol):
@@ -85,6 +85,29 @@ _HINT = "see https://github.com/google/re2/wiki/Syntax for what RE2 accepts"
 def compile_pattern(pattern: str, ignore_case: bool = False) -> Matcher:
     """``pattern`` compiled with RE2 (``search`` in linear time), or :class:`PatternError`."""
     return _compile(pattern, ignore_case)
+
+
+def deferred_pattern(pattern: str, ignore_case: bool = False) -> Matcher:
+    """``pattern`` compiled on its first ``search``: for ttmesh's own tables, checked whole by
+    their tests, which every guardian loads but most jobs never search (their live lines are
+    looked for by words first). A pattern from a user is compiled at once, to be refused at once."""
+    return _Deferred(pattern, ignore_case)
+
+
+class _Deferred:
+    def __init__(self, pattern: str, ignore_case: bool) -> None:
+        self._pattern = pattern
+        self._ignore_case = ignore_case
+        self._compiled: Matcher | None = None
+
+    @property
+    def pattern(self) -> str:
+        return self._pattern
+
+    def search(self, text: Any) -> Any:
+        if self._compiled is None:  # two threads at once compile it twice: the same value
+            self._compiled = _compile(self._pattern, self._ignore_case)
+        return self._compiled.search(text)
 
 
 @functools.lru_cache(maxsize=256)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.dataclass import dataclass
-from ttmesh.patterns import Matcher, PatternError, compile_pattern
+from ttmesh.patterns import Matcher, PatternError, compile_pattern, deferred_pattern
 from ttmesh.render import printable
 
 if TYPE_CHECKING:
@@ -68,8 +68,12 @@ def _text(item: dict[str, Any], key: str, where: str) -> str:
     return " ".join(value.split())
 
 
-def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
-    """The table's entries, checked; ``ValueError`` names the first thing wrong."""
+def parse(
+    data: Any, source: str = "the failure table", deferred: bool = False
+) -> tuple[Entry, ...]:
+    """The table's entries, checked; ``ValueError`` names the first thing wrong. ``deferred``:
+    ttmesh's own table, whose patterns are compiled when first searched (its tests compile them
+    all), so a job whose output never holds a live entry's words does not load RE2."""
     items = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"{source}: expected 'entries:', a list of failures")
@@ -87,11 +91,15 @@ def parse(data: Any, source: str = "the failure table") -> tuple[Entry, ...]:
         where = f"{source}, {ident}"
         if any(e.id == ident for e in out):
             raise ValueError(f"{where}: the id is used twice")
-        try:
-            regex = compile_pattern(str(item.get("pattern") or ""), ignore_case=True)
-        except PatternError as exc:
-            raise ValueError(f"{where}: pattern does not compile: {exc}") from None
-        if not regex.pattern or regex.search(""):
+        text = str(item.get("pattern") or "")
+        if deferred:
+            regex = deferred_pattern(text, ignore_case=True)
+        else:
+            try:
+                regex = compile_pattern(text, ignore_case=True)
+            except PatternError as exc:
+                raise ValueError(f"{where}: pattern does not compile: {exc}") from None
+        if not regex.pattern or (not deferred and regex.search("")):
             raise ValueError(f"{where}: the pattern matches every line")
         fix = _text(item, "fix", where)
         try:
@@ -163,7 +171,7 @@ def table() -> tuple[Entry, ...]:
     """The packaged table, read and compiled once (on the first failure)."""
     from ttmesh import yamlio
 
-    return parse(yamlio.load_cached(TABLE, "the failure table"), str(TABLE))
+    return parse(yamlio.load_cached(TABLE, "the failure table"), str(TABLE), deferred=True)
 
 
 def clean(line: str) -> str:

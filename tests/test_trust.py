@@ -4,7 +4,7 @@ A host's lease directory is shared by every user (``/run/lock/ttmesh``: root's, 
 world-writable). Here each user has a simulated QuietBox 2 of their own, with the same chips,
 and both use one shared lease directory made as ``/run/lock/ttmesh`` is (``TTMESH_RUNTIME_DIR``):
 a chip's lease is then one file both users contend for, exactly as on one real host. Each test
-here failed on the code before leases were recorded and verified (docs/architecture.md, "What one
+here failed on the code before leases were recorded and verified (docs/conventions.md, "What one
 user may do to another's job").
 """
 

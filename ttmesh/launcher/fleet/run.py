@@ -789,7 +789,7 @@ class Fleet:
         if self.between is not None and self.between.lost:
             reason += f"; {self.between.clause()}"
             if code == 0 or self.stop_sig is not None:  # a replica's own failing code is kept
-                code = 1  # the fleet's chips are not recovered (docs/architecture.md)
+                code = 1  # the fleet's chips are not recovered (docs/serving.md)
         summary = self.to_json(code, reason)
         from ttmesh import paths
         from ttmesh.errors import BAD_INPUT, TTMeshError

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ttmesh.launcher.attempt.failures import Diagnosis
 
 
-SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/architecture.md, "JSON")
+SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/conventions.md, "JSON")
 
 
 def job_facts(prepared: Prepared, logs: Any = None) -> dict[str, Any]:

@@ -182,7 +182,7 @@ class LaunchPlan:
 
     def _chipless_json(self, shown: Any) -> dict[str, Any]:
         """A chipless plan in ``ttmesh.plan/1``: the same keys, and null (or empty) for every
-        one about chips, a mesh or a host, since none is read (docs/architecture.md)."""
+        one about chips, a mesh or a host, since none is read (docs/conventions.md)."""
         return {
             "schema": SCHEMA,
             "chipless": True,

@@ -27,7 +27,7 @@ are reset together); either host's ``ttmesh _rank`` or rank is SIGKILLed at star
 running. The job must restart and end 0, and afterwards every cable must be up from both ends
 (``ttmesh check --hosts``, given the cables' training time).
 
-Expected outcomes follow docs/architecture.md: a rank's code; 130/143 for SIGINT/SIGTERM to
+Expected outcomes follow docs/conventions.md: a rank's code; 130/143 for SIGINT/SIGTERM to
 ttmesh at any moment (no restart after either); 137 and "launcher killed" when ttmesh is
 SIGKILLed while its guardian lives (the guardian finishes), "ttmesh killed (its processes are
 gone)" when no guardian was left to (the next ``ps`` closes the record); 137 and "supervisor

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +305,19 @@ def ttnn_python() -> str:
         pytest.skip(f"conformance prerequisite missing: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
+
+
+@pytest.fixture
+def mock_chip_files() -> Iterator[None]:
+    """The machine's /dev/shm/tt_device_<unique id>_memory files (libtt's mock chips) for the
+    test's length: every simulated QuietBox 2 has the same unique ids, so two tests making
+    those files at once (two xdist workers, or two suites on one machine) would see each
+    other's as there before the job, and a job keeps what was there before it."""
+    import fcntl
+
+    with open(os.path.join(tempfile.gettempdir(), "ttmesh-tests-tt-device.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

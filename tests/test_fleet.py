@@ -469,7 +469,7 @@ def test_a_replica_on_a_galaxy_leaves_its_reset_to_the_fleet_and_says_what_it_ne
 
     from ttmesh.cli.hosts import open_host
     from ttmesh.fabric.devices import discover
-    from ttmesh.launcher.job.recovery import Recovery, defers_reset, reset_chips
+    from ttmesh.launcher.job.repair import Recovery, defers_reset, reset_chips
 
     galaxy = make_sim("galaxy-bh")
     inv = discover(open_host(galaxy))
@@ -769,7 +769,7 @@ def test_a_reset_never_calls_a_chip_the_host_lost_recovered(
     from ttmesh.cli.hosts import open_host
     from ttmesh.fabric.devices import discover
     from ttmesh.launcher.fleet import between
-    from ttmesh.launcher.job.recovery import Recovery, reset_chips
+    from ttmesh.launcher.job.repair import Recovery, reset_chips
     from ttmesh.recovery import reset
     from ttmesh.sim import faults
 

@@ -594,3 +594,51 @@ def test_a_frozen_chip_found_as_the_ranks_run_refuses_the_attempt(
     assert (result.end, result.code, result.error) == (AttemptEnd.REFUSED, 3, frozen)
     assert result.reason == "refused: chip x is dead: its heartbeat is frozen (ttmesh reset)"
     assert all(e.stopped for e in result.exits) and len(result.exits) == 2
+
+
+def test_every_attempt_end_has_one_answer_and_only_failures_restart() -> None:
+    """job.run decides recover, restart or refuse from a table over AttemptEnd, the same for
+    every mode (the modes differ in how they recover, job.hostset): a new end without a row,
+    or a row that restarts what AttemptEnd says no restart helps, fails here."""
+    from ttmesh.launcher.job.run import AFTER, After
+
+    assert set(AFTER) == set(AttemptEnd)
+    assert {e for e, a in AFTER.items() if a is After.RESTART} == {
+        e for e in AttemptEnd if e.restartable
+    }
+    assert {e for e, a in AFTER.items() if a in (After.REFUSE, After.NOT_RUN, After.LEAVE)} <= {
+        e for e in AttemptEnd if e.interrupted
+    }
+
+
+def test_each_mode_is_one_kind_of_host_set(tmp_path: Path) -> None:
+    """One host, c10d peers and a mesh over hosts answer the same protocol (job.hostset.of)."""
+    from types import SimpleNamespace
+
+    from ttmesh.launcher.job import hostset
+    from ttmesh.launcher.job.repair import Recovery
+
+    def prepared(hosts: list[str]) -> Any:
+        return SimpleNamespace(plan=SimpleNamespace(hosts=hosts))
+
+    one = hostset.of(prepared([]), Recovery(), None, None)
+    mesh = hostset.of(prepared(["a", "b"]), Recovery(), None, None)
+    c10d = hostset.of(prepared([]), Recovery(), None, peers=SimpleNamespace())  # type: ignore[arg-type]
+    assert [type(h).__name__ for h in (one, mesh, c10d)] == [
+        "OneHost",
+        "MeshOverHosts",
+        "C10dHosts",
+    ]
+    assert one.leases_here() and c10d.leases_here() and not mesh.leases_here()
+    for h in (one, mesh, c10d):
+        for name in (
+            "before_start",
+            "agree",
+            "watch",
+            "started",
+            "refused",
+            "ended",
+            "recover",
+            "close",
+        ):
+            assert callable(getattr(h, name)), (h, name)

@@ -510,7 +510,7 @@ NOT_BOUNDED = {
     "sim/create.py": "the package's own tools",
     "runtime/leases.py": "/proc/locks and lease files (the leases' own checks)",
     "runtime/jobs.py": "job records in the user's private runtime directory (mode 0700)",
-    "launcher/hosts/rankshim.py": "the plan's files it is about to write",
+    "launcher/nodes/rankshim.py": "the plan's files it is about to write",
     "launcher/job/active.py": "the logs of the probe it ran, in its own temporary directory",
     "launcher/serving/watch.py": "/proc/PID/cmdline",
 }

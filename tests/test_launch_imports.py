@@ -51,7 +51,7 @@ HEAVY = (
 )  # fmt: skip
 NOT_THIS_MODE = (
     "ttmesh.launcher.fleet",  # --replicas
-    "ttmesh.launcher.hosts",  # --nnodes, --hosts, Slurm, MPI
+    "ttmesh.launcher.nodes",  # --nnodes, --hosts, Slurm, MPI
     "ttmesh.launcher.adapters",  # tt-run's files
     "ttmesh.launcher.serving.flags",  # a server's flag table and what reads it
     "ttmesh.launcher.serving.rules",

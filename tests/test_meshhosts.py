@@ -22,7 +22,7 @@ from hosts import Network, can_emulate, can_network, launch_agent, make_hosts, m
 
 from ttmesh.errors import TTMeshError
 from ttmesh.host import clusterdesc
-from ttmesh.launcher.hosts import hostreport, meshhosts, mpi, rankshim
+from ttmesh.launcher.nodes import hostreport, meshhosts, mpi, rankshim
 from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.sim import system

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import TAG, TW, alive, run_cli, start_launch, wait_for, worker
 
-from ttmesh.launcher.hosts.mpi import Demux
+from ttmesh.launcher.nodes.mpi import Demux
 from ttmesh.vocab import LAUNCHER
 
 needs_mpirun = pytest.mark.skipif(
@@ -75,7 +75,7 @@ def test_a_ranks_not_started_line_is_its_last_however_the_reads_cut_mpiruns_repo
     included: the rank's stderr ends with its line, the report is mpirun's, so the launcher
     refuses the job with that line rather than calling exit 127 a crash."""
     from ttmesh.launcher.attempt.logs import Console
-    from ttmesh.launcher.hosts.rankshim import refused_before_start
+    from ttmesh.launcher.nodes.rankshim import refused_before_start
 
     tag = b"[1,1]<stderr>:" + (b" " if ver >= (5, 0) else b"")
     said = tag + b"simulated host: /h1/root\n" + tag + NOT_STARTED_LINE
@@ -184,7 +184,7 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
     assert plan["launcher"] == "mpi" and plan["layout"] == "mesh"
     from ttmesh.cli.hosts import open_host as Host
     from ttmesh.fabric.devices import discover
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest
 
@@ -231,7 +231,7 @@ lib.MPI_Finalize()
 def _ranks_over_hosts(mpirun: str, environ: dict[str, str], tmp_path: Path) -> tuple[list, str]:
     """Two ranks started with the options a mesh over several hosts gets (one host here,
     TCP on loopback); what each rank says of its transports, and mpirun's stderr."""
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
 
     probe = tmp_path / "probe.py"
     probe.write_text(RANK_PROBE)
@@ -272,7 +272,7 @@ def test_ranks_over_hosts_get_shared_memory_beside_tcp_unless_the_user_chose(
     TCP loopback (tt-metal#57284: tt-run's self,tcp deadlocks MPI_Comm_dup at 80 ranks,
     self,sm,tcp does not), under the name this Open MPI gives it; the user's OMPI_MCA_btl, or
     a btl line in their Open MPI parameter file, wins."""
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
 
     mpirun = shutil.which("mpirun") if which == "PATH" else str(OMPI5)
     if which == "ompi5" and not OMPI5.exists():
@@ -298,7 +298,7 @@ def test_ranks_over_hosts_get_shared_memory_beside_tcp_unless_the_user_chose(
 
 
 def test_the_shared_memory_transport_is_named_as_each_open_mpi_names_it() -> None:
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
 
     assert mpi.btl((5, 0)) == "self,sm,tcp"  # tt-metal#57284
     assert mpi.btl((4, 1)) == "self,vader,tcp"  # 4.x's "sm" fails MPI_Init

@@ -22,7 +22,7 @@ from conftest import REPO, SESSION, TAG, TW, alive, run_cli, scratch, wait_for
 from hosts import SlurmCluster, can_emulate, can_slurm, launch_agent, make_hosts, mpi_env
 
 from ttmesh import procs
-from ttmesh.launcher.hosts import slurm
+from ttmesh.launcher.nodes import slurm
 
 WHY = can_emulate()
 needs_hosts = pytest.mark.skipif(WHY is not None, reason=WHY or "")

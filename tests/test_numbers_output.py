@@ -191,7 +191,7 @@ def _number_params() -> set[tuple[str, str]]:
     import importlib
 
     import ttmesh.cli
-    from ttmesh.cli.options import Number
+    from ttmesh.cli.params import Number
 
     numeric = (click.types.IntParamType, click.types.FloatParamType, Number)
     found: set[tuple[str, str]] = set()
@@ -453,7 +453,7 @@ def test_an_ipv6_endpoint_in_brackets_is_taken_and_passed_on_in_brackets(
 def test_a_rankfiles_ranks_are_plain_digits() -> None:
     """``rank ٠=node0`` was rank 0 (``\\d`` and int() take any script's digits)."""
     from ttmesh.errors import TTMeshError
-    from ttmesh.launcher.hosts import meshhosts
+    from ttmesh.launcher.nodes import meshhosts
 
     text = "rank 0=node0 slot=0\nrank 1=node1 slot=0\n"
     assert meshhosts.parse_rankfile(text, "b.rankfile", ["node0", "node1"], 2) == ["node0", "node1"]

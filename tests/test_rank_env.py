@@ -237,7 +237,7 @@ def test_mpirun_exports_the_rank_env_but_what_it_passes_itself(
     exactly rank_env; every variable of the plan is exported (on another host only the
     exports reach the rank), and nothing mpirun passes through the same is repeated."""
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.rankenv import rank_env
     from ttmesh.launcher.planning.request import LaunchRequest

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher.hosts.rendezvous import PREFIX, Coordinator, Endpoint, Node
+from ttmesh.launcher.nodes.rendezvous import PREFIX, Coordinator, Endpoint, Node
 
 JOB = "rdzv-127.0.0.1-29400"  # the default job id of every job at that endpoint
 TOKEN = "the-jobs-token"

@@ -146,7 +146,7 @@ def test_a_mix_no_mode_takes_is_refused_in_one_place(qb2: Path, args: list[str],
 def test_prepare_does_not_change_the_request(qb2: Path, tmp_path: Path, tp_size: Any) -> None:
     """The request prepare got is what the user asked, after as before; what it resolved
     (chips, port, job, directories) is in the new request it planned from."""
-    from ttmesh.cli.options import resolve_host
+    from ttmesh.cli.params import resolve_host
     from ttmesh.launcher.planning.prepare import prepare
 
     script = tmp_path / "train.py"
@@ -183,7 +183,7 @@ def test_a_mesh_over_hosts_does_not_change_the_request(tmp_path: Path) -> None:
     from conftest import scratch
 
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher.hosts import hostreport, meshhosts
+    from ttmesh.launcher.nodes import hostreport, meshhosts
     from ttmesh.sim import system
     from ttmesh.sim.create import create
 

@@ -446,7 +446,7 @@ def test_lost_chip_is_never_a_target(qb2: Path, cli: Callable) -> None:
     problem = next(p for p in doc["problems"] if "did not come back" in p["what"])
     assert problem["fix"].startswith("power-cycle the host")
     # The host now lacks 05: a reset of what is there resets and verifies those chips, but the
-    # host is not whole: exit 1, not 0, saying so (issue 37; docs/architecture.md Exit codes).
+    # host is not whole: exit 1, not 0, saying so (issue 37; docs/conventions.md Exit codes).
     code, doc, err = do_reset(cli, qb2)
     assert code == 1, err
     assert doc["attempts"][0]["argv"][2] == f"{C01},{C03},{C07}"

@@ -287,7 +287,7 @@ def test_mpi_ranks_are_unbuffered_too(qb2: Path) -> None:
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun here")
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher.hosts import mpi
+    from ttmesh.launcher.nodes import mpi
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest
 

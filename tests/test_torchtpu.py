@@ -286,6 +286,7 @@ def _shm_names(qb2: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.usefixtures("mock_chip_files")
 def test_the_ranks_see_their_chips_and_leave_nothing(qb2: Path, tmp_path: Path) -> None:
     """A torch-tpu job on a simulated host, rank 1 failing (exit 7): each rank sees the job's
     chips at /dev/tenstorrent and /proc/driver/tenstorrent, starts in its own working directory
@@ -326,6 +327,7 @@ def test_the_ranks_see_their_chips_and_leave_nothing(qb2: Path, tmp_path: Path) 
                 os.unlink(path)
 
 
+@pytest.mark.usefixtures("mock_chip_files")
 def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
     """ttmesh SIGKILLed while a torch-tpu job runs: its guardian stops the ranks and removes
     what they made (the mock chips' files, the run directory with the TMPDIRs)."""
@@ -461,8 +463,8 @@ def test_over_several_hosts_every_rank_gets_the_whole_slice(qb2: Path, tmp_path:
     ports, node-major), node 0's handshake port, the hosts (TPU_WORKER_HOSTNAMES, NNODES,
     NODE_RANK) and the topology of both hosts' chips."""
     from ttmesh.cli.hosts import open_host
-    from ttmesh.launcher.hosts.multihost import global_plan
-    from ttmesh.launcher.hosts.rendezvous import Node
+    from ttmesh.launcher.nodes.multihost import global_plan
+    from ttmesh.launcher.nodes.rendezvous import Node
     from ttmesh.launcher.planning import programs, rankenv
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest

@@ -14,7 +14,8 @@ from conftest import run_cli
 
 from ttmesh.runtime import jobs
 
-pytestmark = pytest.mark.slow
+# A job of these makes libtt's mock chips' files, named by the simulated chips' unique ids.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mock_chip_files")]
 
 # A plain script on torch_tpu, as the seed's users write it: no TPU_LIBRARY_PATH, no patched
 # device count, no torch_tpu variables of its own.

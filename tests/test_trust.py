@@ -4,7 +4,7 @@ A host's lease directory is shared by every user (``/run/lock/ttmesh``: root's, 
 world-writable). Here each user has a simulated QuietBox 2 of their own, with the same chips,
 and both use one shared lease directory made as ``/run/lock/ttmesh`` is (``TTMESH_RUNTIME_DIR``):
 a chip's lease is then one file both users contend for, exactly as on one real host. Each test
-here failed on the code before leases were recorded and verified (docs/architecture.md, "What one
+here failed on the code before leases were recorded and verified (docs/conventions.md, "What one
 user may do to another's job").
 """
 
@@ -815,7 +815,7 @@ def _rendezvous_jobs(job: str, count: int) -> list[list[Any]]:
     """``count`` jobs named ``job``, each of two agents (node 0 holding a real store on a free
     port of 127.0.0.1), joined in this process, all at once, through the real join: torch's
     store and rendezvous."""
-    from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+    from ttmesh.launcher.nodes.rendezvous import Coordinator, Endpoint, Node
 
     jobs = []
     for _ in range(count):

@@ -21,7 +21,7 @@ from conftest import TAG, TW, env_without, run_cli, worker
 
 from ttmesh.errors import TTMeshError
 from ttmesh.launcher.adapters import ttrun
-from ttmesh.launcher.hosts import hostreport, meshhosts
+from ttmesh.launcher.nodes import hostreport, meshhosts
 from ttmesh.launcher.planning.request import LaunchRequest
 from ttmesh.vocab import StartMode
 

@@ -1,13 +1,13 @@
 """The one user-facing error type.
 
 Every failure a user can act on is raised as a :class:`TTMeshError` carrying the exit code from the
-conventions table (docs/architecture.md) and a hint saying how to fix it. The CLI prints it as a single
+conventions table (docs/conventions.md) and a hint saying how to fix it. The CLI prints it as a single
 line (``ttmesh: <message> (<hint>)``) and exits with ``code``; no traceback reaches the user.
 """
 
 from __future__ import annotations
 
-# Exit codes (docs/architecture.md, "Exit codes").
+# Exit codes (docs/conventions.md, "Exit codes").
 OK = 0
 FAILED = 1  # check: unhealthy; reset: not recovered; others: failed
 BAD_INPUT = 2  # bad input or environment; nothing started or changed

@@ -1,7 +1,7 @@
 """The words every layer shares: the states and kinds ttmesh reports, as string enums.
 
 Each member is its own JSON value (``StrEnum``), so documents and messages stay exactly as they
-were when these were bare strings. See docs/architecture.md for what each state means.
+were when these were bare strings. See docs/launch.md for what each state means.
 """
 
 from __future__ import annotations

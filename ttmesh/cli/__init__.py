@@ -1,7 +1,7 @@
 """The ``ttmesh`` command line: parse, call one function, render its result.
 
 A package with one module per command (``ls``, ``launch``, ``ps``, ``check``, ``reset``,
-``top``, ``metrics``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.options`), the one place
+``top``, ``metrics``, ``descriptor``, ``doctor``, ``sim``), the options they share (:mod:`~ttmesh.cli.params`), the one place
 that opens a host (:mod:`~ttmesh.cli.hosts`, the only importer of the simulator) and the text
 views (:mod:`~ttmesh.cli.views`). Kept light: importing it pulls in click and nothing heavy
 (no torch, yaml, rich or psutil), so ``ttmesh --help`` is instant; a command's module (its
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT
+from ttmesh.cli.params import CONTEXT
 from ttmesh.errors import BAD_INPUT, TTMeshError
 from ttmesh.version import __version__
 

@@ -9,7 +9,7 @@ import click
 
 from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.onhosts import hosts_options
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.params import CONTEXT, host_options
 from ttmesh.errors import bad_input
 from ttmesh.render import plural
 from ttmesh.vocab import MPI_LAYOUTS, Layout

@@ -10,7 +10,7 @@ import click
 
 from ttmesh import numeric, paths
 from ttmesh.cli.helpsections import SectionedCommand
-from ttmesh.cli.options import CONTEXT, host_options, whole
+from ttmesh.cli.params import CONTEXT, host_options, whole
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.request import parse_shape
 from ttmesh.vocab import LAYOUTS, Layout
@@ -277,7 +277,7 @@ def _over_hosts(
     export_rank_binding: str | None,
 ) -> None:
     """One mesh over several hosts: the descriptor every host gets, and per rank its host."""
-    from ttmesh.launcher.hosts import meshhosts
+    from ttmesh.launcher.nodes import meshhosts
     from ttmesh.vocab import MPI_LAYOUTS
 
     if chips or exclude:
@@ -299,7 +299,7 @@ def _over_hosts(
         _write_files(target, {**mesh_files, **(mocks if per_rank else {})})
         if export_rank_binding:
             from ttmesh.launcher.adapters import bindingfile, ttrun
-            from ttmesh.launcher.hosts import mpi
+            from ttmesh.launcher.nodes import mpi
 
             relocated = _relocate(plan, target)
             data = bindingfile.rank_binding(relocated, str(target / "mesh.textproto"))

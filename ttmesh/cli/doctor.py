@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.params import CONTEXT, host_options
 
 
 @click.command("doctor", context_settings=CONTEXT)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ttmesh.cli.options import CONTEXT
+from ttmesh.cli.params import CONTEXT
 
 
 @click.command("_fleet-guard", context_settings=CONTEXT, hidden=True)

@@ -15,7 +15,7 @@ import click
 
 from ttmesh.cli import torchrun
 from ttmesh.cli.launch_args import LaunchCommand
-from ttmesh.cli.options import CONTEXT, bounded, host_options
+from ttmesh.cli.params import CONTEXT, bounded, host_options
 from ttmesh.version import __version__
 from ttmesh.vocab import LAYOUTS, StartMode
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ttmesh import numeric
-from ttmesh.cli.options import CONTEXT, Number
+from ttmesh.cli.params import CONTEXT, Number
 from ttmesh.dataclass import dataclass
 
 FOLLOW_EVERY = 0.2  # seconds between two looks at the files while following

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ttmesh.cli.onhosts import hosts_options
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.params import CONTEXT, host_options
 from ttmesh.errors import TTMeshError
 
 

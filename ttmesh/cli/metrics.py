@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from ttmesh import addresses
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.params import CONTEXT, host_options
 from ttmesh.errors import bad_input, from_os_error
 
 LISTEN_FIX = "give --listen HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464 (port 0: any free one)"

@@ -1,5 +1,5 @@
 """``--hosts`` for the commands that read a host (``ls``, ``check``, ``reset``): the same command
-on every host, through one mpirun, shown host by host (:mod:`ttmesh.launcher.hosts.fanout`)."""
+on every host, through one mpirun, shown host by host (:mod:`ttmesh.launcher.nodes.fanout`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ CABLES_META = "ttmesh.cables"  # where ls and check leave this host's cable ends
 
 def hosts_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--hosts / --launch-agent: run the command on every host instead of this one. Goes above
-    :func:`~ttmesh.cli.options.host_options` (with --hosts, this host is not opened)."""
+    :func:`~ttmesh.cli.params.host_options` (with --hosts, this host is not opened)."""
 
     @click.option(
         "--hosts",
@@ -51,7 +51,7 @@ def hosts_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise bad_input("--launch-agent is for --hosts", "add --hosts, or drop it")
             code = fn(*args, **kwargs)
             if cables_line:  # run for --hosts: this host's cable ends, for the launcher to join
-                from ttmesh.launcher.hosts.fanout import CABLES_MARK
+                from ttmesh.launcher.nodes.fanout import CABLES_MARK
 
                 ends = click.get_current_context().meta.get(CABLES_META, [])
                 sys.stdout.write(CABLES_MARK + json.dumps(ends, separators=(",", ":")) + "\n")
@@ -89,7 +89,7 @@ def forwarded(ctx: click.Context) -> list[str]:
 
 
 def fan_out(ctx: click.Context, hosts: str, agent: str | None, as_json: bool) -> int:
-    from ttmesh.launcher.hosts import fanout, meshhosts
+    from ttmesh.launcher.nodes import fanout, meshhosts
 
     names = meshhosts.parse_hosts(hosts)
     mh = meshhosts.setup(names, agent=agent)
@@ -139,7 +139,7 @@ def _cables_down(down: list[dict[str, Any]], names: list[str], agent: str | None
     reset within the cables' window), then the wait for training."""
     import shlex
 
-    from ttmesh.launcher.hosts import fanout
+    from ttmesh.launcher.nodes import fanout
 
     hosts = sorted(
         {e["host"] for c in down for e in (c["a"], c["b"]) if e["host"]}, key=names.index

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, resolve_host
+from ttmesh.cli.params import CONTEXT, resolve_host
 
 # Ended jobs a plain ``ps`` shows besides the running ones: the job you just ran (or that just
 # failed) is the one you look for; --all shows every one kept.

@@ -1,5 +1,5 @@
 """``ttmesh _rank -- COMMAND``: one rank of a tt-metal mesh over several hosts, on its host
-(internal: the job's mpirun starts it; see ttmesh.launcher.hosts.rankshim). Hidden from ``--help``."""
+(internal: the job's mpirun starts it; see ttmesh.launcher.nodes.rankshim). Hidden from ``--help``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options
+from ttmesh.cli.params import CONTEXT, host_options
 
 
 @click.command(
@@ -19,6 +19,6 @@ from ttmesh.cli.options import CONTEXT, host_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def rank_cmd(host: Any, command: tuple[str, ...]) -> int:
     """Do this host's duties for one rank (files, leases, pre-flight), then run COMMAND."""
-    from ttmesh.launcher.hosts import rankshim
+    from ttmesh.launcher.nodes import rankshim
 
     return rankshim.run(host, list(command))

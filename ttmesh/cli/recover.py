@@ -2,7 +2,7 @@
 
 Started on every host of a tt-metal mesh over several hosts, through the job's mpirun, by the
 launching ttmesh after an attempt ended badly (and before the start with ``--auto-reset``), in
-two steps (see ttmesh.launcher.hosts.hostrecovery): ``--check`` (this host's chips, its cable
+two steps (see ttmesh.launcher.nodes.hostrecovery): ``--check`` (this host's chips, its cable
 ends, its reset domains), then ``--reset CHIPS --at TIME`` (the chips every host resets, at the
 moment they agreed; then the wait for the cables to train). Not a command for users (they run
 ``ttmesh reset --hosts``), so hidden from ``--help``.
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
+from ttmesh.cli.params import CONTEXT, Number, host_options, seconds, whole
 from ttmesh.errors import bad_input
 
 

@@ -10,7 +10,7 @@ import click
 
 from ttmesh.cli.helpsections import SectionedCommand
 from ttmesh.cli.onhosts import hosts_options
-from ttmesh.cli.options import CONTEXT, host_options, seconds, whole
+from ttmesh.cli.params import CONTEXT, host_options, seconds, whole
 from ttmesh.errors import bad_input
 from ttmesh.render import plural
 

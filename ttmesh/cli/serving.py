@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ttmesh.cli.options import CONTEXT, seconds
+from ttmesh.cli.params import CONTEXT, seconds
 from ttmesh.errors import bad_input, failed
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ttmesh.cli.helpsections import SectionedCommand
-from ttmesh.cli.options import CONTEXT, Number, host_options, seconds, whole
+from ttmesh.cli.params import CONTEXT, Number, host_options, seconds, whole
 from ttmesh.render import escaped, plural
 
 

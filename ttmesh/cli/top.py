@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ttmesh.cli.options import CONTEXT, host_options, seconds
+from ttmesh.cli.params import CONTEXT, host_options, seconds
 from ttmesh.render import plural
 
 

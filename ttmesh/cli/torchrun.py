@@ -229,7 +229,7 @@ def _said(dest: str, flag: str) -> None:
 
 def _named(ctx: click.Context, dest: str) -> str:
     """How the user gave the option ``dest``: its spelling, or its PET_* variable."""
-    from ttmesh.cli.options import spelling
+    from ttmesh.cli.params import spelling
 
     for param in ctx.command.params:
         if param.name == dest:
@@ -359,7 +359,7 @@ def _hosts(nnodes: str | None) -> int | None:
 
 def _endpoint(value: str) -> None:
     """A malformed endpoint is refused as over several hosts (rendezvous.parse_endpoint)."""
-    from ttmesh.launcher.hosts import rendezvous
+    from ttmesh.launcher.nodes import rendezvous
 
     rendezvous.parse_endpoint(value.strip())
 

@@ -1,4 +1,4 @@
-"""``ttmesh ls``: what a host has, in the ``ttmesh.ls/1`` shape (docs/architecture.md)."""
+"""``ttmesh ls``: what a host has, in the ``ttmesh.ls/1`` shape (docs/conventions.md)."""
 
 from __future__ import annotations
 

@@ -42,12 +42,17 @@ import re
 import stat
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import numeric, procs
 from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.problem import ERROR, Problem, chip_name, kill_fix
 from ttmesh.host.base import Host
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ttmesh.fabric.devices import Inventory
 
 PREFIX = "TT_UMD_LOCK."
 INITIALIZED = 0x5454554D444D5458  # "TTUMDMTX", tt-umd's INITIALIZED_FLAG
@@ -273,11 +278,11 @@ LOCK_FIX = (
 
 
 def problems(
-    inv: Any,
-    asics: Any,
+    inv: Inventory,
+    asics: Iterable[str] | None,
     allowed: Any = None,
     locks: list[Lock] | None = None,
-) -> tuple[list[Any], list[str], list[Lock]]:
+) -> tuple[list[Problem], list[str], list[Lock]]:
     """(errors, notes, every lock read) for the chips ``asics`` (None: all): an error per chip
     whose ``CHIP_IN_USE`` lock a live process holds, unless ``allowed(pid, asics)`` says it is
     the job's own; a note per lock a dead process left (never deleted) and per file that is not
@@ -295,7 +300,7 @@ def problems(
             and (wanted is None or c.asic_id in wanted)
         ):
             by_dev.setdefault(lead.dev_index, []).append(c.asic_id)
-    found: list[Any] = []
+    found: list[Problem] = []
     notes: list[str] = []
     odd: list[str] = []
     for lock in locks:

@@ -12,7 +12,7 @@ between a real machine and a simulated one is a method a backend overrides:
 A job's events on the host (workers started and holding chips, the fabric opened, a worker
 ended) are calls that do nothing on a real machine, where the driver and firmware see them by
 themselves; the simulator implements them. Only the command line chooses a backend
-(docs/architecture.md, "Host backends").
+(docs/simulator.md, "Host backends").
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class Host:
                     "recreate the simulated host with ttmesh sim create",
                 )
 
-    # -- where leases live (docs/architecture.md, "Leases and job records")
+    # -- where leases live (docs/conventions.md, "Leases and job records")
 
     def lease_dir(self) -> Path:
         """Where this host's leases live, shared by every user of it: ``TTMESH_RUNTIME_DIR``

@@ -1,7 +1,7 @@
 """Facts about Tenstorrent chips and boards that no host file states directly.
 
 Sources: the kernel driver, tt-umd and tt-smi, and the real cluster descriptors in
-tests/data/captures (see docs/architecture.md, "Systems"). Entries marked
+tests/data/captures (see docs/simulator.md, "Stock systems"). Entries marked
 "unsure" were inferred, not observed; everything else was seen in a real tool or capture.
 """
 

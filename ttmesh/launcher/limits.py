@@ -1,5 +1,5 @@
 """The numbers ``ttmesh launch`` takes, each bounded once: the command's options are typed from
-this table (``cli.options.bounded``), and ``planning.options.Launch.from_options`` checks the
+this table (``cli.params.bounded``), and ``planning.options.Launch.from_options`` checks the
 values a program gives ``ttmesh.launch`` by it, with the same line for the same mistake.
 
 Imports nothing but :mod:`ttmesh.numeric`: ``ttmesh launch --help`` reads it."""

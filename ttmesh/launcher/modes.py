@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from ttmesh.launcher.attempt.events import Observer
     from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.fleet.run import Watcher
-    from ttmesh.launcher.hosts.multihost import MultiHost, Peers
     from ttmesh.launcher.job.run import JobRun
+    from ttmesh.launcher.nodes.multihost import MultiHost, Peers
     from ttmesh.launcher.planning.options import Launch
     from ttmesh.launcher.planning.plan import LaunchPlan
     from ttmesh.launcher.planning.prepare import Prepared
@@ -153,7 +153,7 @@ class JobOfRanks(Mode):
 
     def start(self, prepared: Prepared) -> Result:
         """The job itself: its hosts joined (c10d), its logs' directory, then its attempts."""
-        from ttmesh.launcher.job.recovery import Recovery
+        from ttmesh.launcher.job.repair import Recovery
 
         o, launch = self.options, self.launch
         options = _console(launch)
@@ -214,14 +214,14 @@ class C10d(OneHost):
 
     def __init__(self, launch: Launch, view: View) -> None:
         super().__init__(launch, view)
-        from ttmesh.launcher.hosts import multihost
+        from ttmesh.launcher.nodes import multihost
 
         self.multihost = _multihost(launch)
         multihost.check(self.multihost)
 
     def join(self, prepared: Prepared) -> tuple[Prepared, Peers | None]:
         """The other hosts joined: the plan becomes the job's global one."""
-        from ttmesh.launcher.hosts.multihost import Peers
+        from ttmesh.launcher.nodes.multihost import Peers
 
         peers = Peers(self.multihost, self.launch.rdzv_job)
         try:
@@ -237,7 +237,7 @@ class MeshOverHosts(JobOfRanks):
 
     def __init__(self, launch: Launch, view: View) -> None:
         super().__init__(launch, view)
-        from ttmesh.launcher.hosts import meshhosts
+        from ttmesh.launcher.nodes import meshhosts
 
         o = self.options
         assert o.hosts is not None
@@ -245,7 +245,7 @@ class MeshOverHosts(JobOfRanks):
                                      tcp_interface=o.tcp_interface)  # fmt: skip
 
     def plan(self) -> Prepared:
-        from ttmesh.launcher.hosts import meshhosts
+        from ttmesh.launcher.nodes import meshhosts
 
         o, request = self.options, _request(self.launch)
         if o.chips or o.exclude:
@@ -347,7 +347,7 @@ def _request(launch: Launch) -> LaunchRequest:
 
 def _multihost(launch: Launch) -> MultiHost:
     """How this agent joins the job, as the rendezvous takes it."""
-    from ttmesh.launcher.hosts.multihost import MultiHost
+    from ttmesh.launcher.nodes.multihost import MultiHost
 
     join = launch.join
     assert join is not None
@@ -370,7 +370,7 @@ class Agents(Mode):
     """--hosts: mpirun starts one agent per host, each a c10d launch of its own host."""
 
     def run(self) -> Result:
-        from ttmesh.launcher.hosts import agents
+        from ttmesh.launcher.nodes import agents
 
         o, join = self.options, self.launch.join
         assert join is not None and o.hosts is not None

@@ -41,7 +41,7 @@ NO_LINKS = (
     "the firmware; the driver's files do not carry it)."
 )
 
-# name -> help; docs/architecture.md ("Metrics") lists the same names.
+# name -> help; docs/metrics.md ("How it works") lists the same names.
 HELP = {
     "ttmesh_reset_in_progress": "1 while a reset runs on the host (ttmesh's, or another tool's "
     "announced by tt-umd's reset notice): no chip is read then.",

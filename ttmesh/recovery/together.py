@@ -7,8 +7,8 @@ either end of a cable of the job is down, both hosts reset the chips at its ends
 reset takes more than the chips asked (its reset domain: whole boards, chips linked to them,
 a Galaxy's every chip), so a cable whose end a domain takes gets its other end reset too, and so
 on until nothing more is added. The MPMD launcher decides this from the hosts' reports
-(``launcher.hosts.hostrecovery``); c10d agents each decide it alike from the same records in
-their rendezvous store (``launcher.hosts.multihost``).
+(``launcher.nodes.hostrecovery``); c10d agents each decide it alike from the same records in
+their rendezvous store (``launcher.nodes.multihost``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``ttmesh top``: every chip's telemetry and who has it, sampled again and again.
 
-One sample is a ``ttmesh.top/1`` document (docs/architecture.md): per chip its temperature,
+One sample is a ``ttmesh.top/1`` document (docs/conventions.md): per chip its temperature,
 power, clock and voltage, its heartbeat (the counter, and whether it moved since the last
 sample), its Ethernet links up out of those expected, the ttmesh job leasing it and the
 processes holding it.

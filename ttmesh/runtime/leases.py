@@ -2,7 +2,7 @@
 
 Leases belong to the host, so they live where the host says (``Host.lease_dir``: under its
 root, ``/run/lock/ttmesh`` on this machine), in one directory every user shares. Every user of
-ttmesh may be hostile to every other, so (docs/architecture.md, "Leases and job records"):
+ttmesh may be hostile to every other, so (docs/conventions.md, "Leases and job records"):
 
 * the directory is opened once without following a link anyone but root or this user owns, and
   checked (``paths.shared_dir``: a trusted owner, sticky when others may write); everything

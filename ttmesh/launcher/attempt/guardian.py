@@ -31,7 +31,7 @@ import os
 import selectors
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh import procs
 from ttmesh.dataclass import dataclass
@@ -70,6 +70,9 @@ from ttmesh.states import (
 )
 from ttmesh.vocab import Source
 
+if TYPE_CHECKING:
+    from ttmesh.runtime.joblogs import Limits
+
 Phase = GuardianPhase  # the guardian's phases (ttmesh.states)
 POLL = 0.05  # while ranks run: rank PIDs to find, fabric marks, readiness
 SWEEP_POLL = 0.02
@@ -106,7 +109,7 @@ class Options:
     # keep_logs False (--no-logs): none; log_limits: its bounds (joblogs.limits()).
     keep: JobLogs | None = None
     keep_logs: bool = True
-    log_limits: Any = None
+    log_limits: Limits | None = None
     # The view draws a server's start as its checklist: its finished steps are not said as lines.
     checklist_drawn: bool = False
 

@@ -307,7 +307,7 @@ class MpiStarter(Starter):
         self.demux: object | None = None
 
     def start(self) -> list[RankExit]:
-        from ttmesh.launcher.hosts import mpi
+        from ttmesh.launcher.nodes import mpi
 
         assert self.console is not None
         self.demux = mpi.Demux(self.console.feed, mpi.version(self.plan.mpirun))
@@ -346,7 +346,7 @@ class MpiStarter(Starter):
         return None
 
     def discover(self) -> None:
-        from ttmesh.launcher.hosts import mpi
+        from ttmesh.launcher.nodes import mpi
 
         if self.mpirun is not None and not self.known():
             self.pids.update(mpi.rank_pids(self.mpirun, len(self.plan.ranks)))
@@ -372,7 +372,7 @@ class MpiStarter(Starter):
         self, pid: int, status: int, running: set[int], stopping: bool, drain: Drain
     ) -> list[RankExit]:
         """mpirun is gone, so every rank is: its report names the first rank that failed."""
-        from ttmesh.launcher.hosts import mpi
+        from ttmesh.launcher.nodes import mpi
 
         if pid != self.mpirun:
             return []

@@ -3,7 +3,7 @@ decisions, pure, so they are tested in-process; ``fleet.run`` carries them out.
 
 Each replica's job recovers its own chips where the host's reset domains allow it
 (``per-replica``). On a Galaxy every reset takes every chip, so a replica's job never resets by
-itself (``launcher.job.recovery.defers_reset``): it ends and says in its ``--summary-json`` that
+itself (``launcher.job.repair.defers_reset``): it ends and says in its ``--summary-json`` that
 it needs the whole-host reset (``"needs": {"what": "whole-host-reset", ...}``). The fleet then
 drains every replica, resets the host once and restarts them all (``drain-all``).
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ttmesh.dataclass import dataclass
-from ttmesh.launcher.job.recovery import WHOLE_HOST_RESET
+from ttmesh.launcher.job.repair import WHOLE_HOST_RESET
 
 DRAIN_ALL = "drain-all"  # one reset is the whole host: all drained, one reset, all restarted
 PER_REPLICA = "per-replica"  # each replica's job resets its own chips, the others serving

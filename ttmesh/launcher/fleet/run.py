@@ -377,7 +377,7 @@ class Fleet:
     def _drain_all(self) -> None:
         """A replica's chips need a reset and this host's one reset is the whole host
         (``fleet.drain``): every replica out of the router and drained within --grace, one
-        reset of the host (``launcher.job.recovery.reset_chips``, verified), then every replica
+        reset of the host (``launcher.job.repair.reset_chips``, verified), then every replica
         started again as at the fleet's start (staggered unless --replicas-parallel)."""
         failed = [m for m in self.members if m.needs is not None]
         names = ", ".join(str(m.replica.index) for m in failed)
@@ -460,7 +460,7 @@ class Fleet:
         call and verification); whether it recovered. Refused or unverified: the fleet ends."""
         from ttmesh.errors import TTMeshError
         from ttmesh.fabric.devices import discover
-        from ttmesh.launcher.job.recovery import Recovery, reset_chips
+        from ttmesh.launcher.job.repair import Recovery, reset_chips
 
         first = self.fp.replicas[0].prepared
         asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
@@ -789,7 +789,7 @@ class Fleet:
         if self.between is not None and self.between.lost:
             reason += f"; {self.between.clause()}"
             if code == 0 or self.stop_sig is not None:  # a replica's own failing code is kept
-                code = 1  # the fleet's chips are not recovered (docs/architecture.md)
+                code = 1  # the fleet's chips are not recovered (docs/serving.md)
         summary = self.to_json(code, reason)
         from ttmesh import paths
         from ttmesh.errors import BAD_INPUT, TTMeshError

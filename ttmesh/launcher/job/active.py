@@ -101,7 +101,7 @@ def run(
     """Run the probe as a ttmesh job on ``bdfs`` (None: every chip) and read its verdict."""
     from ttmesh.fabric.devices import discover
     from ttmesh.launcher.attempt.guardian import Options
-    from ttmesh.launcher.job.recovery import Recovery
+    from ttmesh.launcher.job.repair import Recovery
     from ttmesh.launcher.job.run import execute
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest

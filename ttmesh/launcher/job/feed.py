@@ -4,7 +4,7 @@ A fleet (``launcher.fleet.run``) starts each replica as a child ``ttmesh launch 
 FLEET --events-fd N``, N the write end of a pipe the fleet made and passed down (and nothing
 else: never a path, never the child's output). The child's front writes there, through the
 observer interface every view of a job hears (``attempt.events.Observer``), one line per state
-change, ``ttmesh.fleet-event/1`` (docs/architecture.md, "JSON"):
+change, ``ttmesh.fleet-event/1`` (docs/conventions.md, "JSON"):
 
     starting {attempt}            an attempt's guardian is about to start its ranks
     ready {attempt, url, after}   the server answers its health check (after: s since starting)

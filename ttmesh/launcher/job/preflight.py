@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ttmesh.errors import TTMeshError, refused
 from ttmesh.fabric.devices import discover
 from ttmesh.launcher.attempt.events import Observer
-from ttmesh.launcher.job.recovery import Recovery, reset_chips
+from ttmesh.launcher.job.repair import Recovery, reset_chips
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
 from ttmesh.states import JobPhase

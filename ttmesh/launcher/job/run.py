@@ -11,26 +11,20 @@ import functools
 import os
 import signal
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import paths
-from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input, refused
+from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input
 from ttmesh.fabric.domains import mesh_peers
 from ttmesh.launcher.attempt.front import run_attempt
 from ttmesh.launcher.attempt.guardian import Options
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import STOPPING, Stopped, stop_reason
-from ttmesh.launcher.job import errorfile
+from ttmesh.launcher.job import errorfile, hostset
 from ttmesh.launcher.job.preflight import run_preflight
-from ttmesh.launcher.job.recovery import (
-    Recovery,
-    after_crash,
-    last_reset_verified,
-    rank_refused,
-    recover_hosts,
-    recover_with_peers,
-)
+from ttmesh.launcher.job.repair import Recovery, after_crash, last_reset_verified
 from ttmesh.launcher.job.summary import (
     explain,
     job_facts,
@@ -46,7 +40,32 @@ from ttmesh.states import AttemptEnd, JobPhase
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.launcher.nodes.multihost import Peers
+
+
+class After(StrEnum):
+    """What a job does once an attempt ended, other than succeed."""
+
+    REFUSE = "refuse"  # a check still running at the start refused the job: said as a refusal
+    NOT_RUN = "not run"  # a rank's program never ran: refused at the first attempt, else ended
+    LEAVE = "leave"  # another tool resets the chips: neither recover nor restart
+    END = "end"  # recover the chips, then end: no restart helps
+    RESTART = "restart"  # recover the chips, then restart while --max-restarts allows
+
+
+# How each attempt end is answered (a result with exit code 0 ends the job, whatever its end).
+# The modes differ in how they recover and agree (job.hostset), never in what they decide.
+AFTER: dict[AttemptEnd, After] = {
+    AttemptEnd.COMPLETED: After.END,
+    AttemptEnd.FAILED: After.RESTART,
+    AttemptEnd.HUNG: After.RESTART,
+    AttemptEnd.STOPPED: After.END,
+    AttemptEnd.LAUNCHER_FAILED: After.END,
+    AttemptEnd.GUARDIAN_LOST: After.END,
+    AttemptEnd.REFUSED: After.REFUSE,
+    AttemptEnd.UNSTARTED: After.NOT_RUN,
+    AttemptEnd.RESET_ELSEWHERE: After.LEAVE,
+}
 
 
 def write_files(plan: LaunchPlan) -> None:
@@ -92,10 +111,9 @@ class JobRun:
         summary_json: str | None,
         recovery: Recovery,
         restart_backoff: float,
-        peers: Any = None,
+        peers: Peers | None = None,
     ) -> None:
         self.prepared = prepared
-        self.peers = peers  # launcher.hosts.multihost.Peers in a job over several hosts
         self.plan = prepared.plan
         self.options = options
         self.summary_json = summary_json
@@ -104,6 +122,9 @@ class JobRun:
         # The launcher's leases are the job's own, also for a guardian finishing in its place.
         self.recovery.own_pids = (*recovery.own_pids, os.getpid())
         self.observer = options.observer  # the front's view of the job (None: plain lines)
+        # The hosts the job runs on (this one; c10d peers; a mesh over hosts), asked the same
+        # questions whatever the mode.
+        self.hosts = hostset.of(prepared, recovery, self.observer, peers)
         self.results: list[AttemptResult] = []
         self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
         self.held: leases.LeaseSet | None = None
@@ -138,7 +159,7 @@ class JobRun:
             # A server that drives no Tenstorrent chip: nothing to lease or check before the
             # start (nor to recover after it: after_crash); the host is never read.
             self.recovery.preflight = False
-        elif plan.hosts:
+        elif not self.hosts.leases_here():
             # A mesh over several hosts: each host's duties (leases, pre-flight) run on that
             # host, in the rank's own ttmesh (``ttmesh _rank``), never through this one.
             self.recovery.preflight = False
@@ -178,21 +199,16 @@ class JobRun:
                     self._record()
                 except TTMeshError as exc:  # a job ps and stop cannot see must not start
                     raise self._refuse(exc) from None
-                if self.recovery.preflight or self.peers is not None:
-                    try:
-                        self._together_first()
-                        if self.recovery.preflight:
-                            self._agree(
-                                "start",
-                                lambda: run_preflight(self.prepared, self.recovery, self.observer),
-                            )
-                        else:
-                            self._agree("start", lambda: None)
-                        self._metal()
-                    except TTMeshError as exc:
-                        raise self._refuse(self._frozen_first(exc, summary=False)) from None
-                if plan.hosts:
-                    self._hosts_ready()
+                preflight = None
+                if self.recovery.preflight:
+
+                    def preflight() -> None:
+                        run_preflight(self.prepared, self.recovery, self.observer)
+
+                try:
+                    self.hosts.before_start(preflight, self._metal)
+                except TTMeshError as exc:
+                    raise self._refuse(self._frozen_first(exc, summary=False)) from None
                 write_files(plan)
                 self._attempts()
             except (KeyboardInterrupt, Stopped) as exc:
@@ -204,49 +220,6 @@ class JobRun:
             if not ok:
                 self._release(self.status or "ttmesh failed before the job ended", None)
         return self.finish()
-
-    def _together_first(self) -> None:
-        """c10d agents with --auto-reset: before the start, every host checks its chips and
-        cable ends and they reset together what needs it (a host's pre-flight alone would
-        reset its cables' ends without their far ends); one that stays wrong refuses the start
-        on every host."""
-        if self.peers is None or not (self.recovery.auto_reset and self.recovery.preflight):
-            return
-        if self.observer is not None:
-            self.observer.phase(JobPhase.CHECKING, "checking the chips with every host")
-        left = recover_with_peers(self.prepared, self.recovery, self.peers, "recover-start")
-        if left is not None:
-            raise refused(
-                f"pre-flight: {left}",
-                "see ttmesh check on each host, then reset them together; nothing started anywhere",
-            )
-
-    def _hosts_ready(self) -> None:
-        """A mesh over several hosts, before anything starts anywhere: links down between the
-        job's chips on a host (its report says so) refuse the start in one line naming the
-        host; with --auto-reset every host checks its chips of the job and resets them where
-        needed, and a host whose chips stay wrong refuses."""
-        if not self.recovery.auto_reset:
-            if self.prepared.hosts_not_ready:
-                name, what, fix = self.prepared.hosts_not_ready[0]
-                raise self._refuse(
-                    refused(
-                        f"host {name} is not ready: pre-flight: {what}",
-                        f"on {name}: {fix}, or add --auto-reset to recover the chips first; "
-                        "nothing started anywhere",
-                    )
-                )
-            return
-        if self.observer is not None:
-            self.observer.phase(JobPhase.CHECKING, "checking the chips on every host")
-        left = recover_hosts(self.prepared, self.recovery, always=False, before_start=True)
-        if left is not None:
-            raise self._refuse(
-                refused(
-                    f"pre-flight: {left}",
-                    "see ttmesh check --hosts, then ttmesh reset --hosts; nothing started anywhere",
-                )
-            )
 
     def _stopped(self, sig: int) -> None:
         """A stop signal outside an attempt ends the job there, and says how it ended (it is
@@ -318,12 +291,11 @@ class JobRun:
         )
 
     def _attempts(self) -> None:
-        plan, recovery = self.plan, self.recovery
+        plan = self.plan
         base_env = dict(plan.environ)  # what the plan (and --dry-run) was made from
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
-            if self.peers is not None:
-                self.peers.watch(attempt)
+            self.hosts.watch(attempt)
             liveness, self.prepared.liveness = self.prepared.liveness, None
             began = time.time()
             result = run_attempt(
@@ -331,88 +303,91 @@ class JobRun:
                 on_start=self._guardian_started, liveness=liveness, inv=self.prepared.inv,
             )  # fmt: skip
             self.times[attempt] = (began, time.time())
-            if result.end is AttemptEnd.REFUSED and result.error is not None:
-                # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the
-                # chips as a stopped job does, then refuse as the heartbeats read first did.
-                after_crash(self.prepared, recovery, result)
-                self.unrecorded = True
-                raise self._refuse(result.error)
-            if result.end is AttemptEnd.UNSTARTED and result.error is not None:
-                # A rank's program never ran (not found, not executable): nothing to restart,
-                # one line as a shell gives, exit 127 or 126. Ranks started before it were
-                # stopped: their chips are checked as after any crash.
-                if any(e.pid > 0 for e in result.exits):
-                    after_crash(self.prepared, recovery, result, observer=self.observer)
-                if attempt == 0:
-                    raise self._refuse(result.error)
-                note(f"not restarting: {result.error.message}")
-                self.results.append(result)
+            if not self._after(attempt, result):
                 break
-            why = rank_refused(result) if plan.hosts else None
-            if why is not None:
-                # A rank's ttmesh stopped before its command ran (pre-flight there, a lease, the
-                # wrong host): a refusal, as on one host. Ranks that had started on the other
-                # hosts were stopped: their hosts check (and recover) their chips first.
-                recover_hosts(self.prepared, recovery, always=False)
-                if attempt == 0:
-                    raise self._refuse(TTMeshError(why, None, result.code))
-                note(f"not restarting: {why}")
-                break
-            if self.peers is not None:
-                result = self.peers.ended(attempt, result)
+
+    def _after(self, attempt: int, result: AttemptResult) -> bool:
+        """What the job does once an attempt ended (:data:`AFTER`, by how it ended): whether
+        it starts another."""
+        plan, recovery = self.plan, self.recovery
+        after = AFTER[result.end]
+        if after is After.REFUSE:
+            # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the chips
+            # as a stopped job does, then refuse as the heartbeats read first did.
+            after_crash(self.prepared, recovery, result)
+            self.unrecorded = True
+            raise self._refuse(result.error or TTMeshError(result.reason, None, result.code))
+        if after is After.NOT_RUN:
+            # A rank's program never ran (not found, not executable): nothing to restart, one
+            # line as a shell gives, exit 127 or 126. Ranks started before it were stopped:
+            # their chips are checked as after any crash.
+            error = result.error or TTMeshError(result.reason, None, result.code)
+            if any(e.pid > 0 for e in result.exits):
+                after_crash(self.prepared, recovery, result, observer=self.observer)
+            if attempt == 0:
+                raise self._refuse(error)
+            note(f"not restarting: {error.message}")
             self.results.append(result)
-            if result.code == 0:
-                break
-            if result.end is AttemptEnd.RESET_ELSEWHERE:
-                # Another tool resets the chips now (its notice stopped the ranks): a reset of
-                # ttmesh's on top of it would race it. Its end is for `ttmesh check` to see.
-                note("the chips are being reset by another tool: ttmesh leaves them to it "
-                     "(see ttmesh check once it is done)")  # fmt: skip
-                break
-            # A server's processes may have held the chips to the end (SGLang SIGKILLs its
-            # schedulers, which never close the chips): check them whatever the layout.
-            lost = result.end is AttemptEnd.GUARDIAN_LOST
-            # A chip failed under the job (fabric.chipwatch): check them whatever it brought up.
-            always = lost or plan.serving is not None or result.chip_fault is not None
-            left = after_crash(
-                self.prepared, recovery, result, always=always, observer=self.observer,
-                peers=self.peers, name=f"recover{attempt}",
-            )  # fmt: skip
-            if not result.end.restartable:  # the user's stop, mpirun, the guardian lost
-                break
-            if attempt < plan.max_restarts and left is not None:
-                note(f"not restarting: {left}")
-                break
-            if attempt < plan.max_restarts:
-                wait = min(self.restart_backoff * (2**attempt), 10.0)
-                note(
-                    f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
-                    f"restarting every rank in {wait:.1f} s"
-                )
-                self.restarts.append(
-                    {"attempt": attempt + 1, "at": round(time.time(), 3), "after": result.reason}
-                )
-                self._wait(wait, attempt + 2)
-                again = Recovery(**{**recovery.__dict__, "auto_reset": True})
-                try:
-                    self._agree(
-                        f"restart{attempt + 1}",
-                        functools.partial(run_preflight, self.prepared, again, self.observer)
-                        if recovery.preflight
-                        else (lambda: None),
-                    )
-                except TTMeshError as exc:
-                    recovery.deferred = again.deferred  # the whole host's reset, for its fleet
-                    note(f"not restarting: {exc}")
-                    break
+            return False
+        why = self.hosts.refused(result)
+        if why is not None:  # a rank refused on its own host: a refusal, as on one host
+            if attempt == 0:
+                raise self._refuse(TTMeshError(why, None, result.code))
+            note(f"not restarting: {why}")
+            return False
+        result = self.hosts.ended(attempt, result)
+        self.results.append(result)
+        if result.code == 0:
+            return False
+        after = AFTER[result.end]  # as every host saw it
+        if after is After.LEAVE:
+            # Another tool resets the chips now (its notice stopped the ranks): a reset of
+            # ttmesh's on top of it would race it. Its end is for `ttmesh check` to see.
+            note("the chips are being reset by another tool: ttmesh leaves them to it "
+                 "(see ttmesh check once it is done)")  # fmt: skip
+            return False
+        # A server's processes may have held the chips to the end (SGLang SIGKILLs its
+        # schedulers, which never close the chips): check them whatever the layout. So for
+        # a chip that failed under the job (fabric.chipwatch), whatever it brought up.
+        lost = result.end is AttemptEnd.GUARDIAN_LOST
+        always = lost or plan.serving is not None or result.chip_fault is not None
+        left = self.hosts.recover(result, always, f"recover{attempt}")
+        if after is not After.RESTART:  # the user's stop, mpirun, the guardian lost
+            return False
+        if attempt >= plan.max_restarts:
+            return False
+        if left is not None:
+            note(f"not restarting: {left}")
+            return False
+        wait = min(self.restart_backoff * (2**attempt), 10.0)
+        note(
+            f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
+            f"restarting every rank in {wait:.1f} s"
+        )
+        self.restarts.append(
+            {"attempt": attempt + 1, "at": round(time.time(), 3), "after": result.reason}
+        )
+        self._wait(wait, attempt + 2)
+        again = Recovery(**{**recovery.__dict__, "auto_reset": True})
+        try:
+            self.hosts.agree(
+                f"restart{attempt + 1}",
+                functools.partial(run_preflight, self.prepared, again, self.observer)
+                if recovery.preflight
+                else (lambda: None),
+            )
+        except TTMeshError as exc:
+            recovery.deferred = again.deferred  # the whole host's reset, for its fleet
+            note(f"not restarting: {exc}")
+            return False
+        return True
 
     def _guardian_started(self, pid: int) -> None:
         """In the front, right after an attempt's guardian is forked: the guardian shares the
         leases (their records name it, so they stay this job's if the front is killed)."""
         if self.held is not None:
             self.held.add_guardian(pid)
-        if self.peers is not None:
-            self.peers.started(pid)
+        self.hosts.started(pid)
 
     def _wait(self, seconds: float, next_attempt: int) -> None:
         """The pause before a restart (a view keeps its clock running meanwhile)."""
@@ -425,17 +400,6 @@ class JobRun:
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
             self.observer.tick()
-
-    def _agree(self, name: str, check: Any) -> None:
-        """Run this host's ``check`` (it raises to refuse); with peers, every host must agree."""
-        try:
-            check()
-        except TTMeshError as exc:
-            if self.peers is not None:
-                self.peers.agree(name, str(exc))
-            raise
-        if self.peers is not None:
-            self.peers.agree(name, None)
 
     def _orphaned(self, result: AttemptResult) -> int:
         """In the guardian, once its workers are down: the launcher was killed, finish here."""
@@ -505,11 +469,7 @@ class JobRun:
 
     def finish(self, status: str | None = None) -> int:
         final = self.final = self.stop or self.results[-1]
-        if self.peers is not None:
-            if self.results:
-                self.peers.close(len(self.results) - 1)
-            else:  # stopped before this host's first attempt: no end to wait for
-                self.peers.coord.close()
+        self.hosts.close(len(self.results))
         if status is None:
             lost = final.end is AttemptEnd.GUARDIAN_LOST
             status = SUPERVISOR_KILLED if lost else final.reason
@@ -548,11 +508,11 @@ def execute(
     summary_json: str | None = None,
     restart_backoff: float = 0.2,
     recovery: Recovery | None = None,
-    peers: Any = None,
+    peers: Peers | None = None,
 ) -> int:
     """Lease the plan's chips, run its attempts (with recovery and restarts), return the code.
 
-    ``peers`` (launcher.hosts.multihost.Peers): the other hosts of a job over several hosts."""
+    ``peers`` (launcher.nodes.multihost.Peers): the other hosts of a job over several hosts."""
     return JobRun(
         prepared, options, summary_json, recovery or Recovery(), restart_backoff, peers
     ).run()

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ttmesh.launcher.attempt.failures import Diagnosis
 
 
-SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/architecture.md, "JSON")
+SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/conventions.md, "JSON")
 
 
 def job_facts(prepared: Prepared, logs: Any = None) -> dict[str, Any]:
@@ -153,7 +153,7 @@ def write_summary(
 ) -> str | None:
     """Write ``--summary-json`` (``ttmesh.summary/1``); the line saying why it could not be, or
     None. ``needs``: what a fleet's replica left its fleet to do (``{"what":
-    "whole-host-reset", "chips": [...]}``, ``launcher.job.recovery.WHOLE_HOST_RESET``), only
+    "whole-host-reset", "chips": [...]}``, ``launcher.job.repair.WHOLE_HOST_RESET``), only
     then in the file. ``facts``: the job's own (``job_facts`` and how it went: each attempt's
     times, restarts, resets, phases), as its record has them."""
     data: dict[str, object] = {

@@ -282,8 +282,8 @@ def start(plan: LaunchPlan, python: str) -> Pending:
             envs.append((rank.rank, env))
         if Layout(plan.layout).one_world and len(plan.ranks) > 1:
             # One tt-metal world over several processes forms over MPI, as the job's will:
-            # one MPMD mpirun, each rank with its own files (as launcher.hosts.mpi starts the job).
-            from ttmesh.launcher.hosts.mpi import find_mpirun
+            # one MPMD mpirun, each rank with its own files (as launcher.nodes.mpi starts the job).
+            from ttmesh.launcher.nodes.mpi import find_mpirun
 
             argv = [find_mpirun(plan.mpirun or None), "--bind-to", "none", "--oversubscribe"]
             if os.geteuid() == 0:

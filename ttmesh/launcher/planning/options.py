@@ -22,7 +22,7 @@ from ttmesh.vocab import MPI_LAYOUTS, JobMode, Layout, StartMode
 if TYPE_CHECKING:
     from ttmesh.host.base import Host
     from ttmesh.launcher.adapters.ttrun import BindingFile
-    from ttmesh.launcher.hosts.rendezvous import Endpoint
+    from ttmesh.launcher.nodes.rendezvous import Endpoint
     from ttmesh.launcher.planning.logspec import LogSpec
     from ttmesh.launcher.serving.args import ServerArgs
     from ttmesh.launcher.serving.profiles import Profile
@@ -129,7 +129,7 @@ class LaunchOptions:
 @dataclass(frozen=True)
 class Join:
     """How this host's agent joins a job over several hosts (torchrun's flags, Slurm's
-    environment or mpirun's): ``hosts.multihost.MultiHost`` is made of it."""
+    environment or mpirun's): ``nodes.multihost.MultiHost`` is made of it."""
 
     nnodes: int
     node_rank: int
@@ -571,7 +571,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             "give each host its own node rank",
         )
     if endpoint is None and in_slurm:
-        from ttmesh.launcher.hosts import slurm  # (socket, subprocess): under Slurm only
+        from ttmesh.launcher.nodes import slurm  # (socket, subprocess): under Slurm only
 
         endpoint = _endpoint(slurm.first_address(env["SLURM_JOB_NODELIST"]), 29400)
     if node_rank is None and hosts is None:
@@ -583,7 +583,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
             f"--nnodes {count}: where do the hosts meet?",
             "give --rdzv-endpoint HOST:PORT (node 0's address)",
         )
-    from ttmesh.launcher.hosts import rendezvous
+    from ttmesh.launcher.nodes import rendezvous
 
     return Join(
         nnodes=count,
@@ -600,7 +600,7 @@ def _join(o: LaunchOptions, hosts: str | None) -> Join | None:
 def _endpoint(text: str, port: int | None = None) -> Endpoint:
     """Where the hosts meet: ``HOST[:PORT]`` read (or HOST at ``port``). The rendezvous
     (socket, torch's store) is imported for a job over several hosts only."""
-    from ttmesh.launcher.hosts import rendezvous
+    from ttmesh.launcher.nodes import rendezvous
 
     return rendezvous.parse_endpoint(text) if port is None else rendezvous.Endpoint(text, port)
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory
@@ -22,6 +22,11 @@ from ttmesh.mesh import layout
 from ttmesh.mesh.select import Selection, Unit
 from ttmesh.render import plural
 from ttmesh.vocab import Layout, StartMode
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.planning.programs import ProgramSpec
+    from ttmesh.launcher.planning.simview import HostView
+    from ttmesh.launcher.serving.spec import ServingSpec
 
 SCHEMA = "ttmesh.plan/1"
 
@@ -86,7 +91,7 @@ class LaunchPlan:
     ready_timeout: float | None = None
     hang_timeout: float | None = None  # no rank's output for this long: hung
     ready_pattern: str | None = None
-    serving: Any = None  # launcher.serving.spec.ServingSpec: readiness, stop, health of a server
+    serving: ServingSpec | None = None  # readiness, stop, health of a server
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
     hosts: list[str] = field(default_factory=list)  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # how mpirun reaches them
@@ -101,10 +106,10 @@ class LaunchPlan:
     # shows each rank's environment against (rankenv.rank_env; the starters pass their own).
     environ: dict[str, str] = field(default_factory=dict)
     # A program profile's job (launcher.planning.programs.ProgramSpec): torch_tpu on libtt, ...
-    program: Any = None
+    program: ProgramSpec | None = None
     # A simulated host's view, at the real paths, in each rank's own mount namespace
     # (runtime.hostview); None: the ranks see the machine's own paths.
-    host_view: Any = None
+    host_view: HostView | None = None
 
     @property
     def fabric_at_start(self) -> bool:
@@ -190,7 +195,7 @@ class LaunchPlan:
 
     def _chipless_json(self, shown: Any) -> dict[str, Any]:
         """A chipless plan in ``ttmesh.plan/1``: the same keys, and null (or empty) for every
-        one about chips, a mesh or a host, since none is read (docs/architecture.md)."""
+        one about chips, a mesh or a host, since none is read (docs/conventions.md)."""
         return {
             "schema": SCHEMA,
             "chipless": True,
@@ -211,7 +216,7 @@ class LaunchPlan:
             "launcher": self.launcher,
             "ready_timeout": self.ready_timeout,
             "hang_timeout": self.hang_timeout,
-            "serving": self.serving.to_json(),
+            "serving": self.serving.to_json() if self.serving is not None else None,
             "hosts": [],
             "ranks": [
                 {

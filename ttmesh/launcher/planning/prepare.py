@@ -5,7 +5,7 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ttmesh import paths
 from ttmesh.dataclass import dataclass, field
@@ -31,7 +31,9 @@ from ttmesh.runtime import jobs
 from ttmesh.vocab import MPI_LAYOUTS, Layout, StartMode
 
 if TYPE_CHECKING:
-    from ttmesh.launcher.hosts.reach import MpiHosts
+    from ttmesh.fabric.syscheck import Requirements
+    from ttmesh.launcher.nodes.reach import MpiHosts
+    from ttmesh.launcher.planning.metalcheck import Pending
     from ttmesh.mesh import layout
 
 
@@ -52,11 +54,11 @@ class Prepared:
     unhealthy: TTMeshError | None = None
     # tt-metal's mock control plane asked about the ranks' own files (launcher.planning.metalcheck),
     # under way while the launch goes on; or why it is not asked.
-    metal: Any = None
+    metal: Pending | None = None
     metal_skipped: str = ""
     # What the job needs of the host's system software (a server's profile: ``system:``);
     # None: ttmesh's defaults (fabric.syscheck). Its warnings are said once per launch.
-    requires: Any = None
+    requires: Requirements | None = None
     warned: bool = False
     # The chips' heartbeats as the launch last read them (pre-flight polls only the others).
     beats: dict[str, str] = field(default_factory=dict)
@@ -218,7 +220,7 @@ def _start_mode(
             "drop --launcher direct (mesh layouts start under mpirun), or use isolated/single-process",
         )
     if req.launcher == StartMode.MPI and not descriptor_only:
-        from ttmesh.launcher.hosts import mpi
+        from ttmesh.launcher.nodes import mpi
 
         req = replace(req, mpirun=mpi.find_mpirun(req.mpirun or None))
         mpi.version(req.mpirun)  # read once here: each attempt's guardian (a fork) reuses it

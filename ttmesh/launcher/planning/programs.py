@@ -26,11 +26,14 @@ import signal
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.render import plural
+
+if TYPE_CHECKING:
+    from ttmesh.launcher.planning.rankenv import TpuSlice
 
 KIND = "program"
 CONTRACTS = ("none", "torch-tpu")
@@ -116,7 +119,7 @@ class ProgramSpec:
     stack: Stack | None = None
     release: Release | None = None
     notes: tuple[str, ...] = ()
-    tpu: Any = None  # rankenv.TpuSlice: what a torch-tpu job's ranks share
+    tpu: TpuSlice | None = None  # what a torch-tpu job's ranks share
 
     @property
     def chips(self) -> str:

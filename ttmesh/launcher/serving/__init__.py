@@ -2,5 +2,5 @@
 
 A stack is a profile (``configs/profiles/*.yaml``): how it is recognised, its process model, how
 chips are passed, the environment it needs, its flag rules, readiness, stop and leftovers.
-A new stack is a new file, not new code (docs/architecture.md, "Serving").
+A new stack is a new file, not new code (docs/serving.md).
 """

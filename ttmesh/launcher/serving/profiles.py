@@ -24,6 +24,7 @@ from ttmesh.errors import TTMeshError, bad_input
 from ttmesh.launcher.serving.args import ServerArgs
 
 if TYPE_CHECKING:
+    from ttmesh.fabric.syscheck import Requirements
     from ttmesh.launcher.serving.flags import Table
 
 # How chips reach the server (``chips:`` in a profile).
@@ -73,7 +74,7 @@ class Profile:
     node_rank_flag: str | None = None
     # What it needs of the host's system software (``system:``: min_kmd, min_fw_bundle,
     # hugepages_per_chip), checked by `ttmesh check --profile` and launch pre-flight.
-    system: Any = None
+    system: Requirements | None = None
     # Why its own stop leaves the chips to reset (``stop.teardown``): a stop the user asked for
     # then reads as one, the reset after it as an expected step.
     teardown: str = ""

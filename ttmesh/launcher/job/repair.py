@@ -17,7 +17,10 @@ from ttmesh.render import note, plural
 from ttmesh.states import JobPhase, ResetStage
 
 if TYPE_CHECKING:
-    from ttmesh.recovery.reset import ChipProgress
+    from ttmesh.fabric.devices import Inventory
+    from ttmesh.launcher.nodes.multihost import Peers
+    from ttmesh.launcher.planning.plan import LaunchPlan
+    from ttmesh.recovery.reset import ChipProgress, ResetOutcome
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Recovery:
 WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
 
 
-def defers_reset(fleet_of: str | None, inv: Any) -> bool:
+def defers_reset(fleet_of: str | None, inv: Inventory) -> bool:
     """Whether this job leaves its chips' reset to its fleet: it is a replica (``fleet_of``)
     on a host whose one reset is the whole host (a Galaxy's ``tt-smi -glx_reset``), which
     would take every other replica's chips; only the fleet, with every replica drained, may."""
@@ -137,7 +140,11 @@ def reset_chips(
 
 
 def _reset_entry(
-    at: float, phase: JobPhase, why: str | None, outcome: Any, refused: str | None = None
+    at: float,
+    phase: JobPhase,
+    why: str | None,
+    outcome: ResetOutcome | None,
+    refused: str | None = None,
 ) -> dict[str, Any]:
     """One reset as the job's record keeps it."""
     return {
@@ -174,7 +181,7 @@ def after_crash(
     result: AttemptResult,
     always: bool = False,
     observer: Observer | None = None,
-    peers: Any = None,
+    peers: Peers | None = None,
     name: str = "recover",
 ) -> str | None:
     """A job that brought the fabric up and ended abnormally may have left links down.
@@ -182,7 +189,7 @@ def after_crash(
     ``always``: check the chips whatever the plan says (ttmesh itself was killed mid-job, so
     nobody knows which ranks brought the fabric up). Over several hosts: what is still wrong
     on a host after every host recovered (a restart then does not happen), else None.
-    ``peers`` (c10d agents, ``launcher.hosts.multihost.Peers``): every host checks and
+    ``peers`` (c10d agents, ``launcher.nodes.multihost.Peers``): every host checks and
     recovers together through the store, under ``name`` (unique in the job), whether its
     own ranks brought the fabric up or not (a peer's did: its cables end here)."""
     plan = prepared.plan
@@ -221,7 +228,7 @@ def after_crash(
     return None
 
 
-def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
+def _recovery_line(plan: LaunchPlan, result: AttemptResult, why: str) -> str:
     """What the check after an attempt found, and that the chips are reset: a stop the user
     asked for reads as one (a server whose own teardown leaves the chips to reset says why it
     is expected), a failure as a failure."""
@@ -234,10 +241,10 @@ def _recovery_line(plan: Any, result: AttemptResult, why: str) -> str:
 
 
 def recover_with_peers(
-    prepared: Prepared, recovery: Recovery, peers: Any, name: str, always: bool = False
+    prepared: Prepared, recovery: Recovery, peers: Peers, name: str, always: bool = False
 ) -> str | None:
     """c10d agents: this host's chips recovered with every other host's, through the store
-    (``launcher.hosts.multihost.Peers.recover``); the first problem anywhere, else None."""
+    (``launcher.nodes.multihost.Peers.recover``); the first problem anywhere, else None."""
     host = prepared.inv.host
     left: str | None = peers.recover(
         name, host, prepared.plan.all_chips(), always=always, timeout=recovery.timeout,
@@ -251,7 +258,7 @@ def recover_with_peers(
 def rank_refused(result: AttemptResult) -> str | None:
     """A rank of a mesh over several hosts was refused on its host before its command ran
     (pre-flight there, or the wrong host): its line, a refusal as on one host, not a crash."""
-    from ttmesh.launcher.hosts.rankshim import refused_before_start
+    from ttmesh.launcher.nodes.rankshim import refused_before_start
 
     return refused_before_start(result.code, result.stderr_tail)
 
@@ -260,10 +267,10 @@ def recover_hosts(
     prepared: Prepared, recovery: Recovery, always: bool, before_start: bool = False
 ) -> str | None:
     """Every host of a mesh over several hosts checks its chips of the job and resets them
-    where needed (ttmesh.launcher.hosts.hostrecovery); the first host's remaining problem, else None.
+    where needed (ttmesh.launcher.nodes.hostrecovery); the first host's remaining problem, else None.
     After an attempt each host first lets the job's processes still there end; before the
     start, mpirun failing to reach the hosts is bad input (exit 2)."""
-    from ttmesh.launcher.hosts import hostrecovery, mpi
+    from ttmesh.launcher.nodes import hostrecovery, mpi
 
     plan = prepared.plan
     assert prepared.mesh_hosts is not None, "a mesh over several hosts has its MpiHosts"

@@ -17,7 +17,7 @@ does that host's duties for the rank before the command runs, and stays its pare
 5. **The fabric**: in one tt-metal world the rank brings up the links between the job's chips
    on this host (``TTMESH_RANK_FABRIC``); the host hears it, as on one host, so a crash leaves
    them down on a simulated host as on hardware (the launching ttmesh then recovers them on
-   every host: ttmesh.launcher.hosts.hostrecovery).
+   every host: ttmesh.launcher.nodes.hostrecovery).
 6. The command runs as a child with the rank's environment (MPI's included: the child is the MPI
    process); SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on, and the child gets SIGTERM should this
    process die; the exit code is the command's (128 + signal when a signal ended it).

@@ -16,7 +16,7 @@ from typing import Any
 
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
-from ttmesh.launcher.hosts.reach import MpiHosts
+from ttmesh.launcher.nodes.reach import MpiHosts
 
 EXIT_MARK = "@@ttmesh-exit "
 # The line ``ls``/``check`` add when run for ``--hosts`` (``--cables-line``): this host's end of

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from ttmesh import addresses, paths
 from ttmesh.errors import bad_input
-from ttmesh.launcher.hosts import mpi
+from ttmesh.launcher.nodes import mpi
 
 if TYPE_CHECKING:
-    from ttmesh.launcher.hosts.multihost import MultiHost
+    from ttmesh.launcher.nodes.multihost import MultiHost
 
 # ttmesh launch's options that --hosts replaces for the agents
 DROPPED = {"--hosts": True, "--nnodes": True, "--node-rank": True, "--node_rank": True}

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ttmesh.errors import TTMeshError
-from ttmesh.launcher.hosts import fanout
-from ttmesh.launcher.hosts.reach import MpiHosts
+from ttmesh.launcher.nodes import fanout
+from ttmesh.launcher.nodes.reach import MpiHosts
 from ttmesh.recovery import afterjob, together
 
 SLACK = 60.0  # seconds, beyond the resets themselves, for mpirun and each host's check

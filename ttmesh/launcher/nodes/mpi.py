@@ -128,7 +128,7 @@ def mpirun_argv(
         command = list(rank.argv)
         if plan.hosts:
             # On its host, the rank's own ttmesh writes its files, leases its chips and checks
-            # them, then runs the command (ttmesh.launcher.hosts.rankshim).
+            # them, then runs the command (ttmesh.launcher.nodes.rankshim).
             rank_env["TTMESH_RANK_FILES"] = json.dumps(rank_files(plan, rank.rank))
             rank_env["TTMESH_RANK_HOST"] = plan.hosts[rank.node]
             rank_env["TTMESH_RANK_CHIPS"] = json.dumps([a for u in rank.units for a in u.chips])

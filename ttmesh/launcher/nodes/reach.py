@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ttmesh.dataclass import dataclass, field
 from ttmesh.errors import bad_input
-from ttmesh.launcher.hosts import mpi
+from ttmesh.launcher.nodes import mpi
 
 
 @dataclass

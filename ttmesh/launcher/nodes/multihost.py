@@ -26,7 +26,7 @@ from typing import Any
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError, bad_input, refused
 from ttmesh.launcher.attempt.record import AttemptResult
-from ttmesh.launcher.hosts.rendezvous import Coordinator, Endpoint, Node
+from ttmesh.launcher.nodes.rendezvous import Coordinator, Endpoint, Node
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.plan import LaunchPlan
 from ttmesh.launcher.planning.rankenv import TpuSlice
@@ -176,7 +176,7 @@ class Peers:
         first problem anywhere (every host finds the same), else None: no host restarts alone."""
         from dataclasses import asdict
 
-        from ttmesh.launcher.hosts import hostrecovery
+        from ttmesh.launcher.nodes import hostrecovery
         from ttmesh.recovery import afterjob, together
 
         mine = afterjob.check_host(host, chips, peers=None, always=always,

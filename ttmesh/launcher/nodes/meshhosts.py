@@ -11,7 +11,7 @@
    descriptor every host gets identically, and on simulated hosts its own mock cluster cut
    from all the hosts' clusters (other ranks' chips, here or on another host, as remote
    devices). A Galaxy mesh also gets tt-metal's physical grouping descriptor.
-3. **One mpirun** (:mod:`ttmesh.launcher.hosts.mpi`): ``mpirun-ulfm`` when on PATH (as tt-run), the
+3. **One mpirun** (:mod:`ttmesh.launcher.nodes.mpi`): ``mpirun-ulfm`` when on PATH (as tt-run), the
    rankfile in the form the Open MPI version takes (4.x ``--rankfile``, 5.x ``--map-by
    rankfile:file=``), ``--host`` with each host's slots, tt-run's TCP options (``--mca btl
    self,tcp`` and the interface include/exclude list), and ``--launch-agent`` as the form the
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from ttmesh import addresses, numeric, paths
 from ttmesh.addresses import shown
 from ttmesh.errors import bad_input, refused
-from ttmesh.launcher.hosts import hostreport, mpi
-from ttmesh.launcher.hosts.reach import MpiHosts
+from ttmesh.launcher.nodes import hostreport, mpi
+from ttmesh.launcher.nodes.reach import MpiHosts
 from ttmesh.launcher.planning.prepare import check_mesh_shape
 from ttmesh.mesh import cluster as meshcluster
 from ttmesh.render import plural

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,9 +314,13 @@ def mock_chip_files() -> Iterator[None]:
     other's as there before the job, and a job keeps what was there before it."""
     import fcntl
 
-    with open(os.path.join(tempfile.gettempdir(), "ttmesh-tests-tt-device.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # The lock is the directory's own: no file of the tests' is left behind.
+    fd = os.open("/dev/shm", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture(scope="session")

@@ -266,8 +266,14 @@ fd = os.open(shm, os.O_RDWR | os.O_CREAT, 0o600)
 os.write(fd, b"x")
 os.close(fd)
 seen["shm"] = shm
-with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+with open(os.path.join(out, f".rank{rank}.json"), "w") as f:
     json.dump(seen, f)
+os.rename(os.path.join(out, f".rank{rank}.json"), os.path.join(out, f"rank{rank}.json"))
+if rank == 1:  # the failing rank ends the job: not before rank 0 has said what it saw
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "rank0.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
 if len(sys.argv) > 2:
     open(os.path.join(out, f"rank{rank}.ready"), "w").close()
     import time

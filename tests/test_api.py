@@ -69,6 +69,10 @@ def test_a_stop_asked_before_the_launch_starts_nothing(qb2: Path, runtime: Path)
     result = ttmesh.launch(_options(qb2, "exit=0"), control=control)
     assert (result.code, result.reason, result.attempts) == (143, "terminated (SIGTERM)", 0)
     assert not jobs.running()
+    for sig in (9, 0, 999):  # a stop it cannot give is the API's one refusal type
+        with pytest.raises(ttmesh.LaunchError) as info:
+            ttmesh.Control().stop(sig)
+        assert info.value.code == 2 and f"Control.stop({sig})" in info.value.line
 
 
 def test_a_refusal_is_a_launch_error_with_its_code_and_line(qb2: Path, runtime: Path) -> None:

@@ -51,7 +51,10 @@ class Control:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the launch (any thread; at once, whatever it is doing)."""
         if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            raise bad_input(f"Control.stop({sig}): stops with SIGINT, SIGTERM, SIGHUP or SIGQUIT")
+            refusal = bad_input(
+                f"Control.stop({sig}): stops with SIGINT, SIGTERM, SIGHUP or SIGQUIT"
+            )
+            raise LaunchError(refusal.message, refusal.hint, refusal.code)  # the API's one type
         with self._lock:
             if self.asked is None:
                 self.asked = sig

@@ -103,6 +103,16 @@ def _isolated_cache(
     monkeypatch.delenv("TT_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _not_a_subreaper() -> None:
+    """Each test starts in a process that is no child subreaper: a test that ran an attempt in
+    this process (the front makes itself one) would otherwise take in the orphans of the next
+    test's helpers (a chip holder whose starter exited), which then read as this process's own."""
+    from ttmesh import procs
+
+    procs.set_subreaper(False)
+
+
 def _segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
 

@@ -28,7 +28,11 @@ def test_a_job_started_from_python_returns_its_result(
     qb2: Path, runtime: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """The job's exit code is the failing rank's, and the result says which rank and why."""
+    from ttmesh import procs
+
+    procs.set_subreaper(False)  # as a program that embeds ttmesh starts (other tests may not)
     result = ttmesh.launch(_options(qb2, "say=hello", "fail-rank=1:3", "exit=0"))
+    assert not procs.is_subreaper()  # the process is left as it was: others' orphans go to init
     assert isinstance(result, ttmesh.Result)
     assert (result.code, result.rank, result.source, result.attempts) == (3, 1, "worker", 1)
     assert result.job and result.plan is None

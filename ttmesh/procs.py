@@ -263,9 +263,22 @@ def environ_value(pid: int, key: str) -> str | None:
 # --------------------------------------------------------------------------- supervision
 
 
-def set_subreaper() -> None:
-    """Orphaned descendants of this process are re-parented to it instead of to init."""
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+def set_subreaper(on: bool = True) -> None:
+    """Orphaned descendants of this process are re-parented to it instead of to init (``on``),
+    or no longer."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def is_subreaper() -> bool:
+    """Whether orphaned descendants of this process come to it (PR_GET_CHILD_SUBREAPER)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(0)
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER + 1, ctypes.byref(flag), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return bool(flag.value)
 
 
 SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")  # util-linux's, where the system keeps it

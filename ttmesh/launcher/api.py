@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from ttmesh import procs
 from ttmesh.errors import LaunchError, TTMeshError, bad_input
 from ttmesh.launcher.attempt.signals import Stopped, stop_reason
 from ttmesh.launcher.modes import MODES, Plain, Result, View
@@ -106,8 +107,16 @@ def launch(
             from ttmesh.launcher.job.feed import open_channel
 
             open_channel(options.events_fd)  # a pipe of this user's, or one line, exit 2
-        with control.running() if control is not None else contextlib.nullcontext():
-            return _run(built, view or Plain(), control)
+        was_subreaper = procs.is_subreaper()
+        try:
+            with control.running() if control is not None else contextlib.nullcontext():
+                return _run(built, view or Plain(), control)
+        finally:
+            # Each attempt makes this process the subreaper of what its ranks leave (and sweeps
+            # it); once the launch is over, the program that embeds it is as it was: another
+            # process's orphans are not its to inherit.
+            if not was_subreaper:
+                procs.set_subreaper(False)
     except LaunchError:
         raise
     except TTMeshError as exc:  # every refusal as the one type, where it was raised

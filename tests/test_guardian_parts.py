@@ -548,7 +548,8 @@ def test_a_rank_that_never_started_is_a_refusal(qb2: Path, runtime: Path, tmp_pa
 
     prepared = _prepare(qb2, "pass")
     missing = str(tmp_path / "no-such-program")
-    prepared.plan.ranks[:] = [replace(r, argv=(missing,)) for r in prepared.plan.ranks]
+    ranks = [replace(r, argv=(missing,)) for r in prepared.plan.ranks]
+    prepared.plan = replace(prepared.plan, ranks=ranks)
     with pytest.raises(TTMeshError) as info:
         execute(prepared, Options())
     assert info.value.code == 127 and "rank 0" in info.value.message
@@ -642,3 +643,34 @@ def test_each_mode_is_one_kind_of_host_set(tmp_path: Path) -> None:
             "close",
         ):
             assert callable(getattr(h, name)), (h, name)
+
+
+def test_a_plan_is_not_changed_once_made(qb2: Path) -> None:
+    """Planning's values are read, never written, by the stages after it: the options, the
+    launch and its request, the plan and each rank's (its environment too). A stage with more to
+    say makes a new plan (dataclasses.replace), so a write anywhere after planning fails here
+    and in every test that runs a launch."""
+    import dataclasses
+
+    from ttmesh.launcher.planning.options import Launch, LaunchOptions
+    from ttmesh.launcher.planning.plan import LaunchPlan, RankPlan
+
+    prepared = _prepare(qb2, "pass")
+    plan = prepared.plan
+    assert isinstance(plan, LaunchPlan) and isinstance(plan.ranks[0], RankPlan)
+    for value, name in (
+        (plan, "job"),
+        (plan, "notes"),
+        (plan, "host_view"),
+        (plan.ranks[0], "env"),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)
+    with pytest.raises(TypeError):
+        plan.ranks[0].env["RANK"] = "7"  # type: ignore[index]
+    again = dataclasses.replace(plan, notes=[*plan.notes, "a later stage's note"])
+    assert again.notes[-1] == "a later stage's note" and "a later stage's note" not in plan.notes
+    launch = Launch.from_options(LaunchOptions(host=prepared.inv.host, command=("true",)))
+    for value in (launch, launch.options, launch.request):
+        with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
+            value.job = "other"  # type: ignore[misc, union-attr]

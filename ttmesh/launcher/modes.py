@@ -201,7 +201,8 @@ class OneHost(JobOfRanks):
         except TTMeshError as exc:
             raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
         if launch.job_tp is not None and request.tp_hosts > 1:
-            prepared.plan.notes.append(tpsize.note(launch.job_tp, request.tp_hosts))
+            note = tpsize.note(launch.job_tp, request.tp_hosts)
+            prepared.plan = dataclasses.replace(prepared.plan, notes=[*prepared.plan.notes, note])
         return prepared
 
 

@@ -4,6 +4,7 @@ and what ``--dry-run`` and ``ttmesh descriptor`` check alike.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.errors import TTMeshError, refused
@@ -160,7 +161,7 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
         checks.append(_check("rendezvous", "skipped", "a dry run meets no other host: the "
                              "hosts' plans, their pre-flight and one --tp-size are checked "
                              "when the job starts"))  # fmt: skip
-    plan.checks = checks
+    prepared.plan = replace(plan, checks=checks)  # what the dry run prints beside the plan
 
 
 def _check(name: str, result: str, detail: str) -> dict[str, str]:

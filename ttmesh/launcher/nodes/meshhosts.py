@@ -196,8 +196,8 @@ def _finish(
     # mpirun runs in the run directory
     req = replace(req, mpi_args=mh.args(hosts_of_ranks, "mpi/rankfile"))
     plan = build(req, cluster.inv, sel, argv, sp, surroundings(req))
-    plan.files[f"{req.run_dir}/mpi/rankfile"] = mpi.rankfile_text(hosts_of_ranks)
-    plan.mpirun = mh.mpirun
+    rankfile = {f"{req.run_dir}/mpi/rankfile": mpi.rankfile_text(hosts_of_ranks)}
+    plan = replace(plan, files={**plan.files, **rankfile}, mpirun=mh.mpirun)
     # The hosts' heartbeats as they reported them (pre-flight polls only the others).
     prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh, beats=cluster.inv.beats, request=req)
     job = set(plan.all_chips())

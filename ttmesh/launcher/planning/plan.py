@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -60,9 +61,11 @@ class RankPlan:
         return len(self.chips) > 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchPlan:
-    """Everything a launch runs, pure and printable (``--dry-run`` shows it)."""
+    """Everything a launch runs, pure and printable (``--dry-run`` shows it). Frozen: each stage
+    after planning reads it, and one that has more to say makes a new one (``replace``): the
+    c10d rendezvous's global plan, a dry run's checks."""
 
     job: str
     layout: str
@@ -419,9 +422,10 @@ def build(
     if req.binding is not None:
         from ttmesh.launcher.adapters import ttrun
 
-        plan.notes.append(
-            ttrun.where_note(req.workdir, req.cwd, ranks[0].env, req.environ, outside.cwd_refusal)
+        where = ttrun.where_note(
+            req.workdir, req.cwd, ranks[0].env, req.environ, outside.cwd_refusal
         )
+        plan = replace(plan, notes=[*plan.notes, where])
     return plan
 
 

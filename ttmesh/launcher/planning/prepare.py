@@ -111,9 +111,9 @@ def prepare(
     prepared.unhealthy = choice.unhealthy
     prepared.beats = choice.beats  # seen alive now: pre-flight need not poll these again
     if default_note:
-        prepared.plan.notes.append(default_note)
+        prepared.plan = replace(prepared.plan, notes=[*prepared.plan.notes, default_note])
     if not (descriptor_only or chosen or cards):
-        prepared.plan.passed_over = _passed_over(inv, choice)
+        prepared.plan = replace(prepared.plan, passed_over=_passed_over(inv, choice))
     if liveness is not None and not can_start_unverified(prepared.plan):
         refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
         if refusal is not None:
@@ -379,19 +379,20 @@ def _plan(
         outside = replace(outside, numa=numa.prefixes(host, ranks))
     plan = build(req, inv, sel, argv, split, outside)
     if not descriptor_only:
-        _host_view(plan, inv)
+        plan = _host_view(plan, inv)
     requires = req.profile.system if req.profile is not None else None
     return Prepared(plan, inv, sel, requires=requires, request=req)
 
 
-def _host_view(plan: LaunchPlan, inv: Inventory) -> None:
+def _host_view(plan: LaunchPlan, inv: Inventory) -> LaunchPlan:
     """A simulated host's job: its ranks see the host's chips at the real paths, each in a mount
     namespace of its own (launcher.planning.simview; the starter says so in one line when none
     can be made). Ranks mpirun starts see the machine's paths, as before."""
     from ttmesh.launcher.planning import simview
 
-    if plan.launcher == StartMode.DIRECT:
-        plan.host_view = simview.wanted(inv, plan.all_chips())
+    if plan.launcher != StartMode.DIRECT:
+        return plan
+    return replace(plan, host_view=simview.wanted(inv, plan.all_chips()))
 
 
 def _with_program(

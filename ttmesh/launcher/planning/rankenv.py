@@ -317,10 +317,15 @@ class _Rank(Protocol):
     def env(self) -> Mapping[str, str]: ...
 
 
-class _Plan(Protocol):
-    serving: Any
-    op_timeout: float | None
-    program: Any
+class _Plan(Protocol):  # what a rank's environment reads of the (frozen) plan
+    @property
+    def serving(self) -> Any: ...
+
+    @property
+    def op_timeout(self) -> float | None: ...
+
+    @property
+    def program(self) -> Any: ...
 
 
 def inherited(environ: Mapping[str, str], also: frozenset[str] = frozenset()) -> dict[str, str]:

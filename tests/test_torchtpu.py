@@ -83,7 +83,7 @@ def test_a_torch_tpu_job_is_known_by_its_environment_and_says_why(
 
 
 def test_any_value_libtt_reads_as_compat_mode_is_a_torch_tpu_job(
-    qb2: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    qb2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """libtt's own hook (libtt_tpu_compat.pth, jax-tt-plugin 0.1.3) turns TPU compatibility
     mode on for any LIBTT_TPU_COMPAT but "" and "0": such a job is torch_tpu's whatever the
@@ -108,6 +108,15 @@ def test_any_value_libtt_reads_as_compat_mode_is_a_torch_tpu_job(
             assert code == 2 and len(lines) == 1, (value, how, err)
             assert "torch-tpu: LIBTT_TPU_COMPAT=" in lines[0], lines
             assert "needs LIBTT_TPU_COMPAT=1" in lines[0], lines
+    monkeypatch.delenv("LIBTT_TPU_COMPAT", raising=False)
+    # JAX_PLATFORMS is a list JAX opens every platform of: tt among others is libtt's too.
+    for value, profile in (("tt,cpu", "jax-tt"), ("cpu,tt", "jax-tt"), ("cpu", None)):
+        monkeypatch.setenv("JAX_PLATFORMS", value)
+        monkeypatch.setenv("PYTHONPATH", str(fake_stack(tmp_path)))
+        code = ttmesh.cli.run([*cmd, "--", PY, "-c", "pass"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert (json.loads(out)["program"] or {}).get("profile") == profile, (value, err)
 
 
 def test_a_malformed_program_profile_is_one_line(qb2: Path, tmp_path: Path) -> None:

@@ -360,6 +360,22 @@ def test_live_lines_are_found_in_blocks_by_their_hints_first() -> None:
     ]
 
 
+def test_a_coloured_live_line_is_found_as_the_end_finds_it() -> None:
+    """A logger that colours part of a line (loguru on a terminal, a rank that forces
+    colour) may put an escape inside a hint's words: the hint is looked for in the line as a
+    user reads it, as the diagnosis after the end reads it, or the fatal line waits for the end."""
+    live = failures.live_lines()
+    for entry_id in ("fw-init", "active-eth-core"):
+        line = SAMPLES[entry_id][1]
+        hint = next(h for h in failures.live_lines().hints if h.decode() in line).decode()
+        cut = line.index(hint) + len(hint) // 2
+        coloured = f"\x1b[31m{line[:cut]}\x1b[0m\x1b[1m{line[cut:]}\x1b[0m".encode()
+        hits = live.scan(b"starting\n" + coloured + b"\n", "rank 0's stdout")
+        assert [h.entry.id for h in hits] == [entry_id]
+        assert hits[0].found()["line"] == line
+        assert failures.match([("rank 0's stdout", [coloured.decode()])]) is not None
+
+
 def test_a_server_that_throws_as_it_opens_the_chips_is_stopped_at_once(
     qb2: Path, tmp_path: Path
 ) -> None:

@@ -604,6 +604,11 @@ def test_ps_says_a_stopped_job_and_writes_json_any_reader_decodes(
         assert row.split()[1] == "stopped", text.out  # said short in the cell (ps JOB: whole)
         assert f"is stopped (guardian {guardian}:" in text.err, text.err
         assert f"kill -CONT {guardian}" in text.err and len(text.err.splitlines()) == 1, text.err
+        one = run_cli("ps", job)  # the job in detail says the same, not "running"
+        assert one.out.splitlines()[0].startswith(f"job {job}: stopped (guardian {guardian}"), (
+            one.out
+        )
+        assert f"kill -CONT {guardian}" in one.out.splitlines()[0], one.out
     finally:
         if guardian is not None:
             os.kill(guardian, signal.SIGCONT)

@@ -104,6 +104,40 @@ def test_logs_say_what_was_cut_and_merge_ranks_by_time(runtime: Path) -> None:
     one.close()
 
 
+def test_what_was_cut_is_said_once_however_many_seconds_it_spans(runtime: Path) -> None:
+    """A rank that prints fast for seconds has its middle dropped across many index entries
+    (one a second): the reader said one "not kept" line per second of it, six in a row for a
+    5-second flood; the cut is one stretch of bytes, said once, with its whole size."""
+    from ttmesh.cli import logs as cli_logs
+    from ttmesh.runtime import joblogs, jobs
+
+    now = time.time()
+    jobs.write({"job": "fast", "pid": os.getpid(), "started": now, "ended": now, "ranks": [{}]})
+    logs = joblogs.JobLogs.create("fast", joblogs.Limits(job=6 * 1024 * 1024))
+    attempt = logs.attempt(0, ["0"])
+    assert attempt is not None
+    log = attempt.stream("0", "stdout")
+    assert log is not None
+    line = b"y" * 99 + b"\n"
+    total = 0
+    for second in range(8):  # 8 MiB a "second": far past the share, an index entry each
+        for _ in range(80):
+            log.write(line * 1048)
+            total += len(line) * 1048
+        log.flush(now=100.0 + second, force=True)
+    attempt.close()
+    logs.close()
+    every = cli_logs.collect(
+        cli_logs._sources("fast", None), cli_logs.Shown(None, None, "both", None)
+    )
+    out = cli_logs.render(every, None)
+    every.close()
+    notes = [i for i, ln in enumerate(out) if ln.startswith(b"ttmesh: ")]
+    assert len(notes) == 1, [out[i] for i in notes]
+    assert sum(len(ln) + 1 for i, ln in enumerate(out) if i not in notes) < total
+    assert all(ln == line[:-1] for i, ln in enumerate(out) if i not in notes)
+
+
 def test_since_reads_durations_and_times() -> None:
     from ttmesh.cli.logs import parse_since
     from ttmesh.errors import TTMeshError

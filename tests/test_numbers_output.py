@@ -131,9 +131,11 @@ BAD_WHOLE = {
     "-5": "cannot be negative|too small",
     "0x10": "not a number",
     "True": "not a number",
+    "-0": "digits only, no sign",  # a count is digits only: -0 and +3 are typos, not counts
+    "+3": "digits only, no sign",
 }
 EVERY_VALUE = {"--grace", "--tp-size"}  # every bad value; the other options a few of them
-FEW = {SECONDS: ["nan", "inf", "1e400", "-1"], WHOLE: ["nan", "1.5", "99999999999999999999"]}
+FEW = {SECONDS: ["nan", "inf", "1e400", "-1"], WHOLE: ["nan", "1.5", "99999999999999999999", "-0"]}
 FEW[POSITIVE] = [*FEW[SECONDS], "0"]
 
 

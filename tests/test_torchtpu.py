@@ -82,6 +82,43 @@ def test_a_torch_tpu_job_is_known_by_its_environment_and_says_why(
     assert kinds["torch-tpu"] == kinds["jax-tt"] == "program" and kinds["sglang"] == "server"
 
 
+def test_any_value_libtt_reads_as_compat_mode_is_a_torch_tpu_job(
+    qb2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libtt's own hook (libtt_tpu_compat.pth, jax-tt-plugin 0.1.3) turns TPU compatibility
+    mode on for any LIBTT_TPU_COMPAT but "" and "0": such a job is torch_tpu's whatever the
+    spelling, so it is never run without the contract its ranks need; a spelling other than
+    the profile's is one line (exit 2), "" and "0" leave the job a plain one. (In-process:
+    the choice is made before anything starts.)"""
+    import ttmesh.cli
+
+    cmd = ["launch", "--root", str(qb2), "--dry-run", "--json", "--tp-size", "1"]
+    for value in ("yes", "2", " 1", "\u00b2", "1\nttmesh: fake", "", "0"):
+        for how in ("environment", "--env"):
+            monkeypatch.delenv("LIBTT_TPU_COMPAT", raising=False)
+            extra = ["--env", f"LIBTT_TPU_COMPAT={value}"] if how == "--env" else []
+            if how == "environment":
+                monkeypatch.setenv("LIBTT_TPU_COMPAT", value)
+            code = ttmesh.cli.run([*cmd, *extra, "--", PY, "-c", "pass"])
+            out, err = capsys.readouterr()
+            lines = [ln for ln in err.splitlines() if not ln.startswith("simulated host")]
+            if value in ("", "0"):  # libtt's hook stays off: a plain job
+                assert code == 0 and json.loads(out)["program"] is None, (value, how, err)
+                continue
+            assert code == 2 and len(lines) == 1, (value, how, err)
+            assert "torch-tpu: LIBTT_TPU_COMPAT=" in lines[0], lines
+            assert "needs LIBTT_TPU_COMPAT=1" in lines[0], lines
+    monkeypatch.delenv("LIBTT_TPU_COMPAT", raising=False)
+    # JAX_PLATFORMS is a list JAX opens every platform of: tt among others is libtt's too.
+    for value, profile in (("tt,cpu", "jax-tt"), ("cpu,tt", "jax-tt"), ("cpu", None)):
+        monkeypatch.setenv("JAX_PLATFORMS", value)
+        monkeypatch.setenv("PYTHONPATH", str(fake_stack(tmp_path)))
+        code = ttmesh.cli.run([*cmd, "--", PY, "-c", "pass"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert (json.loads(out)["program"] or {}).get("profile") == profile, (value, err)
+
+
 def test_a_malformed_program_profile_is_one_line(qb2: Path, tmp_path: Path) -> None:
     mine = tmp_path / "profiles"
     mine.mkdir()

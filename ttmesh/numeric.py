@@ -95,6 +95,8 @@ def number(
             if len(text.lstrip("+-")) > 30:
                 raise wrong("too large" if not text.startswith("-") else "too small")
             parsed = int(text)
+            if whole and text[0] in "+-" and parsed >= 0 and low is not None and low >= 0:
+                raise wrong("digits only, no sign")  # a count is digits: -0 and +3 are typos
         elif _DECIMAL.fullmatch(text) and not whole:
             parsed = float(text)
         else:

@@ -443,6 +443,12 @@ def job_text(record: dict[str, Any]) -> str:
         code = record.get("code")
         head = f"job {job}: ended: {printable(str(record.get('status') or '?'))}"
         head += f" (exit {code})" if code is not None else ""
+    elif record.get("stopped"):  # SIGSTOP, Ctrl-Z: as ps's own line says it
+        held = ", ".join(f"{p['what']} {p['pid']}" for p in record["stopped"])
+        pids = " ".join(str(p["pid"]) for p in record["stopped"])
+        head = (
+            f"job {job}: stopped ({held}: SIGSTOP or Ctrl-Z): nothing moves until kill -CONT {pids}"
+        )
     else:
         head = f"job {job}: running (pid {record.get('pid')}, supervisor pid {record.get('guardian') or '-'})"
     out = [head]

@@ -67,12 +67,23 @@ class StreamFiles:
         out: list[Piece] = []
         last = since
         for when, offset in self.index:
+            offset = self._kept_from(offset)  # never split what was cut: it is said once
             if offset > last:
                 out.append(Piece(when, last, offset))
                 last = offset
         if self.end > last:
             out.append(Piece(self.mtime, last, self.end))
         return out
+
+    def _kept_from(self, offset: int) -> int:
+        """``offset``, or where kept bytes resume when nothing was kept there (the cut between
+        the head and the tail): a piece boundary inside a cut would say it twice."""
+        for e in sorted(self.extents, key=lambda e: e.start):
+            if offset < e.start:
+                return e.start
+            if offset < e.start + e.length:
+                return offset
+        return offset
 
     def read(self, start: int, end: int) -> Iterator[tuple[int, bytes | int]]:
         """(offset, bytes) of ``start`` .. ``end`` as kept, and (offset, n) for n bytes not

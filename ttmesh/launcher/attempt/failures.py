@@ -37,6 +37,7 @@ LIVE = ("fatal", "note")  # what a line marked live does as it arrives
 PLACEHOLDERS = frozenset({"reset", "flag"})  # what a fix may name: see the table's header
 MAX_LINE = 300  # a matched line longer than this is cut for the summary
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_ANSI_BYTES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # the same, over a block as it arrives
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,8 @@ class LiveLines:
 
     def scan(self, block: bytes, where: str) -> list[Hit]:
         """The live lines of ``block`` (whole lines): the first entry each matches."""
+        if b"\x1b" in block:  # colours may cut a hint's words: look as clean() reads the line
+            block = _ANSI_BYTES.sub(b"", block)
         if not any(h in block for h in self.hints):
             return []
         hits = []

@@ -81,6 +81,12 @@ class ProgramProfile:
     source: str
     path: str
     recognise: dict[str, str]  # environment variable -> value
+    # variable -> the values that leave its stack off, when its reader takes any other value
+    # as on (libtt's hook: anything but "" and "0"); such a value recognises the stack too
+    unless: dict[str, tuple[str, ...]]
+    # variable -> the separator of the list it holds, when its reader takes the value as one of
+    # several (JAX_PLATFORMS=tt,cpu: JAX opens tt, then cpu); the value among them recognises
+    among: dict[str, str]
     env: dict[str, str]
     contract: str
     private_dirs: bool
@@ -230,11 +236,27 @@ def load(path: Path) -> ProgramProfile:
         if unknown:
             raise ValueError(f"unknown keys {', '.join(sorted(unknown))}")
         recognise = data.get("recognise") or {}
-        if not isinstance(recognise, dict) or set(recognise) - {"env"}:
-            raise ValueError("recognise must be {env: {VARIABLE: value}}")
+        if not isinstance(recognise, dict) or set(recognise) - {"env", "unless", "among"}:
+            raise ValueError(
+                "recognise must be {env: {VARIABLE: value}, unless: {VARIABLE: [value]}, "
+                "among: {VARIABLE: separator}}"
+            )
         wanted = recognise.get("env") or {}
         if not isinstance(wanted, dict):
             raise ValueError("recognise.env must be a map of variables to values")
+        unless = recognise.get("unless") or {}
+        if not isinstance(unless, dict) or not all(
+            k in wanted and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            for k, v in unless.items()
+        ):
+            raise ValueError(
+                "recognise.unless must map variables of recognise.env to lists of values"
+            )
+        among = recognise.get("among") or {}
+        if not isinstance(among, dict) or not all(
+            k in wanted and isinstance(v, str) and v for k, v in among.items()
+        ):
+            raise ValueError("recognise.among must map variables of recognise.env to separators")
         contract = data.get("contract", "none")
         if contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {', '.join(CONTRACTS)}")
@@ -252,6 +274,8 @@ def load(path: Path) -> ProgramProfile:
             source=str(data.get("source", "")),
             path=str(path),
             recognise={str(k): str(v) for k, v in wanted.items()},
+            unless={str(k): tuple(v) for k, v in unless.items()},
+            among={str(k): str(v) for k, v in among.items()},
             env=_env(path, data.get("env") or {}),
             contract=str(contract),
             private_dirs=private,
@@ -326,14 +350,13 @@ def _recognised(
         return None
     sources = []
     for key, value in profile.recognise.items():
-        if key in given:
-            if given[key] != value:
-                return None
-            sources.append(f"{key}={value} is in --env")
-        elif environ.get(key) == value:
-            sources.append(f"{key}={value} is in your environment")
-        else:
-            return None
+        theirs = given[key] if key in given else environ.get(key)
+        off, sep = profile.unless.get(key), profile.among.get(key)
+        if theirs is not None and sep is not None and value in theirs.split(sep):
+            theirs = value  # one of the list the reader takes: the stack's
+        if theirs is None or (theirs != value and (off is None or theirs in off)):
+            return None  # a value the variable's reader takes as on is the stack: checked after
+        sources.append(f"{key}={value} is in {'--env' if key in given else 'your environment'}")
     return ", ".join(sources)
 
 

@@ -120,6 +120,7 @@ def test_doctor_bundle_end_to_end_redacted_and_still_a_capture(
     made = run_cli("doctor", "--root", str(qb2), "--bundle", str(out), env=env)
     assert made.code == 0, made.err
     assert "secrets redacted" in made.out and "1 job record" in made.out, made.out
+    assert out.stat().st_mode & 0o777 == 0o600  # the tails of the user's 0600 logs: theirs alone
     with tarfile.open(out) as tar:
         data = {m.name.split("/", 1)[1]: tar.extractfile(m).read()  # type: ignore[union-attr]
                 for m in tar.getmembers() if m.isfile()}  # fmt: skip
@@ -144,3 +145,27 @@ def test_doctor_bundle_end_to_end_redacted_and_still_a_capture(
     both = run_cli("doctor", "--root", str(qb2), "--bundle", "x", "--capture", "y")
     assert both.code == 2 and "not both" in both.err
     assert run_cli("doctor", "--root", str(qb2)).code == 2
+
+
+def test_a_link_planted_at_the_archives_temporary_name_is_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive is written to a temporary name beside it, then renamed: in a shared
+    directory another user may plant a link at that name. It is made, never opened through a
+    link (O_EXCL | O_NOFOLLOW), and its name is not guessable (here it is forced, to plant)."""
+    from ttmesh.errors import TTMeshError
+    from ttmesh.recovery import capture
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    dest = tmp_path / "shared" / "b.tar.gz"
+    dest.parent.mkdir()
+    monkeypatch.setattr(os, "urandom", lambda n: b"\0" * n)
+    (dest.parent / f".{dest.name}.{os.getpid()}.{'00' * 6}.tmp").symlink_to(victim)
+    cap = capture.Capture.__new__(capture.Capture)
+    cap.files, cap.links = {"a": b"x"}, {}
+    cap.manifest = {"host": {"hostname": "h"}, "unix_time": 0}
+    with pytest.raises(TTMeshError) as info:
+        capture.write_archive(cap, dest, flag="--bundle")
+    assert info.value.code == 2 and "bundle" in str(info.value)
+    assert victim.read_text() == "keep me" and not dest.exists()

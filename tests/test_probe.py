@@ -149,3 +149,46 @@ def test_a_hung_replica_is_taken_out_of_the_router_and_dumped(
                      r"the router", text), text  # fmt: skip
     assert "[replica0] ttmesh: stacks of 1 rank before killing them" in text, text
     assert proc.returncode == 124, text
+
+
+def test_a_server_that_drips_its_answer_is_hung_at_the_deadline(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A socket's timeout is per read: a server that sends its answer a byte at a time, each
+    byte inside --probe-timeout, would never have timed out. The probe's deadline is for the
+    whole answer; an answer that comes whole is one, a refused connection is not a hang, and
+    the environment's proxy is never asked."""
+    import socket
+    import threading
+
+    from ttmesh.launcher.serving.watch import generate
+
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    stop = threading.Event()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+    def serve(listener: socket.socket, drip: bool) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in answer if drip else [answer]:
+                if stop.wait(0.2 if drip else 0):
+                    return
+                try:
+                    conn.sendall(bytes([byte]) if drip else byte)  # type: ignore[arg-type]
+                except OSError:
+                    return  # the probe cut the connection: done
+
+    for drip, expected in ((True, "timeout"), (False, "answered")):
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            server = threading.Thread(target=serve, args=(listener, drip), daemon=True)
+            server.start()
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}/generate"
+            assert generate(url, b"{}", 1.0) == expected  # 41 bytes dripped take 8 s
+            stop.set()
+            server.join(10)
+            stop.clear()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: refused
+        assert generate(f"http://127.0.0.1:{port}/generate", b"{}", 1.0) == "refused"

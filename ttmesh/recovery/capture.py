@@ -798,9 +798,22 @@ def write_archive(cap: Capture, dest: Path, force: bool = False, flag: str = "--
         while parent not in dirs:
             dirs.add(parent)
             parent = posixpath.dirname(parent)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    made = False
     try:
-        with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        # Made here, never opened through a link another user planted at its name in a shared
+        # directory (O_EXCL, O_NOFOLLOW). A bundle holds the tails of the user's own logs
+        # (0600): it is the user's alone to share (0600); a capture as the umask says.
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600 if flag == "--bundle" else 0o666,
+        )
+        made = True
+        with (
+            os.fdopen(fd, "wb") as raw,
+            tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar,
+        ):
             for d in sorted(dirs):
                 info = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
                 info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(now)
@@ -836,8 +849,9 @@ def write_archive(cap: Capture, dest: Path, force: bool = False, flag: str = "--
             exc, "write the bundle" if flag == "--bundle" else "write the capture", str(dest)
         )
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if made:  # never another's file at that name
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return dest
 
 

@@ -66,21 +66,45 @@ def probe(url: str, timeout: float) -> int | None:
 
 
 def generate(url: str, body: bytes, timeout: float) -> str:
-    """POST ``body`` to ``url``: "answered" (any HTTP answer), "timeout" (none within
-    ``timeout``), or "refused" (no connection: the server's end is for others to see)."""
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    """POST ``body`` to ``url``: "answered" (any HTTP answer, its body read, within ``timeout``
+    in all), "timeout" (none within it), or "refused" (no connection: the server's end is for
+    others to see). A socket's timeout is per read, so a server that drips its answer a byte at
+    a time would never time out: a timer cuts the connection at the deadline instead."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # Direct, never through a proxy the environment names (as DIRECT).
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+    deadline = time.monotonic() + timeout
+
+    def cut() -> None:
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with DIRECT.open(request, timeout=timeout) as response:
-            response.read(65536)
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read(65536)
+        if time.monotonic() >= deadline:
+            return "timeout"  # cut at the deadline: what came was not the whole answer
         return "answered"
-    except urllib.error.HTTPError:
-        return "answered"
-    except TimeoutError:
-        return "timeout"
-    except urllib.error.URLError as exc:
-        return "timeout" if isinstance(exc.reason, TimeoutError) else "refused"
-    except OSError:
+    except ConnectionRefusedError:
         return "refused"
+    except (OSError, http.client.HTTPException):
+        return "timeout" if time.monotonic() >= deadline - 0.001 else "refused"
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 class Watch(threading.Thread):

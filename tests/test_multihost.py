@@ -454,3 +454,20 @@ def test_a_crash_over_nnodes_resets_both_hosts_cable_ends_together(world: Path) 
         assert len(together) == 1 and ": 8 between ttmh-0 and ttmh-1 (" in together[0], notes
         restart = next(i for i, n in enumerate(notes) if "restarting every rank" in n)
         assert notes.index(together[0]) < restart, notes
+
+
+def test_a_host_left_alone_at_the_rendezvous_is_told_why(qb2: Path, runtime: Path) -> None:
+    """torch's RendezvousTimeoutError says nothing: the refusal names the hosts expected, the
+    wait and the fix, in one line (exit 3)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = run_cli(
+        "launch", "--root", str(qb2), "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+        f"127.0.0.1:{port}", "--rdzv-timeout", "1", "--tp-size", "2", "--no-python", "true",
+        timeout=120,
+    )  # fmt: skip
+    assert res.code == 3, res.err
+    (line,) = [ln for ln in res.err.splitlines() if "rendezvous at" in ln]
+    assert f"127.0.0.1:{port}: not every one of the 2 hosts joined within 1 s" in line
+    assert "--rdzv-timeout" in line and "RendezvousTimeoutError" not in res.err

@@ -366,8 +366,17 @@ class Coordinator:
             self.job, store, backend, self.nnodes, self.nnodes, self.local_addr,
             RendezvousTimeout(join=timedelta(seconds=self.timeout), last_call=timedelta(seconds=1)),
         )  # fmt: skip
+        from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
         try:
             handler.next_rendezvous()
+        except RendezvousTimeoutError:  # its message is empty: say what it means
+            raise refused(
+                f"the rendezvous at {self.endpoint}: not every one of the {self.nnodes} hosts "
+                f"joined within {self.timeout:g} s",
+                "start ttmesh on every host with the same --rdzv-endpoint and --rdzv-id, or give "
+                "the late ones longer: --rdzv-timeout",
+            ) from None
         except Exception as exc:  # torch's RendezvousError and friends
             raise refused(f"the rendezvous at {self.endpoint} failed: {_first_line(exc)}")
         self.handler = handler

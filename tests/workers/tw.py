@@ -63,6 +63,10 @@ def on_term(sig, _frame):
 def main(args):
     global pid_dir, term_code
     final = None
+    # Signal handlers first, whatever the order given: a test that sends a signal once it sees
+    # pids= (or another file) would otherwise race the handler's installation.
+    handlers = ("ignore-term", "on-term", "usr1")
+    args = sorted(args, key=lambda a: a.partition("=")[0] not in handlers)
     for arg in args:
         key, _, value = arg.partition("=")
         if key == "pids":

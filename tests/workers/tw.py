@@ -41,9 +41,17 @@ def write(path, text):
     os.replace(tmp, path)
 
 
+def _default_stops():
+    # A grandchild takes the stop signals' defaults, whatever handlers this worker was given
+    # (an ignored signal would be inherited across exec).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def sleeper(new_session):
     return subprocess.Popen(
         [sys.executable, "-c", "import time\nwhile True: time.sleep(60)", TAG, "grandchild"],
+        preexec_fn=_default_stops,
         start_new_session=new_session,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -53,7 +53,8 @@ def test_the_root_cause_is_torchruns_json(qb2: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", str(script)],
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(theirs)},
+        # torchrun makes its log directory (torchelastic_*) in TMPDIR and leaves it there
+        env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(theirs), "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     res = run_cli("launch", "--root", str(qb2), "--nproc-per-node", "1", str(script),

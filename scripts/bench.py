@@ -296,6 +296,15 @@ class Bench:
         self.roots[key] = root
         return root
 
+    def env_for(self, argv: list[str]) -> dict[str, str]:
+        """The environment to run ``argv`` in: a compared build (--compare) gets a parse cache
+        of its own, since builds that share one overwrite each other's entries (their formats
+        differ) and each then pays the YAML parse a user's second launch never does."""
+        for label, binary in self.before_bin.items():
+            if argv[: len(binary)] == binary:
+                return {**self.env, "XDG_CACHE_HOME": str(self.work / f"cache-{label}")}
+        return self.env
+
     def ttmesh(self, launcher: str) -> list[str]:
         """The ttmesh command of ``launcher``: this build, or the one compared with."""
         return self.ttmesh_bin if launcher == "ttmesh" else self.before_bin[launcher]
@@ -319,7 +328,9 @@ class Bench:
         self, argv: list[str], stdout: int = subprocess.DEVNULL, env: dict | None = None
     ) -> tuple[float, int]:
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, env=env or self.env, stdout=stdout, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, env=env or self.env_for(argv), stdout=stdout, stderr=subprocess.DEVNULL
+        )
         return time.perf_counter() - t0, proc.returncode
 
 
@@ -468,7 +479,9 @@ def _failure(b: Bench, launcher: str, ignore_term: bool) -> tuple[float, int]:
         extra = ("--shutdown-timeout", str(GRACE)) if launcher == "torchrun" else extra
     cmd = [str(b.failer), str(out), *(["ignore-term"] if ignore_term else [])]
     argv = b.argv(launcher, 4, cmd, "qb2", extra)
-    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv, env=b.env_for(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _, err = proc.communicate(timeout=120)
     code = proc.returncode
     launcher_done = time.time()
@@ -523,7 +536,9 @@ def _rss(b: Bench, launcher: str) -> tuple[float, float]:
     Pss (shared pages divided among the processes sharing them, so a forked guardian's pages
     count once), sampled every 5 ms."""
     argv = b.argv(launcher, 4, ["sleep", "0.5"], "qb2")
-    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, env=b.env_for(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     python = os.path.realpath(f"/proc/{proc.pid}/exe")
     peak: dict[int, int] = {}
     exe: dict[int, str] = {}  # a worker is a copy of its launcher until it calls exec
@@ -603,7 +618,9 @@ def _idle(b: Bench, launcher: str) -> float:
     """% of one core the launcher's own processes use while 4 ranks of ``sleep`` idle."""
     seconds = str(IDLE_WARM + IDLE_WINDOW + 2)
     argv = b.argv(launcher, 4, ["sleep", seconds], "qb2")
-    proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, env=b.env_for(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     python = os.path.realpath(f"/proc/{proc.pid}/exe")
     time.sleep(IDLE_WARM)
     own = [p for p in [proc.pid, *_children(proc.pid)] if _exe(p) == python]
@@ -642,12 +659,14 @@ def _fan_in(b: Bench, launcher: str, devnull: bool = False) -> tuple[float, floa
     t0 = time.perf_counter()
     if devnull:
         proc = subprocess.Popen(
-            argv, env=b.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv, env=b.env_for(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         proc.wait()
         got = lines
     else:
-        proc = subprocess.Popen(argv, env=b.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv, env=b.env_for(argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         got = 0

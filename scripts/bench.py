@@ -259,6 +259,9 @@ class Bench:
             "OMP_NUM_THREADS": "1",
             "NO_COLOR": "1",
             "BARE_GRACE": str(GRACE),
+            # torchrun makes a torchelastic_* log directory in TMPDIR on every run and leaves
+            # it: here, inside the bench's own directory, removed with it.
+            "TMPDIR": str(work / "tmp"),
         }
         # As users run them: with Python's bytecode cache (torch's wheel ships .pyc files; an
         # editable ttmesh writes its own on the warm-up runs).
@@ -271,6 +274,7 @@ class Bench:
         ):
             self.env.pop(name, None)
         (work / "run").mkdir(mode=0o700)
+        (work / "tmp").mkdir(mode=0o700)
         self.bare_py = work / "bare.py"
         self.bare_py.write_text(BARE)
         self.failer = work / "failer.py"

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 from collections.abc import Callable, Iterable
+from typing import Any
 
 # A process's directory under /proc (the digit rule of ttmesh.numeric, which this module
 # cannot import: the two are one layer).
@@ -32,7 +33,7 @@ PR_SET_CHILD_SUBREAPER = 36
 _libc: ctypes.CDLL | None = None
 
 
-def _prctl(option: int, arg: int) -> None:
+def _prctl(option: int, arg: Any) -> None:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -271,13 +272,8 @@ def set_subreaper(on: bool = True) -> None:
 
 def is_subreaper() -> bool:
     """Whether orphaned descendants of this process come to it (PR_GET_CHILD_SUBREAPER)."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
     flag = ctypes.c_int(0)
-    if _libc.prctl(PR_SET_CHILD_SUBREAPER + 1, ctypes.byref(flag), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _prctl(PR_SET_CHILD_SUBREAPER + 1, ctypes.byref(flag))  # PR_GET_CHILD_SUBREAPER
     return bool(flag.value)
 
 

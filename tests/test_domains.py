@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -329,3 +331,38 @@ def test_launch_train_timeout_is_checked(qb2: Path, cli: Callable) -> None:
 def test_train_timeout_is_used(qb2: Path, cli: Callable) -> None:
     code, doc, err = do_reset(cli, qb2, "--train-timeout", "0.2")
     assert code == 0 and doc["recovered"], err
+
+
+def test_a_probe_knows_its_own_leases_and_free_chips_without_the_kernels_lock_table(
+    qb2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Free chips have no lease file, and the leases this process holds are known by their
+    inodes: neither needs /proc/locks (whose first read in a while waits for an RCU grace
+    period, about 10 ms). Another process's lease still asks the kernel."""
+    host = open_host(qb2)
+    c05, c07 = asic(qb2, C05), asic(qb2, C07)
+    asked: list[int] = []
+    real = leases._kernel_locks
+    monkeypatch.setattr(leases, "_kernel_locks", lambda: asked.append(1) or real())
+    assert leases.probe(host, [c05, c07]) == {}
+    with leases.acquire(host, [c05], "mine", cmd="serve"):
+        info = leases.probe(host, [c05, c07])[c05]
+        assert (info.pid, info.job, info.verified) == (os.getpid(), "mine", True)
+        assert asked == []
+    assert leases.probe(host, [c05, c07]) == {} and asked == []
+    assert leases._HELD == {}  # released: no longer known as held
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from ttmesh.cli.hosts import open_host; "
+         "from ttmesh.runtime import leases; "
+         f"h = leases.acquire(open_host({str(qb2)!r}), [{c07!r}], 'theirs', cmd='x'); "
+         "print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        info = leases.probe(host, [c05, c07])[c07]
+        assert (info.pid, info.job) == (other.pid, "theirs") and asked == [1]
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(30)

@@ -58,6 +58,13 @@ class LeaseHost(Protocol):
     def open_lease_dir(self, create: bool = False) -> SharedDir | None: ...
 
 
+# The lease files this process holds locked (a forked guardian inherits them with their
+# descriptors): (device, inode) -> the PID that took the lock, as /proc/locks names it. While
+# the descriptor is open the inode cannot be reused, so a probe knows these without asking
+# the kernel (a job's own pre-flight, on the leases it has just taken).
+_HELD: dict[tuple[int, int], int] = {}
+
+
 @dataclass
 class LeaseSet:
     """Leases a job holds; release() (or process death) frees them."""
@@ -105,6 +112,8 @@ class LeaseSet:
                         os.unlink(name, dir_fd=d.fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
+        for inode in self.inodes.values():
+            _HELD.pop(inode, None)
         self.fds.clear()
         self.inodes.clear()
         if d is not None:
@@ -301,7 +310,11 @@ def probe(host: LeaseHost, asics: list[str]) -> dict[str, ChipProcess]:
     if directory is None:
         return found
     with directory:
-        locks = _kernel_locks()
+        # Read once a lease file is there: a job's leases are removed when it ends, so free
+        # chips have none, and the first read of /proc/locks in a while waits for the
+        # kernel's RCU grace period (it takes its lock rwsem for writing): about 10 ms.
+        locks: dict[tuple[int, int], list[int]] | None = None
+        read = False
         for asic in asics:
             name = f"{asic}.lock"
             try:
@@ -310,6 +323,12 @@ def probe(host: LeaseHost, asics: list[str]) -> dict[str, ChipProcess]:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue  # not a lease (a link or worse someone left): acquire deals with it
+            mine = _HELD.get((st.st_dev, st.st_ino))
+            if mine is not None:
+                found[asic] = identify(directory.fd, name, st, mine, asic)
+                continue
+            if not read:
+                locks, read = _kernel_locks(), True
             held, pid = _locked(directory.fd, name, st, locks)
             if held:
                 found[asic] = identify(directory.fd, name, st, pid, asic)
@@ -359,6 +378,7 @@ def acquire(
             fd, st = _take(directory, f"{asic}.lock", asic, label, data)
             leases.fds[asic] = fd
             leases.inodes[asic] = (st.st_dev, st.st_ino)
+            _HELD[(st.st_dev, st.st_ino)] = os.getpid()
     except BaseException:
         leases.release()
         raise

@@ -454,6 +454,50 @@ def test_a_view_that_cannot_be_made_is_one_line_and_the_job_runs(qb2: Path) -> N
     assert "[r0] seen False" in res.out and "[r1] seen False" in res.out
 
 
+def test_as_root_the_view_is_a_thread_whose_ranks_live_until_the_attempt_ends(qb2: Path) -> None:
+    """As root the view is built by a thread of the launcher in a mount namespace of its own,
+    and the ranks start from it: no helper process, no nsenter before a rank's program, and
+    the ranks (whose parent-death signal names that thread) keep running until the view is
+    let go, with the launcher's own namespace untouched."""
+    if os.getuid() != 0:
+        pytest.skip("root builds the view in a thread; others use a helper and nsenter")
+    from ttmesh import procs
+    from ttmesh.launcher.planning.simview import HostView
+    from ttmesh.runtime.rankview import Views
+
+    existed = sorted(os.listdir("/dev"))
+    views = Views(HostView(str(qb2), ("0", "1")).helper())
+    views.open()
+    started: list[subprocess.Popen] = []
+    try:
+        assert views.notice is None and views.prefix("/") == []
+        here = os.readlink("/proc/self/ns/mnt")
+
+        def start() -> str:
+            argv = [*(procs.pdeathsig_wrapper() or []), sys.executable, "-c",
+                    "import os, sys; print(sorted(os.listdir('/dev/tenstorrent')), flush=True);"
+                    " sys.stdin.read()"]  # fmt: skip
+            started.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            text=True))  # fmt: skip
+            return os.readlink("/proc/thread-self/ns/mnt")
+
+        theirs = views.within(start)
+        assert theirs != here and os.readlink("/proc/self/ns/mnt") == here
+        assert sorted(os.listdir("/dev")) == existed
+        rank = started[0]
+        assert rank.stdout is not None and rank.stdout.readline() == "['0', '1', 'by-id']\n"
+        assert rank.poll() is None  # alive after its start returned, the view still held
+        assert os.readlink(f"/proc/{rank.pid}/ns/mnt") == theirs
+    finally:
+        for rank in started:
+            assert rank.stdin is not None
+            rank.stdin.close()
+            rank.wait(30)
+        views.close()
+    assert started[0].returncode == 0  # it ended by itself, not by a parent-death SIGKILL
+    assert sorted(os.listdir("/dev")) == existed  # the launcher's own /dev never changed
+
+
 # --------------------------------------------------------------------------- the parts
 
 

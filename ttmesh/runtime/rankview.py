@@ -1,5 +1,13 @@
 """An attempt's ranks in a simulated host's view (``plan.host_view``): one namespace, built once.
 
+As root, a thread of the guardian builds the view in a mount namespace of its own (a thread may
+unshare its mount namespace: the kernel gives it its own filesystem context, its cwd kept) and
+starts the attempt's ranks there (:meth:`Views.within`), so they inherit the view with no helper
+process and no nsenter (about 1 ms of CPU a rank, and a Python start an attempt). The thread is
+the ranks' parent for the kernel: their parent-death signal fires when it ends, so it lives until
+the attempt ends (:meth:`Views.close`). A user who is not root needs a user namespace too, which a
+process of several threads cannot make; for them:
+
 The starter runs the view's helper (:mod:`ttmesh.runtime.hostview` ``--hold``) once per attempt:
 it makes a mount namespace (and, for a user who is not root, a user namespace mapping the user
 to itself), builds the view there and says ``ready``. The starter opens the helper's namespaces,
@@ -16,8 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import selectors
 import subprocess
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 NSENTER = ("/usr/bin/nsenter", "/bin/nsenter")  # the system's own (never one found on PATH)
 READY_TIMEOUT = 30.0  # seconds for the helper to build the view (tens of milliseconds)
@@ -38,8 +52,19 @@ class Views:
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
+        self._thread: _ViewThread | None = None  # as root: the view's own thread
 
     def open(self) -> None:
+        if os.getuid() == 0:
+            thread = _ViewThread(self.helper[4], [d for d in self.helper[5].split(",") if d])
+            thread.start()
+            thread.ready.wait()
+            if thread.failed is None:
+                self._thread = thread
+            else:
+                self.notice = thread.failed
+                thread.join()
+            return
         if self._nsenter is None:
             return  # each rank builds its own (prefix)
         try:
@@ -80,9 +105,17 @@ class Views:
     def usable(self) -> bool:
         return self.notice is None and (bool(self.fds) or self._nsenter is None)
 
+    def within(self, start: Callable[[], T]) -> T:
+        """``start()`` (which starts the ranks) where the ranks see the view: in the view's
+        thread when it has one (its exception raised here), else here."""
+        if self._thread is None:
+            return start()
+        return self._thread.call(start)
+
     def prefix(self, cwd: str) -> list[str]:
-        """What a rank's command starts behind (nothing when the view could not be made)."""
-        if not self.usable:
+        """What a rank's command starts behind (nothing when the view could not be made, or
+        when the ranks start in the view's thread: they are in the view already)."""
+        if not self.usable or self._thread is not None:
             return []
         if self._nsenter is None:
             return [*self.helper, "--"]
@@ -93,10 +126,67 @@ class Views:
         return [self._nsenter, *spaces, *keep, f"--wd={cwd}", "--"]
 
     def close(self) -> None:
+        """The attempt has ended (its ranks with it): let the view go."""
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = ()
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+
+class _ViewThread(threading.Thread):
+    """A thread in a mount namespace of its own holding the view, running what it is given
+    (the ranks' start) until :meth:`stop`. The namespace lives while the thread or a rank is
+    in it; the kernel frees it with the last of them."""
+
+    def __init__(self, root: str, devices: list[str]) -> None:
+        super().__init__(name="ttmesh-host-view", daemon=True)
+        self.root = root
+        self.devices = devices
+        self.ready = threading.Event()
+        self.failed: str | None = None  # one line: why the view could not be made
+        self.calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        from ttmesh.runtime import hostview  # (ctypes: only a simulated host's job loads it)
+
+        try:
+            hostview.build(self.root, self.devices)
+        except hostview.ViewError as exc:
+            # Mounted or not, nothing is started in this namespace: the thread ends with it.
+            self.failed = str(exc)
+        finally:
+            self.ready.set()
+        if self.failed is not None:
+            return
+        while (call := self.calls.get()) is not None:
+            call()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run in the view's thread, its result or exception returned here."""
+        done = threading.Event()
+        box: list[T] = []
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                box.append(fn())
+            except BaseException as exc:
+                error.append(exc)
+            finally:
+                done.set()
+
+        self.calls.put(run)
+        done.wait()
+        if error:
+            raise error[0]
+        return box[0]
+
+    def stop(self) -> None:
+        self.calls.put(None)
+        self.join()
 
 
 def _line(fd: int, timeout: float) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from ttmesh import procs
 from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.logs import Console
-from ttmesh.launcher.planning.plan import LaunchPlan
+from ttmesh.launcher.planning.plan import LaunchPlan, RankPlan
 from ttmesh.launcher.planning.rankenv import rank_env
 from ttmesh.runtime.rankview import Views
 from ttmesh.vocab import LAUNCHER, StartMode
@@ -180,6 +180,11 @@ class DirectStarter(Starter):
                 return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             checked.add(program)
         self.views = self._views()
+        if self.views is not None:  # a simulated host's chips at the real paths
+            return self.views.within(lambda: self._start(ranks))
+        return self._start(ranks)
+
+    def _start(self, ranks: list[tuple[RankPlan, dict[str, str]]]) -> list[RankExit]:
         for rank, env in ranks:
             cwd = rank.workdir or self.plan.cwd or None
             try:
@@ -187,7 +192,7 @@ class DirectStarter(Starter):
                     if own:
                         os.makedirs(own, mode=0o700, exist_ok=True)
                 argv = list(rank.argv)
-                if self.views is not None:  # a simulated host's chips at the real paths
+                if self.views is not None:
                     argv = [*self.views.prefix(os.path.abspath(cwd or ".")), *argv]
                 proc = self._popen(argv, env, cwd, wrap=True)
             except OSError as exc:

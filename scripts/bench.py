@@ -3,6 +3,8 @@
 
 Every job runs under the three launchers, interleaved run by run on the same machine, and the
 median of ``--runs K`` runs is reported with the ratios ttmesh / bare and ttmesh / torchrun.
+Each run starts after an untimed pause drawn from 0 to 0.1 s (the simulated chips' 10 Hz
+heartbeat period), so no launcher meets the heartbeats at the same phase run after run.
 
 * ``launch N x true``: wall time from starting the launcher until it has exited, for N = 4, 32
   and 128 ranks of ``true`` (which costs ~1 ms per process under every launcher: the rest is the
@@ -79,6 +81,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -282,6 +285,7 @@ class Bench:
         self.writer = work / "writer.py"
         self.writer.write_text(WRITER)
         self.roots: dict[str, Path] = {}
+        self.started = 0.0  # time.time() when the last timed run started
 
     def _script(self, name: str) -> list[str] | None:
         here = Path(self.py).with_name(name)
@@ -331,11 +335,22 @@ class Bench:
     def timed(
         self, argv: list[str], stdout: int = subprocess.DEVNULL, env: dict | None = None
     ) -> tuple[float, int]:
+        # Each run starts at a random point of the simulated chips' heartbeat period (10 Hz:
+        # 0.1 s), untimed. A pre-flight that waits for a heartbeat to move waits 0 to 0.1 s
+        # by where in the period it reads; runs taken back to back, interleaved, repeat
+        # nearly the same durations, so without this each launcher kept nearly the same phase
+        # run after run and its median carried a bias of its own of up to 0.1 s.
+        time.sleep(PHASES.uniform(0.0, HEARTBEAT_PERIOD))
+        self.started = time.time()
         t0 = time.perf_counter()
         proc = subprocess.run(
             argv, env=env or self.env_for(argv), stdout=stdout, stderr=subprocess.DEVNULL
         )
         return time.perf_counter() - t0, proc.returncode
+
+
+HEARTBEAT_PERIOD = 0.1  # seconds: the simulator's default heartbeat, Blackhole's 10 Hz
+PHASES = random.Random(0)  # the pauses before runs: the same sequence every bench
 
 
 def median(values: list[float]) -> float:
@@ -383,8 +398,8 @@ def _start_latency(b: Bench, launcher: str, root: str, sleep: str = "0.6") -> tu
     out.mkdir()
     cmd = ["bash", "-c", STARTER, str(out), sleep]
     argv = b.argv(launcher, 4, cmd, root)
-    t0 = time.time()
     seconds, code = b.timed(argv)
+    t0 = b.started  # the wall clock at the start (after timed's pause)
     if code != 0:
         sys.exit(f"{launcher}: workers failed (exit {code})")
     starts = [float(p.read_text()) for p in out.glob("start.*")]

@@ -102,3 +102,26 @@ def test_a_by_id_directory_out_of_the_root_is_refused(
     folder.symlink_to(elsewhere)
     r = cli("ls", "--root", str(qb2))
     assert r.code == 2 and "by-id leads out of" in r.err.splitlines()[-1], r.err
+
+
+def test_a_chips_address_is_its_device_links_last_name_or_where_a_chain_leads(
+    make_sim: Callable[..., Path],
+) -> None:
+    """The simulator writes each chip's ``device`` link as sysfs does (kernfs_get_target_path:
+    ``../../../<address>``), whose last name is the address; a link whose last name is not an
+    address (a link to a link) is resolved whole."""
+    from ttmesh.cli.hosts import open_host
+
+    root = make_sim("quietbox2")
+    host = open_host(root)
+    dev = host.dev_indexes()[0]
+    link = root / f"sys/class/tenstorrent/tenstorrent!{dev}/device"
+    target = os.readlink(link)
+    assert re.fullmatch(r"\.\./\.\./\.\./[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", target)
+    bdf = target.rsplit("/", 1)[1]
+    assert host.bdf_of(dev) == bdf and link.resolve().name == bdf
+    alias = link.resolve().parent / "alias"
+    alias.symlink_to(bdf)
+    link.unlink()
+    link.symlink_to("../../../alias")
+    assert host.bdf_of(dev) == bdf

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 CLASS_DIR = "sys/class/tenstorrent"
 BY_ID = "dev/tenstorrent/by-id"  # tt-kmd's udev rules (udev-50-tenstorrent.rules): by-id links
+# A PCI address, as sysfs names a device's directory.
+BDF_NAME = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 BY_ID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")  # never a control character
 DRIVER_VERSION = "sys/module/tenstorrent/version"
 LEASES = "run/lock/ttmesh"
@@ -157,11 +159,28 @@ class Host:
         link = self._join(f"{CLASS_DIR}/tenstorrent!{dev}/device")
         if not os.path.exists(link):
             return None
-        return os.path.basename(os.path.realpath(link))
+        # The driver's link names the device's own directory (``../../../0000:01:00.0``): its
+        # last name is the address, read in one call (resolving the whole path takes some ten).
+        # A name that is not an address is resolved whole, as it always was.
+        last = os.path.basename(os.readlink(link))
+        return last if BDF_NAME.fullmatch(last) else os.path.basename(os.path.realpath(link))
 
     def pci_attr(self, bdf: str, name: str) -> str | None:
         text = self.read_text(f"sys/bus/pci/devices/{bdf}/{name}")
         return None if text is None else text.strip()
+
+    @staticmethod
+    def _by_id_target(nodes: str, link: str) -> str:
+        """Where a ``by-id`` link leads (names only: nothing is opened). udev's own form,
+        ``../N`` to a node that is no link, is read in two calls; anything else is resolved
+        whole (some ten)."""
+        text = os.readlink(link)
+        index = text.removeprefix("../")
+        if text.startswith("../") and numeric.digits(index):
+            node = os.path.join(nodes, index)
+            if not os.path.islink(node):
+                return node
+        return os.path.realpath(link)
 
     def by_id_links(self) -> dict[int, str]:
         """N of /dev/tenstorrent/N -> the name of its ``/dev/tenstorrent/by-id`` link, where
@@ -188,7 +207,7 @@ class Host:
             link = os.path.join(folder, name)
             if not BY_ID_NAME.fullmatch(name) or not os.path.islink(link):
                 continue  # udev makes links of printable names only; the rest is not the driver's
-            real = os.path.realpath(link)  # resolves names only: nothing is opened
+            real = self._by_id_target(nodes, link)
             if os.path.dirname(real) != nodes:
                 raise self.corrupt(
                     link,

@@ -1077,7 +1077,9 @@ class SimRoot:
             }
             for name, value in attrs.items():
                 _write(os.path.join(node, name), value + "\n")
-            os.symlink("../..", os.path.join(node, "device"))
+            # As sysfs writes it (fs/kernfs/symlink.c, kernfs_get_target_path): up to the first
+            # directory holding the target's parent, then down to the target by name.
+            os.symlink(f"../../../{bdf}", os.path.join(node, "device"))
             os.symlink(
                 f"../../devices/pci0000:00/{bdf}/tenstorrent/tenstorrent!{n}",
                 self.path(f"sys/class/tenstorrent/tenstorrent!{n}"),

@@ -465,10 +465,10 @@ def test_a_replica_on_a_galaxy_leaves_its_reset_to_the_fleet_and_says_what_it_ne
     """In-process: a fleet's replica (--fleet-of) resets nothing itself where one reset is the
     whole host; it records the chips that need it, for its --summary-json. Elsewhere, and
     outside a fleet, its chips are its own to reset."""
-    from types import SimpleNamespace
 
     from ttmesh.cli.hosts import open_host
     from ttmesh.fabric.devices import discover
+    from ttmesh.launcher.job.jobstate import JobState
     from ttmesh.launcher.job.repair import Recovery, defers_reset, reset_chips
 
     galaxy = make_sim("galaxy-bh")
@@ -477,9 +477,9 @@ def test_a_replica_on_a_galaxy_leaves_its_reset_to_the_fleet_and_says_what_it_ne
     assert not defers_reset("f", discover(open_host(make_sim("quietbox2"))))
     chips = [c.asic_id for c in inv.chips if c.bdf][:2]
     recovery = Recovery(fleet_of="fleet-a")
-    prepared: Any = SimpleNamespace(inv=inv)
-    assert reset_chips(prepared, recovery, chips, why="2 links down") is None
-    assert recovery.deferred == {
+    state = JobState(inv)  # the job's own: what it needs of its fleet is kept there
+    assert reset_chips(state, recovery, chips, why="2 links down") is None
+    assert state.deferred == {
         "what": "whole-host-reset", "fleet": "fleet-a", "why": "2 links down",
         "chips": [c.bdf for c in inv.chips if c.bdf][:2],
     }  # fmt: skip
@@ -764,11 +764,11 @@ def test_a_reset_never_calls_a_chip_the_host_lost_recovered(
     (a chip that died for good, lost at an earlier reset): the others are reset and verified,
     and the line says so of them only, naming the lost one as not recovered; the fleet's check
     (fleet.between) keeps it for the fleet's last line and exit code (issue 38)."""
-    from types import SimpleNamespace
 
     from ttmesh.cli.hosts import open_host
     from ttmesh.fabric.devices import discover
     from ttmesh.launcher.fleet import between
+    from ttmesh.launcher.job.jobstate import JobState
     from ttmesh.launcher.job.repair import Recovery, reset_chips
     from ttmesh.recovery import reset
     from ttmesh.sim import faults
@@ -780,8 +780,7 @@ def test_a_reset_never_calls_a_chip_the_host_lost_recovered(
     reset.recover(host, [gone], retries=0, expand_set=False)  # the driver lists it no more
     faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
     capsys.readouterr()
-    prepared: Any = SimpleNamespace(inv=discover(host))
-    outcome = reset_chips(prepared, Recovery(), asics)
+    outcome = reset_chips(JobState(discover(host)), Recovery(), asics)
     said = capsys.readouterr().err
     assert outcome is not None and outcome.unreached == (gone,)
     assert (

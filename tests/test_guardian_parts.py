@@ -549,7 +549,7 @@ def test_a_rank_that_never_started_is_a_refusal(qb2: Path, runtime: Path, tmp_pa
     prepared = _prepare(qb2, "pass")
     missing = str(tmp_path / "no-such-program")
     ranks = [replace(r, argv=(missing,)) for r in prepared.plan.ranks]
-    prepared.plan = replace(prepared.plan, ranks=ranks)
+    prepared = replace(prepared, plan=replace(prepared.plan, ranks=ranks))
     with pytest.raises(TTMeshError) as info:
         execute(prepared, Options())
     assert info.value.code == 127 and "rank 0" in info.value.message
@@ -622,9 +622,10 @@ def test_each_mode_is_one_kind_of_host_set(tmp_path: Path) -> None:
     def prepared(hosts: list[str]) -> Any:
         return SimpleNamespace(plan=SimpleNamespace(hosts=hosts))
 
-    one = hostset.of(prepared([]), Recovery(), None, None)
-    mesh = hostset.of(prepared(["a", "b"]), Recovery(), None, None)
-    c10d = hostset.of(prepared([]), Recovery(), None, peers=SimpleNamespace())  # type: ignore[arg-type]
+    state: Any = SimpleNamespace()  # (the job's own; no question is asked here)
+    one = hostset.of(prepared([]), state, Recovery(), None, None)
+    mesh = hostset.of(prepared(["a", "b"]), state, Recovery(), None, None)
+    c10d = hostset.of(prepared([]), state, Recovery(), None, peers=SimpleNamespace())  # type: ignore[arg-type]
     assert [type(h).__name__ for h in (one, mesh, c10d)] == [
         "OneHost",
         "MeshOverHosts",
@@ -674,3 +675,59 @@ def test_a_plan_is_not_changed_once_made(qb2: Path) -> None:
     for value in (launch, launch.options, launch.request):
         with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
             value.job = "other"  # type: ignore[misc, union-attr]
+
+
+def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path: Path) -> None:
+    """The stages' values after planning are frozen too: the prepared launch and the job's
+    recovery policy. What a job learns as it runs (its chips as a reset renumbered them, the
+    resets it ran, the warnings said once, the heartbeats and tt-metal's verdict taken once) is
+    the job's own. A whole launch runs on them here: links down that --auto-reset resets before
+    the start, the heartbeats read as the ranks start, a failing attempt whose chips are reset
+    (--reset-on-failure) and a restart; the values it was given are the same after it."""
+    import dataclasses
+    import json
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.attempt.guardian import Options
+    from ttmesh.launcher.job.repair import Recovery
+    from ttmesh.launcher.job.run import execute
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.sim import faults
+
+    host = open_host(qb2)
+    faults.link_down(host, "0000:01:00.0", "0000:03:00.0")
+    fails_once = (  # rank 0 fails the first attempt; every rank passes the next
+        "import os, sys; first = os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'; "
+        "sys.exit(3 if first and os.environ['RANK'] == '0' else 0)"
+    )
+    request = LaunchRequest(
+        command=[sys.executable, "-c", fails_once], tp_size=4, no_python=True, max_restarts=1,
+        grace=1.0,
+    )  # fmt: skip
+    prepared = prepare(request, host, repairable=True, defer_liveness=True)
+    recovery = Recovery(auto_reset=True, reset_on_failure=True)
+    given = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)}
+    policy = dataclasses.replace(recovery)
+    for value, name in (
+        (prepared, "plan"),
+        (prepared, "inv"),
+        (prepared, "liveness"),
+        (prepared, "metal"),
+        (prepared, "hosts_not_ready"),
+        (prepared.request, "job"),
+        (recovery, "own_pids"),
+        (recovery, "preflight"),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)
+    summary = tmp_path / "summary.json"
+    code = execute(prepared, Options(), str(summary), restart_backoff=0.0, recovery=recovery)
+    assert code == 0
+    facts = json.loads(summary.read_text())
+    assert [r["when"] for r in facts["resets"]] == ["before the start", "after an attempt"]
+    assert all(r["recovered"] for r in facts["resets"]), facts["resets"]
+    assert len(facts["attempts"]) == 2
+    assert {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)} == given
+    assert all(getattr(prepared, name) is value for name, value in given.items())
+    assert recovery == policy and recovery.own_pids == ()

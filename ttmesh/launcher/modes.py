@@ -140,7 +140,7 @@ class JobOfRanks(Mode):
             prepared = self.plan()
             check_planned(self.launch, prepared)
             if o.dry_run:  # every check the launch runs before its start, or why it is skipped
-                dry_run_checks(prepared, o.auto_reset, rendezvous=self.rendezvous)
+                prepared = dry_run_checks(prepared, o.auto_reset, rendezvous=self.rendezvous)
         except TTMeshError as exc:
             if o.summary_json and not o.dry_run:
                 write_refusal(o.summary_json, exc)
@@ -202,7 +202,8 @@ class OneHost(JobOfRanks):
             raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
         if launch.job_tp is not None and request.tp_hosts > 1:
             note = tpsize.note(launch.job_tp, request.tp_hosts)
-            prepared.plan = dataclasses.replace(prepared.plan, notes=[*prepared.plan.notes, note])
+            plan = dataclasses.replace(prepared.plan, notes=[*prepared.plan.notes, note])
+            return dataclasses.replace(prepared, plan=plan)
         return prepared
 
 
@@ -226,11 +227,11 @@ class C10d(OneHost):
 
         peers = Peers(self.multihost, self.launch.rdzv_job)
         try:
-            prepared.plan = peers.join(prepared.plan)
+            joined = dataclasses.replace(prepared, plan=peers.join(prepared.plan))
         except BaseException:
             peers.coord.close()
             raise
-        return prepared, peers
+        return joined, peers
 
 
 class MeshOverHosts(JobOfRanks):

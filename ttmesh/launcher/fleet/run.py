@@ -460,9 +460,9 @@ class Fleet:
         call and verification); whether it recovered. Refused or unverified: the fleet ends."""
         from ttmesh.errors import TTMeshError
         from ttmesh.fabric.devices import discover
+        from ttmesh.launcher.job.jobstate import JobState
         from ttmesh.launcher.job.repair import Recovery, reset_chips
 
-        first = self.fp.replicas[0].prepared
         asics = [a for r in self.fp.replicas for a in r.prepared.plan.all_chips()]
         entry: dict[str, Any] = {"at": time.time(), "replica": k, "why": why,
                                  "recovered": False, "seconds": 0.0}  # fmt: skip
@@ -472,9 +472,8 @@ class Fleet:
         t0 = time.monotonic()
         outcome = None
         try:
-            first.inv = discover(self.host)
             again = Recovery(tt_smi=self.o.tt_smi, train_timeout=self.o.train_timeout)
-            outcome = reset_chips(first, again, asics, why=why)
+            outcome = reset_chips(JobState(discover(self.host)), again, asics, why=why)
         except (OSError, TTMeshError) as exc:
             self.say(f"the whole-host reset could not run: {exc}")
         finally:

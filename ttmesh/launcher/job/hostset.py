@@ -35,6 +35,7 @@ from ttmesh.states import JobPhase
 if TYPE_CHECKING:
     from ttmesh.launcher.attempt.events import Observer
     from ttmesh.launcher.attempt.record import AttemptResult
+    from ttmesh.launcher.job.jobstate import JobState
     from ttmesh.launcher.nodes.multihost import Peers
     from ttmesh.launcher.planning.prepare import Prepared
 
@@ -87,8 +88,15 @@ class HostSet(Protocol):
 class OneHost:
     """The job's chips are this host's."""
 
-    def __init__(self, prepared: Prepared, recovery: Recovery, observer: Observer | None) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        state: JobState,
+        recovery: Recovery,
+        observer: Observer | None,
+    ) -> None:
         self.prepared = prepared
+        self.state = state  # the job's own (its chips now, its resets)
         self.recovery = recovery
         self.observer = observer
 
@@ -118,8 +126,9 @@ class OneHost:
 
     def recover(self, result: AttemptResult, always: bool, name: str) -> str | None:
         return after_crash(
-            self.prepared, self.recovery, result, always=always, observer=self.observer, name=name
-        )
+            self.prepared, self.state, self.recovery, result, always=always,
+            observer=self.observer, name=name,
+        )  # fmt: skip
 
     def close(self, attempts: int) -> None:
         pass
@@ -129,9 +138,14 @@ class C10dHosts(OneHost):
     """c10d agents: one ttmesh per host, meeting in the rendezvous store (``peers``)."""
 
     def __init__(
-        self, prepared: Prepared, recovery: Recovery, observer: Observer | None, peers: Peers
+        self,
+        prepared: Prepared,
+        state: JobState,
+        recovery: Recovery,
+        observer: Observer | None,
+        peers: Peers,
     ) -> None:
-        super().__init__(prepared, recovery, observer)
+        super().__init__(prepared, state, recovery, observer)
         self.peers = peers
 
     def before_start(self, preflight: Check | None, metal: Check) -> None:
@@ -141,7 +155,9 @@ class C10dHosts(OneHost):
         if self.recovery.auto_reset and preflight is not None:
             if self.observer is not None:
                 self.observer.phase(JobPhase.CHECKING, "checking the chips with every host")
-            left = recover_with_peers(self.prepared, self.recovery, self.peers, "recover-start")
+            left = recover_with_peers(
+                self.prepared, self.state, self.recovery, self.peers, "recover-start"
+            )
             if left is not None:
                 raise refused(
                     f"pre-flight: {left}",
@@ -170,8 +186,8 @@ class C10dHosts(OneHost):
 
     def recover(self, result: AttemptResult, always: bool, name: str) -> str | None:
         return after_crash(
-            self.prepared, self.recovery, result, always=always, observer=self.observer,
-            peers=self.peers, name=name,
+            self.prepared, self.state, self.recovery, result, always=always,
+            observer=self.observer, peers=self.peers, name=name,
         )  # fmt: skip
 
     def close(self, attempts: int) -> None:
@@ -220,12 +236,16 @@ class MeshOverHosts(OneHost):
 
 
 def of(
-    prepared: Prepared, recovery: Recovery, observer: Observer | None, peers: Peers | None
+    prepared: Prepared,
+    state: JobState,
+    recovery: Recovery,
+    observer: Observer | None,
+    peers: Peers | None,
 ) -> HostSet:
-    """The hosts of the job ``prepared`` plans: c10d ``peers``, a mesh over the plan's hosts,
-    or this host alone."""
+    """The hosts of the job ``prepared`` plans (``state``: the job's own, as it runs): c10d
+    ``peers``, a mesh over the plan's hosts, or this host alone."""
     if peers is not None:
-        return C10dHosts(prepared, recovery, observer, peers)
+        return C10dHosts(prepared, state, recovery, observer, peers)
     if prepared.plan.hosts:
-        return MeshOverHosts(prepared, recovery, observer)
-    return OneHost(prepared, recovery, observer)
+        return MeshOverHosts(prepared, state, recovery, observer)
+    return OneHost(prepared, state, recovery, observer)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ttmesh.errors import TTMeshError, refused
 from ttmesh.fabric.devices import discover
 from ttmesh.launcher.attempt.events import Observer
+from ttmesh.launcher.job.jobstate import JobState
 from ttmesh.launcher.job.repair import Recovery, reset_chips
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
@@ -19,8 +20,11 @@ if TYPE_CHECKING:
     pass
 
 
-def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | None = None) -> None:
-    """Refuse (exit 3) to start on chips that are unhealthy, unless --auto-reset fixes them."""
+def run_preflight(
+    prepared: Prepared, state: JobState, recovery: Recovery, observer: Observer | None = None
+) -> None:
+    """Refuse (exit 3) to start on chips that are unhealthy, unless --auto-reset fixes them
+    (``state``: the job's chips as they are now, and what it did; a reset renumbers them)."""
     from ttmesh.fabric import health
 
     if observer is not None:
@@ -28,18 +32,18 @@ def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | N
     from ttmesh.fabric import syscheck
 
     plan = prepared.plan
-    inv = prepared.inv
+    inv = state.inv
     found = health.preflight(
         inv,
         plan.all_chips(),
         recovery.own_pids,
         beats=prepared.beats,
-        heartbeats=prepared.liveness is None,  # else read while the workers start
+        heartbeats=state.liveness is None,  # else read while the workers start
         requires=prepared.requires,
     )
     problems = [p for p in found if p.severity == "error"]
-    if not prepared.warned:  # a restart's pre-flight says them no more
-        prepared.warned = True
+    if not state.warned:  # a restart's pre-flight says them no more
+        state.warned = True
         for p in found:
             if p.severity != "error" and p.kind in syscheck.KINDS:
                 note(f"pre-flight: warning: {p.what} (fix: {p.fix})")
@@ -47,11 +51,10 @@ def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | N
     if problems and recovery.auto_reset and all(p.kind not in fixed_by_reset for p in problems):
         note(f"pre-flight: {problems[0].what}; resetting the chips first (--auto-reset)")
         outcome = reset_chips(
-            prepared, recovery, plan.all_chips(), observer, JobPhase.RESETTING, problems[0].what
+            state, recovery, plan.all_chips(), observer, JobPhase.RESETTING, problems[0].what
         )
         if outcome is not None and outcome.recovered:
-            fresh = discover(inv.host)
-            prepared.inv = fresh
+            fresh = state.inv = discover(inv.host)  # a reset renumbers devices
             problems = [
                 p
                 for p in health.preflight(
@@ -59,8 +62,8 @@ def run_preflight(prepared: Prepared, recovery: Recovery, observer: Observer | N
                 )
                 if p.severity == "error"
             ]
-    if problems and prepared.liveness is not None:
-        refusal = prepared.liveness.wait()  # a frozen chip is what reading them first found
+    if problems and state.liveness is not None:
+        refusal = state.liveness.wait()  # a frozen chip is what reading them first found
         if refusal is not None:
             raise refusal
     if problems:
@@ -103,11 +106,14 @@ def descriptor_checks(prepared: Prepared) -> None:
         raise _preflight_refusal(down, auto_reset=True)
 
 
-def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: bool = False) -> None:
-    """What a launch checks before anything starts, checked now and changing nothing (the plan's
-    ``checks``): pre-flight on the job's chips (one host), refusing as the launch would (exit 3);
-    with ``--auto-reset`` its errors are what the launch would reset first. What a dry run
-    cannot check is said, with why: a mesh over several hosts' own pre-flight, the rendezvous."""
+def dry_run_checks(
+    prepared: Prepared, auto_reset: bool = False, rendezvous: bool = False
+) -> Prepared:
+    """What a launch checks before anything starts, checked now and changing nothing: the
+    prepared launch again, its plan with the ``checks``. Pre-flight on the job's chips (one
+    host), refusing as the launch would (exit 3); with ``--auto-reset`` its errors are what the
+    launch would reset first. What a dry run cannot check is said, with why: a mesh over
+    several hosts' own pre-flight, the rendezvous."""
     from ttmesh.fabric import health
 
     plan = prepared.plan
@@ -151,9 +157,8 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
                                  f"them{warned}"))  # fmt: skip
     from ttmesh.launcher.planning import metalcheck
 
-    if prepared.metal is not None:
-        pending, prepared.metal = prepared.metal, None
-        checks.append(_check(metalcheck.NAME, "passed", pending.wait()))
+    if prepared.metal is not None:  # a dry run's one wait for it: nothing else takes it
+        checks.append(_check(metalcheck.NAME, "passed", prepared.metal.wait()))
     else:
         checks.append(_check(metalcheck.NAME, "skipped", prepared.metal_skipped
                              or metalcheck.skip_reason(plan) or "not asked"))  # fmt: skip
@@ -161,7 +166,7 @@ def dry_run_checks(prepared: Prepared, auto_reset: bool = False, rendezvous: boo
         checks.append(_check("rendezvous", "skipped", "a dry run meets no other host: the "
                              "hosts' plans, their pre-flight and one --tp-size are checked "
                              "when the job starts"))  # fmt: skip
-    prepared.plan = replace(plan, checks=checks)  # what the dry run prints beside the plan
+    return replace(prepared, plan=replace(plan, checks=checks))  # printed beside the plan
 
 
 def _check(name: str, result: str, detail: str) -> dict[str, str]:

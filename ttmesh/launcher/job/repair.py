@@ -5,13 +5,14 @@ check after a crash, and every host's recovery in a mesh over several hosts.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ttmesh.dataclass import dataclass, field
+from ttmesh.dataclass import dataclass
 from ttmesh.fabric.devices import discover
 from ttmesh.fabric.problem import chip_name
 from ttmesh.launcher.attempt.events import Observer
 from ttmesh.launcher.attempt.record import AttemptResult
+from ttmesh.launcher.job.jobstate import JobState, ResetEntry
 from ttmesh.launcher.planning.prepare import Prepared
 from ttmesh.render import note, plural
 from ttmesh.states import JobPhase, ResetStage
@@ -23,9 +24,10 @@ if TYPE_CHECKING:
     from ttmesh.recovery.reset import ChipProgress, ResetOutcome
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recovery:
-    """What to do about the chips before and after attempts (ttmesh launch's health options)."""
+    """What to do about the chips before and after attempts (ttmesh launch's health options):
+    a policy, never written once made (what the job does under it is its ``JobState``'s)."""
 
     auto_reset: bool = False  # pre-flight found a problem: reset, re-check, then start
     reset_on_failure: bool = False  # reset after any abnormal end, links down or not
@@ -38,12 +40,8 @@ class Recovery:
         None  # links and cables to train after a reset (None: the boards')
     )
     # A replica of that fleet (--fleet-of): where one reset is the whole host, it resets nothing
-    # itself and leaves what it needs here (its --summary-json's "needs") for the fleet.
+    # itself and leaves what it needs in its JobState (its --summary-json's "needs") for the fleet.
     fleet_of: str | None = None
-    deferred: dict[str, Any] | None = None
-    # Every reset the job ran (before a start, after a crash): when, why, verified or not, how
-    # long; for the job's record and --summary-json. Shared by the copies a restart makes.
-    resets: list[dict[str, Any]] = field(default_factory=list)
 
 
 WHOLE_HOST_RESET = "whole-host-reset"  # a fleet replica's "needs": every replica drained first
@@ -58,42 +56,44 @@ def defers_reset(fleet_of: str | None, inv: Inventory) -> bool:
     return fleet_of is not None and is_galaxy(inv)
 
 
-def _defer(prepared: Prepared, recovery: Recovery, asics: list[str], why: str | None) -> None:
+def _defer(state: JobState, recovery: Recovery, asics: list[str], why: str | None) -> None:
     """Record (once) that this job's chips need the whole-host reset, and say so."""
-    inv = prepared.inv
+    inv = state.inv
     known = {c.asic_id: c for c in inv.chips}
     bdfs: list[str] = []
     for asic in asics:  # by the PCI address that reaches each (a lost chip: none)
         lead = inv.lead(known[asic]) if asic in known else None
         if lead is not None and lead.bdf and lead.bdf not in bdfs:
             bdfs.append(lead.bdf)
-    if recovery.deferred is None:
+    if state.deferred is None:
         note(
             f"not resetting the chips{f' ({why})' if why else ''}: this host's reset is the "
             "whole host (tt-smi -glx_reset), which takes every replica's chips; "
             f"fleet {recovery.fleet_of} drains every replica, then resets it"
         )
-    recovery.deferred = {
+    earlier = state.deferred["why"] if state.deferred is not None else None
+    state.deferred = {
         "what": WHOLE_HOST_RESET, "fleet": recovery.fleet_of, "chips": bdfs,
-        "why": why or (recovery.deferred or {}).get("why"),
+        "why": why or earlier,
     }  # fmt: skip
 
 
 def reset_chips(
-    prepared: Prepared,
+    state: JobState,
     recovery: Recovery,
     asics: list[str],
     observer: Observer | None = None,
     phase: JobPhase = JobPhase.RECOVERING,
     why: str | None = None,
-):
-    """Reset ``asics`` safely and verify them (the outcome; None: refused). A fleet's replica
-    on a whole-host-reset host resets nothing: it records what it needs (``defers_reset``)."""
+) -> ResetOutcome | None:
+    """Reset ``asics`` safely and verify them (the outcome; None: refused), each reset kept in
+    ``state.resets``. A fleet's replica on a whole-host-reset host resets nothing: it records
+    what it needs in ``state.deferred`` (``defers_reset``)."""
     from ttmesh.errors import TTMeshError
     from ttmesh.recovery import reset
 
-    if defers_reset(recovery.fleet_of, prepared.inv):
-        _defer(prepared, recovery, asics, why)
+    if defers_reset(recovery.fleet_of, state.inv):
+        _defer(state, recovery, asics, why)
         return None
     progress = None
     if observer is not None:
@@ -105,7 +105,7 @@ def reset_chips(
     at = time.time()
     try:
         outcome = reset.recover(
-            prepared.inv.host,
+            state.inv.host,
             asics,
             timeout=recovery.timeout,
             retries=recovery.retries,
@@ -118,14 +118,14 @@ def reset_chips(
         )
     except TTMeshError as exc:
         note(f"reset refused: {exc}")
-        recovery.resets.append(_reset_entry(at, phase, why, None, str(exc)))
+        state.resets.append(_reset_entry(at, phase, why, None, str(exc)))
         return None
-    recovery.resets.append(_reset_entry(at, phase, why, outcome))
+    state.resets.append(_reset_entry(at, phase, why, outcome))
     if outcome.recovered and outcome.unreached:  # the others are; these never were
         from ttmesh.fabric import health
 
-        named = health.expected(prepared.inv).names  # a lost chip by its topology's address
-        lost = ", ".join(chip_name(prepared.inv, a, named) for a in outcome.unreached)
+        named = health.expected(state.inv).names  # a lost chip by its topology's address
+        lost = ", ".join(chip_name(state.inv, a, named) for a in outcome.unreached)
         note(
             f"reset: {plural(len(outcome.plan.chips), 'chip')} recovered and verified "
             f"({outcome.seconds:.1f} s); not recovered: {lost} (missing from the host: a "
@@ -145,7 +145,7 @@ def _reset_entry(
     why: str | None,
     outcome: ResetOutcome | None,
     refused: str | None = None,
-) -> dict[str, Any]:
+) -> ResetEntry:
     """One reset as the job's record keeps it."""
     return {
         "at": round(at, 3),
@@ -158,10 +158,10 @@ def _reset_entry(
     }
 
 
-def last_reset_verified(recovery: Recovery, since: float) -> bool:
+def last_reset_verified(state: JobState, since: float) -> bool:
     """Whether the job's chips were reset and verified after ``since`` (the last attempt's
     end), and no reset failed meanwhile: advice to reset them again would be wrong."""
-    after = [r for r in recovery.resets if r["at"] >= since]
+    after = [r for r in state.resets if r["at"] >= since]
     return bool(after) and all(r["recovered"] for r in after)
 
 
@@ -177,6 +177,7 @@ def _reset_detail(chips: list[ChipProgress]) -> str:
 
 def after_crash(
     prepared: Prepared,
+    state: JobState,
     recovery: Recovery,
     result: AttemptResult,
     always: bool = False,
@@ -198,7 +199,7 @@ def after_crash(
     if peers is not None and peers.coord.lost is None:  # a host gone: each recovers alone
         if observer is not None:
             observer.phase(JobPhase.RECOVERING, "checking the chips with every host")
-        return recover_with_peers(prepared, recovery, peers, name, recovery.reset_on_failure)
+        return recover_with_peers(prepared, state, recovery, peers, name, recovery.reset_on_failure)
     joined = plan.fabric_at_start or result.fabric_ranks or recovery.reset_on_failure
     if not (joined or always):
         return None
@@ -210,8 +211,7 @@ def after_crash(
 
     if observer is not None:
         observer.phase(JobPhase.RECOVERING, "checking the job's chips")
-    inv = discover(prepared.inv.host)
-    prepared.inv = inv
+    inv = state.inv = discover(state.inv.host)  # a reset may have renumbered the devices
     down = [
         p
         for p in health.preflight(inv, plan.all_chips(), recovery.own_pids, system=False)
@@ -222,8 +222,8 @@ def after_crash(
     why = down[0].what if down else "--reset-on-failure"
     if not defers_reset(recovery.fleet_of, inv):
         note(_recovery_line(plan, result, why))
-    reset_chips(prepared, recovery, plan.all_chips(), observer, why=why)
-    if recovery.deferred is not None:
+    reset_chips(state, recovery, plan.all_chips(), observer, why=why)
+    if state.deferred is not None:
         return f"its chips need the whole-host reset, which fleet {recovery.fleet_of} does"
     return None
 
@@ -241,17 +241,22 @@ def _recovery_line(plan: LaunchPlan, result: AttemptResult, why: str) -> str:
 
 
 def recover_with_peers(
-    prepared: Prepared, recovery: Recovery, peers: Peers, name: str, always: bool = False
+    prepared: Prepared,
+    state: JobState,
+    recovery: Recovery,
+    peers: Peers,
+    name: str,
+    always: bool = False,
 ) -> str | None:
     """c10d agents: this host's chips recovered with every other host's, through the store
     (``launcher.nodes.multihost.Peers.recover``); the first problem anywhere, else None."""
-    host = prepared.inv.host
+    host = state.inv.host
     left: str | None = peers.recover(
         name, host, prepared.plan.all_chips(), always=always, timeout=recovery.timeout,
         retries=recovery.retries, tt_smi=recovery.tt_smi, train_timeout=recovery.train_timeout,
         own_pids=recovery.own_pids,
     )  # fmt: skip
-    prepared.inv = discover(host)  # a reset renumbers devices
+    state.inv = discover(host)  # a reset renumbers devices
     return left
 
 

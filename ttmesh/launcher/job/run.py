@@ -11,6 +11,7 @@ import functools
 import os
 import signal
 import time
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from ttmesh.launcher.attempt.guardian import Options
 from ttmesh.launcher.attempt.record import AttemptResult
 from ttmesh.launcher.attempt.signals import STOPPING, Stopped, stop_reason
 from ttmesh.launcher.job import errorfile, hostset
+from ttmesh.launcher.job.jobstate import JobState
 from ttmesh.launcher.job.preflight import run_preflight
 from ttmesh.launcher.job.repair import Recovery, after_crash, last_reset_verified
 from ttmesh.launcher.job.summary import (
@@ -102,7 +104,11 @@ class JobRun:
     The finish (job record closed, summary written, leases released, run directory removed) is
     done by whichever ttmesh process survives: normally the launcher; the guardian when the
     launcher was killed while workers ran (it was forked from the launcher, so it holds the same
-    leases, run directory lock and plan)."""
+    leases, run directory lock and plan).
+
+    The values it is given (``prepared``, ``recovery``) are frozen: what changes as the job
+    runs (its chips after a reset, the resets run, the heartbeats and tt-metal's verdict taken
+    once) is its :class:`~ttmesh.launcher.job.jobstate.JobState`, ``self.state``."""
 
     def __init__(
         self,
@@ -117,14 +123,17 @@ class JobRun:
         self.plan = prepared.plan
         self.options = options
         self.summary_json = summary_json
-        self.recovery = recovery
-        self.restart_backoff = restart_backoff
         # The launcher's leases are the job's own, also for a guardian finishing in its place.
-        self.recovery.own_pids = (*recovery.own_pids, os.getpid())
+        self.recovery = replace(recovery, own_pids=(*recovery.own_pids, os.getpid()))
+        self.restart_backoff = restart_backoff
+        self.state = JobState.of(prepared)  # what the job learns and does as it runs
+        # Whether this ttmesh runs pre-flight on the job's chips (not for a chipless server,
+        # nor for a mesh over several hosts: each host runs its own).
+        self.preflight = recovery.preflight
         self.observer = options.observer  # the front's view of the job (None: plain lines)
         # The hosts the job runs on (this one; c10d peers; a mesh over hosts), asked the same
         # questions whatever the mode.
-        self.hosts = hostset.of(prepared, recovery, self.observer, peers)
+        self.hosts = hostset.of(prepared, self.state, self.recovery, self.observer, peers)
         self.results: list[AttemptResult] = []
         self.stop: AttemptResult | None = None  # a stop signal between attempts ended the job
         self.held: leases.LeaseSet | None = None
@@ -143,13 +152,13 @@ class JobRun:
         try:
             return self._run()
         finally:
-            if self.prepared.metal is not None:  # refused or stopped before it answered
-                self.prepared.metal.close()
-                self.prepared.metal = None
+            pending = self.state.take_metal()
+            if pending is not None:  # refused or stopped before it answered
+                pending.close()
 
     def _metal(self) -> None:
         """tt-metal's verdict on the ranks' files, before any rank starts (a refusal: exit 3)."""
-        pending, self.prepared.metal = self.prepared.metal, None
+        pending = self.state.take_metal()
         if pending is not None:
             pending.wait()  # passed: quietly, as pre-flight is
 
@@ -158,22 +167,23 @@ class JobRun:
         if plan.chipless:
             # A server that drives no Tenstorrent chip: nothing to lease or check before the
             # start (nor to recover after it: after_crash); the host is never read.
-            self.recovery.preflight = False
+            self.preflight = False
         elif not self.hosts.leases_here():
             # A mesh over several hosts: each host's duties (leases, pre-flight) run on that
             # host, in the rank's own ttmesh (``ttmesh _rank``), never through this one.
-            self.recovery.preflight = False
+            self.preflight = False
         else:
+            inv = self.state.inv
             try:
-                self.prepared.inv.host.check_changeable()
+                inv.host.check_changeable()
                 self.held = leases.acquire(
-                    self.prepared.inv.host,
+                    inv.host,
                     plan.all_chips(),
                     plan.job,
                     cmd=" ".join(plan.ranks[0].argv),
                     symmetric_dram_mb=plan.symmetric_dram_mb,
-                    labels={c.asic_id: c.label for c in self.prepared.inv.chips},
-                    uses=mesh_peers(self.prepared.inv, plan.all_chips()),
+                    labels={c.asic_id: c.label for c in inv.chips},
+                    uses=mesh_peers(inv, plan.all_chips()),
                 )
             except TTMeshError as exc:
                 raise self._frozen_first(exc) from None
@@ -200,10 +210,10 @@ class JobRun:
                 except TTMeshError as exc:  # a job ps and stop cannot see must not start
                     raise self._refuse(exc) from None
                 preflight = None
-                if self.recovery.preflight:
+                if self.preflight:
 
                     def preflight() -> None:
-                        run_preflight(self.prepared, self.recovery, self.observer)
+                        run_preflight(self.prepared, self.state, self.recovery, self.observer)
 
                 try:
                     self.hosts.before_start(preflight, self._metal)
@@ -234,7 +244,7 @@ class JobRun:
         """What stops the launch before its start, once the heartbeats still being read are in:
         a frozen chip's refusal came first when they were read before anything else (and left
         the outcome for scripts: ``summary``), so it still does."""
-        liveness, self.prepared.liveness = self.prepared.liveness, None
+        liveness = self.state.take_liveness()
         if liveness is None:
             return exc
         refusal = liveness.wait()
@@ -249,7 +259,7 @@ class JobRun:
         """Nothing runs: the job record says why, and so does --summary-json."""
         self.status = f"refused: {exc}"
         if self.summary_json:
-            write_refusal(self.summary_json, exc, self.recovery.deferred, job=self.plan.job)
+            write_refusal(self.summary_json, exc, self.state.deferred, job=self.plan.job)
         return exc
 
     def _open_logs(self) -> None:
@@ -296,11 +306,12 @@ class JobRun:
         for attempt in range(plan.max_restarts + 1):
             _clear_attempt_files(plan)
             self.hosts.watch(attempt)
-            liveness, self.prepared.liveness = self.prepared.liveness, None
+            liveness = self.state.take_liveness()  # the first attempt reads the rest of them
+            inv = self.state.inv
             began = time.time()
             result = run_attempt(
-                plan, attempt, self.options, base_env, self._orphaned, self.prepared.inv.host,
-                on_start=self._guardian_started, liveness=liveness, inv=self.prepared.inv,
+                plan, attempt, self.options, base_env, self._orphaned, inv.host,
+                on_start=self._guardian_started, liveness=liveness, inv=inv,
             )  # fmt: skip
             self.times[attempt] = (began, time.time())
             if not self._after(attempt, result):
@@ -314,7 +325,7 @@ class JobRun:
         if after is After.REFUSE:
             # A chip's heartbeat was frozen: the guardian stopped the workers. Leave the chips
             # as a stopped job does, then refuse as the heartbeats read first did.
-            after_crash(self.prepared, recovery, result)
+            after_crash(self.prepared, self.state, recovery, result)
             self.unrecorded = True
             raise self._refuse(result.error or TTMeshError(result.reason, None, result.code))
         if after is After.NOT_RUN:
@@ -323,7 +334,7 @@ class JobRun:
             # their chips are checked as after any crash.
             error = result.error or TTMeshError(result.reason, None, result.code)
             if any(e.pid > 0 for e in result.exits):
-                after_crash(self.prepared, recovery, result, observer=self.observer)
+                after_crash(self.prepared, self.state, recovery, result, observer=self.observer)
             if attempt == 0:
                 raise self._refuse(error)
             note(f"not restarting: {error.message}")
@@ -368,16 +379,15 @@ class JobRun:
             {"attempt": attempt + 1, "at": round(time.time(), 3), "after": result.reason}
         )
         self._wait(wait, attempt + 2)
-        again = Recovery(**{**recovery.__dict__, "auto_reset": True})
+        again = replace(recovery, auto_reset=True)
         try:
             self.hosts.agree(
                 f"restart{attempt + 1}",
-                functools.partial(run_preflight, self.prepared, again, self.observer)
-                if recovery.preflight
+                functools.partial(run_preflight, self.prepared, self.state, again, self.observer)
+                if self.preflight
                 else (lambda: None),
             )
-        except TTMeshError as exc:
-            recovery.deferred = again.deferred  # the whole host's reset, for its fleet
+        except TTMeshError as exc:  # (a reset left to the fleet is in self.state.deferred)
             note(f"not restarting: {exc}")
             return False
         return True
@@ -408,7 +418,7 @@ class JobRun:
         self.observer = None  # the view was the launcher's (the front's), and it is gone
         note("the launcher was killed: its guardian stopped the workers and finishes the job")
         with contextlib.suppress(Exception):
-            after_crash(self.prepared, self.recovery, result, always=True)
+            after_crash(self.prepared, self.state, self.recovery, result, always=True)
         return self.finish(LAUNCHER_KILLED)
 
     def _release(
@@ -455,7 +465,7 @@ class JobRun:
             "ended": round(time.time(), 3),
             "attempts": attempts,
             "restarts": list(self.restarts),
-            "resets": list(self.recovery.resets),
+            "resets": list(self.state.resets),
             "diagnosis": diagnosis.to_json() if diagnosis else None,
         }
         if final.phases is not None:  # a server's start, step by step (its checklist)
@@ -465,7 +475,7 @@ class JobRun:
     def _reset_after(self, final: AttemptResult) -> bool:
         """The chips were reset and verified after the last attempt ended."""
         times = self.times.get(final.attempt)
-        return times is not None and last_reset_verified(self.recovery, times[1])
+        return times is not None and last_reset_verified(self.state, times[1])
 
     def finish(self, status: str | None = None) -> int:
         final = self.final = self.stop or self.results[-1]
@@ -474,7 +484,7 @@ class JobRun:
             lost = final.end is AttemptEnd.GUARDIAN_LOST
             status = SUPERVISOR_KILLED if lost else final.reason
         unwritten_error = errorfile.write(final, self.plan)  # the ranks' files go next
-        diagnosis = explain(self.prepared, final, reset_done=self._reset_after(final))
+        diagnosis = explain(self.plan, self.state.inv, final, reset_done=self._reset_after(final))
         facts = {**job_facts(self.prepared, self.logs), "started": round(self.started, 3),
                  **self.ended_facts(final, diagnosis)}  # fmt: skip
         self._release(status, final.code, facts)
@@ -487,7 +497,7 @@ class JobRun:
                 final,
                 self.results,
                 diagnosis,
-                self.recovery.deferred,
+                self.state.deferred,
                 facts,
                 job=self.plan.job,
             )

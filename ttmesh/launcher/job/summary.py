@@ -15,7 +15,11 @@ from ttmesh.render import json_text, note, plural
 from ttmesh.vocab import Source
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ttmesh.fabric.devices import Inventory
     from ttmesh.launcher.attempt.failures import Diagnosis
+    from ttmesh.launcher.planning.plan import LaunchPlan
 
 
 SCHEMA = "ttmesh.summary/1"  # --summary-json (docs/conventions.md, "JSON")
@@ -43,18 +47,18 @@ def job_facts(prepared: Prepared, logs: Any = None) -> dict[str, Any]:
     }
 
 
-def explain(prepared: Prepared, final: AttemptResult, reset_done: bool = False) -> Diagnosis | None:
-    """The known failure the guardian found in the output, its fix filled in for this job;
-    ``reset_done``: ttmesh reset the job's chips and verified them after it ended (a fix that
+def explain(
+    plan: LaunchPlan, inv: Inventory, final: AttemptResult, reset_done: bool = False
+) -> Diagnosis | None:
+    """The known failure the guardian found in the output, its fix filled in for this job
+    (``inv``: its host's chips now, as a reset may have renumbered them); ``reset_done``: ttmesh reset the job's chips and verified them after it ended (a fix that
     resets them is not given again)."""
     if final.code == 0 or not final.diagnosis:
         return None
     from ttmesh.launcher.attempt import failures
 
     try:
-        return failures.explain(
-            final.diagnosis, prepared.inv, prepared.plan.all_chips(), reset_done=reset_done
-        )
+        return failures.explain(final.diagnosis, inv, plan.all_chips(), reset_done=reset_done)
     except Exception as exc:  # the job's end is still reported, without the explanation
         note(f"could not explain the failure ({type(exc).__name__}: {exc})")
         return None
@@ -110,7 +114,7 @@ def summarize(
 
 
 def write_refusal(
-    path: str, exc: TTMeshError, needs: dict[str, object] | None = None, job: str | None = None
+    path: str, exc: TTMeshError, needs: Mapping[str, object] | None = None, job: str | None = None
 ) -> None:
     """--summary-json when nothing started: ttmesh decided the code (2 or 3) and says why
     (``needs``: as in :func:`write_summary`)."""
@@ -147,7 +151,7 @@ def write_summary(
     final: AttemptResult,
     results: list[AttemptResult],
     diagnosis: Diagnosis | None = None,
-    needs: dict[str, object] | None = None,
+    needs: Mapping[str, object] | None = None,
     facts: dict[str, Any] | None = None,
     job: str | None = None,
 ) -> str | None:

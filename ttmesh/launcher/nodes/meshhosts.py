@@ -198,16 +198,18 @@ def _finish(
     plan = build(req, cluster.inv, sel, argv, sp, surroundings(req))
     rankfile = {f"{req.run_dir}/mpi/rankfile": mpi.rankfile_text(hosts_of_ranks)}
     plan = replace(plan, files={**plan.files, **rankfile}, mpirun=mh.mpirun)
-    # The hosts' heartbeats as they reported them (pre-flight polls only the others).
-    prepared = Prepared(plan, cluster.inv, sel, mesh_hosts=mh, beats=cluster.inv.beats, request=req)
     job = set(plan.all_chips())
-    prepared.hosts_not_ready = [
+    not_ready = [
         (view.name, what, fix)
         for view in cluster.hosts
         for what, fix, chips in view.links_down
         if set(chips) <= job
     ] + _cables_down(cluster, job)
-    return prepared
+    # The hosts' heartbeats as they reported them (pre-flight polls only the others).
+    return Prepared(
+        plan, cluster.inv, sel, mesh_hosts=mh, hosts_not_ready=tuple(not_ready),
+        beats=cluster.inv.beats, request=req,
+    )  # fmt: skip
 
 
 def _cables_down(cluster: meshcluster.Cluster, job: set[str]) -> list[tuple[str, str, str]]:

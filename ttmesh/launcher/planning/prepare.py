@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from ttmesh.mesh import layout
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
-    """A launch ready to run: its plan, the inventory and selection it came from."""
+    """A launch ready to run: its plan, the inventory and selection it came from. Frozen, as
+    the plan is: a stage with more to say makes a new one (``dataclasses.replace``); what a
+    job learns as it runs is its own (``launcher.job.jobstate.JobState``)."""
 
     plan: LaunchPlan
     inv: Inventory
@@ -48,18 +50,18 @@ class Prepared:
     mesh_hosts: MpiHosts | None = None  # how mpirun reaches the hosts of a mesh over several
     # A mesh over several hosts: links down between the job's chips, as each host reported
     # them: (host, what, the fix to run there). The start is refused unless --auto-reset.
-    hosts_not_ready: list[tuple[str, str, str]] = field(default_factory=list)
+    hosts_not_ready: tuple[tuple[str, str, str], ...] = ()
     # No healthy mesh of the size on this host: the chips are the mesh a reset makes healthy,
     # and pre-flight refuses them with this (the reset that gives one), unless --auto-reset.
     unhealthy: TTMeshError | None = None
     # tt-metal's mock control plane asked about the ranks' own files (launcher.planning.metalcheck),
-    # under way while the launch goes on; or why it is not asked.
+    # under way while the launch goes on (the job, or a dry run, waits for it once); or why it
+    # is not asked.
     metal: Pending | None = None
     metal_skipped: str = ""
     # What the job needs of the host's system software (a server's profile: ``system:``);
     # None: ttmesh's defaults (fabric.syscheck). Its warnings are said once per launch.
     requires: Requirements | None = None
-    warned: bool = False
     # The chips' heartbeats as the launch last read them (pre-flight polls only the others).
     beats: dict[str, str] = field(default_factory=dict)
     # The request as planned: the user's, with what the stages resolved (chips, job, ...).
@@ -105,31 +107,34 @@ def prepare(
     _each_card_used(inv, cards, choice.sel.chips)
     liveness = choice.liveness
     try:
-        prepared = _plan(req, inv, choice.sel, host, descriptor_only, dry_run)
+        req, plan = _plan(req, inv, choice.sel, host, descriptor_only, dry_run)
     except TTMeshError as exc:
         raise (liveness.first(exc) if liveness is not None else exc) from None
-    prepared.unhealthy = choice.unhealthy
-    prepared.beats = choice.beats  # seen alive now: pre-flight need not poll these again
+    beats = choice.beats  # seen alive now: pre-flight need not poll these again
     if default_note:
-        prepared.plan = replace(prepared.plan, notes=[*prepared.plan.notes, default_note])
+        plan = replace(plan, notes=[*plan.notes, default_note])
     if not (descriptor_only or chosen or cards):
-        prepared.plan = replace(prepared.plan, passed_over=_passed_over(inv, choice))
-    if liveness is not None and not can_start_unverified(prepared.plan):
+        plan = replace(plan, passed_over=_passed_over(inv, choice))
+    if liveness is not None and not can_start_unverified(plan):
         refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
         if refusal is not None:
             raise refusal
         liveness = None
     if liveness is not None:
-        prepared.beats = liveness.known()
-    prepared.liveness = liveness
+        beats = liveness.known()
+    metal, metal_skipped = None, ""
     if ask_metal and not descriptor_only:  # (check --active asks tt-metal itself)
         from ttmesh.launcher.planning import metalcheck
 
         try:
-            prepared.metal, prepared.metal_skipped = metalcheck.check(prepared.plan)
+            metal, metal_skipped = metalcheck.check(plan)
         except TTMeshError as exc:
             raise (liveness.first(exc) if liveness is not None else exc) from None
-    return prepared
+    requires = req.profile.system if req.profile is not None else None
+    return Prepared(
+        plan, inv, choice.sel, liveness=liveness, unhealthy=choice.unhealthy, metal=metal,
+        metal_skipped=metal_skipped, requires=requires, beats=beats, request=req,
+    )  # fmt: skip
 
 
 def _bound(
@@ -345,9 +350,9 @@ def _plan(
     host: Host,
     descriptor_only: bool,
     dry_run: bool = False,
-) -> Prepared:
+) -> tuple[LaunchRequest, LaunchPlan]:
     """The rest of :func:`prepare` once the chips are chosen: memory, server, command, port,
-    job id, mock clusters and the plan."""
+    job id, mock clusters and the plan; the request as planned, and the plan."""
     dram = memory.plan(req.symmetric_dram_mb, [inv.chip(a).dram_mb for a in sel.chips])
     req = replace(req, symmetric_dram_mb=dram)
     if req.profile is not None:
@@ -380,8 +385,7 @@ def _plan(
     plan = build(req, inv, sel, argv, split, outside)
     if not descriptor_only:
         plan = _host_view(plan, inv)
-    requires = req.profile.system if req.profile is not None else None
-    return Prepared(plan, inv, sel, requires=requires, request=req)
+    return req, plan
 
 
 def _host_view(plan: LaunchPlan, inv: Inventory) -> LaunchPlan:

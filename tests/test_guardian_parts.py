@@ -214,6 +214,31 @@ def run_dir(qb2: Path, runtime: Path) -> Iterator[Any]:
         where.remove()
 
 
+def test_the_plans_files_are_written_inside_its_run_directory_and_never_through_a_link(
+    qb2: Path, run_dir: Any
+) -> None:
+    from dataclasses import replace
+
+    from ttmesh.launcher.job.run import write_files
+
+    plan = _prepare(qb2, "pass").plan
+    where = run_dir(plan)
+    written = {p: Path(p).read_text() for p in plan.files}
+    assert written == dict(plan.files) and all(Path(p).is_relative_to(where.path) for p in written)
+    for outside in (f"{plan.run_dir}/../escaped", f"{plan.run_dir}/mesh/../../escaped", "/tmp/x"):
+        with pytest.raises(TTMeshError, match="outside the run directory"):
+            write_files(replace(plan, files={outside: "x"}))
+    assert not (Path(plan.run_dir).parent / "escaped").exists()
+    first = next(iter(plan.files))
+    decoy = Path(plan.run_dir, "decoy")
+    decoy.write_text("kept")
+    Path(first).unlink()
+    Path(first).symlink_to(decoy)
+    with pytest.raises(OSError):
+        write_files(plan)
+    assert decoy.read_text() == "kept"
+
+
 # --------------------------------------------------------------------------- signals
 
 

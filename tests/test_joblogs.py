@@ -303,6 +303,22 @@ def test_an_ended_job_keeps_its_output_its_record_and_its_summary(
     assert "look" in listed.out and " rank 1 exit 3 " in listed.out  # said short, never cut
 
 
+def test_a_stream_that_says_nothing_leaves_no_files(qb2: Path, runtime: Path) -> None:
+    """A stream's kept files are made by its first bytes: a launch opens none before its
+    ranks start, and a silent stream has none; the job's logs read the same."""
+    env = _env(runtime)
+    script = "import os; r = os.environ['RANK']\nif r == '1': print('only', r)"
+    res = run_cli("launch", "--root", str(qb2), "--tp-size", "2", "--job-id", "hush", "--",
+                  PY, "-c", script, env=env)  # fmt: skip
+    assert res.code == 0, res.err
+    attempt = runtime / "ttmesh" / "logs" / "hush" / "attempt_0"
+    made = sorted(str(p.relative_to(attempt)) for p in attempt.rglob("*") if p.is_file())
+    assert made == ["1/stdout.idx", "1/stdout.log"], made
+    logs = run_cli("logs", "hush", env=env)
+    assert logs.code == 0 and logs.out == "[r1] only 1\n", (logs.out, logs.err)
+    assert run_cli("logs", "hush", "--rank", "0", env=env).out == ""
+
+
 def test_no_logs_keeps_none_and_says_so(qb2: Path, runtime: Path) -> None:
     env = _env(runtime)
     res = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", "quiet",

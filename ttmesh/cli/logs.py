@@ -320,7 +320,10 @@ def collect(sources: list[Source], shown: Shown, read_to: dict | None = None) ->
                         order = (attempt, si, oi, STREAM_ORDER[name])
                         snap.pieces.append(Piece(p.when, order, label, files, p.start, p.end))
                     snap.read_to[key] = max(files.end, snap.read_to.get(key, 0))
-    snap.many_labels = len(labels) > 1
+    # Lines are labelled whenever they could be another rank's: a job of several ranks
+    # (its record says), even when one alone printed (a silent stream keeps no files).
+    several = shown.rank is None and any(len(s.record.get("ranks") or []) > 1 for s in sources)
+    snap.many_labels = len(labels) > 1 or several
     snap.pieces.sort(key=lambda p: (p.order[0], p.when, p.order))
     _mark_attempts(snap, sources)
     return snap

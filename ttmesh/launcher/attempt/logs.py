@@ -43,6 +43,10 @@ class Stream:
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     log: IO[bytes] | None = None
     kept: StreamLog | None = None  # the job's own copy (runtime.joblogs), unless --no-logs
+    # The name the job's own copy is kept under, until its first bytes make it (None: made,
+    # or none kept). A stream that says nothing leaves no files: a launch does not open four
+    # files a rank before its ranks start (128 ranks: 512).
+    keep_as: str | None = None
     last: bytes | None = None  # the last block of lines when it alone holds the whole tail
 
 
@@ -94,9 +98,7 @@ class Console:
             for name in ("stdout", "stderr"):
                 stream = Stream(rank, name)
                 if keep is not None:  # by the rank's global number, as its [rN] says
-                    stream.kept = keep.stream(
-                        owner_name(rank + offset if rank >= 0 else rank), name
-                    )
+                    stream.keep_as = owner_name(rank + offset if rank >= 0 else rank)
                 owner = "mpirun" if rank == LAUNCHER else str(rank)
                 fd = spec.open_log(attempt, owner, name) if spec is not None else None
                 if fd is not None:
@@ -139,6 +141,8 @@ class Console:
         if self.on_line is not None:
             for line in body.split(b"\n"):
                 self.on_line(stream.rank, line.decode(errors="replace"))
+        if stream.keep_as is not None and self.keep is not None:
+            stream.kept, stream.keep_as = self.keep.stream(stream.keep_as, stream.name), None
         if stream.kept is not None:  # buffered: flushed by the guardian's clock (flush_kept)
             stream.kept.write(block)
         if self.on_block is not None:

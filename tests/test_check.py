@@ -357,6 +357,45 @@ class BlindHost(SimHost):
         return dict.fromkeys(asics)
 
 
+class SilentHost(SimHost):
+    """A host whose chips report no link up at all (0), with the firmware bundle ``fw``; each
+    firmware read is counted."""
+
+    fw = "19.10.0.0"
+    reads = 0
+
+    def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
+        return dict.fromkeys(asics, 0)
+
+    def attr(self, dev: int, name: str) -> str | None:
+        if name == "tt_fw_bundle_ver":
+            SilentHost.reads += 1
+            return self.fw
+        return super().attr(dev, name)
+
+
+def test_no_link_reported_is_down_unless_the_firmware_cannot_report_links(qb2: Path) -> None:
+    """A chip reporting no link up is down on firmware that reports links (19.9 and later) and
+    unknown on older firmware; the firmware is read only then, once a chip."""
+    from ttmesh.fabric import links
+
+    inv = discover(SilentHost(qb2))
+    chips = {s.a for s in inv.links} | {s.b for s in inv.links}
+    SilentHost.reads = 0
+    assert {o.state for o in links.observe(inv)} == {"down"}
+    assert SilentHost.reads == len(chips)
+    SilentHost.fw = "19.8.0.0"
+    assert {o.state for o in links.observe(inv)} == {"unknown"}
+
+    class Reporting(SilentHost):  # links reported as they are: no firmware read
+        def eth_live_status(self, asics: list[str]) -> dict[str, int | None]:
+            return SimHost.eth_live_status(self, asics)
+
+    inv = discover(Reporting(qb2))
+    SilentHost.reads = 0
+    assert {o.state for o in links.observe(inv)} == {"up"} and SilentHost.reads == 0
+
+
 def test_unknown_links_are_warnings_unless_strict(qb2: Path) -> None:
     inv = discover(BlindHost(qb2))
     report = health.check(inv)

@@ -49,14 +49,9 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
     asics = sorted({s.a for s in specs} | {s.b for s in specs})
     known = {c.asic_id: c for c in inv.chips}
     status = inv.host.eth_live_status([a for a in asics if a in known])
-    fw = {}
-    for c in (known[a] for a in asics if a in known):  # the firmware of the chips asked about
-        lead = inv.lead(c)
-        fw[c.asic_id] = (
-            inv.host.attr(lead.dev_index, "tt_fw_bundle_ver")
-            if lead is not None and lead.dev_index is not None
-            else None
-        )
+    # A chip's firmware matters only when it reports no link at all (older firmware reports
+    # none): read then, once a chip, not for every chip every time (three times a launch).
+    fw: dict[str, str | None] = {}
 
     def end(asic: str, chan: int) -> str:
         if asic not in known:
@@ -64,8 +59,11 @@ def observe(inv: Inventory, specs: list[LinkSpec] | None = None) -> list[Observe
         value = status.get(asic)
         if value is None:
             return UNKNOWN
-        if value == 0 and not _fw_reports_links(fw.get(asic), known[asic].arch):
-            return UNKNOWN
+        if value == 0:
+            if asic not in fw:
+                fw[asic] = _fw_of(inv, known[asic])
+            if not _fw_reports_links(fw[asic], known[asic].arch):
+                return UNKNOWN
         return UP if value >> (16 + chan) & 1 else DOWN
 
     out = []

@@ -262,6 +262,24 @@ def _our_processes() -> set[int]:
 
 SESSION = f"{os.getpid()}-{os.urandom(4).hex()}"
 os.environ["TTMESH_TEST_SESSION"] = SESSION  # inherited by everything the suite starts
+
+
+def _own_runtime_dir() -> None:
+    """Job records, run directories, kept logs and dumps of the session's jobs go to a runtime
+    directory of its own (in memory, as the machine's is), removed at its end: never into the
+    machine's (a developer's ``ttmesh ps`` would list the suite's jobs). A test that needs one
+    of its own still sets it (the ``runtime`` fixture)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    where = tempfile.mkdtemp(prefix="ttmesh-test-rt-", dir=shm)  # 0700, this user's
+    os.environ["XDG_RUNTIME_DIR"] = where
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+
+
+_own_runtime_dir()
 # The stand-in server (ttmesh/sim/standin) paces its start as a real one's (about 15 s); the
 # suite's servers start at once unless a test asks otherwise.
 os.environ.setdefault("FAKE_PACE", "0")

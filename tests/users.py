@@ -9,6 +9,7 @@ this checkout's source copied where it can read it. Import the fixture into a te
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import os
 import resource
@@ -159,11 +160,17 @@ def users_fixture() -> Iterator[dict[str, User]]:
         subprocess.run(["chmod", "-R", "a+rX", str(src)], check=True)
         base = world_dir("ttmesh-paths-nobody-")
         made.append(base)
+        # nobody's job records and logs: the session's, not the machine's (in a sticky
+        # directory: ttmesh refuses a runtime directory another user could change)
+        runtime = Path(tempfile.mkdtemp(prefix="ttmesh-test-rt-nobody-", dir="/dev/shm"))
+        made.append(runtime)
+        os.chown(runtime, NOBODY_UID, grp.getgrnam("nogroup").gr_gid)
         env = {
             "PATH": f"{venv}/bin:/usr/bin:/bin",
             "HOME": "/nonexistent",
             "PYTHONPATH": str(src),
             "XDG_CACHE_HOME": str(base / "cache"),
+            "XDG_RUNTIME_DIR": str(runtime),
             "TTMESH_TEST_SESSION": SESSION,
             "PYTHONDONTWRITEBYTECODE": "1",
         }

@@ -55,6 +55,14 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _sockets(root: Path) -> str:
+    """A temporary directory beside the test's simulated host, removed with it: SGLang names
+    its ZMQ IPC sockets with tempfile and never removes them (a killed server could not)."""
+    where = root.parent / "tmp"
+    where.mkdir(mode=0o700, exist_ok=True)
+    return str(where)
+
+
 def _serve(
     root: Path, sglang_dir: Path, tp: int, job: str, *extra: str
 ) -> tuple[subprocess.Popen, int]:
@@ -65,7 +73,7 @@ def _serve(
         "--port", str(port), "--attention-backend", "torch_native", "--disable-cuda-graph",
         "--max-total-tokens", "2048", "--skip-server-warmup", "--sleep-on-idle", "--tp-size", str(tp),
     ]  # fmt: skip
-    env = {"SGLANG_USE_CPU_ENGINE": "1"}
+    env = {"SGLANG_USE_CPU_ENGINE": "1", "TMPDIR": _sockets(root)}
     if tp == 2:
         env["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
     proc = start_launch(root, "--job-id", job, "--grace", str(GRACE), *extra, "--", *argv, env=env)
@@ -294,7 +302,8 @@ def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -
     # The servers' own output (one line per request) is not read here: not a pipe that fills.
     proc = start_launch(qb2, "--replicas", "2", "--replicas-parallel", "--job-id",
                         f"fleet-rig-{os.getpid()}", "--grace", str(GRACE), "--", *argv,
-                        stdout=subprocess.DEVNULL, env={"SGLANG_USE_CPU_ENGINE": "1"})  # fmt: skip
+                        stdout=subprocess.DEVNULL,
+                        env={"SGLANG_USE_CPU_ENGINE": "1", "TMPDIR": _sockets(qb2)})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     lines: list[str] = []
     tree: list[int] = []

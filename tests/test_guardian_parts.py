@@ -716,6 +716,7 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
     from ttmesh.launcher.attempt.guardian import Options
     from ttmesh.launcher.job.repair import Recovery
     from ttmesh.launcher.job.run import execute
+    from ttmesh.launcher.planning.logspec import LogSpec
     from ttmesh.launcher.planning.prepare import prepare
     from ttmesh.launcher.planning.request import LaunchRequest
     from ttmesh.sim import faults
@@ -734,20 +735,32 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
     recovery = Recovery(auto_reset=True, reset_on_failure=True)
     given = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)}
     policy = dataclasses.replace(recovery)
+    options = Options(ranks_filter=frozenset({0, 1}))
+    shown = dataclasses.replace(options)
+    ended = AttemptResult(0, 3, Source.WORKER, 0, "rank 0 exited with code 3", AttemptEnd.FAILED)
     for value, name in (
         (prepared, "plan"),
         (prepared, "inv"),
         (prepared, "liveness"),
         (prepared, "metal"),
         (prepared, "hosts_not_ready"),
+        (prepared, "beats"),
         (prepared.request, "job"),
         (recovery, "own_pids"),
         (recovery, "preflight"),
+        (options, "observer"),
+        (options, "checklist_drawn"),
+        (options, "keep"),
+        (LogSpec(), "run_dir"),  # the job's log directory, made: a new spec
+        (ended, "reason"),
+        (ended, "diagnosis"),
     ):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, name, None)
+    with pytest.raises(TypeError):  # the heartbeats planning read: read-only, as the rest
+        prepared.beats["0"] = "alive"  # type: ignore[index]
     summary = tmp_path / "summary.json"
-    code = execute(prepared, Options(), str(summary), restart_backoff=0.0, recovery=recovery)
+    code = execute(prepared, options, str(summary), restart_backoff=0.0, recovery=recovery)
     assert code == 0
     facts = json.loads(summary.read_text())
     assert [r["when"] for r in facts["resets"]] == ["before the start", "after an attempt"]
@@ -756,3 +769,49 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
     assert {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)} == given
     assert all(getattr(prepared, name) is value for name, value in given.items())
     assert recovery == policy and recovery.own_pids == ()
+    assert options == shown and options.keep is None  # the job's own logs are the job's
+
+
+@pytest.mark.parametrize("device", ["tpu", "cpu"])
+def test_a_servers_spec_is_built_whole_and_frozen(qb2: Path, runtime: Path, device: str) -> None:
+    """A server's spec (its address, timeouts, notes, findings, environment) is built whole by
+    planning, on chips or chipless (stock SGLang on --device cpu: its note is the plan's), and
+    nothing after planning writes it: its fields and its lists cannot be changed."""
+    import dataclasses
+    import socket
+
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.planning.prepare import prepare
+    from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.launcher.serving import profiles
+    from ttmesh.launcher.serving.args import ServerArgs
+
+    profile = profiles.named("sglang-torchtpu" if device == "tpu" else "sglang")
+    with socket.socket() as taken:  # a port in use: a dry run says so in the spec's notes
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        words = ["--model-path", "m", "--device", device, "--port", port]
+        args = profile.read(ServerArgs("sglang.launch_server", words))
+        request = LaunchRequest(
+            command=[sys.executable, "-m", "sglang.launch_server", *words], no_python=True,
+            profile=profile, server_args=args, health_interval=5.0, probe_interval=30.0,
+            tp_size=1 if device == "tpu" else None,
+        )  # fmt: skip
+        prepared = prepare(request, open_host(qb2), dry_run=True, ask_metal=False)
+    serving = prepared.plan.serving
+    assert serving is not None and serving.port == int(port)
+    assert (serving.health_interval, serving.probe_interval) == (5.0, 30.0)
+    assert any("(a launch now is refused)" in n for n in serving.notes), serving.notes
+    assert prepared.plan.chipless == (device == "cpu")
+    if device == "cpu":
+        assert any("none is chosen, leased, checked or recovered" in n for n in serving.notes)
+    for name in ("notes", "findings", "port", "host", "ready_timeout", "health_interval"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(serving, name, None)
+    with pytest.raises((TypeError, AttributeError)):
+        serving.notes.append("a note after planning")  # type: ignore[attr-defined]
+    with pytest.raises((TypeError, AttributeError)):
+        serving.findings.append(serving.findings[0] if serving.findings else None)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        serving.env["X"] = "1"  # type: ignore[index]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -750,7 +750,7 @@ def preflight(
     allow_holders_pids: Iterable[int] = (),
     *,
     timeout: float = 1.0,
-    beats: dict[str, str] | None = None,
+    beats: Mapping[str, str] | None = None,
     heartbeats: bool = True,
     requires: Any = None,
     system: bool = True,

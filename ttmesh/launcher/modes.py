@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ttmesh.launcher.planning.plan import LaunchPlan
     from ttmesh.launcher.planning.prepare import Prepared
     from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.launcher.serving.spec import ServingSpec
 
 
 @dataclass(frozen=True)
@@ -166,23 +167,24 @@ class JobOfRanks(Mode):
             from ttmesh.launcher.job import logdir
 
             assert launch.logs is not None
-            where = logdir.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
-            note(f"the ranks' logs: {where}/attempt_N/<local rank>/stdout.log, stderr.log")
+            logs = logdir.make_run_dir(launch.logs, launch.log_dir, prepared.plan.job)
+            options = dataclasses.replace(options, logs=logs)
+            note(f"the ranks' logs: {logs.run_dir}/attempt_N/<local rank>/stdout.log, stderr.log")
         self.view.started()
 
-        def job() -> Result:
+        def job(shown: Options) -> Result:
             from ttmesh.launcher.job.run import JobRun
 
-            run = JobRun(prepared, options, o.summary_json, recovery, 0.2, peers)
+            run = JobRun(prepared, shown, o.summary_json, recovery, 0.2, peers)
             return Result.of_job(launch.mode, run, run.run())
 
         if o.events_fd is not None:  # a replica of a fleet: its events on the fleet's pipe
             return _fed(prepared.plan, options, o.events_fd, job)
         with self.view.job(prepared.plan) as observer:
-            if observer is not None:
-                options.observer = observer
-                options.checklist_drawn = True  # the view draws a server's start: no line per step
-            return job()
+            if observer is None:
+                return job(options)
+            # the view draws a server's start: no line per step
+            return job(dataclasses.replace(options, observer=observer, checklist_drawn=True))
 
 
 class OneHost(JobOfRanks):
@@ -300,10 +302,10 @@ def say_planned(plan: LaunchPlan, dry_run: bool) -> None:
         say_serving(plan.serving)
 
 
-def say_serving(serving: Any) -> None:
-    """A server's profile, its notes and its findings (``serving.spec.ServingSpec``)."""
+def say_serving(serving: ServingSpec) -> None:
+    """A server's profile, its notes and its findings."""
     note(f"{serving.profile.name}: {serving.profile.title}")
-    for n in serving.notes + ([serving.budget_note] if serving.budget_note else []):
+    for n in (*serving.notes, *([serving.budget_note] if serving.budget_note else [])):
         note(f"note: {n}")
     for f in serving.findings:
         note(f"{f.severity}: {f.message} (fix: {f.fix})")
@@ -315,24 +317,22 @@ def _console(launch: Launch) -> Options:
     from ttmesh.runtime import joblogs
 
     o = launch.options
-    shown = set(launch.shown_ranks) if launch.shown_ranks is not None else None
     return Options(
-        ranks_filter=shown, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
+        ranks_filter=launch.shown_ranks, quiet=o.quiet, logs=launch.logs, keep_logs=not o.no_logs,
         log_limits=joblogs.limits() if not o.no_logs else None,
     )  # fmt: skip
 
 
-def _fed(plan: LaunchPlan, options: Options, fd: int, run: Callable[[], Result]) -> Result:
+def _fed(plan: LaunchPlan, options: Options, fd: int, run: Callable[[Options], Result]) -> Result:
     """The job with its events written to its fleet's pipe (``launcher.job.feed``), the last
     one its exit code: also when it is refused, or stopped between attempts."""
     from ttmesh.launcher.job.feed import Feed
 
     url = plan.serving.url if plan.serving is not None else None
     feed = Feed(fd, url, [b for r in plan.ranks for b in r.bdfs], options.observer)
-    options.observer = feed
     code = 1
     try:
-        result = run()
+        result = run(dataclasses.replace(options, observer=feed))
         code = result.code
     except TTMeshError as exc:
         code = exc.code
@@ -411,7 +411,9 @@ class FleetMode(Mode):
             if o.summary_json and not o.dry_run:
                 write_refusal(o.summary_json, exc)
             raise
-        say_serving(fp.replicas[0].prepared.plan.serving)
+        serving = fp.replicas[0].prepared.plan.serving
+        assert serving is not None  # a fleet's replicas are servers
+        say_serving(serving)
         for n in fp.notes:
             note(f"note: {n}")
         if fp.router_opts is not None:

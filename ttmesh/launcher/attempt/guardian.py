@@ -31,6 +31,7 @@ import os
 import selectors
 import signal
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import procs
@@ -94,19 +95,21 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """How the guardian shows the workers' output."""
+    """How the guardian shows the workers' output. Frozen: what is decided later (the view a
+    job is drawn in, the job's own logs) makes a new one (``dataclasses.replace``)."""
 
-    ranks_filter: set[int] | None = None
+    ranks_filter: frozenset[int] | None = None
     log_dir: str | None = None
     quiet: bool = False
     # torchrun's --redirects/--tee, its log layout and line prefix (launcher.planning.logspec).
     logs: LogSpec | None = None
     # A view of the job (ttmesh.launcher.attempt.events): None keeps the console plain prefixed lines.
     observer: Observer | None = None
-    # The job's own copy of every stream (runtime.joblogs, ttmesh logs), opened by the job;
-    # keep_logs False (--no-logs): none; log_limits: its bounds (joblogs.limits()).
+    # The job's own copy of every stream (runtime.joblogs, ttmesh logs), opened by the job (its
+    # copy of these options holds it); keep_logs False (--no-logs): none; log_limits: its
+    # bounds (joblogs.limits()).
     keep: JobLogs | None = None
     keep_logs: bool = True
     log_limits: Limits | None = None
@@ -839,10 +842,11 @@ class Guardian:
         if self.refusal is not None:
             return record.refused(result, self.refusal)
         if result.code != 0 and self.fatal is not None:
-            result.diagnosis = self.fatal.found()  # the line seen as it came
-        elif result.code != 0:
+            return replace(result, diagnosis=self.fatal.found())  # the line seen as it came
+        if result.code != 0:
             server = self.server.name if self.server is not None else None
-            result.diagnosis = record.diagnose(
+            found = record.diagnose(
                 self.plan, result.rank, tail, self.starter.has_launcher, server, self._emit
             )
+            return replace(result, diagnosis=found)
         return result

@@ -54,7 +54,7 @@ class Console:
     def __init__(
         self,
         world: int,
-        ranks_filter: set[int] | None = None,
+        ranks_filter: frozenset[int] | None = None,
         log_dir: str | None = None,
         quiet: bool = False,
         attempt: int = 0,

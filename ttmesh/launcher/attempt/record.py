@@ -29,9 +29,10 @@ from ttmesh.vocab import LAUNCHER, Source
 HUNG = 124  # ttmesh's code for a job that never became ready (as timeout(1) uses it)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttemptResult:
-    """How one attempt ended, sent from the guardian to the launcher as JSON."""
+    """How one attempt ended, sent from the guardian to the launcher as JSON. Frozen: a later
+    word on it (a diagnosis, the launcher killed meanwhile) makes a new one (``replace``)."""
 
     attempt: int
     code: int
@@ -65,13 +66,9 @@ class AttemptResult:
     phases: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        error, self.error = self.error, None
-        try:
-            data = asdict(self)
-        finally:
-            self.error = error
+        data = asdict(replace(self, error=None))  # an exception is no JSON (nor deep-copied)
         data["end"] = str(self.end)
-        data["error"] = error_to_json(error)
+        data["error"] = error_to_json(self.error)
         return data
 
     @classmethod

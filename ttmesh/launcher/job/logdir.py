@@ -11,14 +11,16 @@ import os
 import secrets
 import stat
 import tempfile
+from dataclasses import replace
 
 from ttmesh.errors import bad_input, from_os_error
 from ttmesh.launcher.planning.logspec import LogSpec
 
 
-def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:
+def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> LogSpec:
     """``LOG_DIR/<run id>_<random>`` (a new ``torchelastic_*`` base directory under the
-    temporary directory when no ``--log-dir`` is given), made and opened once for the job.
+    temporary directory when no ``--log-dir`` is given), made and opened once for the job:
+    ``spec`` with its ``run_dir`` and ``dir_fd``.
 
     ``LOG_DIR`` is reached and made as ``paths.walk`` does (a symbolic link is followed only
     when root or this user owns it); the job's directory is new (mode 0700, as ``mkdtemp``
@@ -42,8 +44,7 @@ def make_run_dir(spec: LogSpec, log_dir: str | None, run_id: str) -> str:
         raise bad_input(
             f"--log-dir {base}: {name} was changed by another user", "give a private --log-dir"
         )
-    spec.run_dir, spec.dir_fd = os.path.join(base, name), fd
-    return spec.run_dir
+    return replace(spec, run_dir=os.path.join(base, name), dir_fd=fd)
 
 
 def _new_dir(base_fd: int, prefix: str, base: str) -> tuple[str, int]:

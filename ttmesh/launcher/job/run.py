@@ -281,7 +281,7 @@ class JobRun:
         except (OSError, TTMeshError) as exc:
             note(f"warning: the job's output is not kept (ttmesh logs has none): {exc}")
             return
-        self.options.keep = self.logs
+        self.options = replace(self.options, keep=self.logs)  # the job's copy: its own logs
 
     def _record(self) -> None:
         """The job's record (``ttmesh ps``, ``ttmesh stop``); one that cannot be written
@@ -420,7 +420,7 @@ class JobRun:
 
     def _orphaned(self, result: AttemptResult) -> int:
         """In the guardian, once its workers are down: the launcher was killed, finish here."""
-        result.reason = f"{LAUNCHER_KILLED} ({result.reason})"
+        result = replace(result, reason=f"{LAUNCHER_KILLED} ({result.reason})")
         self.results.append(result)
         self.observer = None  # the view was the launcher's (the front's), and it is gone
         note("the launcher was killed: its guardian stopped the workers and finishes the job")

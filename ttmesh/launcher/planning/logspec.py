@@ -62,9 +62,10 @@ def _of(spec: int | dict[int, int], rank: int) -> int:
     return spec if isinstance(spec, int) else spec.get(rank, NONE)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogSpec:
-    """What the user asked for the ranks' streams; the same on every attempt."""
+    """What the user asked for the ranks' streams; the same on every attempt. Frozen: the
+    job's directory, once made, is a new one (``launcher.job.logdir.make_run_dir``)."""
 
     redirects: int | dict[int, int] = NONE
     tee: int | dict[int, int] = NONE

@@ -264,13 +264,12 @@ def _binding_split(req: LaunchRequest, sel: Selection) -> layout.Split:
     return layout.Split(Layout.RANK_BINDING, (1, 1), blocks)
 
 
-def _server_env(
-    env: dict[str, str], req: LaunchRequest, inv: Inventory, sel: Selection, desc_path: str
-) -> dict[str, str]:
+def _server_env(job: _Job, env: dict[str, str], desc_path: str) -> dict[str, str]:
     """A server's environment: no torchrun contract (it starts its own processes), the chips
-    as its profile passes them, the profile's variables."""
+    as its profile passes them, the profile's variables (their notes: ``job.server_notes``)."""
     from ttmesh.launcher.serving import spec as serving
 
+    req, inv, sel = job.req, job.inv, job.sel
     server = req.serving
     assert server is not None
     profile = server.profile
@@ -284,7 +283,7 @@ def _server_env(
         descriptor=desc_path,
         mesh_device=serving.mesh_device(profile, len(sel.chips), board, sel.shape),
     )
-    server.notes += [n for n in notes if n not in server.notes]
+    job.server_notes.extend(notes)
     return {**out, **chips, **server.env}
 
 
@@ -342,6 +341,9 @@ class _Job:
     desc_of: dict[int, str]  # rank -> its mesh graph descriptor
     outside: Surroundings
     host_envs: dict[int, dict[str, str]] = field(default_factory=dict)  # node -> _host_env's
+    # What a server's ranks say of how their chips reach it (serving.spec.chip_env), in order:
+    # the plan's server spec is built with them.
+    server_notes: list[str] = field(default_factory=list)
 
     @property
     def world(self) -> int:
@@ -380,6 +382,11 @@ def build(
         outside=outside,
     )
     ranks = [_rank_plan(job, block, argv) for block in sp.blocks]
+    serving = req.serving
+    if serving is not None and job.server_notes:  # each note once, after the profile's own
+        said = list(serving.notes)
+        said += [n for n in dict.fromkeys(job.server_notes) if n not in said]
+        serving = replace(serving, notes=tuple(said))
     used = {
         r.env.get(k)
         for r in ranks
@@ -413,7 +420,7 @@ def build(
         ready_timeout=req.ready_timeout,
         hang_timeout=req.hang_timeout,
         ready_pattern=req.ready_pattern,
-        serving=req.serving,
+        serving=serving,
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
         mpi_args=list(req.mpi_args),
         environ=dict(req.environ),
@@ -550,7 +557,7 @@ def _rank_plan(job: _Job, block: layout.Block, argv: list[str]) -> RankPlan:
         if binding.mesh_host_rank is None:
             env.pop("TT_MESH_HOST_RANK", None)
     if req.serving is not None:
-        env = _server_env(env, req, job.inv, job.sel, job.desc_of[rank])
+        env = _server_env(job, env, job.desc_of[rank])
     tmpdir = ""
     if req.program is not None:
         env, workdir, tmpdir = _program_env(job, rank, env, workdir)

@@ -4,12 +4,13 @@ before anything starts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ttmesh.errors import BAD_INPUT, TTMeshError, bad_input
 
 if TYPE_CHECKING:
-    pass
+    from ttmesh.launcher.serving.spec import ServingSpec
 
 
 def _tcp_socket(family: int | None = None) -> Any:
@@ -135,16 +136,18 @@ def check_server_port(host: str, port: int) -> None:
         )
 
 
-def server_port_free(serving: Any, dry_run: bool) -> None:
+def server_port_free(serving: ServingSpec, dry_run: bool) -> ServingSpec:
     """The server's port is free (:func:`check_server_port`); in a dry run, a port taken now
-    is a note of the plan (it may be free when the server starts, and a plan is not a start).
-    A --host that is no address of this host, or a port it may not use, is refused in both."""
+    is a note of the plan (it may be free when the server starts, and a plan is not a start):
+    the spec with that note. A --host that is no address of this host, or a port it may not
+    use, is refused in both."""
     try:
         check_server_port(serving.bind_host, serving.port)
     except PortTaken as exc:
         if not dry_run:
             raise
-        serving.notes.append(f"{exc.message} (a launch now is refused)")
+        return replace(serving, notes=(*serving.notes, f"{exc.message} (a launch now is refused)"))
+    return serving
 
 
 def _listener_of(addr: str, port: int) -> str:

@@ -5,6 +5,7 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ttmesh import paths
@@ -31,6 +32,8 @@ from ttmesh.runtime import jobs
 from ttmesh.vocab import MPI_LAYOUTS, Layout, StartMode
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ttmesh.fabric.syscheck import Requirements
     from ttmesh.launcher.nodes.reach import MpiHosts
     from ttmesh.launcher.planning.metalcheck import Pending
@@ -63,9 +66,16 @@ class Prepared:
     # None: ttmesh's defaults (fabric.syscheck). Its warnings are said once per launch.
     requires: Requirements | None = None
     # The chips' heartbeats as the launch last read them (pre-flight polls only the others).
-    beats: dict[str, str] = field(default_factory=dict)
+    beats: Mapping[str, str] = field(default_factory=lambda: _NO_BEATS)
     # The request as planned: the user's, with what the stages resolved (chips, job, ...).
     request: LaunchRequest | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beats, MappingProxyType):  # read-only: copied once, when planned
+            object.__setattr__(self, "beats", MappingProxyType(dict(self.beats)))
+
+
+_NO_BEATS: Mapping[str, str] = MappingProxyType({})
 
 
 def prepare(
@@ -316,17 +326,17 @@ def chipless(
         server_findings=[*req.server_findings, *findings],
     )  # fmt: skip
     req = _with_serving(req, tp or 1, None)
-    serving = req.serving
-    assert serving is not None
+    assert req.serving is not None
     argv = resolve_command(req)
-    server_port_free(serving, dry_run)
+    serving = server_port_free(req.serving, dry_run)
     req = _identity(req)
     if req.numa_binding:
         from ttmesh.launcher.planning import numa
 
         numa.prefixes(host, [])  # no chip to be near, but taskset is still asked for
     unused = f"; {host.flag} is not read" if host.flag else ""
-    serving.notes.append(f"{what}: none is chosen, leased, checked or recovered{unused}")
+    said = f"{what}: none is chosen, leased, checked or recovered{unused}"
+    req = replace(req, serving=replace(serving, notes=(*serving.notes, said)))
     inv = Inventory(host=host, driver="", chips=[], links=[], topology="none")
     return Prepared(build_chipless(req, argv), inv, None, request=req)
 
@@ -364,7 +374,7 @@ def _plan(
     else:
         argv = resolve_command(req)
         if req.serving is not None:
-            server_port_free(req.serving, dry_run)
+            req = replace(req, serving=server_port_free(req.serving, dry_run))
         if req.master_port:
             check_port(req.master_port, req.master_addr)
         else:
@@ -453,13 +463,15 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
         cwd=req.cwd or paths.cwd(),
         findings=req.server_findings,
     )
-    serving.health_interval = req.health_interval
-    serving.health_failures = req.health_failures
-    serving.probe_interval = req.probe_interval
-    if req.probe_interval is not None:
-        serving.probe_timeout = req.probe_timeout or serving.profile.probe.get("timeout", 60.0)
     ready_timeout = serving.ready_timeout if req.ready_timeout is None else req.ready_timeout
-    serving.ready_timeout = ready_timeout
+    probe_timeout = serving.probe_timeout
+    if req.probe_interval is not None:
+        probe_timeout = req.probe_timeout or serving.profile.probe.get("timeout", 60.0)
+    serving = replace(  # the watch the request asks for (the profile's ready timeout unless)
+        serving, health_interval=req.health_interval, health_failures=req.health_failures,
+        probe_interval=req.probe_interval, probe_timeout=probe_timeout,
+        ready_timeout=ready_timeout,
+    )  # fmt: skip
     errors = serving.errors(req.strict)
     if errors:
         for extra in [f for f in serving.findings if f not in errors[:1]]:

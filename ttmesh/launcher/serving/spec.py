@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ttmesh import addresses, numeric
@@ -24,17 +26,20 @@ from ttmesh.mesh import memory
 from ttmesh.render import plural
 
 MODEL_CONFIG = 16 * 1024 * 1024  # a model's config.json is KiB; anything larger is not one
+_NO_ENV: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServingSpec:
-    """What ttmesh knows about the server it starts (``plan.serving`` in ``ttmesh.plan/1``)."""
+    """What ttmesh knows about the server it starts (``plan.serving`` in ``ttmesh.plan/1``).
+    Built whole by planning (:func:`build`); a later word (a note) makes a new one."""
 
     profile: Profile
     args: ServerArgs
-    findings: list[rules.Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)  # what the profile adds (users' values won)
+    findings: tuple[rules.Finding, ...] = ()
+    notes: tuple[str, ...] = ()
+    # What the profile adds (users' values won); read-only.
+    env: Mapping[str, str] = field(default_factory=lambda: _NO_ENV)
     host: str = "127.0.0.1"  # where ttmesh asks it (its --host; 127.0.0.1 when that is "any")
     port: int = 30000
     bind_host: str = "127.0.0.1"  # where the server listens (its --host as given)
@@ -185,41 +190,45 @@ def build(
     findings: list[rules.Finding] | None = None,
 ) -> ServingSpec:
     """The spec for ``tp`` chips; ``environ`` and ``user_env`` (``--env``) win over the profile."""
-    spec = ServingSpec(profile, args, findings=list(findings or []), tp=tp)
     profile.steps()  # its checklist, checked before anything starts
     mine = {**environ, **user_env}
+    env: dict[str, str] = {}
+    notes: list[str] = []
     for key, value in profile.env.items():
         theirs = mine.get(key)
         if theirs is None:
-            spec.env[key] = value
+            env[key] = value
         elif theirs != value:
-            spec.notes.append(f"{key}={theirs} from your environment, not the profile's {value}")
-    server_env = {**environ, **spec.env, **user_env}
+            notes.append(f"{key}={theirs} from your environment, not the profile's {value}")
+    server_env = {**environ, **env, **user_env}
     ctx = rules.Context(args, profile.defaults, server_env, tp)
+    found = list(findings or [])
     helps = args.parsed is not None and args.parsed.help
     if helps:  # the server reads no further than its help: nothing to check
-        spec.notes.append("the server prints its help and exits (-h/--help): no rule was checked")
+        notes.append("the server prints its help and exits (-h/--help): no rule was checked")
     else:
-        spec.findings += rules.check(list(profile.rules), ctx, profile.path or profile.name)
-    spec.notes += repeats(args)
-    spec.bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
-    if spec.bind_host.strip():  # a host ttmesh checks, asks and names (the rule of every host)
-        spec.bind_host = addresses.host(spec.bind_host, "the server's --host", brackets=False,
-                                        example="--host 127.0.0.1")  # fmt: skip
-    spec.host = spec.bind_host
-    if spec.host in ("0.0.0.0", "::", ""):
-        spec.host = "127.0.0.1"  # listening everywhere: ask it here
+        found += rules.check(list(profile.rules), ctx, profile.path or profile.name)
+    notes += repeats(args)
+    bind_host = args.text("--host") or profile.default("--host") or "127.0.0.1"
+    if bind_host.strip():  # a host ttmesh checks, asks and names (the rule of every host)
+        bind_host = addresses.host(bind_host, "the server's --host", brackets=False,
+                                   example="--host 127.0.0.1")  # fmt: skip
+    host = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host  # everywhere: here
     read = args.read("--port")
     port = (read.words[-1] if read.words else read.value) if read else None
     where = read.option if read else f"profile {profile.path or profile.name}: defaults: --port"
     port = port if port is not None else profile.default("--port") or "30000"
-    spec.port = numeric.port(port, where, example="--port 30000")
-    spec.ready_timeout = profile.ready_timeout
+    number = numeric.port(port, where, example="--port 30000")
+    budget, budget_note = None, ""
     if not helps:
-        spec.budget, spec.budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
-    if spec.budget is not None:
-        spec.findings += _budget_findings(spec.budget, profile.budget.get("fraction"), tp)
-    return spec
+        budget, budget_note = _budget(args, ctx, tp, chip_mb, symmetric_mb, cwd, profile)
+    if budget is not None:
+        found += _budget_findings(budget, profile.budget.get("fraction"), tp)
+    return ServingSpec(
+        profile, args, findings=tuple(found), notes=tuple(notes), env=MappingProxyType(env),
+        host=host, port=number, bind_host=bind_host,
+        budget=budget, budget_note=budget_note, ready_timeout=profile.ready_timeout, tp=tp,
+    )  # fmt: skip
 
 
 def _budget_findings(b: memory.Budget, flag: str | None, tp: int) -> list[rules.Finding]:

@@ -78,6 +78,7 @@ raw pipe. Python's bytecode cache is used as users have it (PYTHONDONTWRITEBYTEC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -351,6 +352,29 @@ class Bench:
 
 HEARTBEAT_PERIOD = 0.1  # seconds: the simulator's default heartbeat, Blackhole's 10 Hz
 PHASES = random.Random(0)  # the pauses before runs: the same sequence every bench
+
+
+def _segments() -> set[str]:
+    """Open MPI's shared-memory segments in /dev/shm now."""
+    with contextlib.suppress(OSError):
+        return {n for n in os.listdir("/dev/shm") if n.startswith("sm_segment.")}
+    return set()
+
+
+def _drop_segments(before: set[str]) -> None:
+    """Remove the Open MPI segments made since ``before`` that no process maps: ttnn's bundled
+    Open MPI (the metal bench's probes) leaves them behind, as tests/conftest.py says."""
+    made = _segments() - before
+    if not made:
+        return
+    mapped: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            text = maps.read()
+            mapped |= {n for n in made if n in text}
+    for name in made - mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join("/dev/shm", name))
 
 
 def median(values: list[float]) -> float:
@@ -1254,6 +1278,7 @@ def main() -> int:
     # /run/lock (the leases) are in memory too.
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="ttmesh-bench-", dir=shm))
+    segments = _segments()
     try:
         b = Bench(args.runs, work, args.ttmesh, args.compare)
         grid = work / "p150-grid128.yaml"
@@ -1271,6 +1296,7 @@ def main() -> int:
             print(show(added).split("\n", 1)[1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        _drop_segments(segments)
     print()
     print(show(rows))
     print(

@@ -429,3 +429,33 @@ def test_clear_removes_every_fault(sim: Sim, hold_pids: list[int]) -> None:
     t0 = time.monotonic()
     sim.reset()
     assert time.monotonic() - t0 < 5  # the hang is gone too
+
+
+def test_a_reset_never_hides_the_other_chips_from_a_reader(
+    make_sim: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator rewrites its driver files by writing each directory beside its place and
+    swapping it in: at every step of a reset's rewrite, a reader (another job's pre-flight or
+    reset) lists every chip with its address, as on a real host, where the driver
+    re-enumerates only the reset devices. (Two replicas resetting their own chips at once
+    once saw no chip at all.)"""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.fabric.devices import discover
+    from ttmesh.sim import core
+
+    root = make_sim("quietbox2")
+    host = open_host(root)
+    every = {c.bdf for c in discover(host).chips}
+    seen: list[set[str | None]] = []
+    real = core._put_in_place
+
+    def step(new: str, place: str) -> None:
+        seen.append({c.bdf for c in discover(host).chips})
+        real(new, place)
+        seen.append({c.bdf for c in discover(host).chips})
+
+    monkeypatch.setattr(core, "_put_in_place", step)
+    first = next(c.asic_id for c in discover(host).chips if c.bdf == "0000:01:00.0")
+    core.SimRoot(str(root)).reset([first])  # (the root's tt-smi runs the same code)
+    assert len(seen) > 8 and all(s == every for s in seen), seen
+    assert not list(root.rglob("*.new"))

@@ -1036,19 +1036,34 @@ class SimRoot:
     # -- the file tree
 
     def render(self, state: dict[str, Any]) -> None:
-        """(Re)write the parts of the tree that depend on device numbers and presence."""
-        for rel in ("sys/class/tenstorrent", "dev/tenstorrent", "proc/driver/tenstorrent"):
-            shutil.rmtree(self.path(rel), ignore_errors=True)
-            os.makedirs(self.path(rel), exist_ok=True)
-        os.makedirs(self.path("dev/tenstorrent/by-id"), exist_ok=True)
+        """(Re)write the parts of the tree that depend on device numbers and presence.
+
+        Each directory is written whole beside its place (``NAME.new``) and then exchanged with
+        it in one step (renameat2 RENAME_EXCHANGE): a reader (another job's ttmesh, tt-smi,
+        tt-umd) sees the old tree or the new one, never a chip missing because another chip is
+        being reset, as on a real host, where the driver re-enumerates only the reset devices.
+        """
+        tops = {rel: self.path(rel) for rel in RENDERED}
+        staged = {rel: f"{path}.new" for rel, path in tops.items()}
+        for path in staged.values():
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(path)
+        os.makedirs(os.path.join(staged["dev/tenstorrent"], "by-id"))
+
+        def at(rel: str) -> str:  # where ``rel`` is written: its directory's staged copy
+            top = next(t for t in RENDERED if rel.startswith(f"{t}/"))
+            return staged[top] + rel[len(top) :]
+
+        swaps: list[tuple[str, str]] = []  # (staged, its place), the chips' own directories first
         for chip in self.chips():
             bdf = chip.get("bdf")
             if not bdf:
                 continue
             asic = asic_hex(chip["unique_id"])
             pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
-            shutil.rmtree(os.path.join(pci_dir, "tenstorrent"), ignore_errors=True)
-            shutil.rmtree(os.path.join(pci_dir, "hwmon"), ignore_errors=True)
+            for name in ("tenstorrent", "hwmon"):
+                shutil.rmtree(os.path.join(pci_dir, f"{name}.new"), ignore_errors=True)
+                swaps.append((os.path.join(pci_dir, f"{name}.new"), os.path.join(pci_dir, name)))
             n = self.dev_of(state, asic)
             if n is None:
                 continue
@@ -1058,12 +1073,12 @@ class SimRoot:
             # (machine.hwmon: a host recreated by sim create --from-capture).
             captured = self.machine().get("hwmon", {})
             files = captured[bdf] if bdf in captured else hwmon_files(chip)
-            hwmon = os.path.join(pci_dir, "hwmon", f"hwmon{n}")
+            hwmon = os.path.join(pci_dir, "hwmon.new", f"hwmon{n}")
             if files:  # {}: a driver without hwmon (tt-kmd before 1.29)
                 os.makedirs(hwmon)
             for name, value in files.items():
                 _write(os.path.join(hwmon, name), value + "\n")
-            node = os.path.join(pci_dir, "tenstorrent", f"tenstorrent!{n}")
+            node = os.path.join(pci_dir, "tenstorrent.new", f"tenstorrent!{n}")
             os.makedirs(node)
             attrs = {
                 "tt_card_type": chip["card_type"],
@@ -1082,12 +1097,12 @@ class SimRoot:
             os.symlink(f"../../../{bdf}", os.path.join(node, "device"))
             os.symlink(
                 f"../../devices/pci0000:00/{bdf}/tenstorrent/tenstorrent!{n}",
-                self.path(f"sys/class/tenstorrent/tenstorrent!{n}"),
+                at(f"sys/class/tenstorrent/tenstorrent!{n}"),
             )
-            _write(self.path(f"dev/tenstorrent/{n}"), "")
+            _write(at(f"dev/tenstorrent/{n}"), "")
             # tt-kmd's udev rule (udev-50-tenstorrent.rules: KERNEL=="tenstorrent*",
             # MODE="0666"): every local user may open every chip (../shared/reference).
-            os.chmod(self.path(f"dev/tenstorrent/{n}"), 0o666)
+            os.chmod(at(f"dev/tenstorrent/{n}"), 0o666)
             # tt-kmd's udev rules (udev-50-tenstorrent.rules): SYMLINK+="tenstorrent/by-id/
             # <wormhole|blackhole>-%s{tt_asic_id}", a link relative to the node; the driver
             # prints tt_asic_id as %08X%08X (telemetry.c, tt_sysfs_show_u64_hex).
@@ -1098,9 +1113,13 @@ class SimRoot:
                 names = []
             for name in names:
                 with contextlib.suppress(FileExistsError):
-                    os.symlink(f"../{n}", self.path(f"dev/tenstorrent/by-id/{name}"))
-            os.makedirs(self.path(f"proc/driver/tenstorrent/{n}"))
-            _write(self.path(f"proc/driver/tenstorrent/{n}/pids"), "")
+                    os.symlink(f"../{n}", at(f"dev/tenstorrent/by-id/{name}"))
+            os.makedirs(at(f"proc/driver/tenstorrent/{n}"))
+            _write(at(f"proc/driver/tenstorrent/{n}/pids"), "")
+        for rel in RENDERED:
+            swaps.append((staged[rel], tops[rel]))
+        for new, place in swaps:
+            _put_in_place(new, place)
         self._rewrite_mmio(state)
         self.render_system(state)
 
@@ -1306,6 +1325,41 @@ def _lock_file(directory: int, owner: int) -> int:
     if st.st_uid == os.geteuid() and st.st_mode & 0o077:
         os.fchmod(fd, 0o600)  # made by an older ttmesh: mode 0644 let anyone hold it
     return fd
+
+
+RENDERED = ("sys/class/tenstorrent", "dev/tenstorrent", "proc/driver/tenstorrent")
+RENAME_EXCHANGE = 2  # renameat2(2): swap two existing names atomically
+AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap ``a`` and ``b`` in one step; False where the system cannot (no renameat2, or a
+    file system without RENAME_EXCHANGE)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _put_in_place(new: str, place: str) -> None:
+    """The directory ``new`` takes ``place``'s name (none written: ``place`` goes), in one
+    step where the system can swap them; the old tree is removed after."""
+    if not os.path.isdir(new):
+        shutil.rmtree(place, ignore_errors=True)
+        return
+    if os.path.isdir(place) and _exchange(new, place):
+        shutil.rmtree(new, ignore_errors=True)  # (the old tree, now under the staged name)
+        return
+    shutil.rmtree(place, ignore_errors=True)
+    os.rename(new, place)
 
 
 def _write(path: str, text: str) -> None:

@@ -459,3 +459,19 @@ def test_a_reset_never_hides_the_other_chips_from_a_reader(
     core.SimRoot(str(root)).reset([first])  # (the root's tt-smi runs the same code)
     assert len(seen) > 8 and all(s == every for s in seen), seen
     assert not list(root.rglob("*.new"))
+
+
+def test_a_link_left_where_the_rewrite_is_staged_is_removed_not_followed(
+    make_sim: Callable[..., Path], tmp_path: Path
+) -> None:
+    from ttmesh.sim import core
+
+    root = make_sim("quietbox2")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for staged in ("sys/class/tenstorrent.new", "sys/devices/pci0000:00/0000:01:00.0/hwmon.new"):
+        (root / staged).symlink_to(outside)
+    sim = core.SimRoot(str(root))
+    sim.reset(list(sim.read_state()["chips"])[:1])
+    assert list(outside.iterdir()) == [] and not list(root.rglob("*.new"))
+    assert len(list((root / "sys/class/tenstorrent").iterdir())) == 4

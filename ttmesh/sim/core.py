@@ -1046,7 +1046,7 @@ class SimRoot:
         tops = {rel: self.path(rel) for rel in RENDERED}
         staged = {rel: f"{path}.new" for rel, path in tops.items()}
         for path in staged.values():
-            shutil.rmtree(path, ignore_errors=True)
+            _clear(path)
             os.makedirs(path)
         os.makedirs(os.path.join(staged["dev/tenstorrent"], "by-id"))
 
@@ -1062,7 +1062,7 @@ class SimRoot:
             asic = asic_hex(chip["unique_id"])
             pci_dir = self.path(f"sys/devices/pci0000:00/{bdf}")
             for name in ("tenstorrent", "hwmon"):
-                shutil.rmtree(os.path.join(pci_dir, f"{name}.new"), ignore_errors=True)
+                _clear(os.path.join(pci_dir, f"{name}.new"))
                 swaps.append((os.path.join(pci_dir, f"{name}.new"), os.path.join(pci_dir, name)))
             n = self.dev_of(state, asic)
             if n is None:
@@ -1349,16 +1349,24 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
+def _clear(path: str) -> None:
+    """Nothing at ``path``: a link left there is removed, never followed."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _put_in_place(new: str, place: str) -> None:
     """The directory ``new`` takes ``place``'s name (none written: ``place`` goes), in one
     step where the system can swap them; the old tree is removed after."""
     if not os.path.isdir(new):
-        shutil.rmtree(place, ignore_errors=True)
+        _clear(place)
         return
-    if os.path.isdir(place) and _exchange(new, place):
+    if os.path.isdir(place) and not os.path.islink(place) and _exchange(new, place):
         shutil.rmtree(new, ignore_errors=True)  # (the old tree, now under the staged name)
         return
-    shutil.rmtree(place, ignore_errors=True)
+    _clear(place)
     os.rename(new, place)
 
 

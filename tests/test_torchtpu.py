@@ -380,12 +380,16 @@ def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     names = _shm_names(qb2)
+    there = [n for n in names.values() if os.path.exists(n)]
+    assert not there, f"made before the job (a job keeps what was there before it): {there}"
     job = f"tpu-kill-{os.getpid()}"
-    proc = start_launch(
-        qb2, "--tp-size", "1", "--job-id", job, "--env", f"PYTHONPATH={site}", "--", PY,
-        str(script), str(out), "wait", env={"LIBTT_TPU_COMPAT": "1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    said = tmp_path / "stderr"  # what the guardian says after the launcher is gone
+    with said.open("w") as err:
+        proc = start_launch(
+            qb2, "--tp-size", "1", "--job-id", job, "--env", f"PYTHONPATH={site}", "--", PY,
+            str(script), str(out), "wait", env={"LIBTT_TPU_COMPAT": "1"},
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
     try:
         wait_for(lambda: (out / "rank0.ready").exists() or proc.poll() is not None, timeout=60,
                  what="the rank")  # fmt: skip
@@ -400,8 +404,10 @@ def test_sigkill_of_ttmesh_leaves_nothing(qb2: Path, tmp_path: Path) -> None:
             return bool(record and record.get("ended"))
 
         wait_for(finished, timeout=60, what="the guardian to finish the job")
-        assert not Path(seen["shm"]).exists()
-        assert not Path(seen["tmp"]).exists() and not (jobs.runs_dir() / job).exists()
+        record = next(r for r in jobs.every() if r["job"] == job)
+        why = f"{record.get('status')!r}; the guardian said:\n{said.read_text()}"
+        assert not Path(seen["shm"]).exists(), why
+        assert not Path(seen["tmp"]).exists() and not (jobs.runs_dir() / job).exists(), why
     finally:
         proc.kill()
         proc.wait()

@@ -48,11 +48,26 @@ def sglang_dir() -> Path:
 
 
 def _port() -> int:
+    """A free port below the kernel's ephemeral range. The server binds its port only once it
+    has loaded (20-40 s here), and an ephemeral port chosen now may meanwhile be handed to any
+    process that binds port 0 (in CI, once, another test's: "address already in use"); the
+    kernel never hands out a port below the range."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    top = min(low, 32768) - 1100  # SGLang also binds some ports above its own (port + N)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _sockets(root: Path) -> str:

@@ -118,18 +118,10 @@ def _segments() -> set[str]:
 
 
 def _drop_segments(before: set[str]) -> None:
-    """Remove the Open MPI segments made since ``before`` that no live process maps."""
-    made = _segments() - before
-    if not made:
-        return
-    mapped: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
-            text = maps.read()
-            mapped |= {n for n in made if n in text}
-    for name in made - mapped:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join("/dev/shm", name))
+    """Remove the Open MPI segments made since ``before`` that no live process uses."""
+    from ttmesh.runtime import leftovers  # (the rule ttmesh's own clean-up follows)
+
+    leftovers.remove_unused(os.path.join("/dev/shm", n) for n in _segments() - before)
 
 
 @pytest.fixture(autouse=True, scope="session")

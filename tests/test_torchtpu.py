@@ -472,7 +472,8 @@ def test_as_root_the_view_is_a_thread_whose_ranks_live_until_the_attempt_ends(qb
     from ttmesh.runtime.rankview import Views
 
     existed = sorted(os.listdir("/dev"))
-    views = Views(HostView(str(qb2), ("0", "1")).helper())
+    view = HostView(str(qb2), ("0", "1"))
+    views = Views(view.helper(), view.root, list(view.devices))
     views.open()
     started: list[subprocess.Popen] = []
     try:

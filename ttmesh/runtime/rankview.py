@@ -43,12 +43,15 @@ def _nsenter() -> str | None:
 
 
 class Views:
-    """How an attempt's ranks are started in a view: :meth:`open` once, :meth:`prefix` per
-    rank, :meth:`close` when the attempt ends. ``helper``: the view's helper command without
-    its mode (``launcher.planning.simview.HostView.helper``)."""
+    """How an attempt's ranks are started in a view: :meth:`open` once, :meth:`within` or
+    :meth:`prefix` per start, :meth:`close` when the attempt ends. ``helper``: the view's helper
+    command without its mode (``launcher.planning.simview.HostView.helper``), for ``root``
+    and ``devices``."""
 
-    def __init__(self, helper: list[str]) -> None:
+    def __init__(self, helper: list[str], root: str, devices: list[str]) -> None:
         self.helper = helper
+        self.root = root  # the simulated root, and the /dev/tenstorrent indices shown of it
+        self.devices = devices
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
@@ -56,7 +59,7 @@ class Views:
 
     def open(self) -> None:
         if os.getuid() == 0:
-            thread = _ViewThread(self.helper[4], [d for d in self.helper[5].split(",") if d])
+            thread = _ViewThread(self.root, self.devices)
             thread.start()
             thread.ready.wait()
             if thread.failed is None:

@@ -208,9 +208,10 @@ class DirectStarter(Starter):
 
     def _views(self) -> Views | None:
         """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""
-        if self.plan.host_view is None:
+        view = self.plan.host_view
+        if view is None:
             return None
-        views = Views(self.plan.host_view.helper())
+        views = Views(view.helper(), view.root, list(view.devices))
         views.open()
         if views.notice is not None:
             self.notice = (

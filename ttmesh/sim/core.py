@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import itertools
 import json
 import math
@@ -1332,17 +1333,25 @@ RENAME_EXCHANGE = 2  # renameat2(2): swap two existing names atomically
 AT_FDCWD = -100
 
 
+@functools.cache
+def _renameat2() -> Any:
+    """libc's renameat2, looked up once (a rewrite swaps two directories a chip); None when
+    this libc has none."""
+    import ctypes
+
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+
+
 def _exchange(a: str, b: str) -> bool:
     """Swap ``a`` and ``b`` in one step; False where the system cannot (no renameat2, or a
     file system without RENAME_EXCHANGE)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
+    renameat2 = _renameat2()
     if renameat2 is None:
         return False
     if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
         return True
+    import ctypes
+
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False

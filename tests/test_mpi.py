@@ -211,9 +211,15 @@ def test_mpirun_argv_has_one_section_per_rank(qb2: Path) -> None:
 # --------------------------------------------------------------------------- real mpirun
 
 
+# Each rank appends its lines to a file of its own: two ranks printing to mpirun's stdout at
+# once may interleave (a CI run read "BTLBTL 1 self,tcp" when PYTHONUNBUFFERED split a print).
 RANK_PROBE = """
 import ctypes, os, sys
-print("BTL", os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_MCA_btl"), flush=True)
+rank = os.environ.get("OMPI_COMM_WORLD_RANK")
+def say(*words):
+    with open(os.path.join(sys.argv[2], f"said.{rank}"), "a") as out:
+        out.write(" ".join(str(w) for w in words) + "\\n")
+say("BTL", rank, os.environ.get("OMPI_MCA_btl"))
 try:
     lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
 except OSError:
@@ -223,7 +229,7 @@ world = ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
 dup = ctypes.c_void_p()
 assert lib.MPI_Comm_dup(ctypes.c_void_p(world), ctypes.byref(dup)) == 0  # tt-metal#57284's call
 assert lib.MPI_Barrier(dup) == 0
-print("DUP", os.environ.get("OMPI_COMM_WORLD_RANK"), flush=True)
+say("DUP", rank)
 lib.MPI_Finalize()
 """
 
@@ -235,16 +241,20 @@ def _ranks_over_hosts(mpirun: str, environ: dict[str, str], tmp_path: Path) -> t
 
     probe = tmp_path / "probe.py"
     probe.write_text(RANK_PROBE)
+    out = tmp_path / "said"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
     ver = mpi.version(mpirun)
     argv = [mpirun, *mpi.tcp_args("lo", environ, ver), "-np", "2", "--oversubscribe"]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
     lib = str(Path(mpirun).resolve().parent.parent / "lib" / "libmpi.so.40")
     lib = lib if os.path.exists(lib) else "libmpi.so.40"
-    proc = subprocess.run([*argv, sys.executable, str(probe), lib], capture_output=True,
+    proc = subprocess.run([*argv, sys.executable, str(probe), lib, str(out)], capture_output=True,
                           text=True, env=environ, timeout=120)  # fmt: skip
-    said = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("BTL"))
-    dup = sorted(line for line in proc.stdout.splitlines() if line.startswith("DUP"))
+    lines = [line for f in sorted(out.iterdir()) for line in f.read_text().splitlines()]
+    said = sorted(line.split()[1:] for line in lines if line.startswith("BTL"))
+    dup = sorted(line for line in lines if line.startswith("DUP"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     try:
         import ctypes
@@ -252,7 +262,7 @@ def _ranks_over_hosts(mpirun: str, environ: dict[str, str], tmp_path: Path) -> t
         ctypes.CDLL(lib)
     except OSError:
         return said, proc.stderr  # no libmpi here: what the ranks were given is still checked
-    assert dup == ["DUP 0", "DUP 1"], proc.stdout  # MPI_Comm_dup ran over those transports
+    assert dup == ["DUP 0", "DUP 1"], "\n".join(lines)  # MPI_Comm_dup ran over those transports
     return said, proc.stderr
 
 

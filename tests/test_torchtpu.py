@@ -286,7 +286,9 @@ seen = {"dev": sorted(os.listdir("/dev/tenstorrent")) if os.path.isdir("/dev/ten
         "proc": sorted(os.listdir("/proc/driver/tenstorrent"))
         if os.path.isdir("/proc/driver/tenstorrent") else None,
         "uid": os.getuid(), "cwd": os.getcwd(), "tmp": os.environ.get("TMPDIR"),
-        "tmp_mode": oct(os.stat(os.environ["TMPDIR"]).st_mode & 0o777) if "TMPDIR" in os.environ else None}
+        "tmp_mode": oct(os.stat(os.environ["TMPDIR"]).st_mode & 0o777) if "TMPDIR" in os.environ else None,
+        "blocked": [line.split()[1] for line in open("/proc/self/status")
+                    if line.startswith("SigBlk:")]}
 bound = []
 ports = [a.rsplit(":", 1) for a in os.environ.get("TORCH_TPU_SLICEBUILDER_ADDRESSES", "").split(",") if a]
 ports.append(("127.0.0.1", os.environ.get("TORCH_TPU_INTERNAL_HANDSHAKE_PORT", "0")))
@@ -355,6 +357,9 @@ def test_the_ranks_see_their_chips_and_leave_nothing(qb2: Path, tmp_path: Path) 
         seen = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
         assert [s["dev"] for s in seen] == [["0", "1", "by-id"]] * 2  # the job's chips only
         assert [s["proc"] for s in seen] == [["0", "1"]] * 2
+        # Started from the view's thread, with no signal blocked (a thread made before the
+        # guardian unblocked them would pass its mask on, across exec).
+        assert [s["blocked"] for s in seen] == [["0" * 16]] * 2
         assert len(seen[0]["bound"]) == 3  # 2 slice addresses and the handshake port
         for r, s in enumerate(seen):
             assert s["cwd"].endswith(f"/ranks/rank{r}/work") and s["tmp"].endswith(f"rank{r}/tmp")

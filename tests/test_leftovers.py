@@ -253,3 +253,22 @@ def test_the_segment_ttnns_open_mpi_leaves_is_removed(
     )
     assert proc.returncode == 0, proc.stderr
     assert "after-job: 0" in proc.stdout, proc.stdout
+
+
+def test_the_mount_table_is_read_as_the_kernel_writes_it() -> None:
+    """/proc/self/mounts escapes a space, tab, newline and backslash in octal and writes every
+    other byte as it is: a UTF-8 mount point is itself, not its bytes read as Latin-1."""
+    from ttmesh.runtime.jobs import fs_of
+
+    table = (
+        "/dev/vda / ext4 rw 0 0\n"
+        "tmpfs /run/user/0 tmpfs rw 0 0\n"
+        "tmpfs /mnt/caf\u00e9 tmpfs rw 0 0\n"
+        "tmpfs /mnt/a\\040b tmpfs rw 0 0\n"
+        "broken\n"
+    )
+    assert fs_of("/run/user/0/ttmesh", table) == "tmpfs"
+    assert fs_of("/run/user/01", table) == "ext4"  # a sibling, not inside
+    assert fs_of("/mnt/caf\u00e9/x", table) == "tmpfs"
+    assert fs_of("/mnt/a b/x", table) == "tmpfs"
+    assert fs_of("/mnt/a\\040b/x", table) == "ext4"  # the escape is not the name

@@ -16,6 +16,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -119,13 +120,26 @@ def _fstype(path: str) -> str | None:
         text = fileread.read_text("/proc/self/mounts", 16 * 1024 * 1024, "mount table")
     except (OSError, ValueError):
         return None
+    return fs_of(os.path.abspath(path), text)
+
+
+def _unescaped(field: str) -> str:
+    """A mount table's field as it is: the kernel writes a space, tab, newline or backslash as
+    an octal escape (``\\040``), and every other byte as it is (a UTF-8 name stays one)."""
+    if "\\" not in field:
+        return field
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def fs_of(target: str, mounts: str) -> str | None:
+    """The type of the filesystem the absolute path ``target`` lies on, in the mount table
+    ``mounts`` (/proc/self/mounts' lines): the longest mount point above it."""
     best, kind = "", None
-    target = os.path.abspath(path)
-    for line in text.splitlines():
+    for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 3:
             continue
-        point = fields[1].encode().decode("unicode_escape")
+        point = _unescaped(fields[1])
         inside = target == point or target.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
             best, kind = point, fields[2]

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import selectors
 import subprocess
 import threading
+from _queue import SimpleQueue  # queue's own (queue imports heapq and more: 1 ms)
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -168,7 +168,7 @@ class _ViewThread(threading.Thread):
         self.devices = devices
         self.ready = threading.Event()
         self.failed: str | None = None  # one line: why the view could not be made
-        self.calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.calls: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
 
     def run(self) -> None:
         from ttmesh.runtime import hostview  # (ctypes: only a simulated host's job loads it)

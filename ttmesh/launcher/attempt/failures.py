@@ -17,7 +17,7 @@ speed first, and the patterns run only in a block that holds one.
 from __future__ import annotations
 
 import re
-import string
+from _string import formatter_parser  # type: ignore[import-not-found]  # string.Formatter's
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from pathlib import Path
@@ -104,7 +104,7 @@ def parse(
             raise ValueError(f"{where}: the pattern matches every line")
         fix = _text(item, "fix", where)
         try:
-            names = {name for _, name, _, _ in string.Formatter().parse(fix) if name is not None}
+            names = {name for _, name, _, _ in formatter_parser(fix) if name is not None}
         except ValueError as exc:
             raise ValueError(f"{where}: fix: {exc} (write a literal brace twice)") from None
         if names - PLACEHOLDERS:

@@ -22,6 +22,7 @@ from conftest import run_cli
 from users import users_fixture  # noqa: F401
 
 from ttmesh.launcher.attempt import dumps
+from ttmesh.launcher.planning.request import Policy
 from ttmesh.states import AttemptEnd
 
 # What tt-metal's logger prints as FabricFirmwareInitializer::init starts the fabric
@@ -108,7 +109,7 @@ def _stopped_by_a_failure(qb2: Path, tmp_path: Path, bringup: bool) -> tuple[Any
         f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)\n"
         "sys.exit(3)\n"
     )
-    plan = _prepare(qb2, code, grace=0.2, fabric_grace=1.0).plan
+    plan = _prepare(qb2, code, policy=Policy(grace=0.2, fabric_grace=1.0)).plan
     where = jobs.create_run_dir(plan.job)
     write_files(plan)
     alive_r, alive_w = os.pipe()
@@ -172,7 +173,7 @@ def test_no_fabric_grace_keeps_no_watch(qb2: Path, runtime: Path) -> None:
     from ttmesh.cli.hosts import open_host
     from ttmesh.launcher.attempt.guardian import Guardian, Options
 
-    plan = _prepare(qb2, "pass", fabric_grace=0.0).plan
+    plan = _prepare(qb2, "pass", policy=Policy(fabric_grace=0.0)).plan
     guardian = Guardian(plan, 0, Options(), dict(os.environ), -1, open_host(qb2))
     assert guardian.bringup is None
 

@@ -200,9 +200,10 @@ def test_the_live_view_draws_the_rows_the_deadline_and_each_time() -> None:
     from rich.console import Console
 
     from ttmesh.cli.live import JobView
+    from ttmesh.launcher.planning.request import Policy
 
     class Plan:
-        job, max_restarts, rank_offset, ready_timeout, ready_pattern = "j", 0, 0, 1800.0, None
+        job, rank_offset, policy = "j", 0, Policy(max_restarts=0, ready_timeout=1800.0)
         serving = object()
         ranks: tuple = ()
 

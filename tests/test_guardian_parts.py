@@ -26,6 +26,7 @@ from ttmesh.launcher.attempt.marks import FabricMarks
 from ttmesh.launcher.attempt.readiness import Readiness, job_phase
 from ttmesh.launcher.attempt.record import HUNG, AttemptResult
 from ttmesh.launcher.attempt.starters import RankExit
+from ttmesh.launcher.planning.request import Policy
 from ttmesh.states import (
     AttemptEnd,
     GuardianPhase,
@@ -285,7 +286,7 @@ def test_the_wakeups_hear_signals_and_give_the_process_back() -> None:
 
 
 def test_ready_by_pattern_file_and_timeout(qb2: Path, runtime: Path, run_dir: Any) -> None:
-    prepared = _prepare(qb2, "pass", ready_pattern="model loaded", ready_timeout=5.0)
+    prepared = _prepare(qb2, "pass", policy=Policy(ready_pattern="model loaded", ready_timeout=5.0))
     plan = prepared.plan
     run_dir(plan)
     ready = Readiness(plan, started=100.0)
@@ -522,7 +523,7 @@ def test_the_guardian_in_process(qb2: Path, runtime: Path, run_dir: Any) -> None
     from ttmesh.cli.hosts import open_host as Host
     from ttmesh.launcher.attempt.guardian import Guardian, Options
 
-    prepared = _prepare(qb2, FAILS_AS_RANK_1, grace=5.0)
+    prepared = _prepare(qb2, FAILS_AS_RANK_1, policy=Policy(grace=5.0))
     plan = prepared.plan
     run_dir(plan)
     alive_r, alive_w = os.pipe()
@@ -694,8 +695,9 @@ def test_a_plan_is_not_changed_once_made(qb2: Path) -> None:
             setattr(value, name, None)
     with pytest.raises(TypeError):
         plan.ranks[0].env["RANK"] = "7"  # type: ignore[index]
-    again = dataclasses.replace(plan, notes=[*plan.notes, "a later stage's note"])
-    assert again.notes[-1] == "a later stage's note" and "a later stage's note" not in plan.notes
+    again = dataclasses.replace(plan, report=plan.report.noted("a later stage's note"))
+    assert again.report.notes[-1] == "a later stage's note"
+    assert "a later stage's note" not in plan.report.notes
     launch = Launch.from_options(LaunchOptions(host=prepared.inv.host, command=("true",)))
     for value in (launch, launch.options, launch.request):
         with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
@@ -728,12 +730,15 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
         "sys.exit(3 if first and os.environ['RANK'] == '0' else 0)"
     )
     request = LaunchRequest(
-        command=[sys.executable, "-c", fails_once], tp_size=4, no_python=True, max_restarts=1,
-        grace=1.0,
+        command=[sys.executable, "-c", fails_once], tp_size=4, no_python=True,
+        policy=Policy(max_restarts=1, grace=1.0),
     )  # fmt: skip
     prepared = prepare(request, host, repairable=True, defer_liveness=True)
     recovery = Recovery(auto_reset=True, reset_on_failure=True)
     given = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)}
+    watch, report = prepared.plan.policy, prepared.plan.report  # the plan's policy: the request's
+    assert watch is prepared.request.policy
+    watched, reported = dataclasses.replace(watch), dataclasses.replace(report)
     policy = dataclasses.replace(recovery)
     options = Options(ranks_filter=frozenset({0, 1}))
     shown = dataclasses.replace(options)
@@ -746,6 +751,11 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
         (prepared, "hosts_not_ready"),
         (prepared, "beats"),
         (prepared.request, "job"),
+        (watch, "grace"),
+        (watch, "max_restarts"),
+        (report, "notes"),
+        (report, "passed_over"),
+        (report, "checks"),
         (recovery, "own_pids"),
         (recovery, "preflight"),
         (options, "observer"),
@@ -759,6 +769,8 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
             setattr(value, name, None)
     with pytest.raises(TypeError):  # the heartbeats planning read: read-only, as the rest
         prepared.beats["0"] = "alive"  # type: ignore[index]
+    with pytest.raises((TypeError, AttributeError)):  # what --dry-run says: read-only too
+        report.notes.append("a note")  # type: ignore[attr-defined]
     summary = tmp_path / "summary.json"
     code = execute(prepared, options, str(summary), restart_backoff=0.0, recovery=recovery)
     assert code == 0
@@ -768,6 +780,8 @@ def test_no_stage_value_is_changed_by_the_job(qb2: Path, runtime: Path, tmp_path
     assert len(facts["attempts"]) == 2
     assert {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared)} == given
     assert all(getattr(prepared, name) is value for name, value in given.items())
+    assert prepared.plan.policy is watch and watch == watched and watch.max_restarts == 1
+    assert prepared.plan.report is report and report == reported
     assert recovery == policy and recovery.own_pids == ()
     assert options == shown and options.keep is None  # the job's own logs are the job's
 
@@ -795,7 +809,7 @@ def test_a_servers_spec_is_built_whole_and_frozen(qb2: Path, runtime: Path, devi
         args = profile.read(ServerArgs("sglang.launch_server", words))
         request = LaunchRequest(
             command=[sys.executable, "-m", "sglang.launch_server", *words], no_python=True,
-            profile=profile, server_args=args, health_interval=5.0, probe_interval=30.0,
+            profile=profile, server_args=args, policy=Policy(health_interval=5.0, probe_interval=30.0),
             tp_size=1 if device == "tpu" else None,
         )  # fmt: skip
         prepared = prepare(request, open_host(qb2), dry_run=True, ask_metal=False)

@@ -68,7 +68,8 @@ def test_the_same_options_build_equal_requests(qb2: Path, monkeypatch: pytest.Mo
     first, second = _launch(monkeypatch, *args), _launch(monkeypatch, *args)
     assert first.request == second.request
     assert first.request is not second.request
-    assert (first.request.tp_size, first.request.env, first.request.grace) == (2, [("A", "1")], 3)
+    request = first.request
+    assert (request.tp_size, request.env, request.policy.grace) == (2, [("A", "1")], 3)
 
 
 @pytest.mark.parametrize(
@@ -206,3 +207,83 @@ def test_a_mesh_over_hosts_does_not_change_the_request(tmp_path: Path) -> None:
     assert len(prepared.plan.ranks) == 2
     assert prepared.request is not None
     assert (prepared.request.tp_size, prepared.request.nproc) == (16, 2)
+
+
+# What ``launch --dry-run --json`` (``ttmesh.plan/1``) holds, in its order: other tools read
+# it (docs/conventions.md), so no reshuffle of the stages' values may change it.
+PLAN_KEYS = [
+    "schema", "chipless", "job", "layout", "mesh_shape", "dim_types", "host_topology",
+    "symmetric_dram_mb", "descriptors", "host", "master", "grace", "fabric_grace", "op_timeout",
+    "on_reset_notice", "max_restarts", "grouping", "launcher", "ready_timeout", "hang_timeout",
+    "serving", "program", "host_view", "hosts", "notes", "passed_over", "checks", "ranks",
+]  # fmt: skip
+CHIPLESS_KEYS = [
+    "schema", "chipless", "job", "layout", "mesh_shape", "dim_types", "host_topology",
+    "symmetric_dram_mb", "descriptors", "host", "master", "grace", "fabric_grace", "op_timeout",
+    "max_restarts", "grouping", "launcher", "ready_timeout", "hang_timeout", "serving", "hosts",
+    "ranks",
+]  # fmt: skip
+RANK_KEYS = [
+    "rank", "chips", "bdfs", "coord", "block", "host_rank", "mesh_id", "argv", "workdir",
+    "tmpdir", "env", "unset",
+]  # fmt: skip
+
+
+def test_the_dry_run_json_keeps_its_keys(qb2: Path, runtime: Path) -> None:
+    """A plan's JSON from the options through planning, in process: its keys in their order,
+    on chips and chipless, and the watch settings and the report where they always were."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.launcher.planning.options import Launch, LaunchOptions
+    from ttmesh.launcher.planning.prepare import prepare
+
+    host = open_host(qb2)
+    options = LaunchOptions(
+        host=host, command=("true",), tp_size=2, no_python=True, grace=3.0, max_restarts=2,
+        fabric_grace=9.0, op_timeout=7.5, on_reset_notice="pass", ready_timeout=60.0,
+        hang_timeout=30.0,
+    )  # fmt: skip
+    launch = Launch.from_options(options)
+    assert launch.request is not None
+    plan = prepare(launch.request, host, exclude_arg="0000:01:00.0").plan
+    data = plan.to_json()
+    assert list(data) == PLAN_KEYS
+    assert list(data["ranks"][0]) == RANK_KEYS
+    assert list(data["master"]) == ["addr", "port"] and data["master"]["addr"] == "127.0.0.1"
+    said = {k: data[k] for k in PLAN_KEYS[11:16] + PLAN_KEYS[18:20]}
+    assert said == {
+        "grace": 3.0, "fabric_grace": 9.0, "op_timeout": 7.5, "on_reset_notice": "pass",
+        "max_restarts": 2, "ready_timeout": 60.0, "hang_timeout": 30.0,
+    }  # fmt: skip
+    assert [p["why"] for p in data["passed_over"]] == ["excluded: --exclude"]
+    assert data["checks"] == [] and isinstance(data["notes"], list)
+    chipless = dataclasses.replace(plan, chipless=True).to_json()
+    assert list(chipless) == CHIPLESS_KEYS
+    assert (chipless["grace"], chipless["max_restarts"]) == (3.0, 2)
+
+
+def test_the_policy_is_checked_when_made(qb2: Path) -> None:
+    """How a job is watched and ended is one frozen value with its own rules, checked when
+    made whoever makes it (the launch's options, ``check --active``, a program): one line."""
+    from ttmesh.cli.hosts import open_host
+    from ttmesh.errors import TTMeshError
+    from ttmesh.launcher.planning.options import Launch, LaunchOptions
+    from ttmesh.launcher.planning.request import Policy
+
+    for settings, said in (
+        ({"on_reset_notice": "bogus"}, "--on-reset-notice 'bogus': use stop or pass"),
+        ({"on_reset_notice": "STOP"}, "--on-reset-notice 'STOP': use stop or pass"),
+        ({"probe_timeout": 5.0}, "--probe-timeout goes with --probe-interval"),
+        ({"ready_pattern": "("}, "--ready-pattern '(': not a regular expression RE2 can run"),
+    ):
+        with pytest.raises(TTMeshError, match=said.replace("(", r"\(")) as made:
+            Policy(**settings)  # type: ignore[arg-type]
+        assert "\n" not in str(made.value)
+        options = LaunchOptions(host=open_host(qb2), command=("true",), **settings)  # type: ignore[arg-type]
+        with pytest.raises(TTMeshError, match="--") as launched:
+            Launch.from_options(options)
+        assert str(launched.value) == str(made.value) or "goes with a server" in str(launched.value)
+    policy = Policy(max_restarts=2, grace=1.5, ready_pattern="^ready$")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.grace = 9.0  # type: ignore[misc]
+    request = LaunchRequest(command=["true"], tp_size=2, policy=policy)
+    assert request.policy is policy and LaunchRequest(command=["t"], tp_size=1).policy == Policy()

@@ -232,7 +232,9 @@ class JobView:
     def __init__(self, plan: LaunchPlan, stream: IO[str] | None = None) -> None:
         self.plan = plan
         self.watch_ready = bool(
-            plan.ready_timeout is not None or plan.ready_pattern or plan.serving is not None
+            plan.policy.ready_timeout is not None
+            or plan.policy.ready_pattern
+            or plan.serving is not None
         )
         self.ranks = {
             r.rank: _Rank(r.rank + plan.rank_offset, _chips(list(r.bdfs), len(r.chips)))
@@ -340,8 +342,8 @@ class JobView:
         head = Text()
         head.append("ttmesh ", style="bold")
         head.append(f"job {plan.job}")
-        if plan.max_restarts:
-            head.append(f" · attempt {self.number + 1} of {plan.max_restarts + 1}")
+        if plan.policy.max_restarts:
+            head.append(f" · attempt {self.number + 1} of {plan.policy.max_restarts + 1}")
         head.append(f" · {clock(now - self.t0)}")
         table = Table(
             box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=True, header_style="bold"

@@ -204,7 +204,7 @@ class OneHost(JobOfRanks):
             raise tpsize.over_hosts(exc, launch.job_tp, request.tp_hosts, request.tp_size) from None
         if launch.job_tp is not None and request.tp_hosts > 1:
             note = tpsize.note(launch.job_tp, request.tp_hosts)
-            plan = dataclasses.replace(prepared.plan, notes=[*prepared.plan.notes, note])
+            plan = dataclasses.replace(prepared.plan, report=prepared.plan.report.noted(note))
             return dataclasses.replace(prepared, plan=plan)
         return prepared
 
@@ -291,7 +291,7 @@ def check_planned(launch: Launch, prepared: Prepared) -> None:
 def say_planned(plan: LaunchPlan, dry_run: bool) -> None:
     """What a launch says of its plan before it starts: the chips passed over (a dry run lists
     them in its plan), the program profile's stack, the server's profile and its findings."""
-    if plan.passed_over and not dry_run:
+    if plan.report.passed_over and not dry_run:
         note(plan.passed_over_line())
     program = plan.program
     if program is not None:  # a program profile's job: which, why, and its stack

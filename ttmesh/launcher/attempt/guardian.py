@@ -172,7 +172,7 @@ class Guardian:
         # Ranks bringing up the fabric (tt-metal's lines, their fabric marks); when the grace
         # ends with some in it, they get --fabric-grace more (fabric_wait: until when).
         self.bringup: BringUp | None = None
-        if plan.fabric_grace > 0 and not plan.chipless:
+        if plan.policy.fabric_grace > 0 and not plan.chipless:
             self.bringup = BringUp(
                 (r.rank for r in plan.ranks if r.chips),
                 {r.rank: r.env.get("TTMESH_FABRIC_FILE", "") for r in plan.ranks},
@@ -255,9 +255,8 @@ class Guardian:
         from ttmesh.launcher.attempt.resetwatch import ResetWatch  # (in the guardian only)
 
         bdfs = [b for r in self.plan.ranks for b in r.bdfs]
-        self.resets = ResetWatch(
-            self.host, bdfs, os.getuid(), self._emit, passing=self.plan.on_reset_notice == "pass"
-        )
+        passing = self.plan.policy.on_reset_notice == "pass"
+        self.resets = ResetWatch(self.host, bdfs, os.getuid(), self._emit, passing=passing)
         if self.resets.listening:
             self.selector.register(self.resets.fileno(), selectors.EVENT_READ, "resets")
 
@@ -577,7 +576,7 @@ class Guardian:
         """What a stop the user asks for stops, and how: a server drains on SIGTERM."""
         if self.server is None:
             return "every worker", ""
-        return "the server", f"SIGTERM: its own drain, up to {self.plan.grace:g} s"
+        return "the server", f"SIGTERM: its own drain, up to {self.plan.policy.grace:g} s"
 
     def _reap(self) -> None:
         for pid, status in procs.reap_all():
@@ -656,7 +655,7 @@ class Guardian:
         if self.phase is Phase.RUNNING:
             self.phases.change_state(Phase.STOPPING)
         if self.deadline is None:
-            self.deadline = time.monotonic() + self.plan.grace
+            self.deadline = time.monotonic() + self.plan.policy.grace
             self.signalled.update(
                 self.starter.pids[r] for r in self.running if r in self.starter.pids
             )
@@ -685,7 +684,7 @@ class Guardian:
             return False
         assert self.bringup is not None
         now = time.monotonic()
-        self.fabric_wait = self.deadline = now + self.plan.fabric_grace
+        self.fabric_wait = self.deadline = now + self.plan.policy.fabric_grace
         others = self.running - set(holding)
         if others and not self.starter.has_launcher:
             groups = self.starter.signal_targets(others)
@@ -694,7 +693,7 @@ class Guardian:
         for rank in holding:
             self._emit(
                 f"rank {rank + self.plan.rank_offset} is bringing up the fabric: waiting up to "
-                f"{self.plan.fabric_grace:g} s before killing it"
+                f"{self.plan.policy.fabric_grace:g} s before killing it"
             )
         return True
 
@@ -740,7 +739,7 @@ class Guardian:
             procs.signal_pids(left, signal.SIGKILL)
             return False
         if self.deadline is None:  # every rank succeeded, yet something they started lingers
-            self.deadline = time.monotonic() + self.plan.grace
+            self.deadline = time.monotonic() + self.plan.policy.grace
             procs.signal_groups(self.starter.groups(), signal.SIGTERM)
         fresh = [p for p in left if p not in self.signalled]
         self.signalled.update(fresh)
@@ -776,7 +775,7 @@ class Guardian:
         last lines, the job's phase (view.AttemptView: a person's phases only move on)."""
         if self.view is None:
             return
-        if self.plan.ready_timeout is None and self.phase is Phase.RUNNING:
+        if self.plan.policy.ready_timeout is None and self.phase is Phase.RUNNING:
             self.readiness.files(self.running)  # ready files, watched for the view only
         stopping = self.stop is not None or self.first_failure is not None
         phase = job_phase(
@@ -792,7 +791,7 @@ class Guardian:
         self.view.report(self.starter.pids, self.ready, phase, detail)
         if self.server is not None and self.server.checklist.changed:
             self.server.checklist.changed = False
-            self.view.checklist(self.server.checklist.to_json(), self.plan.ready_timeout)
+            self.view.checklist(self.server.checklist.to_json(), self.plan.policy.ready_timeout)
 
     def _stopping_why(self) -> str:
         """Why the attempt stops, in the words of its end (a fleet takes the replica out on it)."""

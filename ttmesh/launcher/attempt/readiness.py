@@ -33,7 +33,9 @@ class Readiness:
         self.started = started  # monotonic: the ready timeout counts from here
         self.ready: set[int] = set()
         # RE2, linear in the line: a pattern that backtracks must not make the guardian deaf.
-        self.pattern = compile_pattern(plan.ready_pattern) if plan.ready_pattern else None
+        self.pattern = (
+            compile_pattern(plan.policy.ready_pattern) if plan.policy.ready_pattern else None
+        )
         self.server: Server | None = None
         self.checklist_lines = True  # a finished step of a server's start is one line (a pipe)
         if plan.serving is not None:  # a server's readiness and health (HTTP): only for one
@@ -45,7 +47,7 @@ class Readiness:
     def watched(self) -> bool:
         """Something tells readiness (else a rank that started is simply running)."""
         return (
-            self.plan.ready_timeout is not None
+            self.plan.policy.ready_timeout is not None
             or self.pattern is not None
             or self.server is not None
         )
@@ -73,7 +75,7 @@ class Readiness:
     def overdue(self, running: set[int], now: float | None = None) -> tuple[str, Stop] | None:
         """With --ready-timeout: the ranks' files read; when some running ranks are still not
         ready after it, the line to say and the attempt's stop (hung in bring-up)."""
-        timeout = self.plan.ready_timeout
+        timeout = self.plan.policy.ready_timeout
         if timeout is None:
             return None
         for rank in self.plan.ranks:
@@ -101,7 +103,7 @@ class Readiness:
         """With --hang-timeout: when no rank has printed anything since ``heard`` (monotonic,
         the last output of any rank, or the start) for that long, the line to say and the
         attempt's stop (hung)."""
-        timeout = self.plan.hang_timeout
+        timeout = self.plan.policy.hang_timeout
         if timeout is None or not running:
             return None
         if (time.monotonic() if now is None else now) < heard + timeout:

@@ -104,7 +104,7 @@ def run(
     from ttmesh.launcher.job.repair import Recovery
     from ttmesh.launcher.job.run import execute
     from ttmesh.launcher.planning.prepare import prepare
-    from ttmesh.launcher.planning.request import LaunchRequest
+    from ttmesh.launcher.planning.request import LaunchRequest, Policy
 
     inv = discover(host)
     chips = bdfs if bdfs else [c.bdf for c in inv.chips if c.bdf]
@@ -115,12 +115,10 @@ def run(
         no_python=True,
         layout=layout,
         launcher=StartMode.MPI if Layout(layout).one_world else StartMode.DIRECT,
-        ready_timeout=timeout,
-        ready_pattern=r"^PROBE ",
+        policy=Policy(ready_timeout=timeout, ready_pattern=r"^PROBE ", grace=2.0),
         env=[("TT_LOGGER_LEVEL", "error"), ("LOGURU_LEVEL", "INFO")],
         environ=dict(os.environ),  # (the plan reads none: its caches go under this HOME)
         strict_links=True,
-        grace=2.0,
     )
     with tempfile.TemporaryDirectory(prefix="ttmesh-active-") as logs:
         prepared = prepare(req, host, ",".join(chips), ask_metal=False)

@@ -166,7 +166,8 @@ def dry_run_checks(
         checks.append(_check("rendezvous", "skipped", "a dry run meets no other host: the "
                              "hosts' plans, their pre-flight and one --tp-size are checked "
                              "when the job starts"))  # fmt: skip
-    return replace(prepared, plan=replace(plan, checks=checks))  # printed beside the plan
+    report = replace(plan.report, checks=tuple(checks))  # printed beside the plan
+    return replace(prepared, plan=replace(plan, report=report))
 
 
 def _check(name: str, result: str, detail: str) -> dict[str, str]:

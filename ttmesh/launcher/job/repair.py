@@ -289,7 +289,7 @@ def recover_hosts(
         tt_smi=recovery.tt_smi,
         note=note,
         job=None if before_start else plan.job,
-        grace=plan.grace,
+        grace=plan.policy.grace,
         reachable=before_start,
         train_timeout=recovery.train_timeout,
     )

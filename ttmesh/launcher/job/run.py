@@ -310,7 +310,7 @@ class JobRun:
     def _attempts(self) -> None:
         plan = self.plan
         base_env = dict(plan.environ)  # what the plan (and --dry-run) was made from
-        for attempt in range(plan.max_restarts + 1):
+        for attempt in range(plan.policy.max_restarts + 1):
             _clear_attempt_files(plan)
             self.hosts.watch(attempt)
             liveness = self.state.take_liveness()  # the first attempt reads the rest of them
@@ -372,14 +372,14 @@ class JobRun:
         left = self.hosts.recover(result, always, f"recover{attempt}")
         if after is not After.RESTART:  # the user's stop, mpirun, the guardian lost
             return False
-        if attempt >= plan.max_restarts:
+        if attempt >= plan.policy.max_restarts:
             return False
         if left is not None:
             note(f"not restarting: {left}")
             return False
         wait = min(self.restart_backoff * (2**attempt), 10.0)
         note(
-            f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({result.reason}); "
+            f"attempt {attempt + 1} of {plan.policy.max_restarts + 1} failed ({result.reason}); "
             f"restarting every rank in {wait:.1f} s"
         )
         self.restarts.append(
@@ -411,7 +411,7 @@ class JobRun:
         if self.observer is None:
             time.sleep(seconds)
             return
-        total = self.plan.max_restarts + 1
+        total = self.plan.policy.max_restarts + 1
         self.observer.phase(JobPhase.RESTARTING, f"attempt {next_attempt} of {total}")
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from ttmesh import addresses, numeric, paths
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import bad_input
 from ttmesh.launcher.planning.rankenv import OP_TIMEOUT_VAR
-from ttmesh.launcher.planning.request import LaunchRequest, parse_env, parse_shape
+from ttmesh.launcher.planning.request import (
+    DEFAULT_GRACE,
+    LaunchRequest,
+    Policy,
+    parse_env,
+    parse_shape,
+)
 from ttmesh.vocab import MPI_LAYOUTS, JobMode, Layout, StartMode
 
 if TYPE_CHECKING:
@@ -321,24 +326,7 @@ def _request(
         if program is not None:
             programs.check_layout(program, mesh_layout, rank_binding)
     job_tp, tp_size, tp_hosts = _tp_over_hosts(o.tp_size, server, join)
-    if o.health_interval is not None and server is None:
-        raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
-    for flag, given in (
-        ("--probe-interval", o.probe_interval),
-        ("--probe-timeout", o.probe_timeout),
-    ):
-        if given is not None and server is None:
-            raise bad_input(f"{flag} goes with a server", "see ttmesh profiles")
-    if o.probe_timeout is not None and o.probe_interval is None:
-        raise bad_input("--probe-timeout goes with --probe-interval", "add --probe-interval S")
-    if o.probe_interval is not None and server is not None and not server[0].probe:
-        raise bad_input(
-            f"--probe-interval: profile {server[0].name} has no probe (a one-token generation)",
-            "add probe: {path, body, timeout} to the profile, or drop --probe-interval",
-        )
-    grace = o.grace
-    if grace is None:
-        grace = server[0].grace if server is not None else 5.0
+    policy = _policy(o, server[0] if server is not None else None)
     if o.as_json and not o.dry_run:
         raise bad_input("--json goes with --dry-run", "the job's own output is not JSON")
     if o.op_timeout is not None and any(k == OP_TIMEOUT_VAR for k, _ in env):
@@ -357,11 +345,7 @@ def _request(
         symmetric_dram_mb=o.symmetric_dram_mb,
         env=env,
         master_port=o.master_port,
-        max_restarts=o.max_restarts,
-        grace=grace,
-        fabric_grace=o.fabric_grace,
-        op_timeout=o.op_timeout,
-        on_reset_notice=o.on_reset_notice,
+        policy=policy,
         job=paths.safe_name(job_id, "--job-id") if job_id is not None else "",  # the one check
         strict_links=o.strict_links,
         nproc=o.nproc,
@@ -373,37 +357,51 @@ def _request(
         role=o.torchrun_flags.role,
         virtual_local_rank=o.torchrun_flags.virtual_local_rank,
         numa_binding=o.torchrun_flags.numa_binding == "node",
-        ready_timeout=o.ready_timeout,
-        hang_timeout=o.hang_timeout,
-        ready_pattern=o.ready_pattern,
         profile=server[0] if server else None,
         server_args=server[1] if server else None,
         server_findings=server[3] if server else [],
         program=program,
         strict=o.strict,
+        tp_hosts=tp_hosts,
+        nnodes=join.nnodes if join is not None else 1,
+    )
+    return request, job_tp
+
+
+def _policy(o: LaunchOptions, profile: Profile | None) -> Policy:
+    """The policy the options ask for (request.Policy); ``profile``: the server's, when the
+    command is a server a profile knows (its watch flags need one, its grace is the default).
+    The rules of the policy alone are the Policy's own; these are of the flags and the command."""
+    if o.health_interval is not None and profile is None:
+        raise bad_input("--health-interval goes with a server", "see ttmesh profiles")
+    for flag, given in (
+        ("--probe-interval", o.probe_interval),
+        ("--probe-timeout", o.probe_timeout),
+    ):
+        if given is not None and profile is None:
+            raise bad_input(f"{flag} goes with a server", "see ttmesh profiles")
+    if o.probe_interval is not None and profile is not None and not profile.probe:
+        raise bad_input(
+            f"--probe-interval: profile {profile.name} has no probe (a one-token generation)",
+            "add probe: {path, body, timeout} to the profile, or drop --probe-interval",
+        )
+    grace = o.grace
+    if grace is None:
+        grace = profile.grace if profile is not None else DEFAULT_GRACE
+    return Policy(
+        max_restarts=o.max_restarts,
+        grace=grace,
+        fabric_grace=o.fabric_grace,
+        op_timeout=o.op_timeout,
+        on_reset_notice=o.on_reset_notice,
+        ready_timeout=o.ready_timeout,
+        hang_timeout=o.hang_timeout,
+        ready_pattern=o.ready_pattern,
         health_interval=o.health_interval,
         health_failures=o.health_failures,
         probe_interval=o.probe_interval,
         probe_timeout=o.probe_timeout,
-        tp_hosts=tp_hosts,
-        nnodes=join.nnodes if join is not None else 1,
     )
-    if o.ready_pattern is not None:
-        _check_pattern(o.ready_pattern)
-    return request, job_tp
-
-
-def _check_pattern(pattern: str) -> None:
-    from ttmesh.patterns import PatternError, compile_pattern
-
-    try:
-        compile_pattern(pattern)  # matched in linear time by the guardian
-    except PatternError as exc:
-        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
-        # As the user would type it again (the shell's quoting), unless it holds what a
-        # terminal must not be sent as it is.
-        quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
-        raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint) from None
 
 
 def _load_binding(path: str | None, mapping: str | None) -> BindingFile | None:

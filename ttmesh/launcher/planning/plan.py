@@ -18,7 +18,7 @@ from ttmesh.dataclass import dataclass, field
 from ttmesh.fabric.devices import Inventory
 from ttmesh.launcher.planning import rankenv
 from ttmesh.launcher.planning.rankenv import SEGMENT_VAR, SERVER_KEEPS
-from ttmesh.launcher.planning.request import LaunchRequest
+from ttmesh.launcher.planning.request import LaunchRequest, Policy
 from ttmesh.mesh import layout
 from ttmesh.mesh.select import Selection, Unit
 from ttmesh.render import plural
@@ -62,6 +62,29 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
+class Report:
+    """What ``--dry-run`` says beside the ranks: facts about the choice (``notes``), the chips
+    the choice left out and why (``passed_over``: ``[{chips, why}]``), and the checks a launch
+    runs before its start (``checks``: ``[{check, result: passed | failed | skipped,
+    detail}]``). Frozen: a stage with more to say makes a new one (:meth:`noted`, ``replace``)."""
+
+    notes: tuple[str, ...] = ()
+    passed_over: tuple[Mapping[str, Any], ...] = ()
+    checks: tuple[Mapping[str, str], ...] = ()
+
+    def __post_init__(self) -> None:  # read-only to the entries: a copy is taken, as RankPlan's env
+        object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(
+            self, "passed_over", tuple(MappingProxyType(dict(p)) for p in self.passed_over)
+        )
+        object.__setattr__(self, "checks", tuple(MappingProxyType(dict(c)) for c in self.checks))
+
+    def noted(self, note: str) -> Report:
+        """This report with ``note`` after its notes."""
+        return replace(self, notes=(*self.notes, note))
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """Everything a launch runs, pure and printable (``--dry-run`` shows it). Frozen: each stage
     after planning reads it, and one that has more to say makes a new one (``replace``): the
@@ -81,30 +104,18 @@ class LaunchPlan:
     simulated: bool
     master_addr: str
     master_port: int
-    max_restarts: int
-    grace: float
+    policy: Policy  # how the job is watched and ended: the request's, the very same value
     cwd: str
-    fabric_grace: float = 20.0  # beyond the grace, for a rank bringing up the fabric (0: none)
-    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS (rankenv.ttmesh_env)
-    on_reset_notice: str = "stop"  # another tool's reset notice: stop the ranks, or pass
     user_env_keys: tuple[str, ...] = ()
     grouping: str = ""
     launcher: str = StartMode.DIRECT
     mpirun: str = ""
-    ready_timeout: float | None = None
-    hang_timeout: float | None = None  # no rank's output for this long: hung
-    ready_pattern: str | None = None
     serving: ServingSpec | None = None  # readiness, stop, health of a server
     rank_offset: int = 0  # this host's first global rank, in a job over several hosts
     hosts: list[str] = field(default_factory=list)  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # how mpirun reaches them
     chipless: bool = False  # a server that drives no Tenstorrent chip (build_chipless)
-    # What --dry-run says beside the ranks: facts about the choice (notes), the chips the choice
-    # left out and why ([{chips, why}]), and the checks a launch runs before its start
-    # ([{check, result: passed | failed | skipped, detail}]).
-    notes: list[str] = field(default_factory=list)
-    passed_over: list[dict[str, Any]] = field(default_factory=list)
-    checks: list[dict[str, str]] = field(default_factory=list)
+    report: Report = Report()  # what --dry-run says beside the ranks
     # The launcher's environment the plan was made in (the request's): what ``--dry-run``
     # shows each rank's environment against (rankenv.rank_env; the starters pass their own).
     environ: dict[str, str] = field(default_factory=dict)
@@ -128,7 +139,7 @@ class LaunchPlan:
 
     def passed_over_line(self) -> str:
         """The chips the choice left out, and why, in one line (``--dry-run`` lists them)."""
-        parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in self.passed_over]
+        parts = [f"{', '.join(p['chips'])} ({p['why']})" for p in self.report.passed_over]
         used = ", ".join(b for r in self.ranks for b in r.bdfs)
         return f"note: passed over {'; '.join(parts)}: the job runs on {used}"
 
@@ -152,22 +163,22 @@ class LaunchPlan:
             "descriptors": dict(self.descriptors),
             "host": {"root": self.root, "simulated": self.simulated},
             "master": {"addr": self.master_addr, "port": self.master_port},
-            "grace": self.grace,
-            "fabric_grace": self.fabric_grace,
-            "op_timeout": self.op_timeout,
-            "on_reset_notice": self.on_reset_notice,
-            "max_restarts": self.max_restarts,
+            "grace": self.policy.grace,
+            "fabric_grace": self.policy.fabric_grace,
+            "op_timeout": self.policy.op_timeout,
+            "on_reset_notice": self.policy.on_reset_notice,
+            "max_restarts": self.policy.max_restarts,
             "grouping": self.grouping,
             "launcher": self.launcher,
-            "ready_timeout": self.ready_timeout,
-            "hang_timeout": self.hang_timeout,
+            "ready_timeout": self.policy.ready_timeout,
+            "hang_timeout": self.policy.hang_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "program": self.program.to_json() if self.program is not None else None,
             "host_view": self.host_view.to_json() if self.host_view is not None else None,
             "hosts": list(self.hosts),
-            "notes": list(self.notes),
-            "passed_over": [dict(p) for p in self.passed_over],
-            "checks": [dict(c) for c in self.checks],
+            "notes": list(self.report.notes),
+            "passed_over": [dict(p) for p in self.report.passed_over],
+            "checks": [dict(c) for c in self.report.checks],
             "ranks": [
                 {
                     "rank": r.rank,
@@ -211,14 +222,14 @@ class LaunchPlan:
             "descriptors": {},
             "host": None,
             "master": None,
-            "grace": self.grace,
-            "fabric_grace": self.fabric_grace,
-            "op_timeout": self.op_timeout,
-            "max_restarts": self.max_restarts,
+            "grace": self.policy.grace,
+            "fabric_grace": self.policy.fabric_grace,
+            "op_timeout": self.policy.op_timeout,
+            "max_restarts": self.policy.max_restarts,
             "grouping": "",
             "launcher": self.launcher,
-            "ready_timeout": self.ready_timeout,
-            "hang_timeout": self.hang_timeout,
+            "ready_timeout": self.policy.ready_timeout,
+            "hang_timeout": self.policy.hang_timeout,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "hosts": [],
             "ranks": [
@@ -407,19 +418,12 @@ def build(
         simulated=inv.host.simulated,
         master_addr=req.master_addr,
         master_port=req.master_port,
-        max_restarts=req.max_restarts,
-        grace=req.grace,
-        fabric_grace=req.fabric_grace,
-        op_timeout=req.op_timeout,
-        on_reset_notice=req.on_reset_notice,
+        policy=req.policy,
         cwd=req.cwd,
         user_env_keys=tuple(dict(req.env)),
         grouping=_grouping(job),
         launcher=req.launcher,
         mpirun=req.mpirun,
-        ready_timeout=req.ready_timeout,
-        hang_timeout=req.hang_timeout,
-        ready_pattern=req.ready_pattern,
         serving=serving,
         hosts=[v.name for v in req.cluster.hosts] if req.cluster is not None else [],
         mpi_args=list(req.mpi_args),
@@ -432,7 +436,7 @@ def build(
         where = ttrun.where_note(
             req.workdir, req.cwd, ranks[0].env, req.environ, outside.cwd_refusal
         )
-        plan = replace(plan, notes=[*plan.notes, where])
+        plan = replace(plan, report=plan.report.noted(where))
     return plan
 
 
@@ -661,11 +665,8 @@ def build_chipless(req: LaunchRequest, argv: list[str]) -> LaunchPlan:
         job=req.job, layout=Layout.SINGLE_PROCESS, mesh_shape=(0, 0), dim_types=("", ""),
         host_dims=(1, 1), symmetric_dram_mb=0, ranks=[rank], files={}, descriptors={},
         run_dir=run_dir, root="", simulated=False, master_addr="", master_port=0,
-        max_restarts=req.max_restarts, grace=req.grace, cwd=req.cwd, op_timeout=req.op_timeout,
-        fabric_grace=req.fabric_grace,
-        user_env_keys=tuple(k for k, _ in req.env), launcher=StartMode.DIRECT,
-        ready_timeout=req.ready_timeout, ready_pattern=req.ready_pattern, serving=req.serving,
-        hang_timeout=req.hang_timeout, chipless=True, environ=dict(req.environ),
+        policy=req.policy, cwd=req.cwd, user_env_keys=tuple(k for k, _ in req.env),
+        launcher=StartMode.DIRECT, serving=req.serving, chipless=True, environ=dict(req.environ),
     )  # fmt: skip
 
 

@@ -122,9 +122,10 @@ def prepare(
         raise (liveness.first(exc) if liveness is not None else exc) from None
     beats = choice.beats  # seen alive now: pre-flight need not poll these again
     if default_note:
-        plan = replace(plan, notes=[*plan.notes, default_note])
+        plan = replace(plan, report=plan.report.noted(default_note))
     if not (descriptor_only or chosen or cards):
-        plan = replace(plan, passed_over=_passed_over(inv, choice))
+        passed_over = tuple(_passed_over(inv, choice))
+        plan = replace(plan, report=replace(plan.report, passed_over=passed_over))
     if liveness is not None and not can_start_unverified(plan):
         refusal = liveness.wait()  # a job that opens the fabric at once waits, as it did
         if refusal is not None:
@@ -463,13 +464,14 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
         cwd=req.cwd or paths.cwd(),
         findings=req.server_findings,
     )
-    ready_timeout = serving.ready_timeout if req.ready_timeout is None else req.ready_timeout
+    policy = req.policy
+    ready_timeout = serving.ready_timeout if policy.ready_timeout is None else policy.ready_timeout
     probe_timeout = serving.probe_timeout
-    if req.probe_interval is not None:
-        probe_timeout = req.probe_timeout or serving.profile.probe.get("timeout", 60.0)
+    if policy.probe_interval is not None:
+        probe_timeout = policy.probe_timeout or serving.profile.probe.get("timeout", 60.0)
     serving = replace(  # the watch the request asks for (the profile's ready timeout unless)
-        serving, health_interval=req.health_interval, health_failures=req.health_failures,
-        probe_interval=req.probe_interval, probe_timeout=probe_timeout,
+        serving, health_interval=policy.health_interval, health_failures=policy.health_failures,
+        probe_interval=policy.probe_interval, probe_timeout=probe_timeout,
         ready_timeout=ready_timeout,
     )  # fmt: skip
     errors = serving.errors(req.strict)
@@ -483,7 +485,7 @@ def _with_serving(req: LaunchRequest, tp: int, chip_mb: int | None) -> LaunchReq
             f"fix: {first.fix}"
             + ("; --strict makes warnings errors" if first.severity == "warning" else ""),
         )
-    return replace(req, serving=serving, ready_timeout=ready_timeout)
+    return replace(req, serving=serving, policy=replace(policy, ready_timeout=ready_timeout))
 
 
 def mock_clusters(

@@ -105,6 +105,15 @@ def owner_flag(key: str) -> str | None:
 # --------------------------------------------------------------------------- torchrun's contract
 
 
+class _Policy(Protocol):
+    """What a rank's environment reads of the job's policy (``planning.request.Policy``)."""
+
+    @property
+    def max_restarts(self) -> int: ...
+    @property
+    def op_timeout(self) -> float | None: ...
+
+
 class _Job(Protocol):
     """What torchrun's variables take from the request (``planning.request.LaunchRequest``)."""
 
@@ -113,7 +122,7 @@ class _Job(Protocol):
     @property
     def master_port(self) -> int: ...
     @property
-    def max_restarts(self) -> int: ...
+    def policy(self) -> _Policy: ...
     @property
     def job(self) -> str: ...
     @property
@@ -153,7 +162,7 @@ def torchrun_env(place: Place, req: _Job) -> dict[str, str]:
         "ROLE_NAME": "default",
         "MASTER_ADDR": req.master_addr,
         "MASTER_PORT": str(req.master_port),
-        "TORCHELASTIC_MAX_RESTARTS": str(req.max_restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(req.policy.max_restarts),
         "TORCHELASTIC_RUN_ID": req.job,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_ERROR_FILE": f"{req.run_dir}/errors/rank{rank}.json",
@@ -322,7 +331,7 @@ class _Plan(Protocol):  # what a rank's environment reads of the (frozen) plan
     def serving(self) -> Any: ...
 
     @property
-    def op_timeout(self) -> float | None: ...
+    def policy(self) -> _Policy: ...
 
     @property
     def program(self) -> Any: ...
@@ -352,8 +361,9 @@ def ttmesh_env(
     ``--dry-run`` prints this as a rank's ``env``."""
     env = dict(environ)
     out = {**rank.env, **unbuffered(env, rank.env)}
-    if plan.op_timeout is not None:  # the flag wins over the shell's (--env is refused with it)
-        out[OP_TIMEOUT_VAR] = f"{plan.op_timeout:g}"
+    op_timeout = plan.policy.op_timeout
+    if op_timeout is not None:  # the flag wins over the shell's (--env is refused with it)
+        out[OP_TIMEOUT_VAR] = f"{op_timeout:g}"
     if plan.serving is None:
         out["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
         out.update({k: v for k, v in threads(env).items() if k not in rank.env})

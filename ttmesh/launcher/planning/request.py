@@ -1,9 +1,11 @@
-"""What the user asked for: the request a launch is planned from, and the command it runs."""
+"""What the user asked for: the request a launch is planned from (with its Policy: how the job
+is watched and ended), and the command it runs."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -26,6 +28,38 @@ if TYPE_CHECKING:
     from ttmesh.mesh.select import Unit
 
 
+DEFAULT_GRACE = 5.0  # seconds between SIGTERM and SIGKILL (a server's: its profile's stop.grace)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the job is watched (a rank's readiness, its silence, a server's health and probe)
+    and ended (the restarts it may take, the grace before a kill, another tool's reset
+    notice). Checked when made, whoever makes it: the rules of these settings live here."""
+
+    max_restarts: int = 0
+    grace: float = DEFAULT_GRACE
+    # Beyond the grace, for a rank still bringing up the fabric when it ends (0: none).
+    fabric_grace: float = 20.0
+    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS for the ranks
+    on_reset_notice: str = "stop"  # another tool's reset notice: "stop" the ranks, or "pass"
+    ready_timeout: float | None = None  # every rank ready within this, or the job is hung
+    hang_timeout: float | None = None  # no rank's output for this long: the job is hung
+    ready_pattern: str | None = None  # a line of output that means "ready"
+    health_interval: float | None = None  # a server after ready: check /health every S seconds
+    health_failures: int = 3  # that many failures in a row fail the job
+    probe_interval: float | None = None  # a server after ready: a one-token generation every S
+    probe_timeout: float | None = None  # the seconds it may take (None: the profile's)
+
+    def __post_init__(self) -> None:
+        if self.on_reset_notice not in ("stop", "pass"):
+            raise bad_input(f"--on-reset-notice {self.on_reset_notice!r}: use stop or pass")
+        if self.probe_timeout is not None and self.probe_interval is None:
+            raise bad_input("--probe-timeout goes with --probe-interval", "add --probe-interval S")
+        if self.ready_pattern is not None:
+            _check_pattern(self.ready_pattern)
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """What the user asked for (the CLI's parsed options), checked once when made and never
@@ -46,12 +80,7 @@ class LaunchRequest:
     virtual_local_rank: bool = False  # torchrun's --virtual-local-rank: LOCAL_RANK 0 in every rank
     numa_binding: bool = False  # --numa-binding node: each rank on its chips' NUMA node's CPUs
     master_port: int = 0
-    max_restarts: int = 0
-    grace: float = 5.0
-    # Beyond the grace, for a rank still bringing up the fabric when it ends (0: none).
-    fabric_grace: float = 20.0
-    op_timeout: float | None = None  # TT_METAL_OPERATION_TIMEOUT_SECONDS for the ranks
-    on_reset_notice: str = "stop"  # another tool's reset notice: "stop" the ranks, or "pass"
+    policy: Policy = Policy()  # how the job is watched and ended
     job: str = ""
     run_dir: str = ""
     # Where the ranks' Open MPI keeps its shared-memory segments: a directory of the job's, so
@@ -63,9 +92,6 @@ class LaunchRequest:
     mpirun: str = ""
     workdir: str = ""  # ranks' working directory; "" = the user's (per-job under MPI)
     mocks: dict[int, str] = field(default_factory=dict)  # rank -> mock cluster (simulated host)
-    ready_timeout: float | None = None  # every rank ready within this, or the job is hung
-    hang_timeout: float | None = None  # no rank's output for this long: the job is hung
-    ready_pattern: str | None = None  # a line of output that means "ready"
     binding: BindingFile | None = None  # a tt-run rank-binding file
     binding_units: list[tuple[Unit, ...]] = field(default_factory=list)  # each binding rank's
     # The environment the request was made in (the ranks inherit it; ${VAR}, TT_METAL_HOME).
@@ -78,10 +104,6 @@ class LaunchRequest:
     server_findings: list[Finding] = field(default_factory=list)  # found before selection
     program: ProgramSpec | None = None  # a program profile's job (torch_tpu on libtt, ...)
     strict: bool = False  # rule warnings are errors
-    health_interval: float | None = None  # after ready: check /health every S seconds
-    health_failures: int = 3  # that many failures in a row fail the job
-    probe_interval: float | None = None  # after ready: a one-token generation every S seconds
-    probe_timeout: float | None = None  # the seconds it may take (None: the profile's)
     cluster: Cluster | None = None  # a tt-metal mesh over several hosts
     mpi_args: list[str] = field(default_factory=list)  # mpirun's options to reach those hosts
     tp_hosts: int = 1  # hosts sharing the tensor-parallel degree (--tp-size is over all of them)
@@ -92,8 +114,6 @@ class LaunchRequest:
         --active``): made once, here."""
         if self.launcher not in tuple(StartMode):
             raise bad_input(f"--launcher {self.launcher!r}: use direct or mpi")
-        if self.on_reset_notice not in ("stop", "pass"):
-            raise bad_input(f"--on-reset-notice {self.on_reset_notice!r}: use stop or pass")
 
 
 # --------------------------------------------------------------------------- the command
@@ -163,3 +183,16 @@ def parse_shape(value: str | None) -> tuple[int, int] | None:
     if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
         raise bad_input(f"--mesh-shape {shown(value)}: expected ROWSxCOLS", "e.g. --mesh-shape 2x2")
     return int(match.group(1)), int(match.group(2))
+
+
+def _check_pattern(pattern: str) -> None:
+    from ttmesh.patterns import PatternError, compile_pattern
+
+    try:
+        compile_pattern(pattern)  # matched in linear time by the guardian
+    except PatternError as exc:
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        # As the user would type it again (the shell's quoting), unless it holds what a
+        # terminal must not be sent as it is.
+        quoted = shlex.quote(shown) if shown.isprintable() else repr(shown)
+        raise bad_input(f"--ready-pattern {quoted}: {exc}", exc.hint) from None

@@ -1,0 +1,79 @@
+"""The simulated host's view (ttmesh.runtime.hostview), built in a child of the test: what a
+rank sees at /dev/tenstorrent and /proc/driver/tenstorrent, and how it is mounted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of its own: root")
+
+
+def _seen(root: Path, devices: list[str]) -> dict:
+    """What a process sees once the view of ``devices`` is built (in a child: the view is its
+    own mount namespace, gone with it), or why it could not be built."""
+    from ttmesh.runtime import hostview
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            hostview.build(str(root), devices)
+            by_id = "/dev/tenstorrent/by-id"
+            mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
+            seen = {
+                "dev": sorted(os.listdir("/dev/tenstorrent")),
+                "by_id": {n: os.readlink(f"{by_id}/{n}") for n in os.listdir(by_id)},
+                "proc": sorted(os.listdir("/proc/driver/tenstorrent")),
+                "mounts": [m for m in mounts if "tenstorrent" in m],
+                "null": os.path.exists("/dev/null"),
+            }
+        except hostview.ViewError as exc:
+            seen = {"failed": str(exc)}
+        os.write(write, json.dumps(seen).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+def test_every_chip_of_the_root_is_one_mount_each_directory(qb2: Path) -> None:
+    """A job with every chip of the root sees the root's own directories, bound whole (one
+    mount each, not one per chip: at 128 chips the binds took about 20 ms)."""
+    seen = _seen(qb2, ["0", "1", "2", "3"])
+    assert seen["dev"] == ["0", "1", "2", "3", "by-id"] and seen["proc"] == ["0", "1", "2", "3"]
+    assert sorted(seen["by_id"].values()) == ["../0", "../1", "../2", "../3"]
+    assert sorted(seen["mounts"]) == ["/dev/tenstorrent", "/proc/driver/tenstorrent"]
+    assert seen["null"]
+
+
+def test_some_chips_are_bound_one_by_one(qb2: Path) -> None:
+    seen = _seen(qb2, ["0", "2"])
+    assert seen["dev"] == ["0", "2", "by-id"] and seen["proc"] == ["0", "2"]
+    assert sorted(seen["by_id"].values()) == ["../0", "../2"]
+    assert "/dev/tenstorrent/0" in seen["mounts"] and "/dev/tenstorrent/1" not in seen["mounts"]
+
+
+def test_a_root_with_more_than_its_chips_is_not_shown_whole(qb2: Path) -> None:
+    """An entry the view would not make (a by-id link elsewhere, a file beside the chips) keeps
+    every chip bound one by one, the links written as the view writes them."""
+    by_id = qb2 / "dev" / "tenstorrent" / "by-id"
+    (by_id / "elsewhere").symlink_to("/etc/shadow")
+    (qb2 / "proc" / "driver" / "tenstorrent" / "notes").write_text("planted\n")
+    seen = _seen(qb2, ["0", "1", "2", "3"])
+    assert seen["dev"] == ["0", "1", "2", "3", "by-id"] and seen["proc"] == ["0", "1", "2", "3"]
+    assert sorted(seen["by_id"].values()) == ["../0", "../1", "../2", "../3"]
+    assert "/dev/tenstorrent" not in seen["mounts"] and "/dev/tenstorrent/3" in seen["mounts"]
+
+
+def test_a_chip_that_is_a_link_is_refused_whole_or_not(qb2: Path) -> None:
+    entry = qb2 / "dev" / "tenstorrent" / "1"
+    entry.unlink()
+    entry.symlink_to("/dev/null")
+    seen = _seen(qb2, ["0", "1", "2", "3"])
+    assert "is a link" in seen["failed"]

@@ -35,12 +35,12 @@ sent it (``SO_PEERCRED``), never from anything the sender says
 
 from __future__ import annotations
 
+import _socket  # the socket module's C part: socket's enums cost a guardian 3 ms to import
 import contextlib
 import errno
 import itertools
 import os
 import selectors
-import socket
 import stat
 import struct
 import time
@@ -62,7 +62,7 @@ BATCH = 128  # connections accepted per read(): the caller's loop goes on betwee
 # Seconds a connection may wait for its byte. tt-umd's notifier writes once it has connected
 # to every listener on the host: at once, unless another listener there stalls its connect.
 DEADLINE = 10.0
-BACKLOG = socket.SOMAXCONN  # connects the kernel queues before accept: a burst never blocks one
+BACKLOG = _socket.SOMAXCONN  # connects the kernel queues before accept: a burst never blocks one
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -105,7 +105,7 @@ class Notice:
 class _Waiting:
     """An accepted connection whose byte has not come yet."""
 
-    sock: socket.socket
+    sock: _socket.socket
     pid: int
     uid: int
     deadline: float  # monotonic
@@ -121,7 +121,7 @@ class Listener:
     :meth:`due` as its longest wait, and calls :meth:`read`."""
 
     directory: int  # O_PATH descriptor of the listener directory
-    sock: socket.socket
+    sock: _socket.socket
     name: str
     identity: tuple[int, int]  # (st_dev, st_ino) of the name bound: removed only while it is ours
     selector: selectors.EpollSelector = field(default_factory=selectors.EpollSelector)
@@ -195,14 +195,15 @@ class Listener:
     def _accept(self, out: list[Notice]) -> None:
         for _ in range(BATCH):
             try:
-                conn, _ = self.sock.accept()
+                fd, _ = self.sock._accept()  # type: ignore[attr-defined]  # socket.accept's own
+                conn = _socket.socket(fileno=fd)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # out of descriptors, or a connection gone before its accept
                 return
             try:
                 pid, uid, _gid = _CRED.unpack(
-                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+                    conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _CRED.size)
                 )
                 conn.setblocking(False)
             except OSError:
@@ -272,7 +273,7 @@ def listen(root: str | os.PathLike[str], pid: int | None = None) -> Listener:
         name = socket_name(pid)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=fd)  # a socket left by a process of this pid (tt-umd does so)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         try:
             # Made 0666 as it is bound (no chmod by name afterwards, which a link swapped in
             # meanwhile would redirect): notifiers of every user may connect, as to tt-umd's.

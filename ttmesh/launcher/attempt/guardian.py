@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ttmesh import procs
 from ttmesh.dataclass import dataclass
 from ttmesh.errors import TTMeshError
-from ttmesh.fabric.chipwatch import ChipWatch
+from ttmesh.fabric.chipwatch import READ_EVERY, ChipWatch
 from ttmesh.fabric.devices import Inventory
 from ttmesh.host.base import Host
 from ttmesh.launcher.attempt import dumps, record
@@ -198,6 +198,7 @@ class Guardian:
         # start's own heartbeat check (liveness) is done; what failed under the job, if one did.
         self.inv = inv
         self.chipwatch: ChipWatch | None = None
+        self.chipwatch_from: float | None = None  # when its first read is (monotonic)
         self.chips_watched = not (plan.chipless or plan.hosts or not plan.all_chips())
         self.chip_fault: str | None = None
         # Known lines matched as they arrive (attempt.failures.LiveLines), the fatal one seen
@@ -409,8 +410,10 @@ class Guardian:
             waits.append(SWEEP_POLL)
         if self.liveness is not None:
             waits.append(max(0.0, self.liveness_due - now))
-        if self.chipwatch is not None and self.phase is Phase.RUNNING:
-            waits.append(max(0.0, self.chipwatch.due() - now))
+        if self.phase is Phase.RUNNING:
+            due = self.chipwatch.due() if self.chipwatch is not None else self.chipwatch_from
+            if due is not None:
+                waits.append(max(0.0, due - now))
         if self.fatal_due is not None:
             waits.append(max(0.0, self.fatal_due - now))
         return min(waits) if waits else None
@@ -495,7 +498,15 @@ class Guardian:
         if self.stop is not None or self.first_failure is not None or self.front_gone:
             return
         if self.chipwatch is None:
-            self.chipwatch = self._chip_watch()
+            # The start's own check has just read the chips (pre-flight, or the liveness the
+            # guardian completed): the watch's first read is one interval on, as its next
+            # would be. Every bound of fabric.chipwatch holds from there; a job that ends
+            # within its first second (most failures to start do) is not read again.
+            now = time.monotonic()
+            if self.chipwatch_from is None:
+                self.chipwatch_from = now + READ_EVERY
+            if now >= self.chipwatch_from:
+                self.chipwatch = self._chip_watch()
             return
         finding = self.chipwatch.step()
         if finding is None:

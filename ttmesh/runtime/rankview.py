@@ -55,29 +55,18 @@ class Views:
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
-        self._thread: _ViewThread | None = None  # as root: the view's own thread, once built
-        self._building: _ViewThread | None = None  # that thread, from begin() on
-
-    def begin(self) -> None:
-        """As root, the view's thread starts building it (:meth:`open` waits for it), so the
-        caller does its own work meanwhile; the thread inherits the caller's signal mask, as
-        the ranks it starts will."""
-        if os.getuid() == 0 and self._building is None:
-            self._building = _ViewThread(self.root, self.devices)
-            self._building.start()
+        self._thread: _ViewThread | None = None  # as root: the view's own thread
 
     def open(self) -> None:
         if os.getuid() == 0:
-            self.begin()
-            thread = self._building
-            assert thread is not None
+            thread = _ViewThread(self.root, self.devices)
+            thread.start()
             thread.ready.wait()
             if thread.failed is None:
                 self._thread = thread
             else:
                 self.notice = thread.failed
                 thread.join()
-                self._building = None
             return
         if self._nsenter is None:
             return  # each rank builds its own (prefix)
@@ -122,16 +111,9 @@ class Views:
     def within(self, start: Callable[[], T]) -> T:
         """``start()`` (which starts the ranks) where the ranks see the view: in the view's
         thread when it has one (its exception raised here), else here."""
-        return self.submit(start)()
-
-    def submit(self, start: Callable[[], T]) -> Callable[[], T]:
-        """``start()`` begun where the ranks see the view (as :meth:`within`); a call that
-        waits for its result (or raises its exception). In the view's thread it runs while the
-        caller goes on; else it has run already."""
-        if self._thread is not None:
-            return self._thread.submit(start)
-        result = start()
-        return lambda: result
+        if self._thread is None:
+            return start()
+        return self._thread.call(start)
 
     def prefix(self, cwd: str) -> list[str]:
         """What a rank's command starts behind (nothing when the view could not be made, or
@@ -152,9 +134,9 @@ class Views:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = ()
-        thread, self._thread, self._building = self._building, None, None
-        if thread is not None:  # built, or still building (its start was never asked for)
-            thread.stop()
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
 
 
 class _ViewThread(threading.Thread):
@@ -187,11 +169,6 @@ class _ViewThread(threading.Thread):
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` run in the view's thread, its result or exception returned here."""
-        return self.submit(fn)()
-
-    def submit(self, fn: Callable[[], T]) -> Callable[[], T]:
-        """``fn()`` queued for the view's thread; a call that waits for its result (or
-        raises its exception)."""
         done = threading.Event()
         box: list[T] = []
         error: list[BaseException] = []
@@ -205,14 +182,10 @@ class _ViewThread(threading.Thread):
                 done.set()
 
         self.calls.put(run)
-
-        def result() -> T:
-            done.wait()
-            if error:
-                raise error[0]
-            return box[0]
-
-        return result
+        done.wait()
+        if error:
+            raise error[0]
+        return box[0]
 
     def stop(self) -> None:
         self.calls.put(None)

@@ -227,8 +227,8 @@ class Guardian:
         self.selector.register(self.alive_fd, selectors.EVENT_READ, "front")
         self.wakeups.install()
 
-    def _start(self, failed: list[RankExit]) -> None:
-        """The ranks are started (``failed``: those that could not be): they run."""
+    def _start(self) -> None:
+        failed = self.starter.start()
         if self.starter.notice is not None and self.attempt == 0:  # said once for the job
             self._emit(self.starter.notice)
         for stream in self.starter.streams:
@@ -283,7 +283,6 @@ class Guardian:
             os.setpgid(0, 0)
             procs.set_subreaper()
         self._signals()
-        self.starter.prepare()  # (after the signals: a thread it makes passes its mask on)
         self.console = Console(
             len(self.plan.ranks),
             self.options.ranks_filter,
@@ -303,16 +302,14 @@ class Guardian:
             self.console.on_line = self._on_line
         try:
             self._report()
-            started = self.starter.begin()
-            # While the ranks start (in a view's thread; else they have), the known lines to
-            # watch as they arrive (the table and RE2 cost some milliseconds; no output is read
-            # before the loop) and the reset notices to listen for (the ranks have not opened
-            # their chips yet).
+            self._start()
+            # The known lines to watch as they arrive: read once the ranks are on their way
+            # (the table and RE2 cost some milliseconds; no output is read before the loop).
             self.live = self._live_lines()
             if self.live or (self.server is not None and self.server.checklist):
                 self.console.on_block = self._on_block
-            self._listen_for_resets()
-            self._start(started())
+            self._listen_for_resets()  # once the ranks are on their way (a notice in between
+            # those few milliseconds is not heard: the ranks have not opened their chips yet)
             self._register()
             record.write_record(self.plan, self.pid, self.attempt, self.starter.pids, "starting")
             self._step()  # a rank that never started may have ended the attempt already

@@ -76,20 +76,9 @@ class Starter:
         self.notice: str | None = None  # one line for the job's output (the guardian says it)
         self.views: Views | None = None  # a simulated host's view, open while the attempt runs
 
-    def prepare(self) -> None:
-        """Begin what the start needs and can make while the guardian sets itself up (called
-        once its signals are set: a thread made here passes its signal mask on to the ranks)."""
-
     def start(self) -> list[RankExit]:
         """Start every rank; the ranks that could not start (exit 127)."""
         raise NotImplementedError
-
-    def begin(self) -> Callable[[], list[RankExit]]:
-        """Start every rank; a call that returns what :meth:`start` does. A starter whose ranks
-        start in another thread (a simulated host's view) returns before they have, so the
-        guardian sets its watches up meanwhile; the others start them here."""
-        failed = self.start()
-        return lambda: failed
 
     def known(self) -> bool:
         """Every rank's PID is known (look again if not: ``discover``)."""
@@ -172,16 +161,7 @@ class DirectStarter(Starter):
     def known(self) -> bool:
         return True  # every rank it started, it started itself
 
-    def prepare(self) -> None:
-        view = self.plan.host_view
-        if view is not None and self.views is None:  # its thread builds it meanwhile (root)
-            self.views = Views(view.helper(), view.root, list(view.devices))
-            self.views.begin()
-
     def start(self) -> list[RankExit]:
-        return self.begin()()
-
-    def begin(self) -> Callable[[], list[RankExit]]:
         ranks = [
             (rank, rank_env(self.plan, rank, self.base_env, self.attempt))
             for rank in self.plan.ranks
@@ -197,14 +177,12 @@ class DirectStarter(Starter):
             try:
                 _check_program(rank.argv[0], env, cwd)
             except OSError as exc:
-                refused = [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
-                return lambda: refused
+                return [never_started(rank.rank, rank.argv[0], exc, env, cwd)]
             checked.add(program)
-        views = self._views()
-        if views is not None:  # a simulated host's chips at the real paths
-            return views.submit(lambda: self._start(ranks))
-        failed = self._start(ranks)
-        return lambda: failed
+        self.views = self._views()
+        if self.views is not None:  # a simulated host's chips at the real paths
+            return self.views.within(lambda: self._start(ranks))
+        return self._start(ranks)
 
     def _start(self, ranks: list[tuple[RankPlan, dict[str, str]]]) -> list[RankExit]:
         for rank, env in ranks:
@@ -230,11 +208,10 @@ class DirectStarter(Starter):
 
     def _views(self) -> Views | None:
         """The simulated host's view for this attempt's ranks (``plan.host_view``), made once."""
-        if self.plan.host_view is None:
+        view = self.plan.host_view
+        if view is None:
             return None
-        self.prepare()
-        views = self.views
-        assert views is not None
+        views = Views(view.helper(), view.root, list(view.devices))
         views.open()
         if views.notice is not None:
             self.notice = (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of its own: root")
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of its own: root")
 
 
 def _seen(root: Path, devices: list[str]) -> dict:
@@ -42,6 +42,7 @@ def _seen(root: Path, devices: list[str]) -> dict:
     return json.loads(text)
 
 
+@as_root
 def test_every_chip_of_the_root_is_one_mount_each_directory(qb2: Path) -> None:
     """A job with every chip of the root sees the root's own directories, bound whole (one
     mount each, not one per chip: at 128 chips the binds took about 20 ms)."""
@@ -52,6 +53,7 @@ def test_every_chip_of_the_root_is_one_mount_each_directory(qb2: Path) -> None:
     assert seen["null"]
 
 
+@as_root
 def test_some_chips_are_bound_one_by_one(qb2: Path) -> None:
     seen = _seen(qb2, ["0", "2"])
     assert seen["dev"] == ["0", "2", "by-id"] and seen["proc"] == ["0", "2"]
@@ -59,6 +61,7 @@ def test_some_chips_are_bound_one_by_one(qb2: Path) -> None:
     assert "/dev/tenstorrent/0" in seen["mounts"] and "/dev/tenstorrent/1" not in seen["mounts"]
 
 
+@as_root
 def test_a_root_with_more_than_its_chips_is_not_shown_whole(qb2: Path) -> None:
     """An entry the view would not make (a by-id link elsewhere, a file beside the chips) keeps
     every chip bound one by one, the links written as the view writes them."""
@@ -71,9 +74,70 @@ def test_a_root_with_more_than_its_chips_is_not_shown_whole(qb2: Path) -> None:
     assert "/dev/tenstorrent" not in seen["mounts"] and "/dev/tenstorrent/3" in seen["mounts"]
 
 
+@as_root
 def test_a_chip_that_is_a_link_is_refused_whole_or_not(qb2: Path) -> None:
     entry = qb2 / "dev" / "tenstorrent" / "1"
     entry.unlink()
     entry.symlink_to("/dev/null")
     seen = _seen(qb2, ["0", "1", "2", "3"])
     assert "is a link" in seen["failed"]
+
+
+def _in_child(body: str) -> dict:
+    """``body`` (Python, setting ``seen``) run in a forked child: what it saw."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        scope: dict = {}
+        try:
+            exec(body, scope)
+        except BaseException as exc:
+            scope["seen"] = {"failed": repr(exc)}
+        os.write(write, json.dumps(scope["seen"]).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+FDSIZE = "int(next(ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('FDSize')))"
+
+
+def test_the_descriptor_table_is_grown_while_one_thread_has_it() -> None:
+    """A descriptor table that threads share waits for an RCU grace period each time it grows
+    (7 to 15 ms): the view's thread, which opens the chips' entries and the ranks' pipes, finds
+    it grown already. Nothing is left open."""
+    seen = _in_child(f"""
+import os
+from ttmesh.runtime.rankview import reserve_descriptors
+before = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+reserve_descriptors(600)
+seen = {{"size": {FDSIZE}, "highest": before[-1],
+        "same": sorted(int(n) for n in os.listdir("/proc/self/fd")) == before}}
+""")
+    assert seen["same"], seen
+    assert seen["size"] > seen["highest"] + 600, seen
+
+
+@as_root
+def test_the_views_thread_opens_the_ranks_pipes_without_growing_the_table(qb2: Path) -> None:
+    seen = _in_child(f"""
+import os
+from ttmesh.runtime.rankview import Views
+views = Views([], {str(qb2)!r}, ["0", "1"], descriptors=600)
+views.open()
+assert views.notice is None, views.notice
+size = {FDSIZE}
+def start():
+    pipes = [os.pipe() for _ in range(300)]
+    grown = {FDSIZE}
+    for r, w in pipes:
+        os.close(r)
+        os.close(w)
+    return grown
+seen = {{"before": size, "in_thread": views.within(start)}}
+views.close()
+""")
+    assert seen["in_thread"] == seen["before"], seen

@@ -38,6 +38,31 @@ READY_TIMEOUT = 30.0  # seconds for the helper to build the view (tens of millis
 LINE = 4096  # the helper's one line, bounded
 
 
+RESERVE_MARGIN = 64  # descriptors beyond the count a caller gives (Popen's own, a rank's race)
+
+
+def reserve_descriptors(count: int) -> None:
+    """Grow this process's descriptor table to fit ``count`` more descriptors than it has open
+    now, while it has one thread. A table that threads share waits for an RCU grace period
+    each time it grows (the kernel's expand_fdtable: 7 to 15 ms here), and it grows at 64,
+    128, 256, ... descriptors: a view's thread opening 64 chips' entries and 128 ranks' pipes
+    waited for several. Within the soft limit on open descriptors; nothing is kept open."""
+    import resource  # (a simulated host's start only)
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(n) for n in os.listdir("/proc/self/fd"))
+    target = min(highest + count, soft - 1)
+    if target <= highest:
+        return
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        os.close(os.dup2(fd, target, inheritable=False))
+    except OSError:
+        pass  # past what the process may open: the table grows as it must, as before
+    finally:
+        os.close(fd)
+
+
 def _nsenter() -> str | None:
     return next((p for p in NSENTER if os.access(p, os.X_OK)), None)
 
@@ -48,10 +73,15 @@ class Views:
     command without its mode (``launcher.planning.simview.HostView.helper``), for ``root``
     and ``devices``."""
 
-    def __init__(self, helper: list[str], root: str, devices: list[str]) -> None:
+    def __init__(
+        self, helper: list[str], root: str, devices: list[str], descriptors: int = 0
+    ) -> None:
         self.helper = helper
         self.root = root  # the simulated root, and the /dev/tenstorrent indices shown of it
         self.devices = devices
+        # Descriptors the start opens in the view's thread besides the view's own (the ranks'
+        # pipes): made room for before the thread is (reserve_descriptors).
+        self.descriptors = descriptors
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
@@ -59,6 +89,8 @@ class Views:
 
     def open(self) -> None:
         if os.getuid() == 0:
+            # The view opens two descriptors a chip, and bind-mounts through one at a time.
+            reserve_descriptors(2 * len(self.devices) + self.descriptors + RESERVE_MARGIN)
             thread = _ViewThread(self.root, self.devices)
             thread.start()
             thread.ready.wait()

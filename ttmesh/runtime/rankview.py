@@ -47,9 +47,7 @@ def reserve_descriptors(count: int) -> None:
     each time it grows (the kernel's expand_fdtable: 7 to 15 ms here), and it grows at 64,
     128, 256, ... descriptors: a view's thread opening 64 chips' entries and 128 ranks' pipes
     waited for several. Within the soft limit on open descriptors; nothing is kept open."""
-    import resource  # (a simulated host's start only)
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = os.sysconf("SC_OPEN_MAX")  # RLIMIT_NOFILE's soft limit
     highest = max(int(n) for n in os.listdir("/proc/self/fd"))
     target = min(highest + count, soft - 1)
     if target <= highest:

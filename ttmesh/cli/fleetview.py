@@ -4,7 +4,7 @@ A table of the replicas (index, job, chips, port or URL, state, restarts, last l
 line for SGLang's router (URL, state, PID, restarts, metrics URL), kept at the bottom of the
 terminal by :class:`ttmesh.cli.live.Screen` while the replicas' ``[replicaK]`` lines and
 ttmesh's own messages scroll above it, as they would without a view. Drawn under the same
-rule as a single job's view (:func:`ttmesh.cli.live.enabled`: a terminal, not ``--no-live``,
+rule as a single job's view (:func:`ttmesh.cli.streams.live_enabled`: a terminal, not ``--no-live``,
 no ``CI``, not ``TERM=dumb``); otherwise no view is made and the lines are plain.
 
 The fleet (:class:`ttmesh.launcher.fleet.run.Fleet`) knows nothing of the drawing: it hands
@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
 
-from ttmesh.cli.live import Proxy, Screen, clock, enabled
+from ttmesh.cli.live import Proxy, Screen, clock
+from ttmesh.cli.streams import live_enabled
 from ttmesh.render import plural, printable
 
 STATE_STYLE = {
@@ -233,7 +234,7 @@ class FleetView:
     def __enter__(self) -> FleetView:
         for name in ("stdout", "stderr"):
             real = getattr(sys, name)
-            if enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
+            if live_enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
                 self.saved[name] = real
                 setattr(sys, name, _Lines(self, real))
         self.screen.start()

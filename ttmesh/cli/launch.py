@@ -473,19 +473,21 @@ class _Console:
 
     @contextlib.contextmanager
     def job(self, plan: LaunchPlan) -> Iterator[Observer | None]:
-        from ttmesh.cli.live import JobView, enabled
+        from ttmesh.cli.streams import live_enabled
 
-        if not enabled(sys.stdout, self.no_live):
+        if not live_enabled(sys.stdout, self.no_live):
             yield None
             return
+        from ttmesh.cli.live import JobView
+
         with JobView(plan) as view:
             yield view
 
     @contextlib.contextmanager
     def fleet(self, job: str) -> Iterator[Watcher | None]:
-        from ttmesh.cli.live import enabled
+        from ttmesh.cli.streams import live_enabled
 
-        if not enabled(sys.stdout, self.no_live):
+        if not live_enabled(sys.stdout, self.no_live):
             yield None  # the replicas' lines, plain
             return
         from ttmesh.cli.fleetview import FleetView

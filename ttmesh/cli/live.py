@@ -12,13 +12,13 @@ The launcher and the reset know nothing of this: a :class:`JobView` is the launc
 from __future__ import annotations
 
 import io
-import os
 import re
 import sys
 import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
+from ttmesh.cli.streams import live_enabled
 from ttmesh.dataclass import dataclass
 from ttmesh.launcher.attempt.events import write_all
 from ttmesh.render import clock, plural
@@ -29,16 +29,6 @@ if TYPE_CHECKING:
     from ttmesh.recovery.reset import ChipProgress
 
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def enabled(stream: IO[str], no_live: bool = False) -> bool:
-    """Draw a live view on ``stream``? Only on a terminal, and not asked otherwise."""
-    if no_live or os.environ.get("CI") or os.environ.get("TERM") == "dumb":
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def plain(text: str) -> str:
@@ -134,7 +124,7 @@ class Screen:
     def start(self) -> None:
         for name in self.capture:
             real = getattr(sys, name)
-            if enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
+            if live_enabled(real):  # a stream that goes elsewhere (a file) keeps its lines
                 self.saved[name] = real
                 setattr(sys, name, Proxy(self, real))
         self.running = True
@@ -248,7 +238,7 @@ class JobView:
         self.steps: list[dict[str, Any]] = []
         self.allowed: float | None = None
         self.attempt_t0 = self.t0
-        self.err_tty = enabled(sys.stderr)
+        self.err_tty = live_enabled(sys.stderr)
         self.screen = Screen(stream or sys.stdout, self.render)
 
     def __enter__(self) -> JobView:

@@ -149,7 +149,7 @@ def reset_cmd(
         settle=train_timeout,
         inv=inv,
     )
-    from ttmesh.cli.live import enabled
+    from ttmesh.cli.streams import live_enabled as enabled
 
     if as_json or not enabled(sys.stderr, no_live):
         outcome = run()

@@ -164,3 +164,14 @@ def _say(line: str) -> None:
         os.write(2, f"ttmesh: {line}\n".encode())
     except OSError:
         pass
+
+
+def live_enabled(stream: Any, no_live: bool = False) -> bool:
+    """Draw a live view on ``stream``? Only on a terminal, and not asked otherwise (here, not
+    in ``cli.live``: a launch whose output is not a terminal never imports the views)."""
+    if no_live or os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -57,7 +57,7 @@ def top_cmd(
       ttmesh top --interval 5
       ttmesh top --json > snapshot.json
     """
-    from ttmesh.cli.live import enabled
+    from ttmesh.cli.streams import live_enabled as enabled
     from ttmesh.recovery.top import Sampler
 
     sampler = Sampler(host, tt_smi)

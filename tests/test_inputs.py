@@ -533,3 +533,33 @@ def test_no_reader_goes_around_the_bounded_one() -> None:
                     continue
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "reads that are not bounded:\n" + "\n".join(found)
+
+
+def test_a_limit_on_open_files_too_low_for_the_ranks_is_one_line(qb2: Path) -> None:
+    """A shell whose ``ulimit -n`` cannot hold the job's pipes is refused before anything is
+    chosen or started (exit 2, one line naming the limit and how to raise it), not by the
+    guardian's EMFILE once some ranks run; a limit that fits runs the job."""
+    from conftest import _environment
+
+    def launch(files: int) -> subprocess.CompletedProcess[str]:
+        def limit() -> None:
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, hard))
+
+        return subprocess.run(
+            [sys.executable, "-m", "ttmesh", "launch", "--root", str(qb2), "--tp-size", "4",
+             "--job-id", f"files-{files}", "--", "true"],
+            capture_output=True, text=True, env=_environment(None, ()), timeout=60,
+            preexec_fn=limit,
+        )  # fmt: skip
+
+    refused = launch(60)
+    assert refused.returncode == 2, refused.stderr
+    said = [ln for ln in refused.stderr.splitlines() if ln.startswith("ttmesh:")]
+    assert len(said) == 1 and "ulimit -n" in said[0] and "may open 60" in said[0], refused.stderr
+    assert "Traceback" not in refused.stderr
+    ls = subprocess.run([sys.executable, "-m", "ttmesh", "ps", "--all", "--json"],
+                        capture_output=True, text=True, env=_environment(None, ()))  # fmt: skip
+    assert "files-60" not in ls.stdout  # nothing recorded
+    fits = launch(200)
+    assert fits.returncode == 0, fits.stderr

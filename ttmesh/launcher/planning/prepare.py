@@ -4,6 +4,7 @@ ports, the job's identity, mock clusters and the plan. ``--dry-run`` stops after
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -118,6 +119,8 @@ def prepare(
     liveness = choice.liveness
     try:
         req, plan = _plan(req, inv, choice.sel, host, descriptor_only, dry_run)
+        if not (dry_run or descriptor_only):
+            _descriptors_fit(plan)
     except TTMeshError as exc:
         raise (liveness.first(exc) if liveness is not None else exc) from None
     beats = choice.beats  # seen alive now: pre-flight need not poll these again
@@ -146,6 +149,26 @@ def prepare(
         plan, inv, choice.sel, liveness=liveness, unhealthy=choice.unhealthy, metal=metal,
         metal_skipped=metal_skipped, requires=requires, beats=beats, request=req,
     )  # fmt: skip
+
+
+DESCRIPTORS_BASE = 64  # the launcher's and the guardian's own open files, with room to spare
+
+
+def _descriptors_fit(plan: LaunchPlan) -> None:
+    """Refuse now, in one line, a job this process cannot open files enough for (``ulimit
+    -n``), not with the guardian's EMFILE once some ranks run: it keeps each rank's two output
+    pipes and, when the ranks write both, their two log files open; a simulated host's view
+    opens two entries a chip."""
+    view = len(plan.host_view.devices) if plan.host_view is not None else 0
+    need = DESCRIPTORS_BASE + 4 * len(plan.ranks) + 2 * view
+    allowed = os.sysconf("SC_OPEN_MAX")  # RLIMIT_NOFILE's soft limit
+    if 0 <= allowed < need:
+        ranks = plural(len(plan.ranks), "rank")
+        raise bad_input(
+            f"{ranks} need about {need} open files, and this process may open {allowed} "
+            "(ulimit -n)",
+            f"raise the limit: ulimit -n {max(1024, 2 * need)}",
+        )
 
 
 def _bound(

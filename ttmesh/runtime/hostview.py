@@ -190,7 +190,7 @@ def sources(root: str, devices: list[str]) -> tuple[Shown, dict[str, str], Shown
                 links[entry] = f"../{os.path.basename(text)}"
     # Whole only where the root's by-id links are the very ones the view would make.
     listed = {"by-id"} if os.path.isdir(by_id) and not os.path.islink(by_id) else set()
-    whole_dev = _whole(base, dev, listed if raw == links else {"(none)"})
+    whole_dev = _whole(base, dev, listed) if raw == links else None
     whole_proc = _whole(drivers, proc, set())
     return (
         dev if whole_dev is None else whole_dev,

@@ -126,7 +126,7 @@ def test_the_views_thread_opens_the_ranks_pipes_without_growing_the_table(qb2: P
     seen = _in_child(f"""
 import os
 from ttmesh.runtime.rankview import Views
-views = Views([], {str(qb2)!r}, ["0", "1"], descriptors=600)
+views = Views([], {str(qb2)!r}, ["0", "1"], open_files=700)
 views.open()
 assert views.notice is None, views.notice
 size = {FDSIZE}

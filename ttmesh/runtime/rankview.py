@@ -38,9 +38,6 @@ READY_TIMEOUT = 30.0  # seconds for the helper to build the view (tens of millis
 LINE = 4096  # the helper's one line, bounded
 
 
-RESERVE_MARGIN = 64  # descriptors beyond the count a caller gives (Popen's own, a rank's race)
-
-
 def reserve_descriptors(count: int) -> None:
     """Grow this process's descriptor table to fit ``count`` more descriptors than it has open
     now, while it has one thread. A table that threads share waits for an RCU grace period
@@ -53,12 +50,9 @@ def reserve_descriptors(count: int) -> None:
     if target <= highest:
         return
     fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-    try:
+    with contextlib.suppress(OSError):  # past what it may open: the table grows as it must
         os.close(os.dup2(fd, target, inheritable=False))
-    except OSError:
-        pass  # past what the process may open: the table grows as it must, as before
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _nsenter() -> str | None:
@@ -72,14 +66,14 @@ class Views:
     and ``devices``."""
 
     def __init__(
-        self, helper: list[str], root: str, devices: list[str], descriptors: int = 0
+        self, helper: list[str], root: str, devices: list[str], open_files: int = 0
     ) -> None:
         self.helper = helper
         self.root = root  # the simulated root, and the /dev/tenstorrent indices shown of it
         self.devices = devices
-        # Descriptors the start opens in the view's thread besides the view's own (the ranks'
-        # pipes): made room for before the thread is (reserve_descriptors).
-        self.descriptors = descriptors
+        # The descriptors the attempt holds at once, the view's and the ranks' (the plan's
+        # open_files): made room for before the thread is (reserve_descriptors).
+        self.open_files = open_files
         self.notice: str | None = None  # one line: the view could not be made
         self.fds: tuple[int, ...] = ()  # the helper's namespaces, open until close()
         self._nsenter = _nsenter()
@@ -87,8 +81,7 @@ class Views:
 
     def open(self) -> None:
         if os.getuid() == 0:
-            # The view opens two descriptors a chip, and bind-mounts through one at a time.
-            reserve_descriptors(2 * len(self.devices) + self.descriptors + RESERVE_MARGIN)
+            reserve_descriptors(self.open_files)
             thread = _ViewThread(self.root, self.devices)
             thread.start()
             thread.ready.wait()

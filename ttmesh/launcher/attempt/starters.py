@@ -211,8 +211,7 @@ class DirectStarter(Starter):
         view = self.plan.host_view
         if view is None:
             return None
-        # Each rank's two pipes, and Popen's own for its start, opened in the view's thread.
-        views = Views(view.helper(), view.root, list(view.devices), 4 * len(self.plan.ranks))
+        views = Views(view.helper(), view.root, list(view.devices), self.plan.open_files())
         views.open()
         if views.notice is not None:
             self.notice = (

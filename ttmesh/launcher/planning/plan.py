@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 SCHEMA = "ttmesh.plan/1"
 
 
+GUARDIAN_FILES = 64  # the launcher's and the guardian's own open files, with room to spare
+
+
 @dataclass(frozen=True)
 class RankPlan:
     """One rank: its chips, place in the mesh, command and the environment ttmesh adds."""
@@ -129,6 +132,13 @@ class LaunchPlan:
     def fabric_at_start(self) -> bool:
         """The job's layout joins chips, so its workers bring the fabric between them up."""
         return self.layout != Layout.ISOLATED or any(r.joins_chips for r in self.ranks)
+
+    def open_files(self) -> int:
+        """About the open files the job's guardian needs at once: each rank's two output pipes
+        and, when the ranks write both, their two log files; a simulated host's view's two
+        entries a chip; its own (:data:`GUARDIAN_FILES`)."""
+        view = len(self.host_view.devices) if self.host_view is not None else 0
+        return GUARDIAN_FILES + 4 * len(self.ranks) + 2 * view
 
     def all_chips(self) -> list[str]:
         """Every chip the job's processes open: their meshes' chips, then the idle rest of their

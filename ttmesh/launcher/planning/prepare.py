@@ -151,16 +151,10 @@ def prepare(
     )  # fmt: skip
 
 
-DESCRIPTORS_BASE = 64  # the launcher's and the guardian's own open files, with room to spare
-
-
 def _descriptors_fit(plan: LaunchPlan) -> None:
     """Refuse now, in one line, a job this process cannot open files enough for (``ulimit
-    -n``), not with the guardian's EMFILE once some ranks run: it keeps each rank's two output
-    pipes and, when the ranks write both, their two log files open; a simulated host's view
-    opens two entries a chip."""
-    view = len(plan.host_view.devices) if plan.host_view is not None else 0
-    need = DESCRIPTORS_BASE + 4 * len(plan.ranks) + 2 * view
+    -n``), not with the guardian's EMFILE once some ranks run (``LaunchPlan.open_files``)."""
+    need = plan.open_files()
     allowed = os.sysconf("SC_OPEN_MAX")  # RLIMIT_NOFILE's soft limit
     if 0 <= allowed < need:
         ranks = plural(len(plan.ranks), "rank")

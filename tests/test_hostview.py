@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,27 +13,16 @@ import pytest
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of its own: root")
 
 
-def _seen(root: Path, devices: list[str]) -> dict:
-    """What a process sees once the view of ``devices`` is built (in a child: the view is its
-    own mount namespace, gone with it), or why it could not be built."""
-    from ttmesh.runtime import hostview
-
+def _in_child(look: Callable[[], dict]) -> dict:
+    """``look()`` run in a forked child (a view is the child's own mount namespace, a grown
+    descriptor table its own, both gone with it): what it returned, or why it raised."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         try:
-            hostview.build(str(root), devices)
-            by_id = "/dev/tenstorrent/by-id"
-            mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
-            seen = {
-                "dev": sorted(os.listdir("/dev/tenstorrent")),
-                "by_id": {n: os.readlink(f"{by_id}/{n}") for n in os.listdir(by_id)},
-                "proc": sorted(os.listdir("/proc/driver/tenstorrent")),
-                "mounts": [m for m in mounts if "tenstorrent" in m],
-                "null": os.path.exists("/dev/null"),
-            }
-        except hostview.ViewError as exc:
-            seen = {"failed": str(exc)}
+            seen = look()
+        except BaseException as exc:
+            seen = {"failed": str(exc) or repr(exc)}
         os.write(write, json.dumps(seen).encode())
         os._exit(0)
     os.close(write)
@@ -40,6 +30,25 @@ def _seen(root: Path, devices: list[str]) -> dict:
         text = f.read()
     os.waitpid(pid, 0)
     return json.loads(text)
+
+
+def _seen(root: Path, devices: list[str]) -> dict:
+    """What a process sees once the view of ``devices`` is built, or why it could not be."""
+    from ttmesh.runtime import hostview
+
+    def look() -> dict:
+        hostview.build(str(root), devices)
+        by_id = "/dev/tenstorrent/by-id"
+        mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
+        return {
+            "dev": sorted(os.listdir("/dev/tenstorrent")),
+            "by_id": {n: os.readlink(f"{by_id}/{n}") for n in os.listdir(by_id)},
+            "proc": sorted(os.listdir("/proc/driver/tenstorrent")),
+            "mounts": [m for m in mounts if "tenstorrent" in m],
+            "null": os.path.exists("/dev/null"),
+        }
+
+    return _in_child(look)
 
 
 @as_root
@@ -83,61 +92,53 @@ def test_a_chip_that_is_a_link_is_refused_whole_or_not(qb2: Path) -> None:
     assert "is a link" in seen["failed"]
 
 
-def _in_child(body: str) -> dict:
-    """``body`` (Python, setting ``seen``) run in a forked child: what it saw."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        scope: dict = {}
-        try:
-            exec(body, scope)
-        except BaseException as exc:
-            scope["seen"] = {"failed": repr(exc)}
-        os.write(write, json.dumps(scope["seen"]).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(text)
+def _fd_size() -> int:
+    """The size of this process's descriptor table (what it has room for)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(ln.split()[1] for ln in status if ln.startswith("FDSize")))
 
 
-FDSIZE = "int(next(ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('FDSize')))"
+def _fds() -> list[int]:
+    return sorted(int(n) for n in os.listdir("/proc/self/fd"))
 
 
 def test_the_descriptor_table_is_grown_while_one_thread_has_it() -> None:
     """A descriptor table that threads share waits for an RCU grace period each time it grows
     (7 to 15 ms): the view's thread, which opens the chips' entries and the ranks' pipes, finds
     it grown already. Nothing is left open."""
-    seen = _in_child(f"""
-import os
-from ttmesh.runtime.rankview import reserve_descriptors
-before = sorted(int(n) for n in os.listdir("/proc/self/fd"))
-reserve_descriptors(600)
-seen = {{"size": {FDSIZE}, "highest": before[-1],
-        "same": sorted(int(n) for n in os.listdir("/proc/self/fd")) == before}}
-""")
+    from ttmesh.runtime.rankview import reserve_descriptors
+
+    def look() -> dict:
+        before = _fds()
+        reserve_descriptors(600)
+        return {"size": _fd_size(), "highest": before[-1], "same": _fds() == before}
+
+    seen = _in_child(look)
     assert seen["same"], seen
     assert seen["size"] > seen["highest"] + 600, seen
 
 
 @as_root
 def test_the_views_thread_opens_the_ranks_pipes_without_growing_the_table(qb2: Path) -> None:
-    seen = _in_child(f"""
-import os
-from ttmesh.runtime.rankview import Views
-views = Views([], {str(qb2)!r}, ["0", "1"], open_files=700)
-views.open()
-assert views.notice is None, views.notice
-size = {FDSIZE}
-def start():
-    pipes = [os.pipe() for _ in range(300)]
-    grown = {FDSIZE}
-    for r, w in pipes:
-        os.close(r)
-        os.close(w)
-    return grown
-seen = {{"before": size, "in_thread": views.within(start)}}
-views.close()
-""")
+    from ttmesh.runtime.rankview import Views
+
+    def look() -> dict:
+        views = Views([], str(qb2), ["0", "1"], open_files=700)
+        views.open()
+        assert views.notice is None, views.notice
+
+        def start() -> int:
+            pipes = [os.pipe() for _ in range(300)]
+            grown = _fd_size()
+            for r, w in pipes:
+                os.close(r)
+                os.close(w)
+            return grown
+
+        try:
+            return {"before": _fd_size(), "in_thread": views.within(start)}
+        finally:
+            views.close()
+
+    seen = _in_child(look)
     assert seen["in_thread"] == seen["before"], seen

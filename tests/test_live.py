@@ -223,14 +223,26 @@ def _running(text: str) -> bool:
     return len(shown) == 4 and all(cells[3] == "running" for cells in shown.values())
 
 
+def _said_up(text: str) -> bool:
+    """Every rank is running its own code: its last line is the one it says there."""
+    shown = rows(last_frame(text))
+    return len(shown) == 4 and all(
+        cells[6:7] == [f"up from rank {r}"] for r, cells in shown.items()
+    )
+
+
 def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     """The guardian's own messages reach the view through the pipe; the exit code is 130."""
     root = make_sim("quietbox2")
-    # A grace far longer than a rank needs to end on its KeyboardInterrupt: the default 5 s ran
-    # out under CI's load once and the rank was SIGKILLed, which is not what this test checks.
+    # A grace far longer than a rank needs to end on its KeyboardInterrupt.
     launch = ttmesh("launch", "--root", str(root), "--tp-size", "4", "--grace", "60")
     with Terminal([*launch, *worker("say=up")]) as term:
-        term.until(_running, "every rank running")
+        # Not as soon as the ranks run: a Ctrl-C in a rank's first ~100 ms can be lost in
+        # Python 3.11 itself. Its KeyboardInterrupt, raised in a class's __set_name__ while
+        # site runs a .pth file, is wrapped in a RuntimeError that site reports and goes on
+        # past ("Error processing line 1 of ...pth"): the rank lives until the grace's SIGKILL
+        # (CI, stop 41: 1 run in ~70 under load). That is the grace's job, not this test's.
+        term.until(_said_up, "every rank in its own code")
         os.kill(term.proc.pid, signal.SIGINT)
         code = term.finish()
     text = term.text()
@@ -238,11 +250,10 @@ def test_ctrl_c_in_the_live_view(make_sim: Callable[..., Path]) -> None:
     assert "ttmesh: interrupted: stopping every worker" in text
     final = last_frame(text)
     assert re.search(r"› stopping \d+\.\d s › done \(exit 130\)$", phase_line(final).strip())
-    # Each rank got the SIGINT itself (as under torchrun): its KeyboardInterrupt ended it (by
-    # the signal, or with code 1 when it came while Python could only report it).
+    # Each rank got the SIGINT itself (as under torchrun): its KeyboardInterrupt ended it, and
+    # Python ends on an unhandled one by the signal.
     states = [cells[3] for cells in rows(final).values()]
-    assert set(states) <= {"stopped: killed by SIGINT", "stopped: exited with code 1"}, states
-    assert len(states) == 4
+    assert states == ["stopped: killed by SIGINT"] * 4, states
 
 
 def test_the_live_view_says_what_a_drain_does(

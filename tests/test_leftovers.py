@@ -177,6 +177,34 @@ def test_history_keeps_the_count_the_user_sets(qb2: Path, tmp_path: Path) -> Non
     assert len(list(jobs_dir.glob("*.json"))) == 4
 
 
+def test_history_keeps_every_job_while_there_are_fewer_than_the_count(
+    qb2: Path, tmp_path: Path
+) -> None:
+    """30 ended jobs of the 50 kept: ps --all shows all 30, and a prune (forced by one record
+    past the age) removes only that one. Before, a negative slice kept the last 50 - 30 = 20:
+    ps hid 10 jobs and the prune removed them (CI: a fleet's replica missing from ps --all)."""
+    env = _runtime(tmp_path)
+    jobs_dir = Path(env["XDG_RUNTIME_DIR"]) / "ttmesh" / "jobs"
+    jobs_dir.mkdir(mode=0o700, parents=True)
+    now = time.time()
+    ids = [f"kept-{i:02d}" for i in range(30)]
+    for i, job in enumerate(ids):
+        when = now - 100 + i
+        (jobs_dir / f"{job}.json").write_text(json.dumps(
+            {"job": job, "pid": 1, "started": when - 1, "ended": when, "code": 0}
+        ))  # fmt: skip
+    assert _ended(env) == ids
+    two_weeks = now - 14 * 86400
+    old = jobs_dir / "old.json"
+    old.write_text(json.dumps({"job": "old", "pid": 1, "started": two_weeks, "ended": two_weeks}))
+    os.utime(old, (two_weeks, two_weeks))
+    r = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", "new", "--", "true",
+                env=env)  # fmt: skip
+    assert r.code == 0, r.err
+    assert sorted(p.stem for p in jobs_dir.glob("*.json")) == [*ids, "new"]
+    assert _ended(env) == [*ids, "new"]
+
+
 def test_history_drops_records_older_than_the_age(qb2: Path, tmp_path: Path) -> None:
     env = {**_runtime(tmp_path), "TTMESH_JOB_HISTORY_DAYS": "1"}
     r = run_cli("launch", "--root", str(qb2), "--tp-size", "1", "--job-id", "old", "--", "true",

@@ -372,7 +372,9 @@ def history(environ: Mapping[str, str] | None = None) -> History:
 def _kept(ended: list[dict[str, Any]], keep: History, now: float) -> list[dict[str, Any]]:
     """The ended records ``keep`` keeps, of ``ended`` sorted oldest first."""
     recent = [r for r in ended if now - r["ended"] <= keep.seconds]
-    return recent[len(recent) - keep.count :] if keep.count else []
+    # Never a negative start: with fewer recent jobs than the count, recent[-k:] would keep
+    # only the last k of them (48 ended jobs of 50 kept showed 2, and a prune removed 46).
+    return recent[max(0, len(recent) - keep.count) :] if keep.count else []
 
 
 def _prune(keep: History | None = None) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,6 +373,40 @@ TAG = "ttmesh-test-worker"  # in every test worker's argv, so leaks can be found
 def worker(*actions: str) -> list[str]:
     """``-- python tw.py TAG ACTION...``: a launch command running the test worker."""
     return ["--", sys.executable, TW, TAG, *actions]
+
+
+class Lines:
+    """A process's stderr lines as they come, read by a thread: waits have deadlines."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                self.queue.put(line)
+            self.queue.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def until(self, text: str, count: int = 1, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(text in ln for ln in self.seen) < count:
+            left = deadline - time.monotonic()
+            try:
+                line = self.queue.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise AssertionError(f"no {count} x {text!r}:\n" + "".join(self.seen))
+            self.seen.append(line)
+
+    def rest(self, timeout: float = 60) -> str:
+        """Every line until the process closes its stderr (each within ``timeout`` s)."""
+        while (line := self.queue.get(timeout=timeout)) is not None:
+            self.seen.append(line)
+        return "".join(self.seen)
 
 
 def alive(pid: int) -> bool:

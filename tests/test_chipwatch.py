@@ -9,18 +9,16 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, run_cli, start_launch, wait_for
+from conftest import REPO, Lines, alive, run_cli, start_launch, wait_for
 
 from ttmesh import procs
 from ttmesh.cli.hosts import open_host
@@ -174,39 +172,6 @@ def _port() -> int:
 
 SEED = ["--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--device", "tpu",
         "--kv-cache-dtype", "bfloat16", "--grammar-backend", "none"]  # fmt: skip
-
-
-class Lines:
-    """A process's stderr lines as they come, read by a thread: waits have deadlines."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-
-        def read() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                self.queue.put(line)
-            self.queue.put(None)
-
-        threading.Thread(target=read, daemon=True).start()
-
-    def until(self, text: str, count: int = 1, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(text in ln for ln in self.seen) < count:
-            left = deadline - time.monotonic()
-            try:
-                line = self.queue.get(timeout=max(left, 0.01))
-            except queue.Empty:
-                line = None
-            if line is None:
-                raise AssertionError(f"no {count} x {text!r}:\n" + "".join(self.seen))
-            self.seen.append(line)
-
-    def rest(self) -> str:
-        while (line := self.queue.get(timeout=60)) is not None:
-            self.seen.append(line)
-        return "".join(self.seen)
 
 
 def test_links_down_mid_serve_stop_the_server_recover_and_restart_it(

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, alive, start_launch, wait_for
+from conftest import REPO, Lines, alive, start_launch, wait_for
 
 from ttmesh import procs
 
@@ -320,17 +320,13 @@ def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -
                         stdout=subprocess.DEVNULL,
                         env={"SGLANG_USE_CPU_ENGINE": "1", "TMPDIR": _sockets(qb2)})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    lines: list[str] = []
+    # Read with deadlines: a replica that fails to start leaves the fleet serving on the other
+    # one (and the fleet's stderr open), so a plain read would wait for ever.
+    lines = Lines(proc)
     tree: list[int] = []
     files: set[tuple[str, int]] = set()
-    err = ""
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if sum("ready: routed to" in ln for ln in lines) == 2:
-                break
-        assert sum("ready: routed to" in ln for ln in lines) == 2, "".join(lines)
+        lines.until("ready: routed to", 2, timeout=600)
         wait_for(lambda: _workers(url) == 2, timeout=180, what="both replicas in the router")
         assert len(_generate(url)["output_ids"]) == 4
         chat = json.dumps({"model": "tiny", "max_tokens": 4,
@@ -349,12 +345,15 @@ def test_real_sglang_fleet_behind_the_real_router(qb2: Path, sglang_dir: Path) -
             mine = _tree_shm(server)
             assert sum("/sem.mp-" in p for p, _ in mine) == 1, mine
             files |= mine
+        said = len(lines.seen)
         proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=GRACE + 90)
+        lines.rest(timeout=GRACE + 90)
+        proc.wait(timeout=GRACE + 90)
     finally:
         proc.kill()
-        proc.communicate()
-    text = "".join(lines) + err
+        proc.wait()
+    text = "".join(lines.seen)
+    err = "".join(lines.seen[said:])  # after the Ctrl-C
     assert proc.returncode == 130, text
     for k in (0, 1):  # each replica's job drained its server, as a job of its own does
         assert f"[replica{k}] ttmesh: exit 130: interrupted" in err, text

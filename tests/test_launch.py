@@ -273,8 +273,10 @@ def test_sigint_stops_gracefully_then_kills(qb2: Path, tmp_path: Path) -> None:
         try:
             _out, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired as exc:
-            # Failed once in CI (a rank still running after its SIGINT), never in ~1,000
-            # repeats under load here: say what each rank was doing, for the next time.
+            # Failed once in CI: a rank still running after its SIGINT. The test worker slept
+            # in time.sleep, where a signal arriving just before the sleep waits it out
+            # (tw.py's wait_for_signals). Should a rank outlive its grace again: what each was
+            # doing.
             raise AssertionError(f"{_ranks_now(tmp_path)}\nttmesh said:\n{exc.stderr!r}") from None
     finally:
         proc.kill()

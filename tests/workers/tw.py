@@ -23,6 +23,7 @@ Usage: python tw.py ttmesh-test-worker ACTION [ACTION ...]
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -134,8 +135,22 @@ def main(args):
     sys.stdout.flush()
     if final is not None:
         sys.exit(final)
+    wait_for_signals()
+
+
+def wait_for_signals():
+    """Wait until a signal's handler ends this process, with no window for one to be lost.
+
+    Python runs a handler between bytecodes: a signal that arrives after the last check and
+    before a blocking sleep starts is handled only when the sleep ends (CI, a stop waited 60 s
+    of time.sleep). The wakeup fd gets the signal's byte even then, so select returns at once
+    and the handler runs."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     while True:
-        time.sleep(60)
+        select.select([r], [], [])
+        os.read(r, 512)
 
 
 if __name__ == "__main__":
